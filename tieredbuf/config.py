@@ -1,0 +1,144 @@
+"""Frozen, validated configuration records.
+
+Defaults are the seeds' defaults: RFC 0001 for the producer / consumer / GC,
+Quiver for the local tier.  Durations are ``timedelta``, sizes are ints (bytes).
+Environment variables are read only in :func:`store_options_from_env`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import IntEnum
+from typing import Any
+
+from tieredbuf.errors import ConfigError
+
+
+class Compression(IntEnum):
+    """Data batch ``compression_type`` (RFC 0001)."""
+
+    NONE = 0
+    ZSTD = 1
+
+
+def _positive(name: str, value: int | float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value!r}")
+
+
+def _non_negative_td(name: str, value: timedelta) -> None:
+    if not isinstance(value, timedelta):
+        raise ConfigError(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+    if value < timedelta(0):
+        raise ConfigError(f"{name} must not be negative, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """Jittered exponential backoff for CAS conflicts and transient store errors."""
+
+    initial_backoff: timedelta = timedelta(milliseconds=10)
+    """First sleep after a conflict."""
+    max_backoff: timedelta = timedelta(seconds=2)
+    """Cap on one sleep."""
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        _non_negative_td("initial_backoff", self.initial_backoff)
+        _non_negative_td("max_backoff", self.max_backoff)
+        if self.multiplier < 1.0:
+            raise ConfigError(f"multiplier must be >= 1, got {self.multiplier}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Producer settings, named as RFC 0001 names them."""
+
+    flush_interval: timedelta = timedelta(milliseconds=100)
+    """Flush the open batch when it is this old."""
+    flush_size_bytes: int = 64 << 20
+    """Flush once the open batch exceeds this many bytes (a loose limit, as in the RFC)."""
+    max_buffered_inputs: int = 1000
+    """produce() calls buffered before produce() blocks (backpressure)."""
+    max_buffered_bytes: int = 256 << 20
+    """Bytes buffered (not yet durable) before produce() blocks (backpressure)."""
+    batch_compression: Compression = Compression.NONE
+    """Compression of the data batch record block."""
+    gc_grace_period: timedelta = timedelta(minutes=10)
+    """Must equal GC's grace period: an object older than half of it is re-uploaded
+    under a new ULID before it is enqueued, so GC can never have deleted it."""
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    watermark_ttl: timedelta = timedelta(days=1)
+    """How long the manifest remembers this producer's append watermark (I2)."""
+
+    def __post_init__(self) -> None:
+        _non_negative_td("flush_interval", self.flush_interval)
+        _positive("flush_size_bytes", self.flush_size_bytes)
+        _positive("max_buffered_inputs", self.max_buffered_inputs)
+        _positive("max_buffered_bytes", self.max_buffered_bytes)
+        if not isinstance(self.batch_compression, Compression):
+            try:
+                object.__setattr__(self, "batch_compression", Compression(self.batch_compression))
+            except ValueError as e:
+                raise ConfigError(f"unknown batch_compression {self.batch_compression!r}") from e
+        _non_negative_td("gc_grace_period", self.gc_grace_period)
+        _non_negative_td("watermark_ttl", self.watermark_ttl)
+        if self.watermark_ttl <= self.gc_grace_period:
+            raise ConfigError("watermark_ttl must exceed gc_grace_period")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """Consumer settings (RFC 0001 plus read-ahead)."""
+
+    dequeue_every: int = 100
+    """Acks between automatic dequeues (the RFC's 100)."""
+    read_ahead: int = 8
+    """Data objects fetched ahead of next_batch(), in parallel."""
+    retry: RetryConfig = field(default_factory=RetryConfig)
+
+    def __post_init__(self) -> None:
+        _positive("dequeue_every", self.dequeue_every)
+        if self.read_ahead < 0:
+            raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+
+
+@dataclass(frozen=True, slots=True)
+class GcConfig:
+    """Garbage collector settings (RFC 0001)."""
+
+    gc_interval: timedelta = timedelta(minutes=5)
+    gc_grace_period: timedelta = timedelta(minutes=10)
+    delete_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        _non_negative_td("gc_interval", self.gc_interval)
+        _non_negative_td("gc_grace_period", self.gc_grace_period)
+        _positive("delete_batch", self.delete_batch)
+
+
+# Keyword options accepted by tieredbuf.open() for S3, and the environment
+# variables they default from (the standard AWS names).
+S3_OPTION_ENV: dict[str, tuple[str, ...]] = {
+    "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    "access_key_id": ("AWS_ACCESS_KEY_ID",),
+    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
+    "session_token": ("AWS_SESSION_TOKEN",),
+    "allow_http": ("AWS_ALLOW_HTTP",),
+}
+
+
+def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
+    """Fill S3 options missing from ``options`` from the standard AWS environment."""
+    out = dict(options)
+    for name, envs in S3_OPTION_ENV.items():
+        if out.get(name) is not None:
+            continue
+        for env in envs:
+            if os.environ.get(env):
+                out[name] = os.environ[env]
+                break
+    return out

@@ -1,0 +1,79 @@
+"""Every object key and local file name tieredbuf uses, built in one place.
+
+Keys are relative to the buffer URL (the store is rooted there)::
+
+    data/<ULID>.batch                       opaque records (RFC 0001 data batch)
+    data/<ULID>.qseg                        Arrow bundles (Quiver segment)
+    queue/manifest                          the root, the only object ever overwritten (by CAS)
+    queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
+    _probe/<ULID>                           conditional-write probe objects (deleted at once)
+"""
+
+from __future__ import annotations
+
+import re
+
+from ulid import ULID
+
+DATA_PREFIX = "data/"
+QUEUE_PREFIX = "queue/"
+MANIFEST_KEY = "queue/manifest"
+GROUPS_PREFIX = "queue/groups/"
+PROBE_PREFIX = "_probe/"
+
+BATCH_SUFFIX = ".batch"
+SEGMENT_SUFFIX = ".qseg"
+DATA_SUFFIXES = (BATCH_SUFFIX, SEGMENT_SUFFIX)
+GROUP_KINDS = ("group", "kgroup", "mgroup")
+
+_ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
+_DATA_RE = re.compile(rf"^data/({_ULID_RE})\.(batch|qseg)$")
+_GROUP_RE = re.compile(rf"^queue/groups/(\d{{20}})\.({_ULID_RE})\.(group|kgroup|mgroup)$")
+
+
+def data_key(ulid: ULID, suffix: str = BATCH_SUFFIX) -> str:
+    """Key of a data object named by ``ulid``."""
+    if suffix not in DATA_SUFFIXES:
+        raise ValueError(f"unknown data suffix {suffix!r}")
+    return f"{DATA_PREFIX}{ulid}{suffix}"
+
+
+def parse_data_key(key: str) -> ULID | None:
+    """The ULID of a data object key, or None when ``key`` is not one (GC skips those)."""
+    m = _DATA_RE.match(key)
+    if m is None:
+        return None
+    try:
+        return ULID.from_str(m.group(1))
+    except ValueError:
+        return None
+
+
+def group_key(first_seq: int, ulid: ULID, kind: str) -> str:
+    """Key of an immutable manifest tree node."""
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group kind {kind!r}")
+    return f"{GROUPS_PREFIX}{first_seq:020d}.{ulid}.{kind}"
+
+
+def parse_group_key(key: str) -> tuple[int, ULID, str] | None:
+    """(first_seq, ulid, kind) of a group key, or None."""
+    m = _GROUP_RE.match(key)
+    if m is None:
+        return None
+    try:
+        return int(m.group(1)), ULID.from_str(m.group(2)), m.group(3)
+    except ValueError:
+        return None
+
+
+def probe_key(ulid: ULID) -> str:
+    return f"{PROBE_PREFIX}{ulid}"
+
+
+# --- local stage file names (used by stage/) --------------------------------
+
+STAGE_LOCK_NAME = "stage.lock"
+STAGE_ID_NAME = "producer.id"
+WAL_DIR_NAME = "wal"
+SEGMENTS_DIR_NAME = "segments"

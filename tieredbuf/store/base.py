@@ -1,0 +1,87 @@
+"""The Store contract every backend implements (memory, local directory, S3).
+
+A store is rooted at the buffer URL: keys are relative (see :mod:`tieredbuf.keys`).
+Conditional writes are one typed parameter, as in obstore:
+
+* ``mode="create"``      -- If-None-Match: * ; an existing key raises AlreadyExistsError
+* ``mode="overwrite"``   -- unconditional
+* ``mode=IfMatch(etag)`` -- If-Match: etag ; another version raises PreconditionFailedError,
+                            a missing key raises ObjectNotFoundError or PreconditionFailedError
+                            (S3 servers differ: moto 404, SeaweedFS 412)
+
+Errors are from :mod:`tieredbuf.errors`: ObjectNotFoundError, AlreadyExistsError,
+PreconditionFailedError, OutcomeUnknownError (timeout / connection reset: the write
+may have landed), StoreError for everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class IfMatch:
+    """Replace only if the current version's etag equals ``etag``."""
+
+    etag: str
+
+
+PutMode = Literal["create", "overwrite"] | IfMatch
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    key: str
+    size: int
+    etag: str | None
+    last_modified: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    data: bytes
+    etag: str
+    """Version token to pass back in IfMatch."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Object storage rooted at one buffer URL."""
+
+    @property
+    def url(self) -> str: ...
+
+    def get(self, key: str) -> GetResult: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object."""
+        ...
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        """The last ``length`` bytes (all of it when shorter)."""
+        ...
+
+    def head(self, key: str) -> ObjectMeta: ...
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        """Write ``data``; returns the new etag."""
+        ...
+
+    def put_multipart(
+        self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
+    ) -> str:
+        """Write a large object from chunks (multipart on S3); returns the new etag."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        """Every object whose key starts with ``prefix`` (order not guaranteed)."""
+        ...
+
+    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, Exception]]:
+        """Delete ``keys``; missing keys are not failures. Returns the failures."""
+        ...
+
+    def close(self) -> None: ...
