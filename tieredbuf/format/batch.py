@@ -1,0 +1,109 @@
+"""RFC 0001 data batch format (``data/<ULID>.batch``), byte for byte.
+
+::
+
+    record block (optionally zstd level 3 as one unit):
+        record i: [len: u32 LE][data]
+    footer (7 bytes, never compressed):
+        compression_type : u8      0x00 none, 0x01 zstd
+        record_count     : u32 LE
+        version          : u16 LE  (= 1)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import zstandard
+
+from tieredbuf.config import Compression
+from tieredbuf.errors import CorruptError, UnsupportedVersionError
+from tieredbuf.format._reader import Reader
+
+BATCH_VERSION = 1
+FOOTER_SIZE = 7
+ZSTD_LEVEL = 3
+_FOOTER = struct.Struct("<BIH")
+_LEN = struct.Struct("<I")
+MAX_RECORD_LEN = 0xFFFF_FFFF
+# Decompressed size cap: a corrupt or hostile frame must not make us allocate
+# without bound (I7).  Batches are flushed at ~flush_size_bytes (64 MiB default).
+MAX_DECOMPRESSED = 1 << 31
+
+
+def encode_records(records: Sequence[bytes | memoryview]) -> bytes:
+    """The uncompressed record block."""
+    parts: list[bytes | memoryview] = []
+    for r in records:
+        n = len(r)
+        if n > MAX_RECORD_LEN:
+            raise ValueError(f"record of {n} bytes exceeds the u32 length field")
+        parts.append(_LEN.pack(n))
+        parts.append(r)
+    return b"".join(parts)
+
+
+def encode_batch(
+    records: Sequence[bytes | memoryview], compression: Compression = Compression.NONE
+) -> bytes:
+    """Encode ``records`` as one data batch."""
+    if len(records) > 0xFFFF_FFFF:
+        raise ValueError("too many records for one batch")
+    block = encode_records(records)
+    if compression == Compression.ZSTD:
+        block = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(block)
+    elif compression != Compression.NONE:
+        raise ValueError(f"unknown compression {compression!r}")
+    return block + _FOOTER.pack(int(compression), len(records), BATCH_VERSION)
+
+
+def decode_batch(data: bytes | memoryview, obj: str | None = None) -> list[bytes]:
+    """Decode a data batch into its records; CorruptError names ``obj`` and the offset."""
+    view = memoryview(data)
+    if len(view) < FOOTER_SIZE:
+        raise CorruptError("data batch", obj, 0, f"truncated: {len(view)} bytes, footer is 7")
+    foot_at = len(view) - FOOTER_SIZE
+    ctype, count, version = _FOOTER.unpack_from(view, foot_at)
+    if version != BATCH_VERSION:
+        raise UnsupportedVersionError(
+            "data batch", obj, foot_at + 5, f"unknown version {version}"
+        )
+    block: bytes | memoryview = view[:foot_at]
+    if ctype == Compression.ZSTD:
+        block = _decompress(block, obj)
+    elif ctype != Compression.NONE:
+        raise CorruptError("data batch", obj, foot_at, f"unknown compression type {ctype}")
+    # Each record costs at least 4 bytes: reject an impossible count before allocating.
+    if count * 4 > len(block):
+        raise CorruptError(
+            "data batch", obj, foot_at + 1,
+            f"record_count {count} cannot fit in a {len(block)}-byte block",
+        )
+    r = Reader(block, "data batch", obj)
+    out: list[bytes] = []
+    for i in range(count):
+        n = r.u32(f"record {i} length")
+        out.append(bytes(r.take(n, f"record {i} data")))
+    if r.remaining():
+        raise r.fail(f"{r.remaining()} trailing bytes after {count} records")
+    return out
+
+
+def _decompress(block: bytes | memoryview, obj: str | None) -> bytes:
+    try:
+        params = zstandard.get_frame_parameters(bytes(block[:18]))
+        if params.content_size > MAX_DECOMPRESSED:
+            raise CorruptError(
+                "data batch", obj, 0, f"zstd content size {params.content_size} too large"
+            )
+        d = zstandard.ZstdDecompressor()
+        if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+            out: bytes = d.stream_reader(bytes(block)).read(MAX_DECOMPRESSED + 1)
+            if len(out) > MAX_DECOMPRESSED:
+                raise CorruptError("data batch", obj, 0, "zstd frame inflates past the cap")
+            return out
+        result: bytes = d.decompress(block, max_output_size=MAX_DECOMPRESSED)
+        return result
+    except zstandard.ZstdError as e:
+        raise CorruptError("data batch", obj, 0, f"zstd: {e}") from e
