@@ -1,0 +1,134 @@
+"""Queue manifest: RFC 0001 v1 golden bytes by hand, the v2 extension, and I7 fuzzing."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tieredbuf.errors import CorruptError, UnsupportedVersionError
+from tieredbuf.format import manifest as m
+
+
+def _rfc_v1_manifest() -> bytes:
+    """Two entries and a footer, written field by field from the RFC text."""
+    loc0 = b"data/01J5T4R3KXBMZ7QV9N2WG8YDHP.batch"
+    e0_body = (
+        struct.pack("<Q", 5)                      # sequence
+        + struct.pack("<H", len(loc0)) + loc0     # location
+        + struct.pack("<I", 2)                    # metadata_count
+        + struct.pack("<I", 0) + struct.pack("<q", 1_700_000_000_000)
+        + struct.pack("<I", 2) + b"m0"
+        + struct.pack("<I", 3) + struct.pack("<q", 1_700_000_000_001)
+        + struct.pack("<I", 0)
+    )
+    # entry_len = 8 + 2 + location_len + 4 + sum(4 + 8 + 4 + payload_len)
+    assert len(e0_body) == 8 + 2 + len(loc0) + 4 + (16 + 2) + (16 + 0)
+    loc1 = b"data/b.batch"
+    e1_body = struct.pack("<Q", 6) + struct.pack("<H", len(loc1)) + loc1 + struct.pack("<I", 0)
+    # entry_count u32, next_sequence u64, epoch u64, version u16
+    footer = struct.pack("<I", 2) + struct.pack("<Q", 7) + struct.pack("<Q", 3)
+    footer += struct.pack("<H", 1)
+    assert len(footer) == 22
+    return (
+        struct.pack("<I", len(e0_body)) + e0_body + struct.pack("<I", len(e1_body)) + e1_body
+        + footer
+    )
+
+
+def test_golden_rfc_v1_manifest_decodes() -> None:
+    view = m.open_manifest(_rfc_v1_manifest(), obj="queue/manifest")
+    assert view.footer == m.Footer(entry_count=2, next_sequence=7, epoch=3, version=1)
+    entries = list(m.iter_entries(view))
+    assert [e.sequence for e in entries] == [5, 6]
+    assert entries[0].location == "data/01J5T4R3KXBMZ7QV9N2WG8YDHP.batch"
+    assert entries[0].metadata == (
+        m.MetadataItem(0, 1_700_000_000_000, b"m0"),
+        m.MetadataItem(3, 1_700_000_000_001, b""),
+    )
+    assert entries[1].metadata == ()
+
+
+def test_encode_entry_matches_rfc_bytes() -> None:
+    raw = _rfc_v1_manifest()
+    e0_len = struct.unpack_from("<I", raw, 0)[0]
+    meta = (m.MetadataItem(0, 1_700_000_000_000, b"m0"), m.MetadataItem(3, 1_700_000_000_001, b""))
+    assert m.encode_entry(5, "data/01J5T4R3KXBMZ7QV9N2WG8YDHP.batch", meta) == raw[: 4 + e0_len]
+
+
+def test_v1_manifest_upgrades_to_v2_on_append_and_keeps_entry_bytes() -> None:
+    raw = _rfc_v1_manifest()
+    view = m.open_manifest(raw)
+    wm = {"p": m.Watermark("p", 1, 7, 123)}
+    new_raw, first = m.append(view, [m.NewEntry("data/c.batch", ())], wm)
+    assert first == 7
+    assert new_raw.startswith(raw[:-22])  # existing entries copied, not re-encoded
+    v2 = m.open_manifest(new_raw)
+    assert v2.footer == m.Footer(3, 8, 3, 2)
+    assert v2.watermarks == wm
+    assert [e.sequence for e in m.iter_entries(v2)] == [5, 6, 7]
+
+
+def test_golden_v2_extension_layout() -> None:
+    view = m.empty_manifest()
+    raw = m.with_epoch(view, 4, "c1")
+    raw, _ = m.append(m.open_manifest(raw), [], {"ab": m.Watermark("ab", 9, 0, -1)})
+    wm_body = struct.pack("<I", 1) + b"\x02ab" + struct.pack("<QQq", 9, 0, -1)
+    sections = struct.pack("<HI", 1, len(wm_body)) + wm_body + struct.pack("<HI", 2, 2) + b"c1"
+    expected = (
+        sections + struct.pack("<I", len(sections)) + b"TBX2"
+        + struct.pack("<IQQH", 0, 0, 4, 2)
+    )
+    assert raw == expected
+
+
+def test_dequeue_removes_through_sequence_and_keeps_next_sequence() -> None:
+    view = m.open_manifest(_rfc_v1_manifest())
+    after = m.open_manifest(m.dequeue(view, 5))
+    assert after.footer.entry_count == 1 and after.footer.next_sequence == 7
+    assert [e.sequence for e in m.iter_entries(after)] == [6]
+    assert m.open_manifest(m.dequeue(view, 2)).footer.entry_count == 2  # before first: no-op
+    assert m.open_manifest(m.dequeue(view, 99)).footer.entry_count == 0
+
+
+def test_prune_watermarks_drops_idle_then_oldest() -> None:
+    wms = {f"p{i}": m.Watermark(f"p{i}", 1, i, updated_ms=i * 10) for i in range(6)}
+    kept = m.prune_watermarks(wms, now_ms=50, ttl_ms=25, cap=2)
+    assert set(kept) == {"p5", "p4"}
+
+
+def test_I7_unknown_version_and_truncation_are_named() -> None:
+    raw = _rfc_v1_manifest()
+    with pytest.raises(UnsupportedVersionError) as e:
+        m.open_manifest(raw[:-2] + b"\x09\x00", obj="queue/manifest")
+    assert "queue/manifest" in str(e.value)
+    with pytest.raises(CorruptError, match="truncated"):
+        m.open_manifest(raw[:10])
+    # cut inside entry 1: footer says 2 entries but the region is short
+    cut = raw[:60] + raw[-22:]
+    with pytest.raises(CorruptError):
+        list(m.iter_entries(m.open_manifest(cut)))
+
+
+def test_I7_unknown_extension_tag_is_refused() -> None:
+    sections = struct.pack("<HI", 77, 0)
+    raw = sections + struct.pack("<I", len(sections)) + b"TBX2" + struct.pack("<IQQH", 0, 0, 0, 2)
+    with pytest.raises(CorruptError, match="unknown extension section tag 77"):
+        m.open_manifest(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut=st.integers(0, 400), flip=st.integers(0, 400), bit=st.integers(0, 7))
+def test_I7_mutated_manifests_decode_or_raise_corrupt(cut: int, flip: int, bit: int) -> None:
+    base = m.open_manifest(_rfc_v1_manifest())
+    raw, _ = m.append(base, [m.NewEntry("x", (m.MetadataItem(1, 2, b"p"),))],
+                      {"w": m.Watermark("w", 1, 7, 0)})
+    data = bytearray(raw[: cut % (len(raw) + 1)])
+    if data:
+        data[flip % len(data)] ^= 1 << bit
+    try:
+        list(m.iter_entries(m.open_manifest(bytes(data), obj="q")))
+    except CorruptError as e:
+        assert e.obj == "q"

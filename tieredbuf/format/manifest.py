@@ -1,0 +1,316 @@
+"""Queue manifest codec: RFC 0001 v1 byte for byte, and tieredbuf's v2 extension.
+
+v1 (RFC 0001)::
+
+    entry i: [entry_len: u32][sequence: u64][location_len: u16][location]
+             [metadata_count: u32]
+             metadata j: [start_index: u32][ingestion_time_ms: i64][payload_len: u32][payload]
+    footer (22 bytes): entry_count u32, next_sequence u64, epoch u64, version u16 (= 1)
+
+v2 (tieredbuf) keeps the entries and the 22-byte footer exactly (version = 2) and
+puts an extension block between them::
+
+    entries ... (as v1)
+    extension sections, each: [tag: u16][body_len: u32][body]
+    [sections_len: u32][ext_magic: 4 bytes = b"TBX2"]
+    footer (22 bytes, version = 2)
+
+Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner.
+Unknown tags are refused (they carry semantics a writer would drop).  Appending
+never decodes existing entries: the entry region is copied as bytes.
+See docs/format.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from tieredbuf.errors import CorruptError, UnsupportedVersionError
+from tieredbuf.format._reader import Reader, pack_u32
+
+V1 = 1
+V2 = 2
+FOOTER_SIZE = 22
+EXT_MAGIC = b"TBX2"
+EXT_TRAILER_SIZE = 8
+TAG_WATERMARKS = 1
+TAG_OWNER = 2
+_FOOTER = struct.Struct("<IQQH")
+_ENTRY_HEAD = struct.Struct("<IQH")
+_META_HEAD = struct.Struct("<IqI")
+_SECTION = struct.Struct("<HI")
+_WATERMARK = struct.Struct("<QQq")
+MAX_LOCATION = 0xFFFF
+WHAT = "queue manifest"
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataItem:
+    """Metadata of one range of records in a data object (one produce() call)."""
+
+    start_index: int
+    ingestion_time_ms: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    sequence: int
+    location: str
+    metadata: tuple[MetadataItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to append; the manifest assigns its sequence."""
+
+    location: str
+    metadata: tuple[MetadataItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """The last append of one producer that landed (I2).
+
+    ``producer_seq`` counts the producer's append calls; ``last_sequence`` is the
+    manifest sequence of that call's last entry; ``updated_ms`` drives expiry.
+    """
+
+    producer_id: str
+    producer_seq: int
+    last_sequence: int
+    updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Footer:
+    entry_count: int
+    next_sequence: int
+    epoch: int
+    version: int
+
+    @property
+    def first_sequence(self) -> int:
+        return self.next_sequence - self.entry_count
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestView:
+    """A decoded footer and extension over the raw bytes; entries stay undecoded."""
+
+    raw: bytes
+    footer: Footer
+    entries_end: int
+    watermarks: dict[str, Watermark] = field(default_factory=dict)
+    owner: str | None = None
+    obj: str | None = None
+
+    @property
+    def entries_bytes(self) -> memoryview:
+        return memoryview(self.raw)[: self.entries_end]
+
+
+def encode_entry(sequence: int, location: str, metadata: Sequence[MetadataItem]) -> bytes:
+    loc = location.encode("utf-8")
+    if len(loc) > MAX_LOCATION:
+        raise ValueError(f"location of {len(loc)} bytes exceeds the u16 length field")
+    body = [struct.pack("<QH", sequence, len(loc)), loc, pack_u32(len(metadata))]
+    for m in metadata:
+        body.append(_META_HEAD.pack(m.start_index, m.ingestion_time_ms, len(m.payload)))
+        body.append(m.payload)
+    joined = b"".join(body)
+    return pack_u32(len(joined)) + joined
+
+
+def encode_footer(f: Footer) -> bytes:
+    return _FOOTER.pack(f.entry_count, f.next_sequence, f.epoch, f.version)
+
+
+def parse_footer(tail: bytes | memoryview, obj: str | None = None) -> Footer:
+    """Decode the last 22 bytes (``tail`` may be longer; its end is used)."""
+    if len(tail) < FOOTER_SIZE:
+        raise CorruptError(WHAT, obj, 0, f"truncated: {len(tail)} bytes, footer is 22")
+    at = len(tail) - FOOTER_SIZE
+    count, nxt, epoch, version = _FOOTER.unpack_from(tail, at)
+    if version not in (V1, V2):
+        raise UnsupportedVersionError(WHAT, obj, at + 20, f"unknown version {version}")
+    if count > nxt:
+        raise CorruptError(WHAT, obj, at, f"entry_count {count} > next_sequence {nxt}")
+    return Footer(count, nxt, epoch, version)
+
+
+def _encode_ext(watermarks: dict[str, Watermark], owner: str | None) -> bytes:
+    sections: list[bytes] = []
+    if watermarks:
+        body = [pack_u32(len(watermarks))]
+        for w in sorted(watermarks.values(), key=lambda w: w.producer_id):
+            pid = w.producer_id.encode("utf-8")
+            if len(pid) > 0xFF:
+                raise ValueError("producer id longer than 255 bytes")
+            body.append(bytes([len(pid)]) + pid)
+            body.append(_WATERMARK.pack(w.producer_seq, w.last_sequence, w.updated_ms))
+        joined = b"".join(body)
+        sections.append(_SECTION.pack(TAG_WATERMARKS, len(joined)) + joined)
+    if owner is not None:
+        o = owner.encode("utf-8")
+        sections.append(_SECTION.pack(TAG_OWNER, len(o)) + o)
+    blob = b"".join(sections)
+    return blob + pack_u32(len(blob)) + EXT_MAGIC
+
+
+def _parse_ext(
+    raw: memoryview, ext_end: int, obj: str | None
+) -> tuple[int, dict[str, Watermark], str | None]:
+    """Parse the v2 extension ending at ``ext_end``; returns (entries_end, watermarks, owner)."""
+    if ext_end < EXT_TRAILER_SIZE:
+        raise CorruptError(WHAT, obj, 0, "truncated: no room for the v2 extension trailer")
+    t = Reader(raw, WHAT, obj, ext_end - EXT_TRAILER_SIZE, ext_end)
+    sections_len = t.u32("extension length")
+    if bytes(t.take(4, "extension magic")) != EXT_MAGIC:
+        raise CorruptError(WHAT, obj, ext_end - 4, "bad extension magic")
+    start = ext_end - EXT_TRAILER_SIZE - sections_len
+    if start < 0:
+        raise CorruptError(
+            WHAT, obj, ext_end - EXT_TRAILER_SIZE, f"extension length {sections_len} too large"
+        )
+    r = Reader(raw, WHAT, obj, start, ext_end - EXT_TRAILER_SIZE)
+    watermarks: dict[str, Watermark] = {}
+    owner: str | None = None
+    while r.remaining():
+        at = r.pos
+        tag = r.u16("section tag")
+        n = r.u32("section length")
+        body = Reader(r.take(n, "section body"), WHAT, obj)
+        if tag == TAG_WATERMARKS:
+            count = body.u32("watermark count")
+            if count * (1 + _WATERMARK.size) > body.remaining():
+                raise CorruptError(WHAT, obj, at, f"watermark count {count} cannot fit")
+            for _ in range(count):
+                pid = _utf8(body, body.u8("producer id length"), "producer id")
+                body.need(_WATERMARK.size, "watermark")
+                pseq, last, upd = _WATERMARK.unpack_from(body.buf, body.pos)
+                body.pos += _WATERMARK.size
+                watermarks[pid] = Watermark(pid, pseq, last, upd)
+        elif tag == TAG_OWNER:
+            owner = _utf8(body, n, "owner")
+        else:
+            raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
+        if body.remaining():
+            raise CorruptError(WHAT, obj, start + at, f"section {tag} has trailing bytes")
+    return start, watermarks, owner
+
+
+def _utf8(r: Reader, n: int, field_name: str) -> str:
+    at = r.pos
+    b = r.take(n, field_name)
+    try:
+        return bytes(b).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptError(WHAT, r.obj, at, f"{field_name} is not UTF-8") from e
+
+
+def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
+    """Decode the footer and extension of a manifest; entries are left as bytes."""
+    footer = parse_footer(raw, obj)
+    ext_end = len(raw) - FOOTER_SIZE
+    if footer.version == V1:
+        return ManifestView(raw, footer, ext_end, obj=obj)
+    entries_end, watermarks, owner = _parse_ext(memoryview(raw), ext_end, obj)
+    return ManifestView(raw, footer, entries_end, watermarks, owner, obj)
+
+
+def empty_manifest() -> ManifestView:
+    raw = _encode_ext({}, None) + encode_footer(Footer(0, 0, 0, V2))
+    return open_manifest(raw)
+
+
+def iter_entries(view: ManifestView) -> Iterator[ManifestEntry]:
+    """Decode every entry, checking lengths, contiguity and the footer's count."""
+    r = Reader(view.raw, WHAT, view.obj, 0, view.entries_end)
+    expected = view.footer.first_sequence
+    for i in range(view.footer.entry_count):
+        at = r.pos
+        n = r.u32(f"entry {i} length")
+        e = Reader(r.take(n, f"entry {i}"), WHAT, view.obj)
+        seq = e.u64("sequence")
+        if seq != expected:
+            raise CorruptError(WHAT, view.obj, at + 4, f"sequence {seq}, expected {expected}")
+        loc = _utf8(e, e.u16("location length"), "location")
+        mcount = e.u32("metadata count")
+        if mcount * _META_HEAD.size > e.remaining():
+            raise CorruptError(WHAT, view.obj, at, f"metadata count {mcount} cannot fit")
+        items = []
+        for j in range(mcount):
+            start = e.u32(f"metadata {j} start_index")
+            ts = e.i64(f"metadata {j} ingestion_time_ms")
+            payload = bytes(e.take(e.u32(f"metadata {j} payload length"), "payload"))
+            items.append(MetadataItem(start, ts, payload))
+        if e.remaining():
+            raise CorruptError(WHAT, view.obj, at, f"entry {i} has {e.remaining()} extra bytes")
+        expected += 1
+        yield ManifestEntry(seq, loc, tuple(items))
+    if r.remaining():
+        raise r.fail(f"{r.remaining()} bytes after {view.footer.entry_count} entries")
+
+
+def skip_entries(view: ManifestView, k: int) -> int:
+    """Byte offset of entry ``k`` (0-based), walking lengths only."""
+    r = Reader(view.raw, WHAT, view.obj, 0, view.entries_end)
+    for i in range(k):
+        r.take(r.u32(f"entry {i} length"), f"entry {i}")
+    return r.pos
+
+
+def prune_watermarks(
+    watermarks: dict[str, Watermark], now_ms: int, ttl_ms: int, cap: int
+) -> dict[str, Watermark]:
+    """Drop watermarks idle past ``ttl_ms``, then the oldest beyond ``cap``."""
+    live = [w for w in watermarks.values() if now_ms - w.updated_ms <= ttl_ms]
+    live.sort(key=lambda w: w.updated_ms, reverse=True)
+    return {w.producer_id: w for w in live[:cap]}
+
+
+def encode_manifest(
+    entries_region: bytes | memoryview,
+    footer: Footer,
+    watermarks: dict[str, Watermark],
+    owner: str | None,
+) -> bytes:
+    """Assemble a v2 manifest from an entry region and its metadata."""
+    f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
+    return b"".join((entries_region, _encode_ext(watermarks, owner), encode_footer(f)))
+
+
+def append(
+    view: ManifestView,
+    new: Sequence[NewEntry],
+    watermarks: dict[str, Watermark],
+) -> tuple[bytes, int]:
+    """Append ``new`` without decoding existing entries. Returns (bytes, first new sequence)."""
+    first = view.footer.next_sequence
+    encoded = [encode_entry(first + i, n.location, n.metadata) for i, n in enumerate(new)]
+    f = view.footer
+    footer = Footer(f.entry_count + len(new), f.next_sequence + len(new), f.epoch, V2)
+    region = b"".join((view.entries_bytes, *encoded))
+    return encode_manifest(region, footer, watermarks, view.owner), first
+
+
+def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
+    f = view.footer
+    return encode_manifest(
+        view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
+        view.watermarks, owner,
+    )
+
+
+def dequeue(view: ManifestView, through_sequence: int) -> bytes:
+    """Remove every entry with sequence <= ``through_sequence`` (RFC ``dequeue(n)``)."""
+    f = view.footer
+    k = min(max(through_sequence - f.first_sequence + 1, 0), f.entry_count)
+    cut = skip_entries(view, k)
+    footer = Footer(f.entry_count - k, f.next_sequence, f.epoch, V2)
+    return encode_manifest(
+        view.entries_bytes[cut:], footer, view.watermarks, view.owner
+    )
