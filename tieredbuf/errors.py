@@ -70,6 +70,10 @@ class ConditionalWritesUnsupportedError(StoreError):
     """The endpoint ignores If-Match / If-None-Match; using it would corrupt the queue."""
 
 
+class InvalidKeyError(StoreError, ValueError):
+    """An object key is malformed (empty, absolute, '..', reserved): a caller bug."""
+
+
 # --- queue / consumer --------------------------------------------------------
 
 
