@@ -16,6 +16,7 @@ may have landed), StoreError for everything else.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,7 +81,7 @@ class Store(Protocol):
         """Every object whose key starts with ``prefix`` (order not guaranteed)."""
         ...
 
-    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, Exception]]:
+    def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         """Delete ``keys``; missing keys are not failures. Returns the failures."""
         ...
 

