@@ -86,3 +86,17 @@ def s3_bucket(s3_endpoint: S3Endpoint) -> str:
 def s3_url(s3_bucket: str) -> str:
     """A buffer URL inside a fresh bucket."""
     return f"s3://{s3_bucket}/buf"
+
+
+# --- buffers on every backend -------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
+def any_url(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
+    """(url, options) of a fresh, empty buffer on each backend: memory, local dir, moto."""
+    if request.param == "memory":
+        return f"memory://t-{uuid.uuid4().hex}", {}
+    if request.param == "local":
+        return f"file://{tmp_path}/buf", {}
+    ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    return f"s3://{ep.new_bucket()}/buf", {**ep.options(), "max_retries": 2}

@@ -1,5 +1,53 @@
-"""tieredbuf: an object-store tiered buffer for Python."""
+"""tieredbuf: an object-store tiered buffer for Python.
+
+    buf = tieredbuf.open("file:///tmp/buf")          # or s3://bucket/prefix, memory://
+    producer = buf.producer()                        # stateless; staging_dir=... for the local tier
+    producer.produce([b"a", b"b"], metadata=b"m").wait(tieredbuf.Durability.REMOTE)
+    consumer = buf.consumer(); consumer.initialize()
+    batch = consumer.next_batch(); consumer.ack(batch.sequence); consumer.flush()
+"""
 
 from __future__ import annotations
 
+from tieredbuf import errors
+from tieredbuf.buffer import Buffer, open
+from tieredbuf.config import Compression, ConsumerConfig, GcConfig, ProducerConfig, RetryConfig
+from tieredbuf.consumer import ConsumedBatch, Consumer
+from tieredbuf.errors import (
+    AckOrderError,
+    ConflictError,
+    CorruptError,
+    DataLossError,
+    FencedError,
+    OutcomeUnknownError,
+    TieredBufError,
+)
+from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AckOrderError",
+    "Buffer",
+    "Compression",
+    "ConflictError",
+    "ConsumedBatch",
+    "Consumer",
+    "ConsumerConfig",
+    "CorruptError",
+    "DataLossError",
+    "Durability",
+    "DurabilityWatcher",
+    "FencedError",
+    "GcConfig",
+    "MetadataItem",
+    "OutcomeUnknownError",
+    "ProducerConfig",
+    "RetryConfig",
+    "TieredBufError",
+    "WriteHandle",
+    "WriteOutcome",
+    "errors",
+    "open",
+]

@@ -1,0 +1,116 @@
+"""Garbage collection of data objects nothing refers to (RFC 0001 rules).
+
+A data object is deleted only if all hold:
+
+* it is not referenced by the current manifest snapshot;
+* its ULID time is older than the oldest referenced object's ULID time (so an
+  object uploaded but not yet enqueued is kept) -- skipped when the queue is empty;
+* its ULID time is older than the grace period;
+* its key matches ``data/<ULID>.batch|.qseg`` (anything else is left alone).
+
+Deletes run in bulk; failures are logged and counted and retried next pass.
+The decision is the pure function :func:`select_garbage`; :func:`run_once` does I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from tieredbuf import keys
+from tieredbuf.config import GcConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GcReport:
+    listed: int = 0
+    referenced: int = 0
+    candidates: int = 0
+    deleted: int = 0
+    failed: int = 0
+    skipped_foreign: int = 0
+    kept_young: int = 0
+    kept_newer_than_oldest: int = 0
+    dry_run: bool = False
+    deleted_keys: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def select_garbage(
+    listed: Iterable[str],
+    referenced: set[str],
+    oldest_referenced_ms: int | None,
+    now_ms: int,
+    grace: timedelta,
+    report: GcReport,
+) -> list[str]:
+    """The keys among ``listed`` that the RFC's rules allow deleting."""
+    grace_ms = int(grace.total_seconds() * 1000)
+    out: list[str] = []
+    for key in listed:
+        report.listed += 1
+        ulid = keys.parse_data_key(key)
+        if ulid is None:
+            report.skipped_foreign += 1
+            continue
+        if key in referenced:
+            report.referenced += 1
+            continue
+        ts = ulid.milliseconds
+        if oldest_referenced_ms is not None and ts >= oldest_referenced_ms:
+            report.kept_newer_than_oldest += 1
+            continue
+        if now_ms - ts <= grace_ms:
+            report.kept_young += 1
+            continue
+        out.append(key)
+    report.candidates = len(out)
+    return out
+
+
+def run_once(
+    buf: Any,
+    *,
+    grace: timedelta | None = None,
+    dry_run: bool = False,
+    config: GcConfig | None = None,
+    now_ms: int | None = None,
+) -> GcReport:
+    """One GC pass over ``buf`` (a :class:`tieredbuf.Buffer`)."""
+    cfg = config or GcConfig()
+    grace = cfg.gc_grace_period if grace is None else grace
+    report = GcReport(dry_run=dry_run)
+    # Snapshot first, list second: an object enqueued after the snapshot was
+    # uploaded before it, and is protected by the oldest-entry and grace rules.
+    entries = buf.entries()
+    referenced = {e.location for e in entries}
+    oldest: int | None = None
+    for e in entries[:1]:
+        u = keys.parse_data_key(e.location)
+        oldest = u.milliseconds if u is not None else None
+    if entries and oldest is None:
+        oldest = 0  # the oldest entry is not ULID-named: keep everything unreferenced but old
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    listed = (m.key for m in buf.store.list(keys.DATA_PREFIX))
+    garbage = select_garbage(listed, referenced, oldest, now, grace, report)
+    if dry_run:
+        report.deleted_keys = garbage
+        return report
+    for i in range(0, len(garbage), cfg.delete_batch):
+        chunk = garbage[i : i + cfg.delete_batch]
+        failures = buf.store.delete_many(chunk)
+        failed = {k for k, _ in failures}
+        for k, err in failures:
+            log.warning("gc: delete of %s failed (retried next pass): %s", k, err)
+        report.failed += len(failed)
+        report.deleted += len(chunk) - len(failed)
+        report.deleted_keys.extend(k for k in chunk if k not in failed)
+    return report

@@ -1,0 +1,275 @@
+"""The stateless producer (RFC 0001): batch in memory, flush to the store, append.
+
+produce() buffers the call in the open batch.  A flusher thread cuts the batch
+when it is ``flush_interval`` old or past ``flush_size_bytes`` and hands it to
+a small upload pool; an appender thread takes every uploaded batch that is
+ready, in order, and appends them all in one CAS (group commit).  One
+producer's batches keep their order.  Backpressure: produce() blocks while
+``max_buffered_inputs`` calls or ``max_buffered_bytes`` bytes are not yet durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ulid import ULID
+
+from tieredbuf import keys
+from tieredbuf.config import ProducerConfig
+from tieredbuf.errors import BackpressureError, ClosedError
+from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.publish import Pending, Publisher
+from tieredbuf.queue.backoff import Stats
+from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.store.base import Store
+
+log = logging.getLogger(__name__)
+
+MAX_UPLOADS_IN_FLIGHT = 4
+
+
+@dataclass
+class _OpenBatch:
+    records: list[bytes] = field(default_factory=list)
+    metadata: list[MetadataItem] = field(default_factory=list)
+    watchers: list[DurabilityWatcher] = field(default_factory=list)
+    size: int = 0
+    opened: float = 0.0
+
+
+def _as_records(entries: object) -> list[bytes]:
+    if isinstance(entries, (bytes, bytearray, memoryview, str)):
+        raise TypeError("produce() takes a list of byte records, not a single bytes/str")
+    try:
+        items = list(entries)  # type: ignore[call-overload]
+    except TypeError as e:
+        raise TypeError(f"produce() takes a list of byte records: {e}") from e
+    for i, r in enumerate(items):
+        if not isinstance(r, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"produce() records must be bytes-like; record {i} is {type(r).__name__}"
+            )
+    return [bytes(r) for r in items]
+
+
+class Producer:
+    """Stateless (direct) producer; thread-safe."""
+
+    def __init__(
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        config: ProducerConfig | None = None,
+        *,
+        producer_id: str | None = None,
+    ) -> None:
+        self.config = config or ProducerConfig()
+        self.producer_id = producer_id or f"p-{ULID()}"
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._publisher = Publisher(
+            store, queue, self.producer_id, retry=self.config.retry,
+            gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
+        )
+        self._cond = threading.Condition()
+        self._open = _OpenBatch()
+        self._buffered_inputs = 0
+        self._buffered_bytes = 0
+        self._next_pseq = 1
+        self._closing = False
+        self._closed = False
+        self._flush_now = False
+        self._error: BaseException | None = None
+        self._flusher_done = False
+        self._pool = ThreadPoolExecutor(MAX_UPLOADS_IN_FLIGHT, thread_name_prefix="tb-upload")
+        self._inflight: deque[tuple[Pending, Future[None], _OpenBatch]] = deque()
+        self._flusher = threading.Thread(target=self._flush_loop, name="tb-flusher", daemon=True)
+        self._appender = threading.Thread(target=self._append_loop, name="tb-append", daemon=True)
+        self._flusher.start()
+        self._appender.start()
+
+    # --- public API ----------------------------------------------------------
+
+    def produce(
+        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+    ) -> WriteHandle:
+        """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
+
+        Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
+        waiting longer.
+        """
+        records = _as_records(entries)
+        meta = bytes(metadata)
+        size = sum(len(r) + 4 for r in records) + len(meta) + 16
+        cfg = self.config
+        handle = WriteHandle()
+        with self._cond:
+            self._check_open()
+            ok = self._cond.wait_for(
+                lambda: self._closing
+                or self._error is not None
+                or (
+                    self._buffered_inputs < cfg.max_buffered_inputs
+                    and (self._buffered_bytes == 0
+                         or self._buffered_bytes + size <= cfg.max_buffered_bytes)
+                ),
+                timeout,
+            )
+            self._check_open()
+            if not ok:
+                self.stats.incr("backpressure_timeouts")
+                raise BackpressureError(
+                    f"producer buffer full ({self._buffered_inputs} calls, "
+                    f"{self._buffered_bytes} bytes) for {timeout} s"
+                )
+            b = self._open
+            if not b.records and not b.metadata:
+                b.opened = time.monotonic()
+            b.metadata.append(
+                MetadataItem(len(b.records), time.time_ns() // 1_000_000, meta)
+            )
+            b.records.extend(records)
+            b.watchers.append(handle.watcher)
+            b.size += size
+            self._buffered_inputs += 1
+            self._buffered_bytes += size
+            self.stats.incr("records_in", len(records))
+            self.stats.incr("bytes_in", size)
+            if b.size >= cfg.flush_size_bytes:
+                self._cond.notify_all()
+            elif len(b.watchers) == 1:
+                self._cond.notify_all()  # wake the flusher to start the interval timer
+        return handle
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Flush the open batch now and wait until everything buffered is REMOTE."""
+        with self._cond:
+            self._flush_now = True
+            self._cond.notify_all()
+            ok = self._cond.wait_for(
+                lambda: self._buffered_inputs == 0 or self._error is not None, timeout
+            )
+            if self._error is not None:
+                raise self._error
+            if not ok:
+                raise TimeoutError(f"flush did not finish in {timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush everything, wait until it is in the queue, stop the threads."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._flusher.join(timeout)
+        self._appender.join(timeout)
+        self._pool.shutdown(wait=True)
+        with self._cond:
+            self._closed = True
+        if self._error is not None:
+            raise self._error
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- background ----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing or self._closed:
+            raise ClosedError("producer is closed")
+        if self._error is not None:
+            raise self._error
+
+    def _due(self) -> float | None:
+        """Seconds until the open batch must be flushed (<= 0: now), None if empty."""
+        b = self._open
+        if not b.watchers:
+            return None
+        if self._closing or self._flush_now or b.size >= self.config.flush_size_bytes:
+            return 0.0
+        return b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    due = self._due()
+                    if due is not None and due <= 0:
+                        break
+                    if due is None and self._closing:
+                        self._flusher_done = True
+                        self._cond.notify_all()
+                        return
+                    if due is None:
+                        self._flush_now = False
+                    self._cond.wait(due)
+                batch, self._open = self._open, _OpenBatch()
+                self._flush_now = False
+                pseq = self._next_pseq
+                self._next_pseq += 1
+            body = encode_batch(batch.records, self.config.batch_compression)
+            p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq)
+            fut = self._pool.submit(self._publisher.upload, p)
+            with self._cond:
+                self._inflight.append((p, fut, batch))
+                self._cond.notify_all()
+
+    def _append_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: bool(self._inflight) or self._flusher_done
+                )
+                if not self._inflight:
+                    return
+            head = self._inflight[0][1]
+            try:
+                head.result()
+            except BaseException as e:
+                self._die(e)
+                return
+            with self._cond:
+                group = []
+                while self._inflight and self._inflight[0][1].done():
+                    group.append(self._inflight.popleft())
+            try:
+                for _, fut, _b in group:
+                    fut.result()
+                seqs = self._publisher.append([p for p, _, _ in group])
+            except BaseException as e:
+                self._die(e, [b for _, _, b in group])
+                return
+            self.stats.incr("batches_flushed", len(group))
+            released_inputs = released_bytes = 0
+            for (p, _, b), seq in zip(group, seqs, strict=True):
+                outcome = WriteOutcome(seq, p.location, Durability.REMOTE)
+                for w in b.watchers:
+                    w._reach(Durability.REMOTE, outcome)
+                released_inputs += len(b.watchers)
+                released_bytes += b.size
+            with self._cond:
+                self._buffered_inputs -= released_inputs
+                self._buffered_bytes -= released_bytes
+                self._cond.notify_all()
+
+    def _die(self, error: BaseException, batches: list[_OpenBatch] | None = None) -> None:
+        log.error("producer %s failed: %s", self.producer_id, error)
+        with self._cond:
+            self._error = error
+            failed = list(batches or []) + [b for _, _, b in self._inflight] + [self._open]
+            self._inflight.clear()
+            self._open = _OpenBatch()
+            for b in failed:
+                for w in b.watchers:
+                    w._fail(error)
+            self._cond.notify_all()

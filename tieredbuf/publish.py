@@ -1,0 +1,149 @@
+"""Upload data objects and append them to the queue, exactly once.
+
+Shared by the stateless producer and the exporter of the local tier.  Two races
+are closed here:
+
+* I2 -- an append whose outcome is unknown is retried through the manifest's
+  per-producer watermark (see :mod:`tieredbuf.queue.manifest_queue`).
+* The RFC's GC race -- an object uploaded long ago may already look like garbage
+  to GC (older than the grace period, not referenced).  Before every manifest
+  write, any object older than half the grace period is uploaded again under a
+  fresh ULID, so an entry never points at an object GC may have deleted (I5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ulid import ULID
+
+from tieredbuf import keys
+from tieredbuf.config import RetryConfig
+from tieredbuf.errors import AlreadyExistsError, StoreError
+from tieredbuf.format.manifest import MetadataItem, NewEntry
+from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.store.base import Store
+
+log = logging.getLogger(__name__)
+
+MULTIPART_THRESHOLD = 16 << 20
+MULTIPART_CHUNK = 8 << 20
+
+
+@dataclass(eq=False)
+class Pending:
+    """One data object on its way to the queue."""
+
+    body: bytes
+    suffix: str
+    metadata: tuple[MetadataItem, ...]
+    producer_seq: int
+    ulid: ULID | None = None
+    uploads: int = 0
+    extra: object = field(default=None, repr=False)
+
+    @property
+    def location(self) -> str:
+        assert self.ulid is not None, "not uploaded"
+        return keys.data_key(self.ulid, self.suffix)
+
+
+class _Stale(Exception):
+    def __init__(self, stale: list[Pending]) -> None:
+        super().__init__(f"{len(stale)} objects older than half the grace period")
+        self.stale = stale
+
+
+class Publisher:
+    """Uploads and appends for one producer id; appends must come from one thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        producer_id: str,
+        *,
+        retry: RetryConfig,
+        gc_grace_period: timedelta,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        stop: threading.Event | None = None,
+        stats: Stats | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.producer_id = producer_id
+        self.retry = retry
+        self.max_age_ms = int(gc_grace_period.total_seconds() * 1000) // 2
+        self.clock_ms = clock_ms
+        self.stop = stop or threading.Event()
+        self.stats = stats or Stats()
+
+    def _new_ulid(self) -> ULID:
+        return ULID.from_timestamp(self.clock_ms() / 1000)
+
+    def upload(self, p: Pending) -> None:
+        """PUT ``p`` under a fresh ULID (create-if-absent), retrying transient errors."""
+        p.ulid = self._new_ulid()
+        attempt = 0
+        while True:
+            try:
+                if len(p.body) > MULTIPART_THRESHOLD:
+                    view = memoryview(p.body)
+                    chunks = (
+                        view[i : i + MULTIPART_CHUNK]
+                        for i in range(0, len(view), MULTIPART_CHUNK)
+                    )
+                    self.store.put_multipart(p.location, chunks, mode="create")
+                else:
+                    self.store.put(p.location, p.body, mode="create")
+                break
+            except AlreadyExistsError:
+                # A fresh ULID carries 80 random bits: the object is our own earlier
+                # attempt whose response was lost.
+                break
+            except StoreError as e:
+                self.stats.incr("upload_retries")
+                log.warning("upload of %s failed (attempt %d): %s", p.location, attempt + 1, e)
+                if self.stop.wait(backoff_delay(self.retry, attempt)):
+                    raise
+                attempt += 1
+        p.uploads += 1
+        self.stats.incr("objects_uploaded")
+        self.stats.incr("bytes_uploaded", len(p.body))
+
+    def _check_fresh(self, group: Sequence[Pending]) -> None:
+        now = self.clock_ms()
+        stale = [
+            p for p in group if p.ulid is not None and now - p.ulid.milliseconds > self.max_age_ms
+        ]
+        if stale:
+            raise _Stale(stale)
+
+    def append(self, group: Sequence[Pending]) -> list[int | None]:
+        """Append ``group`` (uploaded, consecutive producer_seq) in one CAS, exactly once."""
+        if not group:
+            return []
+        for a, b in itertools.pairwise(group):
+            if b.producer_seq != a.producer_seq + 1:
+                raise ValueError("a group's producer sequence numbers must be consecutive")
+        while True:
+            entries = [NewEntry(p.location, p.metadata) for p in group]
+            try:
+                return self.queue.append(
+                    entries, self.producer_id, group[-1].producer_seq,
+                    before_write=lambda: self._check_fresh(group),
+                )
+            except _Stale as s:
+                for p in s.stale:
+                    self.stats.incr("reuploads_for_grace")
+                    log.warning(
+                        "%s waited past half the GC grace period; uploading it again", p.location
+                    )
+                    self.upload(p)
