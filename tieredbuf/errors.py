@@ -137,3 +137,15 @@ class StageError(TieredBufError):
 
 class StageLockedError(StageError):
     """Another process holds the staging directory's lock."""
+
+
+# --- local tier: WAL / segments (issue 3) ---------------------------------------
+
+
+class ConfigHashMismatchError(UnsupportedVersionError):
+    """A WAL was written under a different segment layout contract (Quiver: treated
+    exactly like an unknown format version -- drain it with the build that wrote it)."""
+
+
+class WalFullError(StageError):
+    """The WAL hit ``max_size`` or ``max_rotated_files`` and nothing can be reclaimed yet."""

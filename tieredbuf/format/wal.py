@@ -1,0 +1,389 @@
+"""Quiver WAL byte layout (seed 001), plus one tieredbuf entry type for opaque records.
+
+Pure codec: bytes in, values out, typed errors; no I/O.  Everything is little-endian.
+
+File header (v1, 38 bytes)::
+
+    magic              [u8;10]  b"QUIVER\\0WAL"
+    version            u16      1
+    header_size        u16      38 (readers skip unknown trailing header bytes)
+    segment_cfg_hash   [u8;16]  digest of the adapter layout contract
+    wal_position_start u64      logical WAL position of this file's first entry byte
+
+Entry (repeated until EOF)::
+
+    u32 entry_len                  bytes from entry_type to the end of the body
+                                   (neither the length itself nor the CRC)
+    u8  entry_type                 0 = RecordBundle, 1 = checkpoint (reserved by Quiver),
+                                   2 = Records (tieredbuf extension)
+    i64 ingestion_ts_nanos
+    u64 per_core_sequence
+    body                           type-specific
+    u32 crc32                      IEEE CRC32 over entry_type..body
+
+RecordBundle body (type 0)::
+
+    u64 slot_bitmap; then for every set bit n, ascending:
+        u16 payload_type_id; [u8;32] schema_fingerprint; u32 row_count; u32 payload_len
+        [u8;payload_len]  one Arrow IPC *streaming* payload holding the slot's batch
+
+Records body (type 2, one ``produce(entries, metadata)`` call)::
+
+    u32 metadata_len; [u8;metadata_len] metadata
+    u32 record_count; record_count x ( u32 len; [u8;len] )
+
+Logical positions: the entry at file offset ``off`` has WAL position
+``wal_position_start + off - header_size``, so positions are stable across rotation
+and purge (a new file's header carries the previous file's end position).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+from tieredbuf.errors import ConfigHashMismatchError, CorruptError, UnsupportedVersionError
+from tieredbuf.format._reader import Reader
+
+WAL_MAGIC = b"QUIVER\x00WAL"
+WAL_VERSION = 1
+WAL_HEADER_SIZE = 38
+CFG_HASH_SIZE = 16
+FINGERPRINT_SIZE = 32
+MAX_SLOTS = 64
+
+ENTRY_RECORD_BUNDLE = 0
+ENTRY_CHECKPOINT = 1  # reserved by Quiver; never written by tieredbuf
+ENTRY_RECORDS = 2
+
+_HEADER = struct.Struct("<10sHH16sQ")
+_PREFIX = struct.Struct("<I")
+_ENTRY_HEAD = struct.Struct("<BqQ")  # type, ts, seq
+_SLOT_META = struct.Struct("<H32sII")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+ENTRY_HEAD_SIZE = _ENTRY_HEAD.size  # 17
+FRAME_OVERHEAD = _PREFIX.size + 4  # length prefix + CRC trailer
+MAX_ENTRY_LEN = 0xFFFF_FFFF
+
+WHAT = "WAL"
+
+
+# --- header ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WalHeader:
+    segment_cfg_hash: bytes
+    wal_position_start: int
+    version: int = WAL_VERSION
+    header_size: int = WAL_HEADER_SIZE
+
+
+def encode_header(segment_cfg_hash: bytes, wal_position_start: int) -> bytes:
+    if len(segment_cfg_hash) != CFG_HASH_SIZE:
+        raise ValueError("segment_cfg_hash must be 16 bytes")
+    return _HEADER.pack(
+        WAL_MAGIC, WAL_VERSION, WAL_HEADER_SIZE, segment_cfg_hash, wal_position_start
+    )
+
+
+def decode_header(
+    data: bytes | memoryview, obj: str | None = None, expected_cfg_hash: bytes | None = None
+) -> WalHeader:
+    r = Reader(data, WHAT, obj)
+    magic = bytes(r.take(len(WAL_MAGIC), "magic"))
+    if magic != WAL_MAGIC:
+        raise CorruptError(WHAT, obj, 0, f"bad magic {magic!r}")
+    version = r.u16("version")
+    if version != WAL_VERSION:
+        raise UnsupportedVersionError(WHAT, obj, 10, f"unknown WAL version {version}")
+    header_size = r.u16("header_size")
+    if header_size < WAL_HEADER_SIZE:
+        raise CorruptError(WHAT, obj, 12, f"header_size {header_size} < {WAL_HEADER_SIZE}")
+    cfg = bytes(r.take(CFG_HASH_SIZE, "segment_cfg_hash"))
+    start = r.u64("wal_position_start")
+    r.need(header_size - WAL_HEADER_SIZE, "header extension")
+    if expected_cfg_hash is not None and cfg != expected_cfg_hash:
+        raise ConfigHashMismatchError(
+            WHAT, obj, 14,
+            f"segment_cfg_hash {cfg.hex()} != expected {expected_cfg_hash.hex()}: drain this "
+            "WAL with the build that wrote it",
+        )
+    return WalHeader(cfg, start, version, header_size)
+
+
+def segment_cfg_hash(layout_contract: bytes) -> bytes:
+    """128-bit digest of the adapter-owned layout contract (BLAKE2b-128; the seed's
+    'e.g. truncated BLAKE3' is not in the standard library)."""
+    return hashlib.blake2b(layout_contract, digest_size=CFG_HASH_SIZE).digest()
+
+
+def schema_fingerprint(schema: pa.Schema) -> bytes:
+    """32-byte fingerprint of an Arrow schema: SHA-256 of its IPC serialization
+    (field names, types, nullability, dictionary key types, metadata)."""
+    return hashlib.sha256(schema.serialize().to_pybytes()).digest()
+
+
+# --- entries --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPayload:
+    slot: int
+    payload_type_id: int
+    schema_fingerprint: bytes
+    row_count: int
+    payload: bytes | memoryview  # Arrow IPC streaming bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WalEntry:
+    """One decoded frame.  ``offset``/``size`` are the frame's file offset and
+    on-disk size (prefix + body + CRC)."""
+
+    entry_type: int
+    ingestion_ts_nanos: int
+    sequence: int
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BundleEntry(WalEntry):
+    slots: tuple[SlotPayload, ...]
+
+    def to_bundle(self, obj: str | None = None) -> dict[int, pa.RecordBatch]:
+        """Decode every slot's IPC payload back into a RecordBatch."""
+        return {
+            s.slot: decode_ipc_stream(s.payload, obj, self.offset) for s in self.slots
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsEntry(WalEntry):
+    records: tuple[bytes, ...]
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownEntry(WalEntry):
+    """An entry type this build does not interpret; skipped by its length."""
+
+
+def encode_ipc_stream(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue()
+
+
+def describe_error(e: BaseException) -> str:
+    """An exception's message; pyarrow may raise one whose text is not valid UTF-8."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:
+        return type(e).__name__
+
+
+def decode_ipc_stream(
+    payload: bytes | memoryview | pa.Buffer, obj: str | None, offset: int
+) -> pa.RecordBatch:
+    try:
+        batches = list(pa.ipc.open_stream(pa.py_buffer(payload)))
+        for b in batches:
+            b.validate(full=True)
+    except Exception as e:  # any failure decoding untrusted Arrow bytes (I7)
+        raise CorruptError(WHAT, obj, offset, f"Arrow IPC payload: {describe_error(e)}") from e
+    if len(batches) != 1:
+        raise CorruptError(WHAT, obj, offset, f"slot payload holds {len(batches)} batches")
+    return batches[0]
+
+
+def _frame(body_parts: Sequence[bytes | memoryview | pa.Buffer]) -> list[bytes | memoryview]:
+    n = 0
+    crc = 0
+    views: list[bytes | memoryview] = []
+    for p in body_parts:
+        v = p if isinstance(p, bytes | memoryview) else memoryview(p)
+        n += len(v)
+        crc = zlib.crc32(v, crc)
+        views.append(v)
+    if n > MAX_ENTRY_LEN:
+        raise ValueError(f"WAL entry of {n} bytes exceeds the u32 length field")
+    return [_PREFIX.pack(n), *views, _U32.pack(crc)]
+
+
+def encode_bundle_entry(
+    sequence: int, ingestion_ts_nanos: int, bundle: Mapping[int, pa.RecordBatch]
+) -> list[bytes | memoryview]:
+    """A RecordBundle entry as a list of buffers (for os.writev); join for bytes.
+    ``payload_type_id`` is the slot id."""
+    bitmap = 0
+    for slot in bundle:
+        if not 0 <= slot < MAX_SLOTS:
+            raise ValueError(f"slot id {slot} outside 0..{MAX_SLOTS - 1}")
+        bitmap |= 1 << slot
+    parts: list[bytes | memoryview | pa.Buffer] = [
+        _ENTRY_HEAD.pack(ENTRY_RECORD_BUNDLE, ingestion_ts_nanos, sequence), _U64.pack(bitmap)
+    ]
+    for slot in sorted(bundle):
+        batch = bundle[slot]
+        payload = encode_ipc_stream(batch)
+        parts.append(
+            _SLOT_META.pack(slot, schema_fingerprint(batch.schema), batch.num_rows, payload.size)
+        )
+        parts.append(payload)
+    return _frame(parts)
+
+
+def encode_records_entry(
+    sequence: int, ingestion_ts_nanos: int, records: Sequence[bytes | memoryview],
+    metadata: bytes | memoryview,
+) -> list[bytes | memoryview]:
+    """A Records entry (type 2) as a list of buffers."""
+    parts: list[bytes | memoryview | pa.Buffer] = [
+        _ENTRY_HEAD.pack(ENTRY_RECORDS, ingestion_ts_nanos, sequence),
+        _U32.pack(len(metadata)), metadata, _U32.pack(len(records)),
+    ]
+    for r in records:
+        parts.append(_U32.pack(len(r)))
+        parts.append(r)
+    return _frame(parts)
+
+
+def decode_entry(
+    view: memoryview, offset: int, obj: str | None = None
+) -> WalEntry:
+    """Decode the complete frame at ``offset`` (raises CorruptError on any defect)."""
+    r = Reader(view, WHAT, obj, offset)
+    n = r.u32("entry_len")
+    if n < ENTRY_HEAD_SIZE:
+        raise CorruptError(WHAT, obj, offset, f"entry_len {n} < {ENTRY_HEAD_SIZE}")
+    body_at = r.pos
+    body = r.take(n, "entry body")
+    stored = r.u32("entry crc32")
+    actual = zlib.crc32(body)
+    if stored != actual:
+        raise CorruptError(
+            WHAT, obj, offset, f"entry CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+        )
+    size = r.pos - offset
+    b = Reader(view, WHAT, obj, body_at, body_at + n)
+    etype = b.u8("entry_type")
+    ts = b.i64("ingestion_ts_nanos")
+    seq = b.u64("per_core_sequence")
+    if etype == ENTRY_RECORD_BUNDLE:
+        slots = _decode_bundle_body(b)
+        return BundleEntry(etype, ts, seq, offset, size, slots)
+    if etype == ENTRY_RECORDS:
+        records, metadata = _decode_records_body(b)
+        return RecordsEntry(etype, ts, seq, offset, size, records, metadata)
+    return UnknownEntry(etype, ts, seq, offset, size)
+
+
+def _decode_bundle_body(b: Reader) -> tuple[SlotPayload, ...]:
+    bitmap = b.u64("slot_bitmap")
+    out: list[SlotPayload] = []
+    for slot in range(MAX_SLOTS):
+        if not bitmap >> slot & 1:
+            continue
+        b.need(_SLOT_META.size, f"slot {slot} metadata")
+        ptype, fp, rows, plen = _SLOT_META.unpack_from(b.buf, b.pos)
+        b.pos += _SLOT_META.size
+        payload = b.take(plen, f"slot {slot} payload")
+        out.append(SlotPayload(slot, ptype, bytes(fp), rows, payload))
+    if b.remaining():
+        raise b.fail(f"{b.remaining()} trailing bytes after the last slot")
+    return tuple(out)
+
+
+def _decode_records_body(b: Reader) -> tuple[tuple[bytes, ...], bytes]:
+    mlen = b.u32("metadata_len")
+    metadata = bytes(b.take(mlen, "metadata"))
+    count = b.u32("record_count")
+    if count * _U32.size > b.remaining():
+        raise b.fail(f"record_count {count} cannot fit in {b.remaining()} bytes")
+    records = []
+    for i in range(count):
+        n = b.u32(f"record {i} length")
+        records.append(bytes(b.take(n, f"record {i}")))
+    if b.remaining():
+        raise b.fail(f"{b.remaining()} trailing bytes after {count} records")
+    return tuple(records), metadata
+
+
+# --- scanning -------------------------------------------------------------------
+
+ScanStatus = Literal["clean", "torn", "corrupt"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """``entries`` decoded up to ``good_end`` (a file offset).
+
+    * ``clean``   -- every byte decoded.
+    * ``torn``    -- the bytes from ``good_end`` to EOF are an incomplete or damaged
+      last frame (a crash mid-append): truncate the file to ``good_end``.
+    * ``corrupt`` -- a damaged frame is followed by more bytes: this is not a torn
+      write, and truncating would silently drop later (acknowledged) entries.
+    """
+
+    header: WalHeader
+    entries: tuple[WalEntry, ...]
+    good_end: int
+    status: ScanStatus
+    error: CorruptError | None
+
+
+def scan(
+    data: bytes | memoryview, obj: str | None = None, expected_cfg_hash: bytes | None = None
+) -> ScanResult:
+    """Decode a whole WAL file, classifying any damage.  A bad header always raises."""
+    view = memoryview(data)
+    header = decode_header(view, obj, expected_cfg_hash)
+    entries: list[WalEntry] = []
+    off = header.header_size
+    end = len(view)
+    while off < end:
+        try:
+            entries.append(decode_entry(view, off, obj))
+        except CorruptError as e:
+            status: ScanStatus = "torn" if _reaches_eof(view, off) else "corrupt"
+            return ScanResult(header, tuple(entries), off, status, e)
+        off += entries[-1].size
+    return ScanResult(header, tuple(entries), off, "clean", None)
+
+
+def _reaches_eof(view: memoryview, off: int) -> bool:
+    """Does the damaged frame at ``off`` run to the end of the file?"""
+    remaining = len(view) - off
+    if remaining < _PREFIX.size:
+        return True
+    n = int(_PREFIX.unpack_from(view, off)[0])
+    if n == 0:  # zero-filled tail (blocks allocated, data never written)
+        return view[off:].tobytes().count(0) == remaining
+    return off + _PREFIX.size + n + 4 >= len(view)
+
+
+def decode_wal(
+    data: bytes | memoryview, obj: str | None = None, expected_cfg_hash: bytes | None = None
+) -> tuple[WalHeader, tuple[WalEntry, ...]]:
+    """Strict decode: any damage, torn or not, raises CorruptError."""
+    res = scan(data, obj, expected_cfg_hash)
+    if res.error is not None:
+        raise res.error
+    return res.header, res.entries
+
+
+def iter_positions(header: WalHeader, entries: Iterable[WalEntry]) -> Iterable[tuple[int, int]]:
+    """(start, end) logical WAL positions of ``entries``."""
+    base = header.wal_position_start - header.header_size
+    for e in entries:
+        yield base + e.offset, base + e.offset + e.size
