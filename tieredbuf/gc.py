@@ -23,6 +23,7 @@ from typing import Any
 
 from tieredbuf import keys
 from tieredbuf.config import GcConfig
+from tieredbuf.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,10 @@ def run_once(
         return report
     for i in range(0, len(garbage), cfg.delete_batch):
         chunk = garbage[i : i + cfg.delete_batch]
-        failures = buf.store.delete_many(chunk)
+        try:
+            failures = buf.store.delete_many(chunk)
+        except StoreError as e:
+            failures = [(k, e) for k in chunk]
         failed = {k for k, _ in failures}
         for k, err in failures:
             log.warning("gc: delete of %s failed (retried next pass): %s", k, err)
