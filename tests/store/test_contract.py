@@ -4,6 +4,7 @@ memory, local directory, moto server over HTTP and SeaweedFS (fixture ``store``)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_head(store: Store) -> None:
 
 @pytest.mark.parametrize("op", ["get", "head", "get_range", "get_suffix"])
 def test_missing_key_is_object_not_found_and_file_not_found(store: Store, op: str) -> None:
-    calls = {
+    calls: dict[str, Callable[[], object]] = {
         "get": lambda: store.get("no/such"),
         "head": lambda: store.head("no/such"),
         "get_range": lambda: store.get_range("no/such", 0, 4),

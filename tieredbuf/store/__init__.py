@@ -48,6 +48,7 @@ S3_OPTIONS = frozenset(S3_OPTION_ENV) | {
 }
 """Keyword options open_store() accepts for s3:// URLs."""
 
+_SCHEMES = ("s3", "file", "memory")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -60,6 +61,8 @@ def open_store(url: str, **options: Any) -> Store:
     if not isinstance(url, str) or not url:
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     if "://" not in url:
+        if urlsplit(url).scheme.lower() in _SCHEMES:
+            raise ConfigError(f"malformed store URL {url!r}: use file:///abs/dir or file://./rel")
         _no_options("a local directory", options)
         return LocalDirStore(url)
     parts = urlsplit(url)

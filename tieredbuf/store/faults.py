@@ -138,7 +138,15 @@ class FaultInjectingStore:
             return fn()
         if fault.when == "before":
             raise _make_error(fault.error, op, key)
-        fn()
+        try:
+            fn()
+        except BaseException:
+            # the real operation failed: no response was "lost"; the fault stays armed
+            with self._lock:
+                if fault.times is not None:
+                    fault.times += 1
+                fault.fired -= 1
+            raise
         raise _make_error(fault.error, op, key)
 
     def get(self, key: str) -> GetResult:

@@ -95,6 +95,9 @@ class ProbeCache:
             probe_conditional_writes(store, where)
             self._passed.add(target)
 
+    def passed(self, target: tuple[str, str]) -> bool:
+        return target in self._passed
+
     def forget(self) -> None:
         """Forget every result (tests)."""
         with self._lock:

@@ -1,0 +1,130 @@
+"""FaultInjectingStore and CountingStore: the tools the I2 (exactly-once append) and
+GET-bound tests are built on."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tieredbuf import errors
+from tieredbuf.store import IfMatch, open_store
+from tieredbuf.store.faults import CountingStore, FaultInjectingStore
+
+
+def test_after_fault_lands_the_write_then_reports_a_conflict() -> None:
+    """I2: obstore retrying a PUT whose response was lost meets its own write."""
+    s = FaultInjectingStore(open_store("memory://"))
+    e1 = s.put("queue/manifest", b"v1", mode="create")
+    fault = s.arm("put", key="queue/manifest", when="after", error=errors.PreconditionFailedError)
+    with pytest.raises(errors.PreconditionFailedError) as ei:
+        s.put("queue/manifest", b"v2", mode=IfMatch(e1))
+    assert ei.value.key == "queue/manifest"
+    assert s.get("queue/manifest").data == b"v2"  # it landed anyway
+    assert fault.fired == 1 and fault.times == 0
+    s.put("queue/manifest", b"v3")  # disarmed after one shot
+    assert s.get("queue/manifest").data == b"v3"
+
+
+@pytest.mark.parametrize("error", [errors.OutcomeUnknownError, errors.AlreadyExistsError])
+def test_after_fault_on_create(error: type[Exception]) -> None:
+    s = FaultInjectingStore(open_store("memory://"))
+    s.arm("put", when="after", error=error)
+    with pytest.raises(error):
+        s.put("data/x", b"payload", mode="create")
+    assert s.get("data/x").data == b"payload"
+
+
+def test_before_fault_does_not_write() -> None:
+    s = FaultInjectingStore(open_store("memory://"))
+    s.arm("put", key="k", when="before", error=errors.OutcomeUnknownError, times=2)
+    for _ in range(2):
+        with pytest.raises(errors.OutcomeUnknownError):
+            s.put("k", b"x")
+    with pytest.raises(errors.ObjectNotFoundError):
+        s.get("k")
+    s.put("k", b"x")
+    assert s.get("k").data == b"x"
+
+
+def test_faults_filter_by_key_op_and_mode() -> None:
+    s = FaultInjectingStore(open_store("memory://"))
+    f = s.arm("put", key="a", error=errors.OutcomeUnknownError, mode="overwrite", times=None)
+    s.put("b", b"1", mode="overwrite")  # other key
+    s.put("a", b"1", mode="create")  # other mode
+    assert s.get("a").data == b"1"  # other op
+    with pytest.raises(errors.OutcomeUnknownError):
+        s.put("a", b"2", mode="overwrite")
+    assert f.fired == 1
+    # an "after" fault whose real operation fails lets the real error through, unspent
+    with pytest.raises(errors.AlreadyExistsError):
+        s.put("a", b"3", mode="create")
+    s.disarm()
+    g = s.arm("put", key="a", error=errors.OutcomeUnknownError)
+    with pytest.raises(errors.AlreadyExistsError):
+        s.put("a", b"3", mode="create")
+    assert (g.fired, g.times) == (0, 1)
+    s.disarm()
+    s.arm("get", error=errors.StoreError("boom"), when="before")
+    with pytest.raises(errors.StoreError, match="boom"):
+        s.get("a")
+    s.arm("delete_many", key="b", error=errors.OutcomeUnknownError)
+    with pytest.raises(errors.OutcomeUnknownError):
+        s.delete_many(["a", "b"])
+    assert list(s.list("")) == []  # the delete happened
+    s.arm("list", error=errors.StoreError, when="before")
+    with pytest.raises(errors.StoreError):
+        s.list("")
+    with pytest.raises(ValueError):
+        s.arm("nope", error=errors.StoreError)  # type: ignore[arg-type]
+
+
+def test_fault_fires_exactly_times_under_threads() -> None:
+    s = FaultInjectingStore(open_store("memory://"))
+    s.arm("put", error=errors.OutcomeUnknownError, times=3)
+    raised: list[int] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        for j in range(25):
+            try:
+                s.put(f"k/{i}/{j}", b"x")
+            except errors.OutcomeUnknownError:
+                with lock:
+                    raised.append(1)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(raised) == 3
+    assert len(list(s.list("k/"))) == 200  # "after" faults still wrote
+
+
+def test_counting_store_counts_calls_and_bytes() -> None:
+    c = CountingStore(open_store("memory://"))
+    c.put("a", b"12345")
+    c.put_multipart("b", [b"12", b"345"], mode="create")
+    c.get("a")
+    c.get_range("a", 0, 2)
+    c.get_suffix("b", 1)
+    c.head("a")
+    list(c.list(""))
+    c.delete_many(["a"])
+    counts = c.counts
+    assert counts == {
+        "put": 1,
+        "put_multipart": 1,
+        "get": 1,
+        "get_range": 1,
+        "get_suffix": 1,
+        "head": 1,
+        "list": 1,
+        "delete_many": 1,
+    }
+    assert c.reads == 3
+    assert (c.bytes_written, c.bytes_read) == (10, 5 + 2 + 1)
+    c.reset()
+    assert c.counts == {} and c.bytes_read == 0
+    assert c.url == "memory://"

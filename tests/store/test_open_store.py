@@ -1,0 +1,90 @@
+"""open_store(): URL schemes, options, and clear ConfigErrors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import S3Endpoint
+from tieredbuf import errors, store
+from tieredbuf.store import LocalDirStore, ObjStore, open_store
+
+
+def test_contract_types_are_exported() -> None:
+    for name in ("Store", "IfMatch", "PutMode", "ObjectMeta", "GetResult", "open_store"):
+        assert hasattr(store, name)
+    assert isinstance(open_store("memory://"), store.Store)
+
+
+def test_memory_is_fresh_and_named_memory_is_shared() -> None:
+    a, b = open_store("memory://"), open_store("memory://")
+    a.put("k", b"a")
+    with pytest.raises(errors.ObjectNotFoundError):
+        b.get("k")
+    n1, n2 = open_store("memory://test-shared"), open_store("memory://test-shared")
+    n1.put("k", b"shared")
+    assert n2.get("k").data == b"shared"
+    assert n2.url == "memory://test-shared"
+
+
+def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = open_store((tmp_path / "abs").as_uri())
+    assert isinstance(s, LocalDirStore) and s.root == str(tmp_path / "abs")
+    s.put("x/y", b"1")
+    assert (tmp_path / "abs" / "x" / "y").read_bytes() == b"1"
+    assert open_store(str(tmp_path / "abs")).get("x/y").data == b"1"
+    monkeypatch.chdir(tmp_path)
+    rel = open_store("file://./rel/dir")
+    rel.put("k", b"2")
+    assert (tmp_path / "rel" / "dir" / "k").read_bytes() == b"2"
+    assert open_store("rel/dir").get("k").data == b"2"
+    assert open_store("file://localhost" + str(tmp_path / "abs")).get("x/y").data == b"1"
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "match"),
+    [
+        ("gs://bucket/x", {}, "unsupported store URL scheme"),
+        ("s3:///prefix", {}, "names no bucket"),
+        ("s3://bucket/a/../b", {}, "invalid prefix"),
+        ("s3://bucket/p?x=1", {}, "query"),
+        ("s3://bucket/p", {"endpint": "http://x"}, "unknown option.*endpint"),
+        ("s3://bucket/p", {"allow_http": "maybe"}, "allow_http"),
+        ("s3://bucket/p", {"endpoint": "127.0.0.1:9000"}, "http:// or https://"),
+        ("s3://bucket/p", {"timeout": -1}, "timeout"),
+        ("s3://bucket/p", {"max_retries": -1}, "max_retries"),
+        ("s3://bucket/p", {"chunk_size": 1024}, "chunk_size"),
+        ("file://host/dir", {}, "names host"),
+        ("file:rel", {}, "malformed"),
+        ("file://", {}, "absolute path"),
+        ("memory://name/sub", {}, "only a name"),
+        ("memory://", {"endpoint": "x"}, "unknown option"),
+        ("/tmp/x", {"region": "x"}, "unknown option"),
+        ("", {}, "non-empty"),
+    ],
+)
+def test_bad_urls_and_options_are_config_errors(
+    url: str, options: dict[str, object], match: str
+) -> None:
+    with pytest.raises(errors.ConfigError, match=match):
+        open_store(url, **options)
+
+
+def test_s3_options_default_from_the_aws_environment(
+    s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = s3_endpoint.new_bucket()
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.endpoint)
+    monkeypatch.setenv("AWS_REGION", s3_endpoint.region)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_endpoint.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_endpoint.secret_access_key)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    s = open_store(f"s3://{bucket}/from/env", max_retries=1)
+    assert isinstance(s, ObjStore)
+    s.put("k", b"v", mode="create")
+    assert s.get("k").data == b"v"
+    keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=bucket)  # type: ignore[no-untyped-call]["Contents"]]
+    assert keys == ["from/env/k"]  # the URL path is the prefix; the probe cleaned up
