@@ -86,5 +86,6 @@ def test_s3_options_default_from_the_aws_environment(
     assert isinstance(s, ObjStore)
     s.put("k", b"v", mode="create")
     assert s.get("k").data == b"v"
-    keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=bucket)  # type: ignore[no-untyped-call]["Contents"]]
+    client = s3_endpoint.boto3_client()  # type: ignore[no-untyped-call]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == ["from/env/k"]  # the URL path is the prefix; the probe cleaned up
