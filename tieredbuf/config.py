@@ -142,3 +142,91 @@ def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
                 out[name] = os.environ[env]
                 break
     return out
+
+
+# --- local tier (stage/): named as Quiver names them ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WalConfig:
+    """Per-core write-ahead log (Quiver ``wal.*``)."""
+
+    flush_interval: timedelta = timedelta(milliseconds=25)
+    """Group commit: a background flusher fdatasyncs this often while appends are
+    pending; ``0`` fdatasyncs before every append returns (concurrent appenders share
+    one fdatasync).  An append's LOCAL ack completes only after its fdatasync."""
+    rotation_target: int = 64 << 20
+    """Rotate ``quiver.wal`` to ``quiver.wal.N`` once it holds this many bytes."""
+    max_size: int = 4 << 30
+    """Cap on the aggregate bytes of the active WAL plus every rotated sibling."""
+    max_rotated_files: int = 10
+    """Cap on WAL files, counting the active one."""
+    corrupt_policy: str = "fail"
+    """A CRC error *mid-file* (not a torn tail): ``fail`` refuses to open with a
+    CorruptError naming file and offset; ``truncate`` drops the file from there on
+    (Quiver's behaviour, which can lose acknowledged entries)."""
+
+    def __post_init__(self) -> None:
+        _non_negative_td("flush_interval", self.flush_interval)
+        _positive("rotation_target", self.rotation_target)
+        _positive("max_size", self.max_size)
+        if self.max_rotated_files < 1:
+            raise ConfigError(f"max_rotated_files must be >= 1, got {self.max_rotated_files}")
+        if self.corrupt_policy not in ("fail", "truncate"):
+            raise ConfigError(f"corrupt_policy must be 'fail' or 'truncate', got "
+                              f"{self.corrupt_policy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentConfig:
+    """Open segment accumulators and sealed segment files (Quiver ``segment.*``)."""
+
+    target_size: int = 32 << 20
+    """Seal an open segment once its accumulated bytes reach this."""
+    max_open_duration: timedelta = timedelta(seconds=5)
+    """Seal an open segment this long after its first entry (timer-driven)."""
+    max_open_bytes: int = 128 << 20
+    """Memory bound on all open segments together; appends wait (backpressure) above it."""
+    records_compression: Compression = Compression.NONE
+    """Compression of sealed ``.batch`` files."""
+
+    def __post_init__(self) -> None:
+        _positive("target_size", self.target_size)
+        _non_negative_td("max_open_duration", self.max_open_duration)
+        _positive("max_open_bytes", self.max_open_bytes)
+        if not isinstance(self.records_compression, Compression):
+            try:
+                object.__setattr__(
+                    self, "records_compression", Compression(self.records_compression)
+                )
+            except ValueError as e:
+                raise ConfigError(
+                    f"unknown records_compression {self.records_compression!r}"
+                ) from e
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    """The local tier as a whole (Quiver ``durability`` and ``retention.*``)."""
+
+    durability: str = "wal"
+    """``wal``: appends are acked after their WAL fdatasync.  ``segment_only``: no
+    WAL; appends are acked when their segment is sealed (a crash loses open segments)."""
+    wal: WalConfig = field(default_factory=WalConfig)
+    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    size_cap: int = 16 << 30
+    """Staging disk budget: WAL plus sealed, not yet released segments."""
+    size_cap_policy: str = "backpressure"
+    """At a cap: ``backpressure`` blocks appends (up to ``backpressure_timeout``, then
+    BackpressureError); ``drop_oldest`` deletes the oldest sealed segment and counts it."""
+    backpressure_timeout: timedelta = timedelta(seconds=30)
+
+    def __post_init__(self) -> None:
+        if self.durability not in ("wal", "segment_only"):
+            raise ConfigError(f"durability must be 'wal' or 'segment_only', got "
+                              f"{self.durability!r}")
+        if self.size_cap_policy not in ("backpressure", "drop_oldest"):
+            raise ConfigError(f"size_cap_policy must be 'backpressure' or 'drop_oldest', got "
+                              f"{self.size_cap_policy!r}")
+        _positive("size_cap", self.size_cap)
+        _non_negative_td("backpressure_timeout", self.backpressure_timeout)

@@ -1,0 +1,491 @@
+"""The WAL writer: append, group commit, rotation, purge, cursor sidecar, recovery.
+
+Files under ``<stage>/wal/`` (seed 001)::
+
+    quiver.wal             active file (38-byte header, then entries)
+    quiver.wal.<N>         rotated siblings, N a rotation id; deleted once the cursor
+                           passes their end position
+    quiver.wal.cursor      24-byte cursor sidecar: the earliest position still needed
+
+An append writes its entry with ``os.writev`` and returns a :class:`WalAppend` whose
+``durable`` future completes once an fdatasync covering those bytes has *returned*:
+that is the honest LOCAL ack.  With ``flush_interval > 0`` a timer-driven flusher
+thread syncs at most once per interval while appends are pending (group commit);
+with ``flush_interval == 0`` the appender syncs before returning, and concurrent
+appenders share one fdatasync (leader/follower).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tieredbuf.config import WalConfig
+from tieredbuf.errors import ClosedError, CorruptError, StageError, WalFullError
+from tieredbuf.format import cursor as cursor_fmt
+from tieredbuf.format import wal as wal_fmt
+from tieredbuf.stage._fs import fsync_dir, read_if_exists, write_all, write_atomic
+
+log = logging.getLogger(__name__)
+
+ACTIVE_NAME = "quiver.wal"
+CURSOR_NAME = "quiver.wal.cursor"
+_ROTATED_RE = re.compile(r"^quiver\.wal\.(\d+)$")
+
+
+@dataclass(slots=True)
+class _Span:
+    """One WAL file: logical positions [start, end)."""
+
+    path: Path
+    rotation_id: int | None
+    start: int
+    end: int
+    header_size: int
+
+    @property
+    def file_size(self) -> int:
+        return self.header_size + self.end - self.start
+
+
+@dataclass(slots=True)
+class _OpenFile:
+    fd: int
+    sync_lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WalAppend:
+    """Where an entry landed; ``durable`` resolves to ``end`` after its fdatasync."""
+
+    start: int
+    end: int
+    durable: Future[int]
+
+
+@dataclass(frozen=True, slots=True)
+class WalRecovery:
+    """What opening the WAL found and repaired."""
+
+    cursor_status: str
+    """ok | missing | corrupt | past_end (clamped down) | before_start (clamped up)"""
+    torn_bytes: int
+    """Bytes of a torn tail truncated away (a crash mid-append)."""
+    corrupt_bytes: int
+    """Bytes dropped after a mid-file CRC error (only with corrupt_policy='truncate')."""
+    max_sequence: int | None
+    """Highest per-core sequence in any WAL file (before or after the cursor)."""
+
+
+class WalWriter:
+    """One per-core WAL.  Thread-safe; opening it runs recovery."""
+
+    def __init__(self, directory: Path, cfg_hash: bytes, config: WalConfig) -> None:
+        self.dir = directory
+        self.config = config
+        self._cfg_hash = cfg_hash
+        self._interval = config.flush_interval.total_seconds()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._cursor_lock = threading.Lock()
+        self._pending: deque[tuple[int, Future[int]]] = deque()
+        self._failed: BaseException | None = None
+        self._closing = False
+        self._syncing = False
+        self._last_sync = 0.0
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._rotated: list[_Span] = []
+        self.recovery = self._recover()
+        self._written = self._active_span.end
+        self._durable = self._written
+        self._flusher: threading.Thread | None = None
+        if self._interval > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"wal-flusher:{directory}", daemon=True
+            )
+            self._flusher.start()
+
+    # --- recovery -------------------------------------------------------------------
+
+    def _recover(self) -> WalRecovery:
+        tmp = self.dir / (CURSOR_NAME + ".tmp")
+        if tmp.exists():  # crash between sidecar tmp and rename: the live one stands
+            tmp.unlink()
+        cursor, status = self._read_cursor()
+        rotated = sorted(
+            (int(m.group(1)), p) for p in self.dir.iterdir()
+            if (m := _ROTATED_RE.match(p.name))
+        )
+        paths: list[tuple[int | None, Path]] = [(rid, p) for rid, p in rotated]
+        active = self.dir / ACTIVE_NAME
+        if active.exists():
+            paths.append((None, active))
+        spans: list[_Span] = []
+        torn = corrupt = 0
+        max_seq: int | None = None
+        for i, (rid, path) in enumerate(paths):
+            data = path.read_bytes()
+            res = wal_fmt.scan(data, str(path), self._cfg_hash)
+            if res.status != "clean":
+                assert res.error is not None
+                last = i == len(paths) - 1
+                if res.status == "corrupt" or not last:
+                    if self.config.corrupt_policy == "fail":
+                        raise res.error
+                    corrupt += len(data) - res.good_end
+                    log.error("WAL %s: dropping %d bytes after %s", path,
+                              len(data) - res.good_end, res.error)
+                else:
+                    torn += len(data) - res.good_end
+                self._truncate(path, res.good_end)
+            for e in res.entries:
+                if e.entry_type != wal_fmt.ENTRY_CHECKPOINT:
+                    max_seq = e.sequence if max_seq is None else max(max_seq, e.sequence)
+            h = res.header
+            span = _Span(path, rid, h.wal_position_start,
+                         h.wal_position_start + res.good_end - h.header_size, h.header_size)
+            if spans and spans[-1].end != span.start:
+                raise CorruptError(
+                    wal_fmt.WHAT, str(path), 30,
+                    f"wal_position_start {span.start} does not continue the previous file's "
+                    f"end {spans[-1].end} (a WAL file is missing)",
+                )
+            spans.append(span)
+        end = spans[-1].end if spans else 0
+        if cursor is not None and cursor > end:
+            status, cursor = "past_end", end
+        if spans and cursor is not None and cursor < spans[0].start:
+            log.warning("WAL cursor %d precedes the oldest file (%d)", cursor, spans[0].start)
+            status, cursor = "before_start", spans[0].start
+        if cursor is None:
+            cursor = spans[0].start if spans else 0
+        if not spans or spans[-1].rotation_id is not None:
+            # first open, or a crash between rotating and creating the new active file
+            spans.append(self._create_active(max(end, cursor)))
+        else:
+            fd = os.open(spans[-1].path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self._rotated = spans[:-1]
+        self._active_span = spans[-1]
+        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY | os.O_APPEND))
+        self._cursor = cursor
+        if status != "ok":
+            self._write_cursor(cursor)
+        self._next_rotation = max((s.rotation_id or 0 for s in self._rotated), default=0) + 1
+        return WalRecovery(status, torn, corrupt, max_seq)
+
+    def _read_cursor(self) -> tuple[int | None, str]:
+        path = self.dir / CURSOR_NAME
+        raw = read_if_exists(path)
+        if raw is None:
+            return None, "missing"
+        try:
+            return cursor_fmt.decode_cursor(raw, str(path)), "ok"
+        except CorruptError as e:
+            log.warning("ignoring WAL cursor: %s (replaying from the oldest file)", e)
+            return None, "corrupt"
+
+    @staticmethod
+    def _truncate(path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _create_active(self, start: int) -> _Span:
+        path = self.dir / ACTIVE_NAME
+        header = wal_fmt.encode_header(self._cfg_hash, start)
+        tmp = path.with_name(ACTIVE_NAME + ".new")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, [header])
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        fsync_dir(self.dir)
+        return _Span(path, None, start, start, len(header))
+
+    # --- replay ---------------------------------------------------------------------
+
+    def replay(
+        self, from_position: int | None = None
+    ) -> Iterator[tuple[wal_fmt.WalEntry, int, int]]:
+        """(entry, start, end) for every entry at or after ``from_position`` (default:
+        the cursor), reading one file at a time.  Call before appending."""
+        pos = self._cursor if from_position is None else from_position
+        with self._lock:
+            spans = [*self._rotated, self._active_span]
+        for span in spans:
+            if span.end <= pos:
+                continue
+            data = span.path.read_bytes()[: span.file_size]
+            header, entries = wal_fmt.decode_wal(data, str(span.path), self._cfg_hash)
+            for e, (s, t) in zip(entries, wal_fmt.iter_positions(header, entries), strict=True):
+                if s >= pos:
+                    yield e, s, t
+
+    # --- appending ------------------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        return self._cursor
+
+    @property
+    def end(self) -> int:
+        """Logical position after the last written byte."""
+        return self._written
+
+    @property
+    def durable_end(self) -> int:
+        return self._durable
+
+    def disk_bytes(self) -> int:
+        with self._lock:
+            return self._disk_bytes()
+
+    def _disk_bytes(self) -> int:
+        return sum(s.file_size for s in self._rotated) + self._active_span.file_size
+
+    def file_count(self) -> int:
+        with self._lock:
+            return len(self._rotated) + 1
+
+    def append(self, parts: Sequence[bytes | memoryview]) -> WalAppend:
+        """Write one encoded entry.  Raises WalFullError at ``max_size`` /
+        ``max_rotated_files`` when nothing can be reclaimed (the caller decides to
+        wait, seal, or drop)."""
+        n = sum(len(p) for p in parts)
+        fut: Future[int] = Future()
+        with self._lock:
+            self._check_usable()
+            done = self._make_room(n)
+            start = self._written
+            try:
+                written = write_all(self._active.fd, parts)
+            except OSError as e:
+                self._undo_partial_write(start)
+                raise StageError(f"WAL write failed: {e}") from e
+            assert written == n
+            self._written += n
+            self._active_span.end += n
+            end = self._written
+            self._pending.append((end, fut))
+            self._cond.notify_all()
+        self._resolve(done)
+        if self._interval == 0:
+            self._wait_durable(end)
+        return WalAppend(start, end, fut)
+
+    def _undo_partial_write(self, start: int) -> None:
+        """A failed write must not leave half an entry for the next one to follow."""
+        try:
+            os.ftruncate(self._active.fd, self._active_span.header_size + start
+                         - self._active_span.start)
+        except OSError as e:
+            self._failed = e
+
+    def _check_usable(self) -> None:
+        if self._closing:
+            raise ClosedError("WAL is closed")
+        if self._failed is not None:
+            raise StageError(f"WAL failed earlier and cannot be trusted: {self._failed}")
+
+    def _make_room(self, n: int) -> list[tuple[Future[int], int]]:
+        cfg = self.config
+        if n + self._active_span.header_size > cfg.max_size:
+            raise ValueError(f"a {n}-byte WAL entry can never fit wal.max_size={cfg.max_size}")
+        done: list[tuple[Future[int], int]] = []
+        active = self._active_span
+        if active.end > active.start and active.end - active.start >= cfg.rotation_target:
+            self._purge_locked()
+            if len(self._rotated) + 2 > cfg.max_rotated_files:
+                raise WalFullError(
+                    f"WAL rotation needed but {cfg.max_rotated_files} files are in use"
+                )
+            done += self._rotate()
+        if self._disk_bytes() + n > cfg.max_size:
+            self._purge_locked()
+            active = self._active_span
+            if (
+                self._disk_bytes() + n > cfg.max_size and self._cursor > active.start
+                and len(self._rotated) + 2 <= cfg.max_rotated_files
+            ):
+                done += self._rotate()  # make the covered part of the active file deletable
+                self._purge_locked()
+            if self._disk_bytes() + n > cfg.max_size:
+                raise WalFullError(
+                    f"WAL holds {self._disk_bytes()} bytes; {n} more exceed max_size "
+                    f"{cfg.max_size} until the cursor advances"
+                )
+        return done
+
+    def _rotate(self) -> list[tuple[Future[int], int]]:
+        """Under the lock: sync and retire the active file, start a fresh one."""
+        old = self._active
+        with old.sync_lock:
+            try:
+                os.fdatasync(old.fd)
+            except OSError as e:
+                self._failed = e
+                raise StageError(f"WAL fdatasync failed: {e}") from e
+            os.close(old.fd)
+            old.closed = True
+        self._durable = self._written
+        done = self._pop_durable()
+        rid = self._next_rotation
+        self._next_rotation += 1
+        span = self._active_span
+        target = self.dir / f"{ACTIVE_NAME}.{rid}"
+        os.rename(span.path, target)
+        span.path, span.rotation_id = target, rid
+        self._rotated.append(span)
+        self._active_span = self._create_active(self._written)
+        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY | os.O_APPEND))
+        return done
+
+    def _pop_durable(self) -> list[tuple[Future[int], int]]:
+        done = []
+        while self._pending and self._pending[0][0] <= self._durable:
+            end, fut = self._pending.popleft()
+            done.append((fut, end))
+        self._cond.notify_all()
+        return done
+
+    @staticmethod
+    def _resolve(done: list[tuple[Future[int], int]]) -> None:
+        for fut, end in done:
+            fut.set_result(end)
+
+    # --- durability -----------------------------------------------------------------
+
+    def _sync_round(self) -> None:
+        with self._lock:
+            f, target = self._active, self._written
+            if target <= self._durable:
+                return
+        try:
+            with f.sync_lock:
+                if not f.closed:  # a rotation already synced a closed file
+                    os.fdatasync(f.fd)
+        except OSError as e:
+            self._fail(e)
+            return
+        with self._lock:
+            self._durable = max(self._durable, target)
+            self._last_sync = time.monotonic()
+            done = self._pop_durable()
+        self._resolve(done)
+
+    def _fail(self, e: BaseException) -> None:
+        """fdatasync failed: after EIO the page cache cannot be trusted (fsyncgate), so
+        every pending and future append fails."""
+        with self._lock:
+            self._failed = e
+            pending = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for _, fut in pending:
+            fut.set_exception(StageError(f"WAL fdatasync failed: {e}"))
+
+    def _wait_durable(self, end: int) -> None:
+        while True:
+            with self._cond:
+                if self._durable >= end:
+                    return
+                if self._failed is not None:
+                    raise StageError(f"WAL fdatasync failed: {self._failed}")
+                if self._syncing:
+                    self._cond.wait()
+                    continue
+                self._syncing = True
+            try:
+                self._sync_round()
+            finally:
+                with self._cond:
+                    self._syncing = False
+                    self._cond.notify_all()
+
+    def _flush_loop(self) -> None:
+        stop = threading.Event()
+        while True:
+            with self._cond:
+                while not self._closing and self._durable >= self._written:
+                    self._cond.wait()
+                if self._failed is not None or (self._closing and self._durable >= self._written):
+                    return
+                delay = self._last_sync + self._interval - time.monotonic()
+                closing = self._closing
+            if delay > 0 and not closing:
+                stop.wait(delay)  # the group-commit window
+            self._sync_round()
+
+    def sync(self) -> None:
+        """Make every written byte durable now."""
+        self._wait_durable(self._written)
+
+    # --- cursor and purge -----------------------------------------------------------
+
+    def advance_cursor(self, position: int) -> None:
+        """Persist ``position`` as the earliest WAL data still needed, then delete
+        rotated files that lie wholly before it.  Never moves backwards."""
+        with self._cursor_lock:
+            with self._lock:
+                position = min(position, self._written)
+                if position <= self._cursor:
+                    return
+            self._write_cursor(position)
+            with self._lock:
+                self._cursor = position
+                gone = self._purge_locked(unlink=False)
+            for p in gone:
+                p.unlink(missing_ok=True)
+            if gone:
+                fsync_dir(self.dir)
+
+    def _write_cursor(self, position: int) -> None:
+        write_atomic(self.dir / CURSOR_NAME, [cursor_fmt.encode_cursor(position)])
+
+    def _purge_locked(self, unlink: bool = True) -> list[Path]:
+        keep: list[_Span] = []
+        gone: list[_Span] = []
+        for s in self._rotated:
+            (gone if s.end <= self._cursor else keep).append(s)
+        self._rotated = keep
+        paths = [s.path for s in gone]
+        if unlink:
+            for p in paths:
+                p.unlink(missing_ok=True)
+        return paths
+
+    # --- shutdown -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync what was written, stop the flusher, close the file."""
+        with self._cond:
+            if self._closing:
+                return
+        if self._failed is None:
+            self.sync()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._active.sync_lock:
+            os.close(self._active.fd)
+            self._active.closed = True
