@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ulid import ULID
 
@@ -57,15 +57,11 @@ class ConsumedBatch:
 
     def bundles(self, slots: list[int] | None = None) -> list[dict[int, pa.RecordBatch]]:
         """The Arrow bundles of a ``.qseg`` object (only ``slots`` if given)."""
-        from tieredbuf.format import segment
+        from tieredbuf.format.segment import decode_segment
 
         if not self.location.endswith(keys.SEGMENT_SUFFIX):
             raise TypeError(f"{self.location} holds records: use entries")
-        reader: Any = segment
-        result: list[dict[int, pa.RecordBatch]] = reader.decode_bundles(
-            self.data, obj=self.location, slots=slots
-        )
-        return result
+        return [dict(b.slots) for b in decode_segment(self.data, obj=self.location, slots=slots)]
 
 
 def fetch_object(store: Store, entry: ManifestEntry) -> bytes:
