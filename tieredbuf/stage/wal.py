@@ -265,10 +265,12 @@ class WalWriter:
         with self._lock:
             return len(self._rotated) + 1
 
-    def append(self, parts: Sequence[bytes | memoryview]) -> WalAppend:
+    def append(self, parts: Sequence[bytes | memoryview], wait: bool = True) -> WalAppend:
         """Write one encoded entry.  Raises WalFullError at ``max_size`` /
         ``max_rotated_files`` when nothing can be reclaimed (the caller decides to
-        wait, seal, or drop)."""
+        wait, seal, or drop).  With ``flush_interval == 0`` and ``wait``, returns only
+        once the entry is durable; a caller holding its own lock passes ``wait=False``
+        and calls :meth:`wait_durable` after releasing it."""
         n = sum(len(p) for p in parts)
         fut: Future[int] = Future()
         with self._lock:
@@ -287,8 +289,8 @@ class WalWriter:
             self._pending.append((end, fut))
             self._cond.notify_all()
         self._resolve(done)
-        if self._interval == 0:
-            self._wait_durable(end)
+        if wait:
+            self.wait_durable(end)
         return WalAppend(start, end, fut)
 
     def _undo_partial_write(self, start: int) -> None:
@@ -402,6 +404,13 @@ class WalWriter:
         for _, fut in pending:
             fut.set_exception(StageError(f"WAL fdatasync failed: {e}"))
 
+    def wait_durable(self, end: int) -> None:
+        """With ``flush_interval == 0``: sync (or join a sync in progress) until ``end``
+        is durable.  With a flusher thread this returns at once (use the futures)."""
+        if self._interval > 0:
+            return
+        self._wait_durable(end)
+
     def _wait_durable(self, end: int) -> None:
         while True:
             with self._cond:
@@ -456,6 +465,25 @@ class WalWriter:
                 p.unlink(missing_ok=True)
             if gone:
                 fsync_dir(self.dir)
+
+    def reclaim(self) -> int:
+        """Under disk pressure: if the cursor has passed part of the active file, rotate
+        it so the covered part can be deleted, then purge.  Returns bytes freed."""
+        with self._lock:
+            before = self._disk_bytes()
+            active = self._active_span
+            self._purge_locked()
+            if (
+                self._cursor > active.start
+                and len(self._rotated) + 2 <= self.config.max_rotated_files
+            ):
+                done = self._rotate()
+                self._purge_locked()
+            else:
+                done = []
+            freed = before - self._disk_bytes()
+        self._resolve(done)
+        return freed
 
     def _write_cursor(self, position: int) -> None:
         write_atomic(self.dir / CURSOR_NAME, [cursor_fmt.encode_cursor(position)])

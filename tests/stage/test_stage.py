@@ -1,0 +1,286 @@
+"""The Stage facade on real files: acks, sealing triggers, release and the cursor,
+locking, producer ids, recovery (no loss, no duplicates), caps (I1, I3, I8)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
+from tieredbuf.errors import BackpressureError, StageError, StageLockedError
+from tieredbuf.format.batch import decode_batch
+from tieredbuf.format.segment import SegmentReader
+from tieredbuf.stage.segments import SealedSegment
+from tieredbuf.stage.stage import Stage
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cfg(**kw: object) -> StageConfig:
+    seg = kw.pop("segment", SegmentConfig(max_open_duration=timedelta(seconds=60)))
+    wal = kw.pop("wal", WalConfig(flush_interval=timedelta(milliseconds=2)))
+    return StageConfig(segment=seg, wal=wal, **kw)  # type: ignore[arg-type]
+
+
+def records_of(segs: list[SealedSegment]) -> list[bytes]:
+    out: list[bytes] = []
+    for s in segs:
+        if s.kind == "batch":
+            out += decode_batch(s.path.read_bytes(), str(s.path))
+    return out
+
+
+def run_worker(d: Path, mode: str, n: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.stage.stage_worker", str(d), mode, str(n)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
+    with Stage(tmp_path, "p", cfg()) as st:
+        a1 = st.append_records([b"a", b"b"], b"m1")
+        a2 = st.append_records([], b"empty")
+        a3 = st.append_records([b"c"], b"m3")
+        acks = [a.result(timeout=5) for a in (a1, a2, a3)]
+        assert [a.sequence for a in acks] == [0, 1, 2]
+        assert acks[0].wal_end == acks[1].wal_start
+        (seg,) = st.seal_all()
+        assert seg.kind == "batch" and seg.path.suffix == ".batch"
+        assert decode_batch(seg.path.read_bytes()) == [b"a", b"b", b"c"]
+        assert [(i.start_index, i.metadata) for i in seg.items] == [
+            (0, b"m1"), (2, b"empty"), (2, b"m3")]
+        assert seg.sequences == ((0, 2),)
+        assert (seg.wal_start, seg.wal_end) == (acks[0].wal_start, acks[2].wal_end)
+        assert stat.S_IMODE(seg.path.stat().st_mode) == 0o440
+        assert seg.sidecar_path.exists()
+        assert st.sealed_segments() == [seg]
+        # Quiver's rule: the cursor moves once the segment is durable, not at release
+        assert st.wal_cursor() == acks[2].wal_end
+
+
+def test_bundles_round_trip_with_schema_drift(tmp_path: Path) -> None:
+    b1 = pa.record_batch({"x": pa.array([1, 2], pa.int32())})
+    b2 = pa.record_batch({"x": pa.array([3], pa.int32()), "y": pa.array(["z"])})
+    d8 = pa.record_batch({"k": pa.DictionaryArray.from_arrays(
+        pa.array([0, 0], pa.uint8()), pa.array(["v"]))})
+    with Stage(tmp_path, "p", cfg()) as st:
+        for b in ({0: b1, 3: d8}, {0: b2}, {3: d8}):
+            st.append_bundle(b).result(timeout=5)
+        (seg,) = st.seal_all()
+        assert seg.kind == "qseg" and seg.entry_count == 3
+        got = SegmentReader(seg.path.read_bytes(), str(seg.path)).bundles()
+        assert [g.sequence for g in got] == [0, 1, 2]
+        assert got[0].slots[0].equals(b1) and got[1].slots[0].equals(b2)
+        assert got[2].slots[3].schema.field("k").type.index_type == pa.uint8()
+
+
+def test_release_deletes_the_file(tmp_path: Path) -> None:
+    with Stage(tmp_path, "p", cfg()) as st:
+        st.append_records([b"x"]).result(timeout=5)
+        (seg,) = st.seal_all()
+        st.release(seg)
+        assert not seg.path.exists() and not seg.sidecar_path.exists()
+        assert st.sealed_segments() == []
+        with pytest.raises(StageError):
+            st.release(seg)
+
+
+def test_second_opener_gets_stage_locked_error_in_process_and_across_processes(
+    tmp_path: Path,
+) -> None:
+    st = Stage(tmp_path, "p", cfg())
+    try:
+        with pytest.raises(StageLockedError):
+            Stage(tmp_path, "p", cfg())
+        code = (
+            "import sys\nfrom tieredbuf.stage.stage import Stage\n"
+            "from tieredbuf.errors import StageLockedError\n"
+            f"try:\n    Stage({str(tmp_path)!r}, 'p')\nexcept StageLockedError:\n"
+            "    sys.exit(7)\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
+        assert r.returncode == 7
+    finally:
+        st.close()
+    Stage(tmp_path, "p", cfg()).close()  # released on close
+
+
+def test_producer_id_is_stable_across_restarts(tmp_path: Path) -> None:
+    with Stage(tmp_path, config=cfg()) as a:
+        pid = a.producer_id
+        assert a.path == tmp_path / pid
+    with Stage(tmp_path, config=cfg()) as b:
+        assert b.producer_id == pid
+
+
+def test_segment_only_acks_at_seal_and_max_open_duration_seals_by_timer(
+    tmp_path: Path,
+) -> None:
+    c = cfg(durability="segment_only",
+            segment=SegmentConfig(max_open_duration=timedelta(milliseconds=50)))
+    with Stage(tmp_path, "p", c) as st:
+        f = st.append_records([b"x"])
+        ack = f.result(timeout=10)  # completes only when the timer seals the segment
+        assert ack.wal_start is None
+        (seg,) = st.sealed_segments()
+        assert records_of([seg]) == [b"x"]
+        assert not (st.path / "wal").exists()
+
+
+def test_target_size_triggers_a_seal(tmp_path: Path) -> None:
+    c = cfg(durability="segment_only", segment=SegmentConfig(
+        target_size=1000, max_open_duration=timedelta(seconds=60)))
+    with Stage(tmp_path, "p", c) as st:
+        futs = [st.append_records([b"r" * 100]) for _ in range(12)]
+        futs[9].result(timeout=10)
+        assert len(st.sealed_segments()) >= 1
+
+
+def test_sequence_never_goes_backwards_after_cleanup_and_restart(tmp_path: Path) -> None:
+    """Quiver issue #4024: the per-core sequence is persisted, not re-derived."""
+    for mode in ("segment_only", "wal"):
+        d = tmp_path / mode
+        with Stage(d, "p", cfg(durability=mode)) as st:
+            futs = [st.append_records([b"x"]) for _ in range(5)]
+            for seg in st.seal_all():
+                st.release(seg)
+            assert [f.result(timeout=5).sequence for f in futs] == [0, 1, 2, 3, 4]
+        wal_dir = d / "p" / "wal"
+        if wal_dir.exists():  # wipe every WAL byte that could reveal the high-water
+            for p in wal_dir.iterdir():
+                p.unlink()
+        with Stage(d, "p", cfg(durability=mode)) as st:
+            f = st.append_records([b"y"])
+            st.seal_all()
+            assert f.result(timeout=5).sequence == 5
+
+
+def test_crash_after_acks_replays_everything_exactly_once(tmp_path: Path) -> None:
+    """I1: every acked entry survives os._exit without close, sealed on reopen."""
+    r = run_worker(tmp_path, "exit-after-acks", 300)
+    assert r.returncode == 0, r.stderr
+    acked = {int(x) for x in r.stdout.split()}
+    assert len(acked) == 300
+    with Stage(tmp_path, "p", cfg()) as st:
+        got = records_of(st.sealed_segments())
+        assert st.stats.replayed_entries > 0
+    assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(300))
+
+
+def test_crash_after_segment_commit_before_cursor_moves_has_no_duplicates(
+    tmp_path: Path,
+) -> None:
+    r = run_worker(tmp_path, "exit-before-cursor", 50)
+    assert r.returncode == 3, r.stderr
+    segs_dir = tmp_path / "p" / "segments"
+    assert any(p.suffix == ".batch" for p in segs_dir.iterdir())
+    with Stage(tmp_path, "p", cfg()) as st:
+        got = records_of(st.sealed_segments())
+    assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(50))
+
+
+def test_half_written_segment_is_discarded_and_its_entries_replayed(tmp_path: Path) -> None:
+    r = run_worker(tmp_path, "exit-after-acks", 20)
+    assert r.returncode == 0
+    segs = tmp_path / "p" / "segments"
+    segs.mkdir(exist_ok=True)
+    (segs / "01J00000000000000000000000.batch.tmp").write_bytes(b"partial")
+    (segs / "01J00000000000000000000000.batch.json").write_bytes(b"{}")
+    with Stage(tmp_path, "p", cfg()) as st:
+        got = records_of(st.sealed_segments())
+    assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(20))
+    assert not (segs / "01J00000000000000000000000.batch.tmp").exists()
+    assert not (segs / "01J00000000000000000000000.batch.json").exists()
+
+
+def test_disk_cap_backpressure_then_release_unblocks(tmp_path: Path) -> None:
+    """I8: at the staging disk budget the default is backpressure."""
+    c = cfg(size_cap=6000, backpressure_timeout=timedelta(milliseconds=50))
+    with Stage(tmp_path, "p", c) as st:
+        with pytest.raises(BackpressureError):
+            for _ in range(100):
+                st.append_records([b"z" * 200]).result(timeout=5)
+        assert st.stats.backpressure_waits > 0
+        assert st.disk_bytes() <= 6000 + 400
+        for seg in st.sealed_segments():
+            st.release(seg)
+        st.append_records([b"after"]).result(timeout=5)
+
+
+def test_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
+    c = cfg(size_cap=6000, size_cap_policy="drop_oldest",
+            backpressure_timeout=timedelta(seconds=5))
+    with Stage(tmp_path, "p", c) as st:
+        for _ in range(60):
+            st.append_records([b"z" * 200]).result(timeout=5)
+        assert st.stats.dropped_segments > 0
+        kept = records_of(st.sealed_segments()) + records_of(st.seal_all())
+        assert len(kept) + st.stats.dropped_records == 60
+
+
+def test_open_segment_memory_cap_forces_early_seals(tmp_path: Path) -> None:
+    c = cfg(segment=SegmentConfig(target_size=1 << 30, max_open_bytes=5000,
+                                  max_open_duration=timedelta(seconds=60)))
+    with Stage(tmp_path, "p", c) as st:
+        for _ in range(50):
+            st.append_records([b"q" * 500]).result(timeout=5)
+        assert len(st.sealed_segments()) >= 4
+        assert len(records_of(st.sealed_segments() + st.seal_all())) == 50
+
+
+def test_wal_full_is_relieved_by_sealing(tmp_path: Path) -> None:
+    c = cfg(wal=WalConfig(flush_interval=timedelta(0), rotation_target=2000, max_size=6000))
+    with Stage(tmp_path, "p", c) as st:
+        for _ in range(100):
+            st.append_records([b"w" * 300]).result(timeout=5)
+        assert len(records_of(st.sealed_segments() + st.seal_all())) == 100
+        assert st.disk_bytes() >= 0
+
+
+def _kill_mid_append(d: Path, min_acks: int) -> set[int]:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.stage.stage_worker", str(d), "loop"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )
+    assert p.stdout is not None
+    acked: set[int] = set()
+    for line in p.stdout:
+        acked.add(int(line))
+        if len(acked) >= min_acks:
+            break
+    os.kill(p.pid, 9)
+    p.wait(timeout=30)
+    # acks already written to the pipe before the kill count too
+    acked |= {int(x) for x in p.stdout.read().split()}
+    return acked
+
+
+def _check_recovery(d: Path, acked: set[int]) -> None:
+    with Stage(d, "p", cfg()) as st:
+        got = records_of(st.sealed_segments())
+    assert len(got) == len(set(got)), "duplicate after recovery"
+    ids = {int(r.decode().split("-")[1]) for r in got}
+    missing = acked - ids
+    assert not missing, f"acked but lost: {sorted(missing)[:10]}"
+
+
+def test_sigkill_mid_append_loses_no_acked_entry(tmp_path: Path) -> None:
+    """I1 with a real SIGKILL while appends are in flight."""
+    _check_recovery(tmp_path, _kill_mid_append(tmp_path, 2000))
+
+
+@pytest.mark.slow
+def test_sigkill_loop_repeated_crashes_and_recoveries(tmp_path: Path) -> None:
+    acked: set[int] = set()
+    for round_ in range(8):
+        d = tmp_path / str(round_)
+        acked = _kill_mid_append(d, 500 + 700 * round_)
+        _check_recovery(d, acked)

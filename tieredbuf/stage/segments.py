@@ -1,0 +1,287 @@
+"""Open segment accumulators and sealed segment files.
+
+Sealed files live in ``<stage>/segments/``::
+
+    <ULID>.qseg          Arrow bundles, Quiver segment format (read-only, 0o440)
+    <ULID>.batch         opaque records, RFC 0001 data batch (read-only, 0o440)
+    <ULID>.<kind>.json   sidecar: what the exporter needs and what recovery needs --
+                         WAL position range, per-core sequences covered, and for
+                         records the RFC metadata items (start_index, ingestion_time_ms,
+                         metadata payload)
+
+Commit order: segment to ``.tmp`` + fdatasync; sidecar via tmp + fdatasync + rename;
+segment rename; directory fsync.  So a segment file never exists without its sidecar,
+and a sidecar without a segment (a crash before the segment rename, or mid-release)
+is discarded on open -- its entries are still in the WAL, whose cursor only moves
+after the segment is durable.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from ulid import ULID
+
+from tieredbuf.config import Compression
+from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
+from tieredbuf.stage._fs import fsync_dir, write_all, write_atomic
+
+log = logging.getLogger(__name__)
+
+QSEG = "qseg"
+BATCH = "batch"
+SIDECAR_SUFFIX = ".json"
+SIDECAR_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataItem:
+    """RFC 0001 metadata item: one ``produce(entries, metadata)`` call in a batch."""
+
+    start_index: int
+    ingestion_time_ms: int
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StageAck:
+    """A LOCAL ack: the entry's per-core sequence and (``wal`` durability) WAL range."""
+
+    sequence: int
+    wal_start: int | None
+    wal_end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SealedSegment:
+    """A sealed, durable, immutable segment file awaiting export."""
+
+    path: Path
+    kind: str  # "qseg" | "batch"
+    ulid: str
+    size: int
+    sequences: tuple[tuple[int, int], ...]
+    """Per-core sequences covered, as inclusive [lo, hi] runs."""
+    wal_start: int | None
+    wal_end: int | None
+    """WAL positions [start, end) spanned by the covered entries (None: segment_only)."""
+    items: tuple[MetadataItem, ...]
+    """RFC metadata items (``batch`` only)."""
+    entry_count: int
+    """Bundles (``qseg``) or produce() calls (``batch``)."""
+    record_count: int
+    """Records (``batch``) or bundles (``qseg``)."""
+    sealed_at_ms: int
+
+    @property
+    def first_sequence(self) -> int:
+        return self.sequences[0][0]
+
+    @property
+    def last_sequence(self) -> int:
+        return self.sequences[-1][1]
+
+    @property
+    def sidecar_path(self) -> Path:
+        return self.path.with_name(self.path.name + SIDECAR_SUFFIX)
+
+
+def seq_runs(seqs: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted inclusive runs of ``seqs``."""
+    out: list[list[int]] = []
+    for s in sorted(seqs):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        elif not out or s > out[-1][1]:
+            out.append([s, s])
+    return tuple((a, b) for a, b in out)
+
+
+# --- accumulators -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Common:
+    opened_at: float = field(default_factory=time.monotonic)
+    seqs: list[int] = field(default_factory=list)
+    wal_start: int | None = None
+    wal_end: int | None = None
+    futures: list[tuple[Future[StageAck], StageAck]] = field(default_factory=list)
+    """segment_only: acks completed when this segment is sealed."""
+
+    def note(self, seq: int, wal_start: int | None, wal_end: int | None) -> None:
+        self.seqs.append(seq)
+        if wal_start is not None and wal_end is not None:
+            self.wal_start = wal_start if self.wal_start is None else self.wal_start
+            self.wal_end = wal_end
+
+
+@dataclass(slots=True)
+class RecordsAccumulator(_Common):
+    records: list[bytes] = field(default_factory=list)
+    items: list[MetadataItem] = field(default_factory=list)
+    nbytes: int = 0
+    kind: str = BATCH
+
+    def add(self, records: Sequence[bytes], metadata: bytes, ingestion_ts_nanos: int) -> None:
+        self.items.append(MetadataItem(len(self.records), ingestion_ts_nanos // 1_000_000,
+                                       bytes(metadata)))
+        self.records.extend(records)
+        self.nbytes += sum(len(r) + 4 for r in records) + len(metadata) + 16
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(slots=True)
+class BundleAccumulator(_Common):
+    builder: SegmentBuilder = field(default_factory=SegmentBuilder)
+    kind: str = QSEG
+
+    def add(self, bundle: Mapping[int, pa.RecordBatch], ingestion_ts_nanos: int,
+            sequence: int) -> None:
+        self.builder.add(SegmentBundle(dict(bundle), ingestion_ts_nanos, sequence))
+
+    @property
+    def nbytes(self) -> int:
+        return self.builder.nbytes
+
+    def __len__(self) -> int:
+        return len(self.builder)
+
+
+Accumulator = RecordsAccumulator | BundleAccumulator
+
+
+# --- sealed files -----------------------------------------------------------------
+
+
+class SegmentDir:
+    """The ``segments/`` directory: writes, lists and deletes sealed segments."""
+
+    def __init__(self, path: Path, compression: Compression = Compression.NONE) -> None:
+        self.path = path
+        self.compression = compression
+        self._ulid_lock = threading.Lock()
+        self._last_ulid: ULID | None = None
+        path.mkdir(parents=True, exist_ok=True)
+
+    def _next_ulid(self) -> ULID:
+        """Strictly increasing ULIDs, so names sort in seal order."""
+        with self._ulid_lock:
+            u = ULID()
+            if self._last_ulid is not None and u <= self._last_ulid:
+                u = ULID.from_int(int(self._last_ulid) + 1)
+            self._last_ulid = u
+            return u
+
+    def seal(self, acc: Accumulator) -> SealedSegment:
+        """Encode, write and commit ``acc`` durably; returns the sealed segment."""
+        if isinstance(acc, RecordsAccumulator):
+            parts: list[bytes | pa.Buffer] = [encode_batch(acc.records, self.compression)]
+            items = tuple(acc.items)
+            entry_count, record_count = len(acc.items), len(acc.records)
+        else:
+            parts = acc.builder.finish()
+            items = ()
+            entry_count = record_count = len(acc.builder)
+        ulid = self._next_ulid()
+        final = self.path / f"{ulid}.{acc.kind}"
+        tmp = final.with_name(final.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        try:
+            size = write_all(fd, parts)
+            os.fdatasync(fd)
+            os.fchmod(fd, 0o440)
+        finally:
+            os.close(fd)
+        seg = SealedSegment(
+            final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
+            items, entry_count, record_count, time.time_ns() // 1_000_000,
+        )
+        write_atomic(seg.sidecar_path, [json.dumps(_to_json(seg)).encode()])
+        os.rename(tmp, final)
+        fsync_dir(self.path)
+        return seg
+
+    def load(self) -> list[SealedSegment]:
+        """Sealed segments on disk, in seal order; cleans up what a crash left."""
+        out: list[SealedSegment] = []
+        names = {p.name for p in self.path.iterdir()}
+        changed = False
+        for name in sorted(names):
+            p = self.path / name
+            if name.endswith(".tmp"):
+                p.unlink()
+                changed = True
+            elif name.endswith(SIDECAR_SUFFIX):
+                if name[: -len(SIDECAR_SUFFIX)] not in names:
+                    p.unlink()  # crash before the segment rename, or mid-release
+                    changed = True
+            elif name.endswith((f".{QSEG}", f".{BATCH}")):
+                side = p.with_name(name + SIDECAR_SUFFIX)
+                if side.name not in names:
+                    log.error("segment %s has no sidecar; quarantined as .orphan", p)
+                    p.rename(p.with_name(name + ".orphan"))
+                    changed = True
+                    continue
+                try:
+                    out.append(_from_json(p, json.loads(side.read_bytes())))
+                except (ValueError, KeyError, TypeError) as e:
+                    log.error("segment %s has an unreadable sidecar (%s); quarantined", p, e)
+                    p.rename(p.with_name(name + ".orphan"))
+                    changed = True
+        if changed:
+            fsync_dir(self.path)
+        return out
+
+    def delete(self, seg: SealedSegment) -> None:
+        """Segment first (the commit point of a release), then its sidecar."""
+        seg.path.unlink(missing_ok=True)
+        seg.sidecar_path.unlink(missing_ok=True)
+        fsync_dir(self.path)
+
+
+def _to_json(seg: SealedSegment) -> dict[str, Any]:
+    return {
+        "version": SIDECAR_VERSION,
+        "kind": seg.kind,
+        "ulid": seg.ulid,
+        "size": seg.size,
+        "sequences": [list(r) for r in seg.sequences],
+        "wal_start": seg.wal_start,
+        "wal_end": seg.wal_end,
+        "items": [
+            [i.start_index, i.ingestion_time_ms, base64.b64encode(i.metadata).decode()]
+            for i in seg.items
+        ],
+        "entry_count": seg.entry_count,
+        "record_count": seg.record_count,
+        "sealed_at_ms": seg.sealed_at_ms,
+    }
+
+
+def _from_json(path: Path, d: dict[str, Any]) -> SealedSegment:
+    if d["version"] != SIDECAR_VERSION:
+        raise ValueError(f"unknown sidecar version {d['version']}")
+    if path.stat().st_size != d["size"]:
+        raise ValueError(f"size {path.stat().st_size} != recorded {d['size']}")
+    return SealedSegment(
+        path, d["kind"], d["ulid"], int(d["size"]),
+        tuple((int(a), int(b)) for a, b in d["sequences"]),
+        d["wal_start"], d["wal_end"],
+        tuple(MetadataItem(int(s), int(t), base64.b64decode(m)) for s, t, m in d["items"]),
+        int(d["entry_count"]), int(d["record_count"]), int(d["sealed_at_ms"]),
+    )

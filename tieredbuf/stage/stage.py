@@ -1,0 +1,503 @@
+"""The local tier facade: one producer's staging directory.
+
+Layout of ``<staging_dir>/``::
+
+    producer.id                 the default producer id (a ULID), stable across restarts
+    <producer_id>/stage.lock    fcntl lock: one process per stage (StageLockedError)
+    <producer_id>/sequence      sequence sidecar: next per-core sequence (Quiver #4024)
+    <producer_id>/wal/          the WAL (stage/wal.py)
+    <producer_id>/segments/     sealed segments + sidecars (stage/segments.py)
+
+Quiver's truncation-safety rule decides the WAL cursor: it advances to the first
+entry that is not yet in a *durable sealed* segment (never past the open segments).
+So exporter lag never blocks WAL cleanup, and :meth:`Stage.release` only deletes the
+file: the released entries are already behind the cursor, which makes a crash
+mid-release harmless.  A crash after a segment is committed but before the cursor
+moves is resolved on open by sequence: WAL entries whose sequence a sealed segment's
+sidecar covers are not replayed (no duplicates); every other entry is (no loss).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from ulid import ULID
+
+from tieredbuf import keys
+from tieredbuf.config import StageConfig
+from tieredbuf.errors import (
+    BackpressureError,
+    ClosedError,
+    CorruptError,
+    StageError,
+    StageLockedError,
+    WalFullError,
+)
+from tieredbuf.format import cursor as cursor_fmt
+from tieredbuf.format import wal as wal_fmt
+from tieredbuf.stage._fs import read_if_exists, write_atomic
+from tieredbuf.stage.segments import (
+    Accumulator,
+    BundleAccumulator,
+    RecordsAccumulator,
+    SealedSegment,
+    SegmentDir,
+    StageAck,
+)
+from tieredbuf.stage.wal import WalWriter
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_NAME = "sequence"
+_PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+LAYOUT_CONTRACT = (
+    b"tieredbuf.stage/1;slots=0..63;payload_type_id=slot;"
+    b"schema_fingerprint=sha256(arrow ipc schema);entry 2=records"
+)
+"""What a WAL's segment_cfg_hash digests: how this build interprets bundle payloads."""
+
+
+@dataclass(slots=True)
+class StageStats:
+    dropped_segments: int = 0
+    dropped_records: int = 0
+    dropped_bundles: int = 0
+    backpressure_waits: int = 0
+    replayed_entries: int = 0
+
+
+class Stage:
+    """Local staging for one producer (single process, thread-safe)."""
+
+    def __init__(
+        self, staging_dir: str | os.PathLike[str], producer_id: str | None = None,
+        config: StageConfig | None = None,
+    ) -> None:
+        self.config = config or StageConfig()
+        root = Path(staging_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        self.producer_id = producer_id or _default_producer_id(root)
+        if not _PRODUCER_ID_RE.match(self.producer_id):
+            raise StageError(f"producer_id must match [A-Za-z0-9_-]{{1,64}}: {self.producer_id!r}")
+        self.path = root / self.producer_id
+        self.path.mkdir(exist_ok=True)
+        self._lock_fd = _lock(self.path / keys.STAGE_LOCK_NAME)
+        try:
+            self._init_state()
+            self._recover()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._maint = threading.Thread(target=self._maintain, name="stage-sealer", daemon=True)
+        self._maint.start()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._seal_lock = threading.Lock()
+        self._closed = False
+        self._failed: BaseException | None = None
+        self.stats = StageStats()
+        self._records: RecordsAccumulator | None = None
+        self._bundles: BundleAccumulator | None = None
+        self._sealing_bytes = 0
+        self._seal_requested: set[str] = set()
+        # WAL entries after the cursor, in order: sequence -> [start, end, sealed]
+        self._entries: OrderedDict[int, list[int]] = OrderedDict()
+        self._sealed: OrderedDict[str, SealedSegment] = OrderedDict()
+        self._sealed_bytes = 0
+        self._segments = SegmentDir(
+            self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression
+        )
+        self._wal: WalWriter | None = None
+
+    # --- recovery -------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        for seg in self._segments.load():
+            self._add_sealed(seg)
+        covered = [r for s in self._sealed.values() for r in s.sequences]
+        next_seq = max((hi + 1 for _, hi in covered), default=0)
+        seq_path = self.path / SEQUENCE_NAME
+        raw = read_if_exists(seq_path)
+        if raw is not None:
+            try:
+                next_seq = max(next_seq, cursor_fmt.decode_sequence(raw, str(seq_path)))
+            except CorruptError as e:
+                log.warning("ignoring sequence sidecar: %s", e)
+        wal_dir = self.path / keys.WAL_DIR_NAME
+        use_wal = self.config.durability == "wal"
+        if use_wal or (wal_dir.exists() and any(wal_dir.iterdir())):
+            wal = WalWriter(wal_dir, wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT), self.config.wal)
+            if wal.recovery.max_sequence is not None:
+                next_seq = max(next_seq, wal.recovery.max_sequence + 1)
+            self._wal = wal
+            self._next_seq = next_seq
+            self._replay(wal, covered)
+            if not use_wal:  # segment_only now, but a WAL was left from a wal-mode run
+                wal.close()
+                self._wal = None
+        self._next_seq = next_seq
+        self._write_sequence()
+
+    def _replay(self, wal: WalWriter, covered: list[tuple[int, int]]) -> None:
+        def is_covered(seq: int) -> bool:
+            return any(lo <= seq <= hi for lo, hi in covered)
+
+        for entry, start, end in wal.replay():
+            live = isinstance(entry, wal_fmt.RecordsEntry | wal_fmt.BundleEntry) and not \
+                is_covered(entry.sequence)
+            bundle = entry.to_bundle(str(wal.dir)) if (
+                live and isinstance(entry, wal_fmt.BundleEntry)) else None
+            with self._lock:
+                self._entries[entry.sequence] = [start, end, int(not live)]
+                if not live:
+                    continue
+                acc: Accumulator
+                if bundle is not None:
+                    acc = self._bundles_acc()
+                    acc.add(bundle, entry.ingestion_ts_nanos, entry.sequence)
+                else:
+                    assert isinstance(entry, wal_fmt.RecordsEntry)
+                    acc = self._records_acc()
+                    acc.add(entry.records, entry.metadata, entry.ingestion_ts_nanos)
+                acc.note(entry.sequence, start, end)
+                self.stats.replayed_entries += 1
+                full = acc.nbytes >= self.config.segment.target_size
+            if full:
+                self._seal(acc.kind)
+        self.seal_all()
+        self._advance_cursor()
+
+    # --- appends --------------------------------------------------------------------
+
+    def append_records(
+        self, records: Sequence[bytes], metadata: bytes = b"", timeout: float | None = None
+    ) -> Future[StageAck]:
+        """Stage one ``produce(entries, metadata)`` call.  The future completes at the
+        LOCAL ack: after the WAL fdatasync (``wal``) or the segment seal (``segment_only``)."""
+        n = sum(len(r) + 4 for r in records) + len(metadata) + 64
+        return self._append(BundleOrRecords(records=records, metadata=metadata), n, timeout)
+
+    def append_bundle(
+        self, bundle: Mapping[int, pa.RecordBatch], timeout: float | None = None
+    ) -> Future[StageAck]:
+        """Stage one Arrow bundle (slot id 0..63 -> RecordBatch)."""
+        for slot in bundle:
+            if not 0 <= slot < wal_fmt.MAX_SLOTS:
+                raise ValueError(f"slot id {slot} outside 0..{wal_fmt.MAX_SLOTS - 1}")
+        n = sum(b.get_total_buffer_size() for b in bundle.values()) + 64
+        return self._append(BundleOrRecords(bundle=bundle), n, timeout)
+
+    def _append(self, item: BundleOrRecords, n: int, timeout: float | None) -> Future[StageAck]:
+        wait_s = self.config.backpressure_timeout.total_seconds() if timeout is None else timeout
+        deadline = time.monotonic() + wait_s
+        fut: Future[StageAck] = Future()
+        with self._cond:
+            while True:
+                self._check_usable()
+                reason = self._over_cap(n)
+                wal_append = None
+                if reason is None:
+                    seq, ts = self._next_seq, time.time_ns()
+                    if self._wal is not None:
+                        try:
+                            wal_append = self._wal.append(item.encode(seq, ts), wait=False)
+                        except WalFullError:
+                            reason = "wal"
+                if reason is None:
+                    break
+                self._relieve(reason)
+                if self._over_cap(n) is None and reason != "wal":
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BackpressureError(f"stage at its {reason} cap for {wait_s:.3g}s")
+                self.stats.backpressure_waits += 1
+                self._cond.wait(remaining)
+            self._next_seq = seq + 1
+            acc: Accumulator
+            if item.bundle is not None:
+                acc = self._bundles_acc()
+                acc.add(item.bundle, ts, seq)
+            else:
+                acc = self._records_acc()
+                acc.add(item.records, item.metadata, ts)
+            start = end = None
+            if wal_append is not None:
+                start, end = wal_append.start, wal_append.end
+                self._entries[seq] = [start, end, 0]
+            acc.note(seq, start, end)
+            ack = StageAck(seq, start, end)
+            if wal_append is None:
+                acc.futures.append((fut, ack))
+            if acc.nbytes >= self.config.segment.target_size:
+                self._seal_requested.add(acc.kind)
+                self._cond.notify_all()
+        if wal_append is not None:
+            wal_append.durable.add_done_callback(lambda f: _chain(f, fut, ack))
+            assert self._wal is not None
+            self._wal.wait_durable(wal_append.end)  # flush_interval == 0: sync before return
+        return fut
+
+    def _over_cap(self, n: int) -> str | None:
+        open_bytes = self._open_bytes() + self._sealing_bytes
+        if open_bytes and open_bytes + n > self.config.segment.max_open_bytes:
+            return "open-segment memory"
+        # open and sealing segments are disk bytes about to be written (I8: the cap
+        # holds for the files on disk at every moment, not just between seals)
+        if self._disk_bytes() + open_bytes + n > self.config.size_cap:
+            return "disk"
+        return None
+
+    def _relieve(self, reason: str) -> None:
+        """Under the lock, at a cap: ask for seals; with drop_oldest, drop sealed data."""
+        self._seal_requested.update(k for k, a in (("batch", self._records),
+                                                   ("qseg", self._bundles)) if a)
+        self._cond.notify_all()
+        if reason == "disk" and self._wal is not None and self._wal.reclaim() > 0:
+            return
+        if reason == "disk" and self.config.size_cap_policy == "drop_oldest" and self._sealed:
+            seg = next(iter(self._sealed.values()))
+            self._forget_sealed(seg)
+            self._segments.delete(seg)
+            self.stats.dropped_segments += 1
+            if seg.kind == "batch":
+                self.stats.dropped_records += seg.record_count
+            else:
+                self.stats.dropped_bundles += seg.record_count
+            log.warning("drop_oldest: deleted unexported segment %s (%d entries)",
+                        seg.path.name, seg.entry_count)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("stage is closed")
+        if self._failed is not None:
+            raise StageError(f"stage failed: {self._failed}")
+
+    def _records_acc(self) -> RecordsAccumulator:
+        if self._records is None:
+            self._records = RecordsAccumulator()
+            self._cond.notify_all()  # start its max_open_duration timer
+        return self._records
+
+    def _bundles_acc(self) -> BundleAccumulator:
+        if self._bundles is None:
+            self._bundles = BundleAccumulator()
+            self._cond.notify_all()
+        return self._bundles
+
+    def _open_bytes(self) -> int:
+        return sum(a.nbytes for a in (self._records, self._bundles) if a is not None)
+
+    def _disk_bytes(self) -> int:
+        return self._sealed_bytes + (self._wal.disk_bytes() if self._wal is not None else 0)
+
+    # --- sealing --------------------------------------------------------------------
+
+    def _seal(self, kind: str) -> SealedSegment | None:
+        """Seal one accumulator: write the file durably, then move the cursor."""
+        with self._seal_lock:
+            with self._lock:
+                acc: Accumulator | None
+                if kind == "batch":
+                    acc, self._records = self._records, None
+                else:
+                    acc, self._bundles = self._bundles, None
+                self._seal_requested.discard(kind)
+                if acc is None or len(acc) == 0:
+                    return None
+                self._sealing_bytes += acc.nbytes
+            try:
+                seg = self._segments.seal(acc)
+                self._write_sequence()
+            except BaseException as e:
+                with self._lock:
+                    self._failed = e
+                    self._sealing_bytes -= acc.nbytes
+                    self._cond.notify_all()
+                for f, _ in acc.futures:
+                    f.set_exception(StageError(f"sealing failed: {e}"))
+                raise
+            with self._lock:
+                self._sealing_bytes -= acc.nbytes
+                self._add_sealed(seg)
+                for seq in acc.seqs:
+                    slot = self._entries.get(seq)
+                    if slot is not None:
+                        slot[2] = 1
+                self._cond.notify_all()
+            self._advance_cursor()
+            for f, ack in acc.futures:
+                f.set_result(ack)
+            return seg
+
+    def _advance_cursor(self) -> None:
+        if self._wal is None:
+            return
+        with self._lock:
+            while self._entries:
+                done = next(iter(self._entries.values()))[2]
+                if not done:
+                    break
+                self._entries.popitem(last=False)
+            pos = next(iter(self._entries.values()))[0] if self._entries else self._wal.end
+        self._wal.advance_cursor(pos)
+        with self._lock:
+            self._cond.notify_all()
+
+    def _write_sequence(self) -> None:
+        """Persist the next sequence before anything carrying sequences is deleted."""
+        with self._lock:
+            nxt = self._next_seq
+        write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
+
+    def _add_sealed(self, seg: SealedSegment) -> None:
+        self._sealed[seg.ulid] = seg
+        self._sealed_bytes += seg.size
+
+    def _forget_sealed(self, seg: SealedSegment) -> bool:
+        if self._sealed.pop(seg.ulid, None) is None:
+            return False
+        self._sealed_bytes -= seg.size
+        return True
+
+    def _maintain(self) -> None:
+        """Timer-driven sealing: max_open_duration, size triggers, cap relief."""
+        max_open = self.config.segment.max_open_duration.total_seconds()
+        while True:
+            with self._cond:
+                due: list[str] = []
+                wait: float | None = None
+                while not self._closed and self._failed is None:
+                    now = time.monotonic()
+                    due = sorted(self._seal_requested)
+                    for kind, acc in (("batch", self._records), ("qseg", self._bundles)):
+                        if acc is None or kind in due:
+                            continue
+                        left = acc.opened_at + max_open - now
+                        if left <= 0:
+                            due.append(kind)
+                        else:
+                            wait = left if wait is None else min(wait, left)
+                    if due:
+                        break
+                    self._cond.wait(wait)
+                    wait = None
+                if not due:
+                    return
+            for kind in due:
+                try:
+                    self._seal(kind)
+                except BaseException:
+                    log.exception("sealing %s failed", kind)
+                    return
+
+    # --- public surface -------------------------------------------------------------
+
+    def seal_all(self) -> list[SealedSegment]:
+        """Seal every open segment now (explicit finalize)."""
+        out = [s for k in ("batch", "qseg") if (s := self._seal(k)) is not None]
+        return out
+
+    def sealed_segments(self) -> list[SealedSegment]:
+        """Sealed segments not yet released, oldest first."""
+        with self._lock:
+            return list(self._sealed.values())
+
+    def release(self, segment: SealedSegment) -> None:
+        """The exporter has uploaded ``segment``: delete it.  Its WAL entries are already
+        behind the cursor (Quiver: truncation depends on segment durability only)."""
+        with self._lock:
+            if not self._forget_sealed(segment):
+                raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
+        self._write_sequence()
+        self._segments.delete(segment)
+        with self._cond:
+            self._cond.notify_all()
+
+    def wal_cursor(self) -> int | None:
+        return None if self._wal is None else self._wal.cursor
+
+    def disk_bytes(self) -> int:
+        with self._lock:
+            return self._disk_bytes()
+
+    def close(self) -> None:
+        """Seal open segments, sync and close the WAL, release the lock."""
+        with self._cond:
+            if self._closed:
+                return
+        if self._failed is None:
+            self.seal_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._maint.join()
+        if self._wal is not None:
+            self._wal.close()
+        self._release_lock()
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+@dataclass(frozen=True, slots=True)
+class BundleOrRecords:
+    records: Sequence[bytes] = ()
+    metadata: bytes = b""
+    bundle: Mapping[int, pa.RecordBatch] | None = None
+
+    def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
+        if self.bundle is not None:
+            return wal_fmt.encode_bundle_entry(seq, ts, self.bundle)
+        return wal_fmt.encode_records_entry(seq, ts, self.records, self.metadata)
+
+
+def _chain(src: Future[int], dst: Future[StageAck], ack: StageAck) -> None:
+    e = src.exception()
+    if e is not None:
+        dst.set_exception(e)
+    else:
+        dst.set_result(ack)
+
+
+def _lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        os.close(fd)
+        raise StageLockedError(f"{path.parent} is locked by another process") from e
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _default_producer_id(root: Path) -> str:
+    p = root / keys.STAGE_ID_NAME
+    raw = read_if_exists(p)
+    if raw is not None and _PRODUCER_ID_RE.match(raw.decode(errors="replace").strip()):
+        return raw.decode().strip()
+    pid = str(ULID())
+    write_atomic(p, [pid.encode() + b"\n"])
+    return pid
