@@ -225,14 +225,18 @@ def encode_bundle_entry(
 ) -> list[bytes | memoryview]:
     """A RecordBundle entry as a list of buffers (for os.writev); join for bytes.
     ``payload_type_id`` is the slot id."""
+    return frame_bundle_entry(sequence, ingestion_ts_nanos, bundle_body(bundle))
+
+
+def bundle_body(bundle: Mapping[int, pa.RecordBatch]) -> list[bytes | pa.Buffer]:
+    """The sequence-independent part of a RecordBundle entry (bitmap, slot metadata,
+    IPC payloads): encode it before taking a lock, frame it under the lock."""
     bitmap = 0
     for slot in bundle:
         if not 0 <= slot < MAX_SLOTS:
             raise ValueError(f"slot id {slot} outside 0..{MAX_SLOTS - 1}")
         bitmap |= 1 << slot
-    parts: list[bytes | memoryview | pa.Buffer] = [
-        _ENTRY_HEAD.pack(ENTRY_RECORD_BUNDLE, ingestion_ts_nanos, sequence), _U64.pack(bitmap)
-    ]
+    parts: list[bytes | pa.Buffer] = [_U64.pack(bitmap)]
     for slot in sorted(bundle):
         batch = bundle[slot]
         payload = encode_ipc_stream(batch)
@@ -240,7 +244,13 @@ def encode_bundle_entry(
             _SLOT_META.pack(slot, schema_fingerprint(batch.schema), batch.num_rows, payload.size)
         )
         parts.append(payload)
-    return _frame(parts)
+    return parts
+
+
+def frame_bundle_entry(
+    sequence: int, ingestion_ts_nanos: int, body: Sequence[bytes | pa.Buffer]
+) -> list[bytes | memoryview]:
+    return _frame([_ENTRY_HEAD.pack(ENTRY_RECORD_BUNDLE, ingestion_ts_nanos, sequence), *body])
 
 
 def encode_records_entry(

@@ -198,7 +198,8 @@ class Stage:
             if not 0 <= slot < wal_fmt.MAX_SLOTS:
                 raise ValueError(f"slot id {slot} outside 0..{wal_fmt.MAX_SLOTS - 1}")
         n = sum(b.get_total_buffer_size() for b in bundle.values()) + 64
-        return self._append(BundleOrRecords(bundle=bundle), n, timeout)
+        body = wal_fmt.bundle_body(bundle) if self._wal is not None else None
+        return self._append(BundleOrRecords(bundle=bundle, body=body), n, timeout)
 
     def _append(self, item: BundleOrRecords, n: int, timeout: float | None) -> Future[StageAck]:
         wait_s = self.config.backpressure_timeout.total_seconds() if timeout is None else timeout
@@ -466,10 +467,13 @@ class BundleOrRecords:
     records: Sequence[bytes] = ()
     metadata: bytes = b""
     bundle: Mapping[int, pa.RecordBatch] | None = None
+    body: list[bytes | pa.Buffer] | None = None
+    """Pre-encoded bundle payloads (IPC encoding happens outside the stage lock)."""
 
     def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
         if self.bundle is not None:
-            return wal_fmt.encode_bundle_entry(seq, ts, self.bundle)
+            body = self.body if self.body is not None else wal_fmt.bundle_body(self.bundle)
+            return wal_fmt.frame_bundle_entry(seq, ts, body)
         return wal_fmt.encode_records_entry(seq, ts, self.records, self.metadata)
 
 
