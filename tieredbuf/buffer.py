@@ -7,11 +7,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tieredbuf.config import ConsumerConfig, ProducerConfig
+from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig
 from tieredbuf.consumer import Consumer, fetch_object
 from tieredbuf.errors import ConfigError
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
 
@@ -27,9 +28,10 @@ def _build(cls: Any, kind: str, options: dict[str, Any]) -> Any:
 class Buffer:
     """A tiered buffer rooted at one URL (``s3://``, ``file://``, ``memory://``)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, tree: TreeConfig | None = None) -> None:
         self.store = store
-        self.queue = ManifestQueue(store)
+        self.tree_config = tree or TreeConfig()
+        self.queue = ManifestQueue(store, tree_config=self.tree_config)
 
     @property
     def url(self) -> str:
@@ -60,6 +62,34 @@ class Buffer:
     def entries(self) -> list[ManifestEntry]:
         return self.snapshot().entries()
 
+    def lookup_sequence(self, seq: int, *, on_lost: OnLost = "raise") -> Position:
+        """Find entry ``seq`` (one GET per tree level; see :mod:`tieredbuf.reader`)."""
+        return TreeReader(self.queue).lookup_sequence(seq, on_lost=on_lost)
+
+    def lookup_time(self, time_ms: int, *, on_lost: OnLost = "raise") -> Position:
+        """Find the first entry ingested at or after ``time_ms`` (ms since the epoch)."""
+        return TreeReader(self.queue).lookup_time(time_ms, on_lost=on_lost)
+
+    def reader(
+        self,
+        *,
+        start_sequence: int | None = None,
+        start_time_ms: int | None = None,
+        on_lost: OnLost = "raise",
+    ) -> ContinuousReader:
+        """A read-only reader streaming retained history, then the live tail (no fencing).
+
+        With neither start given it starts at the first retained sequence.
+        """
+        return ContinuousReader(
+            self.queue, start_sequence=start_sequence, start_time_ms=start_time_ms,
+            on_lost=on_lost,
+        )
+
+    def apply_retention(self) -> None:
+        """Apply retention now (it also runs inside every append and dequeue)."""
+        self.queue.apply_retention()
+
     def read_object(self, entry: ManifestEntry) -> bytes:
         """The data object an entry points at (DataLossError when it is missing)."""
         return fetch_object(self.store, entry)
@@ -74,9 +104,12 @@ class Buffer:
         self.close()
 
 
-def open(url: str, **options: Any) -> Buffer:
-    """Open the buffer at ``url``; ``options`` are store options (endpoint, region, ...)."""
-    return Buffer(open_store(url, **options))
+def open(url: str, *, tree: TreeConfig | None = None, **options: Any) -> Buffer:
+    """Open the buffer at ``url``; ``options`` are store options (endpoint, region, ...).
+
+    ``tree`` sets the manifest tree's branching factor and retention (TreeConfig).
+    """
+    return Buffer(open_store(url, **options), tree)
 
 
 __all__ = ["Buffer", "open", "timedelta"]

@@ -230,3 +230,38 @@ class StageConfig:
                               f"{self.size_cap_policy!r}")
         _positive("size_cap", self.size_cap)
         _non_negative_td("backpressure_timeout", self.backpressure_timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConfig:
+    """The queue manifest as an M-way tree, and retention of acked history.
+
+    Every writer of one buffer (producers, exporters, consumers) should use the
+    same values: rebalancing and retention run inside whichever writer's CAS loop
+    touches the root.  Nothing here is read from the environment.
+    """
+
+    m: int = 1024
+    """Branching factor: the root keeps at most ``m`` entries and ``m`` refs of each level;
+    the oldest ``m`` of a fuller level move into one immutable group object."""
+    retention_max_age: timedelta | None = None
+    """Keep acked history at least until it is this old (None: no age rule)."""
+    retention_max_bytes: int | None = None
+    """Unlink acked history, oldest first, while the linked data exceeds this many bytes."""
+    link_deadline: timedelta = timedelta(minutes=2)
+    """A writer abandons a CAS attempt whose new group objects are older than this: they
+    must be linked well inside GC's grace period (keep it under half of gc_grace_period)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.m, int) or self.m < 2:
+            raise ConfigError(f"m must be an int >= 2, got {self.m!r}")
+        if self.retention_max_age is not None:
+            _non_negative_td("retention_max_age", self.retention_max_age)
+        if self.retention_max_bytes is not None and self.retention_max_bytes < 0:
+            raise ConfigError(f"retention_max_bytes must be >= 0, got {self.retention_max_bytes}")
+        _non_negative_td("link_deadline", self.link_deadline)
+
+    @property
+    def retains(self) -> bool:
+        """True when acked history is kept (dequeue moves the head; retention unlinks)."""
+        return self.retention_max_age is not None or self.retention_max_bytes is not None

@@ -10,6 +10,7 @@ not one blocking GET round trip per batch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+
+WINDOW = 1024
+"""Entries decoded per refresh of the manifest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +147,17 @@ class Consumer:
             raise ClosedError("consumer is closed")
 
     def _refresh(self) -> None:
-        """Re-read the whole manifest (also checks the epoch)."""
+        """Re-read the root (also checks the epoch) and the entries from the cursor on.
+
+        Only a window is decoded (the group holding the cursor and what follows, up to
+        ``WINDOW`` entries), so a long backlog costs one group GET per window.
+        """
         snap = self.queue.read()
         if self.epoch is not None and snap.footer.epoch != self.epoch:
             raise FencedError(self.epoch, snap.footer.epoch)
-        self._entries = {e.sequence: e for e in snap.entries()}
+        start = max(self._cursor, snap.head)
+        window = max(WINDOW, self.config.read_ahead + 1)
+        self._entries = {e.sequence: e for e in itertools.islice(snap.iter_from(start), window)}
         self._first = snap.footer.first_sequence
         self._tail = snap.footer.next_sequence
         self.stats.incr("manifest_refreshes")

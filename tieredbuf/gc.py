@@ -8,6 +8,13 @@ A data object is deleted only if all hold:
 * its ULID time is older than the grace period;
 * its key matches ``data/<ULID>.batch|.qseg`` (anything else is left alone).
 
+"Referenced" means reachable from the current root: the GC walks the whole
+manifest tree (every group, kgroup and mgroup the root links, and every entry in
+them, retained history and partly consumed groups included).  Tree nodes
+(``queue/groups/...``) are deleted when no path from the root reaches them and
+their ULID time is past the grace period: orphans of a lost CAS, and groups that
+a dequeue or retention unlinked by CAS (unlink first, delete after: I5).
+
 Deletes run in bulk; failures are logged and counted and retried next pass.
 The decision is the pure function :func:`select_garbage`; :func:`run_once` does I/O.
 """
@@ -24,6 +31,9 @@ from typing import Any
 from tieredbuf import keys
 from tieredbuf.config import GcConfig
 from tieredbuf.errors import StoreError
+from tieredbuf.format import tree as ft
+from tieredbuf.queue import tree
+from tieredbuf.queue.nodes import NodeStore, node_key
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,9 @@ class GcReport:
     deleted: int = 0
     failed: int = 0
     skipped_foreign: int = 0
+    groups_listed: int = 0
+    groups_referenced: int = 0
+    groups_deleted: int = 0
     kept_young: int = 0
     kept_newer_than_oldest: int = 0
     dry_run: bool = False
@@ -77,6 +90,70 @@ def select_garbage(
     return out
 
 
+def select_group_garbage(
+    listed: Iterable[str],
+    referenced: set[str],
+    now_ms: int,
+    grace: timedelta,
+    report: GcReport,
+) -> list[str]:
+    """Tree node keys nothing reachable from the root refers to, older than the grace period."""
+    grace_ms = int(grace.total_seconds() * 1000)
+    out: list[str] = []
+    for key in listed:
+        report.groups_listed += 1
+        parsed = keys.parse_group_key(key)
+        if parsed is None:
+            report.skipped_foreign += 1
+            continue
+        if key in referenced:
+            report.groups_referenced += 1
+            continue
+        if now_ms - parsed[1].milliseconds <= grace_ms:
+            report.kept_young += 1
+            continue
+        out.append(key)
+    return out
+
+
+def reachable(buf: Any) -> tuple[list[str], set[str]]:
+    """(data locations of every linked entry in order, keys of every linked tree node)."""
+    snap = buf.snapshot()
+    nodes = NodeStore(buf.store, cache_nodes=4)
+    seen: set[str] = set()
+
+    def load(ref: ft.Ref) -> ft.Node:
+        seen.add(node_key(ref))
+        return nodes.load(ref)
+
+    locations = [e.location for e in tree.iter_from(snap.root, snap.root.linked_first, load)]
+    _walk_refs(snap.root.refs, load)
+    return locations, seen
+
+
+def _walk_refs(refs: tuple[ft.Ref, ...] | list[ft.Ref], load: Any) -> None:
+    for r in refs:
+        node = load(r)
+        if node.level:
+            _walk_refs(node.refs, load)
+
+
+def _delete(buf: Any, garbage: list[str], cfg: GcConfig, report: GcReport) -> list[str]:
+    done: list[str] = []
+    for i in range(0, len(garbage), cfg.delete_batch):
+        chunk = garbage[i : i + cfg.delete_batch]
+        try:
+            failures = buf.store.delete_many(chunk)
+        except StoreError as e:
+            failures = [(k, e) for k in chunk]
+        failed = {k for k, _ in failures}
+        for k, err in failures:
+            log.warning("gc: delete of %s failed (retried next pass): %s", k, err)
+        report.failed += len(failed)
+        done.extend(k for k in chunk if k not in failed)
+    return done
+
+
 def run_once(
     buf: Any,
     *,
@@ -89,32 +166,29 @@ def run_once(
     cfg = config or GcConfig()
     grace = cfg.gc_grace_period if grace is None else grace
     report = GcReport(dry_run=dry_run)
-    # Snapshot first, list second: an object enqueued after the snapshot was
-    # uploaded before it, and is protected by the oldest-entry and grace rules.
-    entries = buf.entries()
-    referenced = {e.location for e in entries}
+    # Snapshot (and walk) first, list second: an object enqueued after the snapshot
+    # was uploaded before it, and is protected by the oldest-entry and grace rules; a
+    # group linked after it is younger than the writers' link deadline (< grace).
+    locations, linked_nodes = reachable(buf)
+    referenced = set(locations)
     oldest: int | None = None
-    for e in entries[:1]:
-        u = keys.parse_data_key(e.location)
+    for loc in locations[:1]:
+        u = keys.parse_data_key(loc)
         oldest = u.milliseconds if u is not None else None
-    if entries and oldest is None:
+    if locations and oldest is None:
         oldest = 0  # the oldest entry is not ULID-named: keep everything unreferenced but old
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     listed = (m.key for m in buf.store.list(keys.DATA_PREFIX))
     garbage = select_garbage(listed, referenced, oldest, now, grace, report)
+    groups = (m.key for m in buf.store.list(keys.GROUPS_PREFIX))
+    group_garbage = select_group_garbage(groups, linked_nodes, now, grace, report)
     if dry_run:
-        report.deleted_keys = garbage
+        report.deleted_keys = garbage + group_garbage
         return report
-    for i in range(0, len(garbage), cfg.delete_batch):
-        chunk = garbage[i : i + cfg.delete_batch]
-        try:
-            failures = buf.store.delete_many(chunk)
-        except StoreError as e:
-            failures = [(k, e) for k in chunk]
-        failed = {k for k, _ in failures}
-        for k, err in failures:
-            log.warning("gc: delete of %s failed (retried next pass): %s", k, err)
-        report.failed += len(failed)
-        report.deleted += len(chunk) - len(failed)
-        report.deleted_keys.extend(k for k in chunk if k not in failed)
+    deleted = _delete(buf, garbage, cfg, report)
+    report.deleted += len(deleted)
+    report.deleted_keys.extend(deleted)
+    gdeleted = _delete(buf, group_garbage, cfg, report)
+    report.groups_deleted += len(gdeleted)
+    report.deleted_keys.extend(gdeleted)
     return report

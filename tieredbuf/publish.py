@@ -134,7 +134,7 @@ class Publisher:
             if b.producer_seq != a.producer_seq + 1:
                 raise ValueError("a group's producer sequence numbers must be consecutive")
         while True:
-            entries = [NewEntry(p.location, p.metadata) for p in group]
+            entries = [NewEntry(p.location, p.metadata, len(p.body)) for p in group]
             try:
                 return self.queue.append(
                     entries, self.producer_id, group[-1].producer_seq,

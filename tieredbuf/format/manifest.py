@@ -15,7 +15,9 @@ puts an extension block between them::
     [sections_len: u32][ext_magic: 4 bytes = b"TBX2"]
     footer (22 bytes, version = 2)
 
-Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner.
+Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner,
+3 = tree (head, first retained sequence, group references; see format/tree.py),
+4 = entry stats (object size and ingestion time per root entry).
 Unknown tags are refused (they carry semantics a writer would drop).  Appending
 never decodes existing entries: the entry region is copied as bytes.
 See docs/format.md.
@@ -37,6 +39,8 @@ EXT_MAGIC = b"TBX2"
 EXT_TRAILER_SIZE = 8
 TAG_WATERMARKS = 1
 TAG_OWNER = 2
+TAG_TREE = 3
+TAG_STATS = 4
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
@@ -64,10 +68,15 @@ class ManifestEntry:
 
 @dataclass(frozen=True, slots=True)
 class NewEntry:
-    """An entry to append; the manifest assigns its sequence."""
+    """An entry to append; the manifest assigns its sequence.
+
+    ``size`` is the data object's size in bytes (kept beside the entry for
+    retention by bytes; 0 when unknown).
+    """
 
     location: str
     metadata: tuple[MetadataItem, ...]
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,10 @@ class ManifestView:
     watermarks: dict[str, Watermark] = field(default_factory=dict)
     owner: str | None = None
     obj: str | None = None
+    tree: bytes | None = None
+    """Raw body of section 3 (decoded by :mod:`tieredbuf.format.tree`)."""
+    stats: bytes | None = None
+    """Raw body of section 4 (decoded by :mod:`tieredbuf.format.tree`)."""
 
     @property
     def entries_bytes(self) -> memoryview:
@@ -141,7 +154,12 @@ def parse_footer(tail: bytes | memoryview, obj: str | None = None) -> Footer:
     return Footer(count, nxt, epoch, version)
 
 
-def _encode_ext(watermarks: dict[str, Watermark], owner: str | None) -> bytes:
+def _encode_ext(
+    watermarks: dict[str, Watermark],
+    owner: str | None,
+    tree: bytes | None = None,
+    stats: bytes | None = None,
+) -> bytes:
     sections: list[bytes] = []
     if watermarks:
         body = [pack_u32(len(watermarks))]
@@ -156,14 +174,24 @@ def _encode_ext(watermarks: dict[str, Watermark], owner: str | None) -> bytes:
     if owner is not None:
         o = owner.encode("utf-8")
         sections.append(_SECTION.pack(TAG_OWNER, len(o)) + o)
+    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats)):
+        if body_ is not None:
+            sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
     return blob + pack_u32(len(blob)) + EXT_MAGIC
 
 
-def _parse_ext(
-    raw: memoryview, ext_end: int, obj: str | None
-) -> tuple[int, dict[str, Watermark], str | None]:
-    """Parse the v2 extension ending at ``ext_end``; returns (entries_end, watermarks, owner)."""
+@dataclass(slots=True)
+class _Ext:
+    entries_end: int
+    watermarks: dict[str, Watermark]
+    owner: str | None = None
+    tree: bytes | None = None
+    stats: bytes | None = None
+
+
+def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
+    """Parse the v2 extension ending at ``ext_end``."""
     if ext_end < EXT_TRAILER_SIZE:
         raise CorruptError(WHAT, obj, 0, "truncated: no room for the v2 extension trailer")
     t = Reader(raw, WHAT, obj, ext_end - EXT_TRAILER_SIZE, ext_end)
@@ -176,11 +204,15 @@ def _parse_ext(
             WHAT, obj, ext_end - EXT_TRAILER_SIZE, f"extension length {sections_len} too large"
         )
     r = Reader(raw, WHAT, obj, start, ext_end - EXT_TRAILER_SIZE)
-    watermarks: dict[str, Watermark] = {}
-    owner: str | None = None
+    ext = _Ext(start, {})
+    watermarks = ext.watermarks
+    last_tag = 0
     while r.remaining():
         at = r.pos
         tag = r.u16("section tag")
+        if tag <= last_tag and tag in (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS):
+            raise CorruptError(WHAT, obj, start + at, f"section {tag} out of order or repeated")
+        last_tag = tag
         n = r.u32("section length")
         body = Reader(r.take(n, "section body"), WHAT, obj)
         if tag == TAG_WATERMARKS:
@@ -194,12 +226,16 @@ def _parse_ext(
                 body.pos += _WATERMARK.size
                 watermarks[pid] = Watermark(pid, pseq, last, upd)
         elif tag == TAG_OWNER:
-            owner = _utf8(body, n, "owner")
+            ext.owner = _utf8(body, n, "owner")
+        elif tag == TAG_TREE:
+            ext.tree = bytes(body.take(n, "tree section"))
+        elif tag == TAG_STATS:
+            ext.stats = bytes(body.take(n, "stats section"))
         else:
             raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
         if body.remaining():
             raise CorruptError(WHAT, obj, start + at, f"section {tag} has trailing bytes")
-    return start, watermarks, owner
+    return ext
 
 
 def _utf8(r: Reader, n: int, field_name: str) -> str:
@@ -217,8 +253,8 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
     ext_end = len(raw) - FOOTER_SIZE
     if footer.version == V1:
         return ManifestView(raw, footer, ext_end, obj=obj)
-    entries_end, watermarks, owner = _parse_ext(memoryview(raw), ext_end, obj)
-    return ManifestView(raw, footer, entries_end, watermarks, owner, obj)
+    x = _parse_ext(memoryview(raw), ext_end, obj)
+    return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats)
 
 
 def empty_manifest() -> ManifestView:
@@ -277,10 +313,18 @@ def encode_manifest(
     footer: Footer,
     watermarks: dict[str, Watermark],
     owner: str | None,
+    tree: bytes | None = None,
+    stats: bytes | None = None,
 ) -> bytes:
     """Assemble a v2 manifest from an entry region and its metadata."""
     f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
-    return b"".join((entries_region, _encode_ext(watermarks, owner), encode_footer(f)))
+    ext = _encode_ext(watermarks, owner, tree, stats)
+    return b"".join((entries_region, ext, encode_footer(f)))
+
+
+def _flat_only(view: ManifestView) -> None:
+    if view.tree is not None or view.stats is not None:
+        raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
 def append(
@@ -288,7 +332,11 @@ def append(
     new: Sequence[NewEntry],
     watermarks: dict[str, Watermark],
 ) -> tuple[bytes, int]:
-    """Append ``new`` without decoding existing entries. Returns (bytes, first new sequence)."""
+    """Append ``new`` without decoding existing entries. Returns (bytes, first new sequence).
+
+    Flat (RFC-style) manifests only; tree roots are written by :mod:`tieredbuf.queue.tree`.
+    """
+    _flat_only(view)
     first = view.footer.next_sequence
     encoded = [encode_entry(first + i, n.location, n.metadata) for i, n in enumerate(new)]
     f = view.footer
@@ -301,12 +349,13 @@ def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     f = view.footer
     return encode_manifest(
         view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
-        view.watermarks, owner,
+        view.watermarks, owner, view.tree, view.stats,
     )
 
 
 def dequeue(view: ManifestView, through_sequence: int) -> bytes:
-    """Remove every entry with sequence <= ``through_sequence`` (RFC ``dequeue(n)``)."""
+    """Remove every entry with sequence <= ``through_sequence`` (RFC ``dequeue(n)``; flat only)."""
+    _flat_only(view)
     f = view.footer
     k = min(max(through_sequence - f.first_sequence + 1, 0), f.entry_count)
     cut = skip_entries(view, k)

@@ -10,15 +10,23 @@ from what it finds, never from the error alone (I2):
 * dequeue: the first sequence says whether our dequeue already landed.
 
 Retries sleep a jittered, exponentially growing delay.
+
+The root is the top of an M-way tree (:mod:`tieredbuf.queue.tree`): whoever
+writes it also rebalances (oldest ``m`` of an over-full level into a new
+immutable group object, PUT create-if-absent under a fresh ULID key *before*
+the root CAS) and applies retention / unlinks consumed groups.  A lost CAS
+leaves those group objects as orphans for GC; the retry re-plans from a fresh
+read.  The root stays bounded (I6).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from tieredbuf.config import RetryConfig
+from tieredbuf.config import RetryConfig, TreeConfig
 from tieredbuf.errors import (
     ConflictError,
     FencedError,
@@ -29,26 +37,62 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import manifest as fm
 from tieredbuf.keys import MANIFEST_KEY
+from tieredbuf.queue import tree
 from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.nodes import NodeStore
 from tieredbuf.store.base import IfMatch, PutMode, Store
 
 WATERMARK_CAP = 16384
 """At most this many producer watermarks are kept (most recently active first)."""
 
 
+class _NothingToDo(Exception):
+    """A maintenance pass found nothing to change."""
+
+
+class _LinkTooLate(Exception):
+    """This attempt's new group objects are too old to link safely (GC grace)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One read of the manifest: its decoded view and the etag to CAS against."""
+    """One read of the root: its decoded view and tree, and the etag to CAS against.
+
+    ``footer`` is the queue's logical footer: ``first_sequence`` is the head (first
+    queued sequence) and ``entry_count`` the number queued, wherever they live in
+    the tree.  ``view.footer`` is the raw root footer (entries held in the root).
+    """
 
     view: fm.ManifestView
     etag: str | None
+    root: tree.Root
+    nodes: NodeStore
 
     @property
     def footer(self) -> fm.Footer:
-        return self.view.footer
+        r = self.root
+        return fm.Footer(r.next_seq - r.head, r.next_seq, r.epoch, fm.V2)
+
+    @property
+    def low(self) -> int:
+        """First readable (retained) sequence."""
+        return self.root.low
+
+    @property
+    def head(self) -> int:
+        return self.root.head
+
+    @property
+    def total_bytes(self) -> int:
+        return self.root.total_bytes
 
     def entries(self) -> list[fm.ManifestEntry]:
-        return list(fm.iter_entries(self.view))
+        """The queued entries (head .. tail), in order; reads group objects as needed."""
+        return list(self.iter_from(self.root.head))
+
+    def iter_from(self, start: int) -> Iterator[fm.ManifestEntry]:
+        """Linked entries with sequence >= max(start, low), loading one group at a time."""
+        return tree.iter_from(self.root, max(start, self.root.low), self.nodes.load)
 
 
 class ManifestQueue:
@@ -64,6 +108,8 @@ class ManifestQueue:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         sleep: Callable[[float], None] = time.sleep,
         max_transient_retries: int | None = None,
+        tree_config: TreeConfig | None = None,
+        nodes: NodeStore | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -73,6 +119,10 @@ class ManifestQueue:
         self.sleep = sleep
         self.max_transient_retries = max_transient_retries
         self.stats = Stats()
+        self.tree = tree_config or TreeConfig()
+        self.nodes = nodes or NodeStore(
+            store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
+        )
 
     # --- reads -------------------------------------------------------------
 
@@ -81,12 +131,19 @@ class ManifestQueue:
         try:
             got = self.store.get(self.key)
         except ObjectNotFoundError:
-            return Snapshot(fm.empty_manifest(), None)
+            view = fm.empty_manifest()
+            return Snapshot(view, None, tree.decode_root(view), self.nodes)
         self.stats.incr("manifest_reads")
-        return Snapshot(fm.open_manifest(got.data, obj=self.key), got.etag)
+        self.stats.incr("manifest_bytes_read", len(got.data))
+        view = fm.open_manifest(got.data, obj=self.key)
+        return Snapshot(view, got.etag, tree.decode_root(view, self.clock_ms()), self.nodes)
 
     def read_footer(self) -> fm.Footer:
-        """Only the 22-byte footer (epoch, counts): one small ranged GET."""
+        """Only the raw 22-byte root footer: one small ranged GET.
+
+        Its epoch and next_sequence are the queue's; its entry_count counts the
+        entries held in the root itself (use :meth:`read` for the queue's head).
+        """
         try:
             tail = self.store.get_suffix(self.key, fm.FOOTER_SIZE)
         except ObjectNotFoundError:
@@ -113,11 +170,23 @@ class ManifestQueue:
             raise TieredBufError(f"manifest operation gave up after {attempt} retries ({why})")
         self.sleep(backoff_delay(self.retry, attempt))
 
-    def _attempt(self, snap: Snapshot, data: bytes, attempt: int) -> bool:
-        """One CAS; True if it succeeded, False if the caller must re-read and decide."""
+    def _attempt(
+        self, snap: Snapshot, data: bytes | Callable[[], bytes], attempt: int
+    ) -> bool:
+        """One CAS; True if it succeeded, False if the caller must re-read and decide.
+
+        ``data`` may be a builder that writes group objects first (rebalance,
+        retention); its store errors count as a failed attempt like the CAS's.
+        """
         try:
-            self._cas(snap, data)
+            started = self.clock_ms()
+            payload = data() if callable(data) else data
+            if self.clock_ms() - started > self.tree.link_deadline.total_seconds() * 1000:
+                raise _LinkTooLate()
+            self._cas(snap, payload)
             return True
+        except _LinkTooLate:
+            self._pause(attempt, "late_links")
         except ConflictError:
             self._pause(attempt, "conflicts")
         except OutcomeUnknownError:
@@ -175,10 +244,12 @@ class ManifestQueue:
             todo = new[done:]
             now = self.clock_ms()
             wms = fm.prune_watermarks(view.watermarks, now, self.watermark_ttl_ms, WATERMARK_CAP)
-            last_seq = view.footer.next_sequence + len(todo) - 1
+            last_seq = snap.root.next_seq + len(todo) - 1
             wms[producer_id] = fm.Watermark(producer_id, last_producer_seq, last_seq, now)
-            data, first = fm.append(view, todo, wms)
-            if self._attempt(snap, data, attempt):
+            draft = snap.root.copy()
+            draft.watermarks = wms
+            first = tree.append_entries(draft, todo, now)
+            if self._attempt(snap, partial(self._finish, draft, now), attempt):
                 self.stats.incr("appends")
                 self.stats.incr("entries_appended", len(todo))
                 return [None] * done + list(range(first, first + len(todo)))
@@ -198,7 +269,9 @@ class ManifestQueue:
             if target is not None and snap.view.owner == owner and snap.footer.epoch == target:
                 return target
             target = snap.footer.epoch + 1
-            if self._attempt(snap, fm.with_epoch(snap.view, target, owner), attempt):
+            draft = snap.root.copy()
+            draft.epoch, draft.owner = target, owner
+            if self._attempt(snap, draft.encode(), attempt):
                 self.stats.incr("epoch_bumps")
                 return target
             attempt += 1
@@ -210,9 +283,53 @@ class ManifestQueue:
             snap = self._read_retrying(attempt)
             if snap.footer.epoch != epoch:
                 raise FencedError(epoch, snap.footer.epoch)
-            if snap.footer.first_sequence > through_sequence:
+            if snap.root.head > through_sequence:
                 return
-            if self._attempt(snap, fm.dequeue(snap.view, through_sequence), attempt):
+            draft = snap.root.copy()
+            draft.head = min(through_sequence + 1, draft.next_seq)
+            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
                 self.stats.incr("dequeues")
                 return
             attempt += 1
+
+    def apply_retention(self) -> None:
+        """One CAS that only applies retention and rebalancing (e.g. from a cron job)."""
+        attempt = 0
+        while True:
+            snap = self._read_retrying(attempt)
+            draft = snap.root.copy()
+            before = draft.copy()
+
+            def build(d: tree.Root = draft, b: tree.Root = before) -> bytes:
+                data = self._finish(d, self.clock_ms())
+                if (d.low, d.refs, d.n_entries) == (b.low, b.refs, b.n_entries):
+                    raise _NothingToDo()
+                return data
+
+            try:
+                if self._attempt(snap, build, attempt):
+                    self.stats.incr("retention_passes")
+                    return
+            except _NothingToDo:
+                return  # nothing to unlink: no write (idempotent)
+            attempt += 1
+
+    # --- tree maintenance inside a CAS attempt ----------------------------------
+
+    def policy(self, head: int, now_ms: int) -> tree.Policy:
+        cfg = self.tree
+        age = cfg.retention_max_age
+        return tree.Policy(
+            head=head,
+            retain=cfg.retains,
+            age_limit_ms=None if age is None else now_ms - int(age.total_seconds() * 1000),
+            max_bytes=cfg.retention_max_bytes,
+        )
+
+    def _finish(self, draft: tree.Root, now_ms: int) -> bytes:
+        """Unlink what the policy allows, rebalance, and encode (group PUTs happen here)."""
+        tree.trim(draft, self.policy(draft.head, now_ms), self.nodes.load, self.nodes.put)
+        tree.rebalance(draft, self.tree.m, self.nodes.put)
+        if draft.nodes_written:
+            self.stats.incr("groups_written", len(draft.nodes_written))
+        return draft.encode()

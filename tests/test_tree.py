@@ -1,0 +1,147 @@
+"""The M-way manifest tree: rebalancing (I6), dequeue across groups (I5), lookups, GET bound."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tieredbuf import keys
+from tieredbuf.config import TreeConfig
+from tieredbuf.errors import DataLossError
+from tieredbuf.format import tree as ft
+from tieredbuf.format.manifest import MetadataItem, NewEntry
+from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.reader import TreeReader
+from tieredbuf.store import open_store
+from tieredbuf.store.faults import CountingStore
+
+
+def _e(i: int, size: int = 10) -> NewEntry:
+    return NewEntry(f"data/{i}.batch", (MetadataItem(0, 1000 + i, b""),), size)
+
+
+def _q(store, m: int = 2, **kw) -> ManifestQueue:  # type: ignore[no-untyped-def]
+    return ManifestQueue(store, sleep=lambda s: None, tree_config=TreeConfig(m=m, **kw))
+
+
+def _fill(q: ManifestQueue, n: int, pid: str = "p") -> None:
+    for i in range(n):
+        q.append([_e(i)], pid, i + 1)
+
+
+def test_I6_root_holds_at_most_m_per_level_and_groups_cover_the_rest() -> None:
+    q = _q(open_store("memory://"), m=2)
+    _fill(q, 23)
+    snap = q.read()
+    assert snap.root.n_entries <= 2
+    levels = [r.level for r in snap.root.refs]
+    assert levels == sorted(levels, reverse=True)
+    for lv in (0, 1):
+        assert levels.count(lv) <= 2
+    assert [e.sequence for e in snap.entries()] == list(range(23))
+    assert [e.location for e in snap.entries()] == [f"data/{i}.batch" for i in range(23)]
+    assert snap.total_bytes == 230
+    kinds = {keys.parse_group_key(m.key)[2] for m in q.store.list(keys.GROUPS_PREFIX)}  # type: ignore[index]
+    assert kinds == {"group", "kgroup", "mgroup"}
+
+
+def test_I6_root_size_is_bounded_while_the_backlog_grows() -> None:
+    q = _q(open_store("memory://"), m=4)
+    sizes = []
+    for i in range(300):
+        q.append([_e(i)], "p", i + 1)
+        sizes.append(len(q.store.get(keys.MANIFEST_KEY).data))
+    # M=4: at most 4 entries + 4 groups + 4 kgroups + mgroups (300 / 64 of them)
+    assert max(sizes[150:]) <= max(sizes[:150]) + 5 * ft.REF_SIZE
+
+
+def test_I5_dequeue_through_a_group_unlinks_only_fully_consumed_groups() -> None:
+    q = _q(open_store("memory://"), m=2)
+    _fill(q, 12)
+    e = q.initialize("c")
+    q.dequeue(4, e)
+    snap = q.read()
+    assert snap.head == 5 and snap.low == 5 and snap.footer.first_sequence == 5
+    assert [x.sequence for x in snap.entries()] == list(range(5, 12))
+    # every linked ref still covers sequences >= the head's group
+    assert all(r.last >= 4 for r in snap.root.refs)
+    q.dequeue(4, e)  # idempotent
+    q.dequeue(11, e)
+    snap = q.read()
+    assert snap.entries() == [] and snap.root.refs == [] and snap.total_bytes == 0
+
+
+def test_reads_a_plain_rfc_v1_manifest_and_rebalances_it_on_first_write() -> None:
+    from tests.format.test_manifest import _rfc_v1_manifest
+
+    store = open_store("memory://")
+    store.put(keys.MANIFEST_KEY, _rfc_v1_manifest())
+    q = _q(store, m=2)
+    assert [e.sequence for e in q.read().entries()] == [5, 6]
+    q.append([_e(7)], "p", 1)
+    snap = q.read()
+    assert snap.view.footer.version == 2 and [e.sequence for e in snap.entries()] == [5, 6, 7]
+    assert len(snap.root.refs) == 1 and snap.root.n_entries == 1
+    assert snap.footer.epoch == 3
+
+
+def test_lookup_by_sequence_and_time_touch_at_most_levels_plus_one_objects_cold() -> None:
+    inner = open_store("memory://")
+    _fill(_q(inner, m=3), 100)  # 100 > 3^3: mgroups, kgroups, groups
+    counting = CountingStore(inner)
+    q = _q(counting, m=3)
+    levels = 3
+    for seq in (0, 13, 50, 98, 99):
+        counting.reset()
+        pos = TreeReader(q).lookup_sequence(seq)
+        assert pos.entry is not None and pos.entry.location == f"data/{seq}.batch"
+        assert counting.reads <= levels + 1, (seq, counting.counts)
+    for seq in (0, 27, 64, 99):
+        counting.reset()
+        pos = TreeReader(q).lookup_time(1000 + seq)
+        assert pos.sequence == seq
+        assert counting.reads <= levels + 1
+    r = TreeReader(q)
+    assert r.lookup_time(5000).at_tail and r.lookup_time(5000).sequence == 100
+    assert r.lookup_sequence(250).at_tail
+
+
+def test_lookup_before_the_first_retained_sequence_raises_or_clamps() -> None:
+    q = _q(open_store("memory://"), m=2)
+    _fill(q, 10)
+    e = q.initialize("c")
+    q.dequeue(5, e)
+    r = TreeReader(q)
+    with pytest.raises(DataLossError):
+        r.lookup_sequence(2)
+    pos = r.lookup_sequence(2, on_lost="clamp")
+    assert pos.sequence == 6 and pos.clamped and pos.entry is not None
+    with pytest.raises(DataLossError):
+        r.lookup_time(1001)
+    assert r.lookup_time(1001, on_lost="clamp").sequence == 6
+
+
+def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
+    now = [10_000]
+    store = open_store("memory://")
+    q = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
+                      tree_config=TreeConfig(m=2, retention_max_bytes=50))
+    _fill(q, 20)
+    e = q.initialize("c")
+    q.dequeue(9, e)
+    snap = q.read()
+    assert snap.head == 10
+    assert snap.low <= 10 and snap.total_bytes <= 50 + 10 * 10  # queued bytes are never dropped
+    assert [x.sequence for x in snap.iter_from(snap.low)] == list(range(snap.low, 20))
+    q.dequeue(19, e)
+    snap = q.read()
+    assert snap.total_bytes <= 50 and snap.low >= 15
+    low = snap.low
+    q.apply_retention()  # idempotent
+    assert q.read().low == low
+    q2 = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
+                       tree_config=TreeConfig(m=2, retention_max_age=timedelta(seconds=1)))
+    now[0] = 1000 + 19 + 1000  # age limit 1019: entry 18 (time 1018) goes, 19 stays
+    q2.apply_retention()
+    assert q2.read().low == 19  # entries with time < 1019 are past the age
