@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from ulid import ULID
@@ -83,3 +84,40 @@ def test_gc_counts_failed_deletes_and_keeps_going() -> None:
     assert first.failed == 1 and first.deleted == 0
     report = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now)
     assert report.deleted_keys == [a]
+
+
+def test_I5_gc_reaps_orphan_and_unlinked_groups_and_keeps_every_reachable_object(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from tieredbuf.config import TreeConfig
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    buf = tieredbuf.open(f"file://{tmp_path}/b", tree=TreeConfig(m=2))
+    now = time.time_ns() // 1_000_000  # group ULIDs carry the wall clock
+    objs = [_obj(buf, now - 60 * MIN + i) for i in range(9)]
+    for i, k in enumerate(objs[:8]):
+        buf.queue.append([NewEntry(k, ())], "p", i + 1)
+    # a writer whose root CAS loses after its group PUT: the group is an orphan
+    faulty = FaultInjectingStore(buf.store)
+    from tieredbuf.queue.manifest_queue import ManifestQueue
+
+    q2 = ManifestQueue(faulty, sleep=lambda s: None, tree_config=TreeConfig(m=2),
+                       max_transient_retries=0)
+    faulty.arm("put", key=keys.MANIFEST_KEY, when="before", error=PreconditionFailedError)
+    with contextlib.suppress(tieredbuf.errors.TieredBufError):
+        q2.append([NewEntry(objs[8], ())], "p", 9)
+    linked_before = gc.reachable(buf)[1]
+    all_groups = {m.key for m in buf.store.list(keys.GROUPS_PREFIX)}
+    assert linked_before < all_groups  # the orphan exists
+    e = buf.queue.initialize("c")
+    buf.queue.dequeue(4, e)  # unlinks groups [0,1], [2,3] (head 5 sits inside [4,5])
+    young = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now)
+    assert young.groups_deleted == 0  # the groups are seconds old: inside the grace period
+    report = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now + 10**9)
+    linked = gc.reachable(buf)[1]
+    left = {m.key for m in buf.store.list(keys.GROUPS_PREFIX)}
+    assert left == linked and report.groups_deleted == len(all_groups) - len(linked)
+    # every entry from the head on is still readable, objects of the partial group kept
+    assert [x.location for x in buf.entries()] == objs[5:8]
+    assert {m.key for m in buf.store.list("data/")} >= set(objs[4:8])
