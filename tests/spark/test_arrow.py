@@ -1,0 +1,78 @@
+"""Object -> Arrow conversion and schema unification, without a Spark session."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import tieredbuf
+from tests.spark.util import append_bundles, append_records
+from tieredbuf.spark import arrow as ta
+from tieredbuf.spark.bundles import slot_schemas
+from tieredbuf.spark.source import bundles_struct
+
+
+def test_records_batch_has_spark_schema_and_metadata_per_record() -> None:
+    buf = tieredbuf.open("memory://")
+    append_records(buf, [[b"a", b"b"], [b"c"]], ts_ms=1234, payload=b"p")
+    (e,) = buf.entries()
+    ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+    (b,) = ta.records_batches(buf.read_object(e), ref, ta.records_schema())
+    assert b.schema.equals(ta.records_schema())
+    assert b.column("value").to_pylist() == [b"a", b"b", b"c"]
+    assert b.column("metadata").to_pylist() == [b"p0", b"p0", b"p1"]
+    assert b.column("index").to_pylist() == [0, 1, 2]
+    assert b.column("ingestion_time").cast(pa.int64()).to_pylist() == [1234000] * 3
+    assert b.column("location").to_pylist() == [e.location] * 3
+
+
+def test_time_filter_is_per_record() -> None:
+    buf = tieredbuf.open("memory://")
+    append_records(buf, [[b"a"]], ts_ms=1000)
+    (e,) = buf.entries()
+    ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+    data = buf.read_object(e)
+    assert sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(),
+                                                      ts_from_ms=1001)) == 0
+    assert sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(),
+                                                      ts_to_ms=1001)) == 1
+
+
+def test_sequence_beyond_long_is_refused() -> None:
+    ref = ta.ObjectRef(1 << 63, "data/x.batch", ())
+    from tieredbuf.format.batch import encode_batch
+
+    with pytest.raises(tieredbuf.errors.ConfigError, match="long"):
+        list(ta.records_batches(encode_batch([b"x"]), ref, ta.records_schema()))
+
+
+def test_representative_schema_unions_and_widens() -> None:
+    buf = tieredbuf.open("memory://")
+    append_bundles(buf, [{0: pa.record_batch({"a": pa.array([1], pa.int32())}),
+                          1: pa.record_batch({"z": [1.0]})}])
+    append_bundles(buf, [{0: pa.record_batch({
+        "a": pa.array([2], pa.int64()), "u": pa.array([9], pa.uint64()),
+        "s": pa.array(["x"]).dictionary_encode(),
+        "t": pa.array([5], pa.timestamp("ns", tz="Europe/Paris"))})}])
+    schemas = slot_schemas(buf.store, buf.entries(), 0)
+    assert len(schemas) == 2
+    unified = ta.unify(schemas)
+    assert unified.names == ["a", "u", "s", "t"]
+    assert unified.field("a").type == pa.int64()
+    struct = bundles_struct(unified)
+    assert [f.dataType.simpleString() for f in struct.fields] == [
+        "bigint", "decimal(20,0)", "string", "timestamp", "bigint", "int"
+    ]
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(struct, timezone="UTC")
+    e0, e1 = buf.entries()
+    got = []
+    for e in (e0, e1):
+        ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+        for b in ta.bundle_batches(buf.read_object(e), ref, 0, target):
+            assert b.schema.equals(target)
+            got += b.to_pylist()
+    assert [(r["a"], r["u"], r["s"], r["_sequence"]) for r in got] == [
+        (1, None, None, 0), (2, 9, "x", 1)
+    ]

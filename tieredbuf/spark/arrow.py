@@ -1,0 +1,207 @@
+"""Data objects to Arrow record batches in exactly the schema Spark expects.
+
+Runs on executors.  Spark's Arrow path compares the batch schema with
+``to_arrow_schema(schema, timezone="UTC")`` field by field: ``binary`` (not
+``large_binary``), ``timestamp[us, tz=UTC]``, same order, same nullability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tieredbuf.errors import ConfigError
+from tieredbuf.format.batch import decode_batch
+from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.spark.options import check_long
+
+RECORDS_DDL = (
+    "value binary, metadata binary, sequence long, index int, "
+    "ingestion_time timestamp, location string"
+)
+RECORD_FIELDS = ("value", "metadata", "sequence", "index", "ingestion_time", "location")
+SEQUENCE_COL = "_sequence"
+BUNDLE_COL = "_bundle"
+ROWS_PER_BATCH = 1 << 16
+"""Large objects are handed to Spark in slices of this many rows."""
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """What an executor needs to read one data object: no manifest read on executors."""
+
+    sequence: int
+    location: str
+    metadata: tuple[MetadataItem, ...]
+
+
+def records_schema() -> pa.Schema:
+    """The Arrow form of :data:`RECORDS_DDL` as Spark converts it (all nullable)."""
+    return pa.schema([
+        ("value", pa.binary()),
+        ("metadata", pa.binary()),
+        ("sequence", pa.int64()),
+        ("index", pa.int32()),
+        ("ingestion_time", pa.timestamp("us", tz="UTC")),
+        ("location", pa.string()),
+    ])
+
+
+def records_batches(
+    data: bytes, ref: ObjectRef, schema: pa.Schema,
+    ts_from_ms: int | None = None, ts_to_ms: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one ``.batch`` object; ``[ts_from_ms, ts_to_ms)`` filters per record."""
+    records = decode_batch(data, obj=ref.location)
+    n = len(records)
+    if n == 0:
+        return
+    seq = check_long(ref.sequence)
+    values = pa.array(records, pa.binary())
+    del records
+    md = sorted(ref.metadata, key=lambda m: m.start_index)
+    if md:
+        starts = np.array([m.start_index for m in md], dtype=np.int64)
+        which = np.searchsorted(starts, np.arange(n, dtype=np.int64), side="right") - 1
+        # Records before the first metadata item (a malformed but decodable entry) get none.
+        mask = which < 0
+        which = pa.array(np.maximum(which, 0), mask=mask if mask.any() else None)
+        metadata = pa.array([m.payload for m in md], pa.binary()).take(which)
+        times_ms = np.array([m.ingestion_time_ms for m in md], dtype=np.int64)
+        ingestion = pa.array(times_ms * 1000, pa.timestamp("us", tz="UTC")).take(which)
+    else:
+        metadata = pa.nulls(n, pa.binary())
+        ingestion = pa.nulls(n, pa.timestamp("us", tz="UTC"))
+    batch = pa.RecordBatch.from_arrays(
+        [
+            values,
+            metadata,
+            pa.array(np.full(n, seq, dtype=np.int64)),
+            pa.array(np.arange(n, dtype=np.int32)),
+            ingestion,
+            pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, dtype=np.int32)), pa.array([ref.location])
+            ).cast(pa.string()),
+        ],
+        schema=records_schema(),
+    )
+    if ts_from_ms is not None or ts_to_ms is not None:
+        keep = _time_mask(ingestion, ts_from_ms, ts_to_ms)
+        batch = batch.filter(keep)
+    yield from _project(batch, schema)
+
+
+def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:
+    ts = col.cast(pa.int64())
+    keep = pa.array(np.ones(len(col), dtype=bool))
+    if lo_ms is not None:
+        keep = pc.and_(keep, pc.greater_equal(ts, lo_ms * 1000))
+    if hi_ms is not None:
+        keep = pc.and_(keep, pc.less(ts, hi_ms * 1000))
+    return pc.fill_null(keep, False)
+
+
+def _project(batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Select ``schema``'s columns (Spark may prune) and slice into bounded batches."""
+    if batch.schema.names != schema.names:
+        batch = pa.RecordBatch.from_arrays(
+            [batch.column(f.name) for f in schema], schema=schema
+        )
+    elif not batch.schema.equals(schema):
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    for off in range(0, batch.num_rows, ROWS_PER_BATCH):
+        yield batch.slice(off, ROWS_PER_BATCH)
+
+
+# --- bundles -----------------------------------------------------------------------
+
+
+def spark_compatible(t: pa.DataType) -> pa.DataType:
+    """The nearest type Spark's Arrow conversion accepts (lossless where one exists)."""
+    if pa.types.is_dictionary(t):
+        return spark_compatible(t.value_type)
+    if pa.types.is_uint8(t):
+        return pa.int16()
+    if pa.types.is_uint16(t):
+        return pa.int32()
+    if pa.types.is_uint32(t):
+        return pa.int64()
+    if pa.types.is_uint64(t):
+        return pa.decimal128(20, 0)
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz=None if t.tz is None else "UTC")
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(spark_compatible(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(spark_compatible(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(spark_compatible(t.key_type), spark_compatible(t.item_type))
+    return t
+
+
+def unify(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    """The representative schema of a slot: union of columns (first-seen order), each
+    at the widest compatible type (Quiver's DataFusion reading, seed 001)."""
+    if not schemas:
+        return pa.schema([])
+    plain = [pa.schema([f.with_type(_undict(f.type)) for f in s]) for s in schemas]
+    try:
+        return pa.unify_schemas(plain, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ConfigError(f"slot schemas cannot be unified: {e}") from e
+
+
+def _undict(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def conform(batch: pa.RecordBatch, target: pa.Schema) -> list[pa.Array]:
+    """``batch``'s columns cast to ``target`` (missing columns become nulls)."""
+    names = batch.schema.names
+    out: list[pa.Array] = []
+    for f in target:
+        if f.name not in names:
+            out.append(pa.nulls(batch.num_rows, f.type))
+            continue
+        col = batch.column(f.name)
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        if not col.type.equals(f.type):
+            opts = pc.CastOptions(target_type=f.type, allow_time_truncate=True)
+            col = pc.cast(col, options=opts)
+        out.append(col)
+    return out
+
+
+def bundle_batches(
+    data: bytes, ref: ObjectRef, slot: int, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """Rows of ``slot`` in one ``.qseg`` object, cast to ``schema`` (which ends with
+    ``_sequence`` and ``_bundle``; Spark may have pruned other columns)."""
+    from tieredbuf.format.segment import SegmentReader
+
+    seq = check_long(ref.sequence)
+    reader = SegmentReader(data, obj=ref.location)
+    payload = pa.schema([f for f in schema if f.name not in (SEQUENCE_COL, BUNDLE_COL)])
+    for i, b in enumerate(reader.bundles(slots=[slot])):
+        batch = b.slots.get(slot)
+        if batch is None or batch.num_rows == 0:
+            continue
+        cols = dict(zip(payload.names, conform(batch, payload), strict=True))
+        n = batch.num_rows
+        cols[SEQUENCE_COL] = pa.array(np.full(n, seq, dtype=np.int64))
+        cols[BUNDLE_COL] = pa.array(np.full(n, i, dtype=np.int32))
+        yield pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+

@@ -1,0 +1,376 @@
+"""Options of the ``tieredbuf`` Spark source and sink, and the offset-range decisions.
+
+Pure functions only (no Spark, no I/O), so they are tested without a session.
+Spark hands options over with lower-cased keys (a case-insensitive dict); every
+lookup here goes through :func:`_get`, which lower-cases the name it asks for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tieredbuf.errors import ConfigError, DataLossError
+from tieredbuf.format.manifest import ManifestEntry
+
+MAX_LONG = (1 << 63) - 1
+"""Spark's ``long``: sequences above it cannot be represented in a row."""
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+# Store options accepted by tieredbuf.open() for s3:// URLs, by lower-cased option
+# name (snake_case and camelCase both arrive lower-cased; both spellings map here).
+_STORE_KEYS: dict[str, str] = {
+    "endpoint": "endpoint",
+    "region": "region",
+    "access_key_id": "access_key_id",
+    "accesskeyid": "access_key_id",
+    "secret_access_key": "secret_access_key",
+    "secretaccesskey": "secret_access_key",
+    "session_token": "session_token",
+    "sessiontoken": "session_token",
+    "allow_http": "allow_http",
+    "allowhttp": "allow_http",
+    "max_retries": "max_retries",
+    "maxretries": "max_retries",
+    "timeout": "timeout",
+    "connect_timeout": "connect_timeout",
+    "connecttimeout": "connect_timeout",
+    "retry_timeout": "retry_timeout",
+    "retrytimeout": "retry_timeout",
+}
+_INT_STORE_OPTIONS = {"max_retries"}
+_SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
+
+READ_OPTIONS = frozenset({
+    "path", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
+    "failondataloss", "slot", "consumer", "maxoffsetspertrigger", "maxbytespertrigger",
+    "splitstreamsbytes",
+})
+WRITE_OPTIONS = frozenset({
+    "path", "slot", "producerid", "maxobjectbytes", "compression", "gcgraceperiodseconds",
+})
+
+
+def _get(options: Mapping[str, Any], name: str) -> Any:
+    """Case-insensitive lookup (Spark lower-cases keys; a plain dict in tests may not)."""
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def store_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The store keyword options for :func:`tieredbuf.open` (credentials, endpoint, ...)."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        name = _STORE_KEYS.get(k.lower())
+        if name is None or v is None:
+            continue
+        if name in _INT_STORE_OPTIONS:
+            out[name] = _int(k, v)
+        elif name in _SECONDS_STORE_OPTIONS:
+            out[name] = _float(k, v)
+        else:
+            out[name] = v
+    return out
+
+
+SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+"""Options Spark itself passes along to sources and sinks."""
+
+
+def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) -> None:
+    """Refuse option names we do not know: a typo must not silently read everything."""
+    unknown = sorted(
+        k for k in options
+        if k.lower() not in known | SPARK_OPTIONS and k.lower() not in _STORE_KEYS
+    )
+    if unknown:
+        raise ConfigError(
+            f"unknown tieredbuf {what} option(s) {unknown}; known: "
+            f"{sorted(known | set(_STORE_KEYS))}"
+        )
+
+
+def _int(name: str, v: Any) -> int:
+    try:
+        return int(str(v).strip())
+    except ValueError as e:
+        raise ConfigError(f"option {name} must be an integer, got {v!r}") from e
+
+
+def _float(name: str, v: Any) -> float:
+    try:
+        return float(str(v).strip())
+    except ValueError as e:
+        raise ConfigError(f"option {name} must be a number, got {v!r}") from e
+
+
+def _bool(name: str, v: Any, default: bool) -> bool:
+    if v is None:
+        return default
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name} must be true or false, got {v!r}")
+
+
+def parse_bound(name: str, v: Any) -> str | int | None:
+    """``earliest`` / ``latest`` / a sequence number / ``{"sequence": n}`` (Kafka spirit)."""
+    if v is None:
+        return None
+    s = str(v).strip()
+    if s.lower() in (EARLIEST, LATEST):
+        return s.lower()
+    if s.startswith("{"):
+        try:
+            doc = json.loads(s)
+            return _sequence_of(name, doc["sequence"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {v!r}') from e
+    return _sequence_of(name, s)
+
+
+def _sequence_of(name: str, v: Any) -> int:
+    n = _int(name, v)
+    if n < 0:
+        raise ConfigError(f"option {name} must be >= 0, got {v!r}")
+    return n
+
+
+def parse_timestamp_ms(name: str, v: Any) -> int | None:
+    """Epoch milliseconds (as Kafka's option) or an ISO-8601 time (UTC when naive)."""
+    if v is None:
+        return None
+    s = str(v).strip()
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(s)
+    except ValueError as e:
+        raise ConfigError(
+            f"option {name} must be epoch milliseconds or an ISO-8601 time, got {v!r}"
+        ) from e
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """Everything a reader needs, parsed once on the driver (picklable)."""
+
+    url: str
+    store: tuple[tuple[str, Any], ...]
+    starting: str | int | None
+    ending: str | int | None
+    starting_ts: int | None
+    ending_ts: int | None
+    fail_on_data_loss: bool
+    slot: int | None
+    consumer: str | None
+    max_offsets: int | None
+    max_bytes: int | None
+    split_streams_bytes: int
+
+    @property
+    def bundles(self) -> bool:
+        return self.slot is not None
+
+    def store_kwargs(self) -> dict[str, Any]:
+        return dict(self.store)
+
+
+def buffer_url(options: Mapping[str, Any]) -> str:
+    url = _get(options, "path")
+    if not url:
+        raise ConfigError('tieredbuf needs the buffer URL: .load("s3://bucket/prefix")')
+    url = str(url)
+    if url.startswith("memory://"):
+        raise ConfigError(
+            "memory:// buffers live in one process; Spark executors cannot see them. "
+            "Use file:///dir or s3://bucket/prefix"
+        )
+    return url
+
+
+def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
+    check_known(options, READ_OPTIONS, "read")
+    slot = _get(options, "slot")
+    maxo = _get(options, "maxOffsetsPerTrigger")
+    maxb = _get(options, "maxBytesPerTrigger")
+    consumer = _get(options, "consumer")
+    ro = ReadOptions(
+        url=buffer_url(options),
+        store=tuple(sorted(store_options(options).items())),
+        starting=parse_bound("startingOffsets", _get(options, "startingOffsets")),
+        ending=parse_bound("endingOffsets", _get(options, "endingOffsets")),
+        starting_ts=parse_timestamp_ms("startingTimestamp", _get(options, "startingTimestamp")),
+        ending_ts=parse_timestamp_ms("endingTimestamp", _get(options, "endingTimestamp")),
+        fail_on_data_loss=_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
+        slot=None if slot is None else _int("slot", slot),
+        consumer=None if consumer in (None, "") else str(consumer),
+        max_offsets=None if maxo is None else _int("maxOffsetsPerTrigger", maxo),
+        max_bytes=None if maxb is None else _int("maxBytesPerTrigger", maxb),
+        split_streams_bytes=_int(
+            "splitStreamsBytes", _get(options, "splitStreamsBytes") or 64 << 20
+        ),
+    )
+    if ro.starting is not None and ro.starting_ts is not None:
+        raise ConfigError("give startingOffsets or startingTimestamp, not both")
+    if ro.ending is not None and ro.ending_ts is not None:
+        raise ConfigError("give endingOffsets or endingTimestamp, not both")
+    for name, n in (("maxOffsetsPerTrigger", ro.max_offsets), ("maxBytesPerTrigger", ro.max_bytes)):
+        if n is not None and n <= 0:
+            raise ConfigError(f"option {name} must be > 0, got {n}")
+    if ro.slot is not None and not 0 <= ro.slot < 1 << 16:
+        raise ConfigError(f"option slot must be in 0..65535, got {ro.slot}")
+    return ro
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    url: str
+    store: tuple[tuple[str, Any], ...]
+    slot: int
+    producer_id: str | None
+    max_object_bytes: int
+    zstd: bool
+    gc_grace_ms: int
+
+    def store_kwargs(self) -> dict[str, Any]:
+        return dict(self.store)
+
+
+def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
+    check_known(options, WRITE_OPTIONS, "write")
+    comp = str(_get(options, "compression") or "none").lower()
+    if comp not in ("none", "zstd"):
+        raise ConfigError(f"option compression must be none or zstd, got {comp!r}")
+    pid = _get(options, "producerId")
+    wo = WriteOptions(
+        url=buffer_url(options),
+        store=tuple(sorted(store_options(options).items())),
+        slot=_int("slot", _get(options, "slot") or 0),
+        producer_id=None if pid in (None, "") else str(pid),
+        max_object_bytes=_int("maxObjectBytes", _get(options, "maxObjectBytes") or 64 << 20),
+        zstd=comp == "zstd",
+        gc_grace_ms=int(
+            _float("gcGracePeriodSeconds", _get(options, "gcGracePeriodSeconds") or 600) * 1000
+        ),
+    )
+    if wo.max_object_bytes <= 0:
+        raise ConfigError("option maxObjectBytes must be > 0")
+    if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
+        raise ConfigError("option producerId must be at most 200 bytes")
+    return wo
+
+
+# --- offset ranges -------------------------------------------------------------------
+
+
+def entry_times(e: ManifestEntry) -> tuple[int, int] | None:
+    """(min, max) ingestion_time_ms of an entry's metadata, None if it carries none."""
+    if not e.metadata:
+        return None
+    ts = [m.ingestion_time_ms for m in e.metadata]
+    return min(ts), max(ts)
+
+
+def first_at_or_after(entries: Sequence[ManifestEntry], ts_ms: int, default: int) -> int:
+    """Sequence of the first entry holding a record ingested at or after ``ts_ms``."""
+    for e in entries:
+        t = entry_times(e)
+        if t is not None and t[1] >= ts_ms:
+            return e.sequence
+    return default
+
+
+def first_from(entries: Sequence[ManifestEntry], ts_ms: int, default: int) -> int:
+    """Exclusive end for ``endingTimestamp``: the first entry whose every record is at
+    or after ``ts_ms`` (rows inside straddling entries are filtered per record)."""
+    for e in entries:
+        t = entry_times(e)
+        if t is not None and t[0] >= ts_ms:
+            return e.sequence
+    return default
+
+
+def resolve_start(
+    bound: str | int | None, ts_ms: int | None, entries: Sequence[ManifestEntry],
+    first: int, nxt: int, *, default: str,
+) -> int:
+    if ts_ms is not None:
+        return first_at_or_after(entries, ts_ms, nxt)
+    b = default if bound is None else bound
+    if b == EARLIEST:
+        return first
+    if b == LATEST:
+        return nxt
+    assert isinstance(b, int)
+    return b
+
+
+def resolve_end(
+    bound: str | int | None, ts_ms: int | None, entries: Sequence[ManifestEntry], nxt: int
+) -> int:
+    if ts_ms is not None:
+        return first_from(entries, ts_ms, nxt)
+    if bound is None or bound == LATEST:
+        return nxt
+    if bound == EARLIEST:
+        raise ConfigError("endingOffsets cannot be 'earliest'")
+    assert isinstance(bound, int)
+    return min(bound, nxt)
+
+
+def check_data_loss(start: int, first: int, fail_on_data_loss: bool) -> int:
+    """The start to use when ``start`` may already be dequeued (RFC: gone for good)."""
+    if start >= first:
+        return start
+    if fail_on_data_loss:
+        raise DataLossError(
+            f"sequences {start}..{first - 1} were already dequeued (the queue now starts at "
+            f"{first}); set failOnDataLoss=false to skip them"
+        )
+    return first
+
+
+def check_long(seq: int) -> int:
+    if seq > MAX_LONG:
+        raise ConfigError(
+            f"sequence {seq} exceeds Spark's long (2^63-1); this buffer cannot be read by Spark"
+        )
+    return seq
+
+
+def admit(
+    start: int, end: int, max_offsets: int | None, max_bytes: int | None,
+    size_of: Any = None,
+) -> int:
+    """End offset admitted by the read limits (always at least one sequence when any).
+
+    ``max_offsets`` counts sequences (data objects, as Kafka's counts offsets);
+    ``max_bytes`` counts object bytes, ``size_of(seq)`` giving each object's size.
+    """
+    if end <= start:
+        return start
+    stop = end if max_offsets is None else min(end, start + max_offsets)
+    if max_bytes is None:
+        return stop
+    total = 0
+    for s in range(start, stop):
+        total += size_of(s)
+        if total > max_bytes and s > start:
+            return s
+    return stop

@@ -1,0 +1,275 @@
+"""Batch and streaming readers of the ``tieredbuf`` source.
+
+The driver reads the manifest and plans one partition per data object; each
+partition carries the object's key and metadata, and executors GET the object
+straight from the store (no data passes through the driver).
+
+Streaming offsets are ``{"sequence": next}``.  With the ``consumer`` option the
+query is the queue's fenced consumer: it bumps the epoch when it starts (fencing
+any older consumer, e.g. an older run of a query with the same name) and
+``commit(end)`` dequeues through ``end - 1``.  Spark calls ``commit(end)`` only
+after the micro-batch ending at ``end`` is in the commit log -- in fact one
+micro-batch late (when it plans the next one) -- so nothing is dequeued while
+Spark may still need it; GC deletes a dequeued object only past its grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+from ulid import ULID
+
+import tieredbuf
+from tieredbuf import keys
+from tieredbuf.errors import DataLossError, FencedError
+from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.spark import arrow as ta
+from tieredbuf.spark import options as opt
+
+log = logging.getLogger(__name__)
+
+_buffers: dict[tuple[str, tuple[tuple[str, Any], ...]], tieredbuf.Buffer] = {}
+_buffers_lock = threading.Lock()
+
+
+def shared_buffer(url: str, store: tuple[tuple[str, Any], ...]) -> tieredbuf.Buffer:
+    """One Buffer per (URL, options) per Python worker (workers are reused by tasks)."""
+    key = (url, store)
+    with _buffers_lock:
+        buf = _buffers.get(key)
+        if buf is None:
+            buf = _buffers[key] = tieredbuf.open(url, **dict(store))
+        return buf
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    result: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+    return result
+
+
+class ObjectPartition(InputPartition):
+    """One data object (and, for time-bounded reads, the per-record time window)."""
+
+    def __init__(
+        self, ref: ta.ObjectRef, ts_from_ms: int | None = None, ts_to_ms: int | None = None
+    ) -> None:
+        super().__init__(ref.sequence)
+        self.ref = ref
+        self.ts_from_ms = ts_from_ms
+        self.ts_to_ms = ts_to_ms
+
+
+def read_partition(
+    ro: opt.ReadOptions, schema: pa.Schema, part: ObjectPartition
+) -> Iterator[pa.RecordBatch]:
+    """Executor side: GET the object, decode it, yield Arrow batches in ``schema``."""
+    buf = shared_buffer(ro.url, ro.store)
+    ref = part.ref
+    data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+    if ro.slot is not None:
+        if not ref.location.endswith(keys.SEGMENT_SUFFIX):
+            return
+        yield from ta.bundle_batches(data, ref, ro.slot, schema)
+    else:
+        if not ref.location.endswith(keys.BATCH_SUFFIX):
+            return
+        yield from ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms)
+
+
+def plan(
+    entries: Sequence[ManifestEntry], start: int, end: int, ro: opt.ReadOptions
+) -> list[ObjectPartition]:
+    """One partition per data object with ``start <= sequence < end``."""
+    out = []
+    for e in entries:
+        if start <= e.sequence < end:
+            opt.check_long(e.sequence)
+            ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+            out.append(ObjectPartition(ref, ro.starting_ts, ro.ending_ts))
+    return out
+
+
+def batch_range(
+    ro: opt.ReadOptions, entries: Sequence[ManifestEntry], first: int, nxt: int
+) -> tuple[int, int]:
+    start = opt.resolve_start(ro.starting, ro.starting_ts, entries, first, nxt, default="earliest")
+    end = opt.resolve_end(ro.ending, ro.ending_ts, entries, nxt)
+    start = opt.check_data_loss(start, first, ro.fail_on_data_loss)
+    return start, max(start, end)
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read.format("tieredbuf")``: planned once, from one manifest snapshot."""
+
+    def __init__(self, ro: opt.ReadOptions, schema: StructType) -> None:
+        self.ro = ro
+        self.schema = schema
+        buf = shared_buffer(ro.url, ro.store)
+        snap = buf.snapshot()
+        entries = snap.entries()
+        start, end = batch_range(ro, entries, snap.footer.first_sequence,
+                                 snap.footer.next_sequence)
+        self.start, self.end = start, end
+        self._parts = plan(entries, start, end, ro)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return list(self._parts)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ObjectPartition):
+            return iter(())  # Spark's stand-in InputPartition(None) for an empty plan
+        return read_partition(self.ro, arrow_schema(self.schema), partition)
+
+
+def _seq(offset: dict[str, Any]) -> int:
+    return int(offset["sequence"])
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("tieredbuf")``.
+
+    Spark also builds (and pickles to executors) a copy of this reader only to call
+    :meth:`read`; so nothing happens in ``__init__``: the buffer is opened and the
+    consumer initialized on first use by the driver's offset calls.
+    """
+
+    def __init__(self, ro: opt.ReadOptions, schema: StructType) -> None:
+        self.ro = ro
+        self.schema = schema
+        self._epoch: int | None = None
+        self._target: int | None = None
+        self._sizes: dict[int, int] = {}
+        self._entries: dict[int, ManifestEntry] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ro": self.ro, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["ro"], state["schema"])  # type: ignore[misc]
+
+    # --- driver side -----------------------------------------------------------------
+
+    def _buf(self) -> tieredbuf.Buffer:
+        return shared_buffer(self.ro.url, self.ro.store)
+
+    def _start_consumer(self) -> None:
+        """Bump the epoch once per query run (fences every older consumer, I4)."""
+        if self.ro.consumer is not None and self._epoch is None:
+            owner = f"spark:{self.ro.consumer}/{ULID()}"
+            self._epoch = self._buf().queue.initialize(owner)
+            log.info("tieredbuf consumer %r initialized at epoch %d", owner, self._epoch)
+
+    def _snapshot(self) -> tuple[int, int]:
+        """Read the manifest: (first, next); checks the epoch when we are the consumer."""
+        self._start_consumer()
+        snap = self._buf().snapshot()
+        if self._epoch is not None and snap.footer.epoch != self._epoch:
+            raise FencedError(self._epoch, snap.footer.epoch)
+        self._entries = {e.sequence: e for e in snap.entries()}
+        return snap.footer.first_sequence, snap.footer.next_sequence
+
+    def initialOffset(self) -> dict[str, Any]:
+        first, nxt = self._snapshot()
+        entries = [self._entries[s] for s in sorted(self._entries)]
+        start = opt.resolve_start(
+            self.ro.starting, self.ro.starting_ts, entries, first, nxt, default="earliest"
+        )
+        return {"sequence": opt.check_data_loss(start, first, self.ro.fail_on_data_loss)}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._snapshot()[1]
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.ro.max_offsets is not None:
+            return ReadMaxRows(self.ro.max_offsets)
+        if self.ro.max_bytes is not None:
+            return ReadMaxBytes(self.ro.max_bytes)
+        return ReadAllAvailable()
+
+    def _size(self, seq: int) -> int:
+        size = self._sizes.get(seq)
+        if size is None:
+            e = self._entries[seq]
+            size = self._sizes[seq] = self._buf().store.head(e.location).size
+        return size
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        first, nxt = self._snapshot()
+        s = _seq(start)
+        if s < first:
+            s = opt.check_data_loss(s, first, self.ro.fail_on_data_loss)
+        end = nxt if self._target is None else min(nxt, self._target)
+        end = max(end, _seq(start))
+        if isinstance(limit, ReadAllAvailable):
+            return {"sequence": end}
+        max_offsets = self.ro.max_offsets
+        max_bytes = self.ro.max_bytes
+        if isinstance(limit, ReadMaxRows):
+            max_offsets = limit.max_rows
+        elif isinstance(limit, ReadMaxBytes):
+            max_bytes = limit.max_bytes
+        admitted = opt.admit(s, end, max_offsets, max_bytes, self._size)
+        for k in [k for k in self._sizes if k < s]:
+            del self._sizes[k]
+        return {"sequence": max(admitted, _seq(start))}
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return {"sequence": self._buf().queue.read_footer().next_sequence}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        s, e = _seq(start), _seq(end)
+        if e <= s:
+            return []
+        if any(q not in self._entries for q in range(s, e)):
+            self._snapshot()
+        missing = [q for q in range(s, e) if q not in self._entries]
+        if missing:
+            if self.ro.fail_on_data_loss:
+                raise DataLossError(
+                    f"sequences {missing[0]}..{missing[-1]} of this micro-batch are no longer "
+                    "in the queue (dequeued by another consumer?); failOnDataLoss=false skips"
+                )
+            log.warning("skipping %d sequences no longer in the queue", len(missing))
+        entries = [self._entries[q] for q in range(s, e) if q in self._entries]
+        ro = self.ro
+        return [
+            ObjectPartition(ta.ObjectRef(opt.check_long(x.sequence), x.location, x.metadata),
+                            ro.starting_ts, ro.ending_ts)
+            for x in entries
+        ]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark is done with everything before ``end``: ack and dequeue it (fenced)."""
+        through = _seq(end) - 1
+        for k in [k for k in self._entries if k <= through]:
+            del self._entries[k]
+        if self.ro.consumer is None or through < 0:
+            return
+        self._start_consumer()
+        assert self._epoch is not None
+        self._buf().queue.dequeue(through, self._epoch)
+
+    def stop(self) -> None:
+        pass
+
+    # --- executor side -----------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ObjectPartition):
+            return iter(())  # Spark's stand-in InputPartition(None) for an empty plan
+        return read_partition(self.ro, arrow_schema(self.schema), partition)
