@@ -11,6 +11,7 @@ from tieredbuf.config import TreeConfig
 from tieredbuf.errors import DataLossError
 from tieredbuf.format import tree as ft
 from tieredbuf.format.manifest import MetadataItem, NewEntry
+from tieredbuf.queue import tree
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.reader import TreeReader
 from tieredbuf.store import open_store
@@ -145,3 +146,30 @@ def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     now[0] = 1000 + 19 + 1000  # age limit 1019: entry 18 (time 1018) goes, 19 stays
     q2.apply_retention()
     assert q2.read().low == 19  # entries with time < 1019 are past the age
+
+
+def test_I7_mutated_group_nodes_decode_or_raise_corrupt() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tieredbuf.errors import CorruptError
+    from tieredbuf.format.manifest import encode_entry
+
+    region = b"".join(encode_entry(7 + i, f"data/{i}", ()) for i in range(3))
+    raw = ft.encode_node(0, 7, entries_region=region, stats=[ft.Stat(1, 2)] * 3)
+    assert ft.decode_node(raw).count == 3
+
+    @settings(max_examples=200, deadline=None)
+    @given(cut=st.integers(0, 300), flip=st.integers(0, 300), bit=st.integers(0, 7))
+    def check(cut: int, flip: int, bit: int) -> None:
+        data = bytearray(raw[: cut % (len(raw) + 1)])
+        if data:
+            data[flip % len(data)] ^= 1 << bit
+        try:
+            node = ft.decode_node(bytes(data), obj="g")
+            assert node.entries is not None
+            list(tree.iter_view_from(node.entries, 0))
+        except CorruptError as e:
+            assert e.obj == "g"
+
+    check()
