@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -186,3 +187,46 @@ def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     s, _, _ = make_store(backend, request, tmp_path)
     yield s
     s.close()
+
+
+class _SerializedApp:
+    """WSGI middleware: one request at a time.  moto 5.2.5 checks If-Match /
+    If-None-Match and then writes without a lock (moto/s3/responses.py put_object), so
+    two concurrent conditional PUTs can both pass the check: a lost update under load.
+    Serialising requests makes moto's CAS atomic, as a real S3 server's is."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint_serial() -> Iterator[S3Endpoint]:
+    """A moto server whose requests are serialised, so conditional writes are atomic
+    (for multi-process CAS tests; the shared ``s3_endpoint`` races under load)."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    app = _SerializedApp(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    try:
+        yield S3Endpoint(
+            endpoint=f"http://{host!s}:{port}",
+            region="us-east-1",
+            access_key_id="testing",
+            secret_access_key="testing",
+        )
+    finally:
+        server.shutdown()
+        thread.join()

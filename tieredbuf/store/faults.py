@@ -101,7 +101,13 @@ class FaultInjectingStore:
         times: int | None = 1,
         mode: PutMode | None = None,
     ) -> Fault:
-        """Make the next ``times`` calls of ``op`` (on ``key``) raise ``error``."""
+        """Make the next ``times`` calls of ``op`` (on ``key``, with ``mode``) raise ``error``.
+
+        ``error`` is an exception class (ConflictError / ObjectNotFoundError subclasses
+        get the key), an instance, or a callable key -> exception.  ``when="after"``
+        runs the real operation first; if that itself fails, its error propagates and
+        the fault stays armed (no response was lost).
+        """
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; one of {OPS}")
         if when not in ("before", "after"):

@@ -39,6 +39,7 @@ from tieredbuf.errors import (
     AlreadyExistsError,
     InvalidKeyError,
     ObjectNotFoundError,
+    OutcomeUnknownError,
     PreconditionFailedError,
     StoreError,
 )
@@ -306,7 +307,12 @@ class LocalDirStore:
                 os.replace(tmp, path)
             else:
                 raise ValueError(f"unknown put mode {mode!r}")
-            _fsync_dir(dirpath)
+            try:
+                _fsync_dir(dirpath)
+            except OSError as e:
+                raise OutcomeUnknownError(
+                    f"{key} was moved into place but its directory could not be fsynced: {e}"
+                ) from e
 
     @staticmethod
     def _link_new(key: str, path: str, tmp: str) -> None:

@@ -215,7 +215,7 @@ class ObjStore:
     # --- writes -----------------------------------------------------------------
 
     def _ensure_probed(self, mode: PutMode) -> None:
-        if self._probe_target is None or mode == "overwrite":
+        if self._probe_target is None or mode == "overwrite" or PROBES.passed(self._probe_target):
             return
         endpoint, bucket = self._probe_target
         raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size)
