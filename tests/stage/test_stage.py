@@ -319,3 +319,30 @@ def test_concurrent_appenders_keep_sequence_wal_and_segment_order_aligned(
         assert [s for s, _, _ in acks] == list(range(240))
         assert [w for _, w, _ in acks] == sorted(w for _, w, _ in acks)
         assert records_of(st.seal_all()) == [r for _, _, r in acks]
+
+
+def test_regression_seal_and_release_threads_race_on_the_sequence_sidecar(tmp_path: Path) -> None:
+    """Found by the kill -9 harness: the sealer and the exporter's release() both wrote
+    ``sequence`` through one temp name, and one rename failed with ENOENT, failing the
+    stage.  Writers are serialised now."""
+    import threading
+
+    stage = Stage(tmp_path / "stage")
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        start.wait()
+        try:
+            for _ in range(100):
+                stage._write_sequence()
+        except BaseException as e:  # pragma: no cover - the bug
+            errors.append(e)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stage.close()
+    assert errors == []

@@ -106,6 +106,7 @@ class Stage:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._seal_lock = threading.Lock()
+        self._seq_file_lock = threading.Lock()
         self._closed = False
         self._failed: BaseException | None = None
         self.stats = StageStats()
@@ -359,10 +360,15 @@ class Stage:
             self._cond.notify_all()
 
     def _write_sequence(self) -> None:
-        """Persist the next sequence before anything carrying sequences is deleted."""
-        with self._lock:
-            nxt = self._next_seq
-        write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
+        """Persist the next sequence before anything carrying sequences is deleted.
+
+        Sealing and release() call this from different threads: one lock keeps their
+        temp files apart and makes the persisted value only grow (Quiver #4024).
+        """
+        with self._seq_file_lock:
+            with self._lock:
+                nxt = self._next_seq
+            write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
 
     def _add_sealed(self, seg: SealedSegment) -> None:
         self._sealed[seg.ulid] = seg
