@@ -166,3 +166,13 @@ def test_I5_object_older_than_half_the_grace_period_is_uploaded_again_before_enq
     assert entry.location != first_location
     assert entry.location == p.location
     assert pub.stats.get("reuploads_for_grace") == 1
+
+
+def test_I8_a_batch_holding_half_the_input_budget_is_cut_without_waiting_for_the_timer() -> None:
+    buf = tieredbuf.open("memory://")
+    p = buf.producer(max_buffered_inputs=4, flush_interval=HOUR)
+    first = p.produce([b"a"])
+    second = p.produce([b"b"])  # 2 of 4: half the budget sits in the open batch
+    assert second.wait(timeout=10).sequence == 0
+    assert first.result() == second.result()
+    p.close()

@@ -1,7 +1,8 @@
 """The stateless producer (RFC 0001): batch in memory, flush to the store, append.
 
 produce() buffers the call in the open batch.  A flusher thread cuts the batch
-when it is ``flush_interval`` old or past ``flush_size_bytes`` and hands it to
+when it is ``flush_interval`` old, past ``flush_size_bytes``, or holding half of a
+backpressure budget (so two batches can be in flight), and hands it to
 a small upload pool; an appender thread takes every uploaded batch that is
 ready, in order, and appends them all in one CAS (group commit).  One
 producer's batches keep their order.  Backpressure: produce() blocks while
@@ -142,10 +143,8 @@ class Producer:
             self._buffered_bytes += size
             self.stats.incr("records_in", len(records))
             self.stats.incr("bytes_in", size)
-            if b.size >= cfg.flush_size_bytes:
-                self._cond.notify_all()
-            elif len(b.watchers) == 1:
-                self._cond.notify_all()  # wake the flusher to start the interval timer
+            if len(b.watchers) == 1 or self._pressing(b):
+                self._cond.notify_all()  # start the interval timer, or cut now
         return handle
 
     def flush(self, timeout: float | None = None) -> None:
@@ -195,9 +194,22 @@ class Producer:
         b = self._open
         if not b.watchers:
             return None
-        if self._closing or self._flush_now or b.size >= self.config.flush_size_bytes:
+        if self._closing or self._flush_now or self._pressing(b):
             return 0.0
         return b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+
+    def _pressing(self, b: _OpenBatch) -> bool:
+        """Cut now: the batch is full, or holds half of a backpressure budget.
+
+        Waiting for the timer with half the budget in one batch would leave produce()
+        blocked on a single batch in flight; cutting at half keeps two in flight.
+        """
+        cfg = self.config
+        return (
+            b.size >= cfg.flush_size_bytes
+            or len(b.watchers) * 2 >= cfg.max_buffered_inputs
+            or b.size * 2 >= cfg.max_buffered_bytes
+        )
 
     def _flush_loop(self) -> None:
         while True:
