@@ -99,12 +99,24 @@ def entry_time(metadata: tuple[fm.MetadataItem, ...], default_ms: int) -> int:
 # --- refs and stats ----------------------------------------------------------
 
 
+# One-entry memos: consecutive root writes carry the same refs (only a rebalance or an
+# unlink changes them), so the ~M refs are decoded and encoded once, not per append.
+_last_decoded: tuple[bytes, tuple[Ref, ...]] = (b"", ())
+_last_encoded: tuple[tuple[Ref, ...], bytes] = ((), b"")
+
+
 def encode_refs(refs: tuple[Ref, ...] | list[Ref]) -> bytes:
-    return b"".join(
+    global _last_encoded
+    memo_refs, memo_raw = _last_encoded
+    if len(memo_refs) == len(refs) and all(a is b for a, b in zip(memo_refs, refs, strict=True)):
+        return memo_raw
+    raw = b"".join(
         _REF.pack(r.level, r.first, r.last, r.count, r.min_time_ms, r.max_time_ms,
                   r.total_bytes, r.ulid)
         for r in refs
     )
+    _last_encoded = (tuple(refs), raw)
+    return raw
 
 
 def _decode_refs(buf: memoryview, n: int, what: str, obj: str | None, at: int) -> tuple[Ref, ...]:
@@ -152,10 +164,16 @@ def decode_tree(body: bytes, obj: str | None = None) -> TreeState:
         raise r.fail("tree section has trailing bytes")
     if low > head:
         raise CorruptError(WHAT_ROOT, obj, 0, f"low_seq {low} > head_seq {head}")
-    refs = _decode_refs(r.buf[r.pos :], n, WHAT_ROOT, obj, r.pos)
+    global _last_decoded
+    raw_refs = bytes(r.buf[r.pos :])
+    memo_raw, memo_refs = _last_decoded
+    if memo_raw == raw_refs:
+        return TreeState(low, head, memo_refs)
+    refs = _decode_refs(memoryview(raw_refs), n, WHAT_ROOT, obj, r.pos)
     for i in range(1, len(refs)):
         if refs[i].level > refs[i - 1].level:
             raise CorruptError(WHAT_ROOT, obj, r.pos + i * REF_SIZE, "ref levels must not rise")
+    _last_decoded = (raw_refs, refs)
     return TreeState(low, head, refs)
 
 
