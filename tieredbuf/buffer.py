@@ -47,7 +47,7 @@ class Buffer:
             from tieredbuf.producer import Producer
 
             return Producer(self.store, self.queue, _build(ProducerConfig, "producer", config))
-        from tieredbuf.staged import StagedProducer  # type: ignore[import-not-found]
+        from tieredbuf.staged import StagedProducer
 
         return StagedProducer(self, Path(staging_dir), **config)
 

@@ -5,6 +5,7 @@
     tieredbuf consume URL [--out DIR]    print records (or write one file per batch), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
     tieredbuf gc URL [--grace 10m] [--dry-run] [--json]
+    tieredbuf drain STAGE_DIR URL        take over a dead producer's stage: replay, export, empty it
 
 Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run);
 2 bad usage or configuration; 3 the store or the data failed (unreachable, corrupt, fenced).
@@ -211,6 +212,39 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if got == n_calls * per_call else EXIT_FAILED
 
 
+def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.errors import StageLockedError
+    from tieredbuf.staged import drain, stage_producer_ids
+
+    buf = _open(args)
+    root = Path(args.stage_dir)
+    ids = [args.producer_id] if args.producer_id else stage_producer_ids(root)
+    if not ids:
+        print(f"no stage under {root}", file=out)
+        return EXIT_OK
+    busy = 0
+    for pid in ids:
+        done = [0]
+
+        def progress(ex: Any, pid: str = pid, done: list[int] = done) -> None:
+            done[0] += 1
+            print(f"  {pid}: exported segment {done[0]} -> {ex.location}", file=sys.stderr)
+
+        try:
+            stats = drain(buf, root, pid, on_exported=progress)
+        except StageLockedError:
+            print(f"{pid}: skipped, a live producer holds its stage", file=out)
+            busy += 1
+            continue
+        print(
+            f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
+            f"{stats.get('segments_exported', 0)} segments "
+            f"({stats.get('bytes_exported', 0)} bytes); stage empty",
+            file=out,
+        )
+    return EXIT_PARTIAL if busy else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tieredbuf", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"tieredbuf {tieredbuf.__version__}")
@@ -252,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     _store_args(g)
     g.set_defaults(fn=cmd_gc)
+
+    dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
+    dr.add_argument("stage_dir")
+    dr.add_argument("url")
+    dr.add_argument("--producer-id", help="only this producer's stage (default: every one)")
+    _store_args(dr)
+    dr.set_defaults(fn=cmd_drain)
     return p
 
 

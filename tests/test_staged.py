@@ -1,0 +1,102 @@
+"""The tiered producer: LOCAL and REMOTE acks, bundles, exactly-once export, drain."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import tieredbuf
+from tieredbuf import Durability
+from tieredbuf.errors import ConfigError, StageLockedError
+from tieredbuf.exporter import _metadata
+from tieredbuf.publish import Pending, Publisher
+from tieredbuf.stage.stage import Stage
+
+FAST = {"max_open_duration": timedelta(milliseconds=20)}
+
+
+def _drain_consumer(buf: tieredbuf.Buffer) -> list[tieredbuf.ConsumedBatch]:
+    c = buf.consumer()
+    c.initialize()
+    out = []
+    while (b := c.next_batch()) is not None:
+        out.append(b)
+        c.ack(b.sequence)
+    c.flush()
+    c.close()
+    return out
+
+
+def test_I1_local_then_remote_ack_and_close_empties_the_stage(any_url, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, opts = any_url
+    buf = tieredbuf.open(url, **opts)
+    p = buf.producer(staging_dir=tmp_path / "stage", **FAST)
+    h = p.produce([b"a", b"b"], metadata=b"m1")
+    local = h.wait(Durability.LOCAL, timeout=10)
+    assert local.durability >= Durability.LOCAL
+    remote = h.wait(Durability.REMOTE, timeout=30)
+    assert remote.sequence == 0 and remote.location and remote.location.endswith(".batch")
+    h2 = p.produce([b"c"], metadata=b"m2")
+    p.close()
+    assert h2.result() is not None
+    assert p.stage.sealed_segments() == []
+    assert not list((tmp_path / "stage" / p.producer_id / "segments").glob("*.batch"))
+    batches = _drain_consumer(buf)
+    assert [r for b in batches for r in b.entries] == [b"a", b"b", b"c"]
+    assert [m.payload for b in batches for m in b.metadata] == [b"m1", b"m2"]
+
+
+def test_bundles_round_trip_with_slots_schemas_and_dictionary_key_types(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    dict_col = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int8()), pa.array(["x", "y"]))
+    b0 = pa.record_batch({"n": pa.array([1, 2, 3], pa.int64()), "d": dict_col})
+    b3 = pa.record_batch({"s": pa.array(["p", "q"])})
+    with buf.producer(staging_dir=tmp_path / "stage", **FAST) as p:
+        p.ingest({0: b0, 3: b3}).wait(Durability.LOCAL, timeout=10)
+        p.ingest({0: b0}).wait(Durability.LOCAL, timeout=10)
+    (batch,) = _drain_consumer(buf)
+    assert batch.location.endswith(".qseg")
+    bundles = batch.bundles()
+    assert [sorted(b) for b in bundles] == [[0, 3], [0]]
+    assert bundles[0][0].equals(b0) and bundles[0][3].equals(b3)
+    assert bundles[0][0].schema.field("d").type.index_type == pa.int8()
+    only_slot3 = batch.bundles(slots=[3])
+    assert [sorted(b) for b in only_slot3] == [[3], []]
+
+
+def test_I2_segment_appended_before_a_crash_is_not_appended_again(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    stage = Stage(tmp_path / "stage")
+    stage.append_records([b"r1"], b"m").result(timeout=10)
+    (seg,) = stage.seal_all()
+    # what the exporter does, up to the crash: upload and append, but no release
+    pub = Publisher(
+        buf.store, buf.queue, f"{stage.producer_id}.batch",
+        retry=tieredbuf.RetryConfig(), gc_grace_period=timedelta(minutes=10),
+    )
+    pend = Pending(seg.path.read_bytes(), ".batch", _metadata(seg), seg.last_sequence + 1)
+    pub.upload(pend)
+    pub.append([pend])
+    stage.close()
+    # restart: the exporter finds the sealed segment still staged
+    p = buf.producer(staging_dir=tmp_path / "stage")
+    p.close()
+    entries = buf.entries()
+    assert len(entries) == 1 and entries[0].location == pend.location
+    assert p.stage.sealed_segments() == []
+
+
+def test_a_second_producer_on_the_same_stage_is_refused(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    p = buf.producer(staging_dir=tmp_path / "stage")
+    with pytest.raises(StageLockedError):
+        buf.producer(staging_dir=tmp_path / "stage")
+    p.close()
+
+
+def test_unknown_staged_option_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown staged producer option"):
+        tieredbuf.open("memory://").producer(staging_dir=tmp_path / "s", flush_sise=1)

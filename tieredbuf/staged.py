@@ -1,0 +1,193 @@
+"""The tiered producer: stage locally (LOCAL acks), export in the background (REMOTE).
+
+``buf.producer(staging_dir="./stage")`` gives one of these.  ``produce()`` and
+``ingest()`` append to the stage's WAL and open segments and return a
+:class:`WriteHandle` that reaches LOCAL once the bytes are fdatasynced (or, in
+``segment_only`` durability, once their segment is sealed) and REMOTE once the
+segment holding them is in the queue.  ``close()`` seals, exports and waits
+until the stage is empty, so the node can go away (Danube's seal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tieredbuf.config import ProducerConfig, SegmentConfig, StageConfig, WalConfig
+from tieredbuf.errors import ClosedError, ConfigError
+from tieredbuf.exporter import Exported, Exporter, ExportTracker
+from tieredbuf.handles import Durability, WriteHandle, WriteOutcome
+from tieredbuf.stage.segments import StageAck
+from tieredbuf.stage.stage import Stage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from tieredbuf.buffer import Buffer
+
+_EXPORTER_FIELDS = {"gc_grace_period", "retry", "max_uploads_in_flight", "producer_id"}
+
+
+def _field_names(cls: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def split_config(options: dict[str, Any]) -> tuple[StageConfig, dict[str, Any]]:
+    """Route keyword options to the stage, WAL, segment and exporter settings."""
+    stage_kw: dict[str, Any] = {}
+    wal_kw: dict[str, Any] = {}
+    seg_kw: dict[str, Any] = {}
+    exp_kw: dict[str, Any] = {}
+    stage_f, wal_f, seg_f = (
+        _field_names(StageConfig) - {"wal", "segment"}, _field_names(WalConfig),
+        _field_names(SegmentConfig),
+    )
+    for k, v in options.items():
+        if k in stage_f or k in ("wal", "segment"):
+            stage_kw[k] = v
+        elif k in wal_f:
+            wal_kw[k] = v
+        elif k in seg_f:
+            seg_kw[k] = v
+        elif k in _EXPORTER_FIELDS:
+            exp_kw[k] = v
+        else:
+            known = sorted(stage_f | wal_f | seg_f | _EXPORTER_FIELDS)
+            raise ConfigError(f"unknown staged producer option {k!r}; known: {known}")
+    if wal_kw:
+        stage_kw["wal"] = dataclasses.replace(stage_kw.get("wal", WalConfig()), **wal_kw)
+    if seg_kw:
+        stage_kw["segment"] = dataclasses.replace(
+            stage_kw.get("segment", SegmentConfig()), **seg_kw
+        )
+    return StageConfig(**stage_kw), exp_kw
+
+
+class StagedProducer:
+    """A producer with a local tier; one per process per staging directory."""
+
+    def __init__(self, buf: Buffer, staging_dir: Path, **options: Any) -> None:
+        stage_config, exp = split_config(options)
+        defaults = ProducerConfig()
+        self.stage = Stage(staging_dir, exp.get("producer_id"), stage_config)
+        self.producer_id = self.stage.producer_id
+        self._tracker = ExportTracker()
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self.exporter = Exporter(
+                self.stage, buf.store, buf.queue,
+                retry=exp.get("retry", defaults.retry),
+                gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
+                max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
+                on_exported=self._tracker.exported,
+            )
+        except BaseException:
+            self.stage.close()
+            raise
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {**self.exporter.stats.snapshot(), **dataclasses.asdict(self.stage.stats)}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("producer is closed")
+        if self.exporter.error is not None:
+            raise self.exporter.error
+
+    def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
+        handle = WriteHandle()
+        w = handle.watcher
+
+        def remote(ex: Exported) -> None:
+            w._reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
+                                                    Durability.REMOTE))
+
+        def local(f: Future[StageAck]) -> None:
+            err = f.exception()
+            if err is not None:
+                w._fail(err)
+                return
+            w._reach(Durability.LOCAL)
+            self._tracker.wait_for(kind, f.result().sequence, remote)
+
+        fut.add_done_callback(local)
+        return handle
+
+    def produce(
+        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+    ) -> WriteHandle:
+        """Stage one call's records; LOCAL after fdatasync, REMOTE once in the queue."""
+        from tieredbuf.producer import _as_records
+
+        records = _as_records(entries)
+        self._check_open()
+        return self._handle("batch", self.stage.append_records(records, bytes(metadata), timeout))
+
+    def ingest(
+        self, bundle: Mapping[int, pa.RecordBatch], *, timeout: float | None = None
+    ) -> WriteHandle:
+        """Stage one Arrow bundle (slot id -> RecordBatch)."""
+        if not isinstance(bundle, Mapping) or not bundle:
+            raise TypeError("ingest() takes a non-empty mapping of slot id -> pyarrow.RecordBatch")
+        self._check_open()
+        return self._handle("qseg", self.stage.append_bundle(bundle, timeout))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Seal what is open and wait until the stage is exported."""
+        self.stage.seal_all()
+        self.exporter.drain(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Seal, export and wait until the stage is empty; then release it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.stage.seal_all()
+            self.exporter.drain(timeout)
+        finally:
+            self.exporter.stop()
+            self.stage.close()
+
+    def __enter__(self) -> StagedProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stage_producer_ids(staging_dir: Path) -> list[str]:
+    """The producer ids that have a stage under ``staging_dir``."""
+    if not staging_dir.is_dir():
+        return []
+    return sorted(p.name for p in staging_dir.iterdir() if p.is_dir())
+
+
+def drain(
+    buf: Buffer,
+    staging_dir: Path,
+    producer_id: str,
+    *,
+    on_exported: Any = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Take over a (dead) producer's stage: recover its WAL, seal, export, release.
+
+    Raises StageLockedError if the producer is still alive (it holds the lock).
+    """
+    stage = Stage(staging_dir, producer_id)
+    exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported)
+    try:
+        stage.seal_all()
+        exporter.drain(timeout)
+    finally:
+        exporter.stop()
+        stage.close()
+    return {**exporter.stats.snapshot(), "replayed_entries": stage.stats.replayed_entries}
