@@ -163,7 +163,7 @@ def test_sequence_never_goes_backwards_after_cleanup_and_restart(tmp_path: Path)
             assert f.result(timeout=5).sequence == 5
 
 
-def test_crash_after_acks_replays_everything_exactly_once(tmp_path: Path) -> None:
+def test_I1_crash_after_acks_replays_everything_exactly_once(tmp_path: Path) -> None:
     """I1: every acked entry survives os._exit without close, sealed on reopen."""
     r = run_worker(tmp_path, "exit-after-acks", 300)
     assert r.returncode == 0, r.stderr
@@ -175,7 +175,7 @@ def test_crash_after_acks_replays_everything_exactly_once(tmp_path: Path) -> Non
     assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(300))
 
 
-def test_crash_after_segment_commit_before_cursor_moves_has_no_duplicates(
+def test_I2_crash_after_segment_commit_before_cursor_moves_has_no_duplicates(
     tmp_path: Path,
 ) -> None:
     r = run_worker(tmp_path, "exit-before-cursor", 50)
@@ -201,7 +201,7 @@ def test_half_written_segment_is_discarded_and_its_entries_replayed(tmp_path: Pa
     assert not (segs / "01J00000000000000000000000.batch.json").exists()
 
 
-def test_disk_cap_backpressure_then_release_unblocks(tmp_path: Path) -> None:
+def test_I8_disk_cap_backpressure_then_release_unblocks(tmp_path: Path) -> None:
     """I8: at the staging disk budget the default is backpressure."""
     c = cfg(size_cap=6000, backpressure_timeout=timedelta(milliseconds=50))
     with Stage(tmp_path, "p", c) as st:
@@ -215,7 +215,7 @@ def test_disk_cap_backpressure_then_release_unblocks(tmp_path: Path) -> None:
         st.append_records([b"after"]).result(timeout=5)
 
 
-def test_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
+def test_I8_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
     c = cfg(size_cap=6000, size_cap_policy="drop_oldest",
             backpressure_timeout=timedelta(seconds=5))
     with Stage(tmp_path, "p", c) as st:
@@ -227,7 +227,7 @@ def test_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
         assert len(kept) + st.stats.dropped_records == 60
 
 
-def test_open_segment_memory_cap_forces_early_seals(tmp_path: Path) -> None:
+def test_I8_open_segment_memory_cap_forces_early_seals(tmp_path: Path) -> None:
     c = cfg(segment=SegmentConfig(target_size=1 << 30, max_open_bytes=5000,
                                   max_open_duration=timedelta(seconds=60)))
     with Stage(tmp_path, "p", c) as st:
@@ -238,7 +238,7 @@ def test_open_segment_memory_cap_forces_early_seals(tmp_path: Path) -> None:
         assert len(records_of(st.sealed_segments())) == 50
 
 
-def test_wal_full_is_relieved_by_sealing(tmp_path: Path) -> None:
+def test_I8_wal_full_is_relieved_by_sealing(tmp_path: Path) -> None:
     c = cfg(wal=WalConfig(flush_interval=timedelta(0), rotation_target=2000, max_size=6000))
     with Stage(tmp_path, "p", c) as st:
         for _ in range(100):
@@ -277,13 +277,13 @@ def _check_recovery(d: Path, acked: set[int]) -> None:
     assert not missing, f"acked but lost: {sorted(missing)[:10]}"
 
 
-def test_sigkill_mid_append_loses_no_acked_entry(tmp_path: Path) -> None:
+def test_I1_sigkill_mid_append_loses_no_acked_entry(tmp_path: Path) -> None:
     """I1 with a real SIGKILL while appends are in flight."""
     _check_recovery(tmp_path, _kill_mid_append(tmp_path, 2000))
 
 
 @pytest.mark.slow
-def test_sigkill_loop_repeated_crashes_and_recoveries(tmp_path: Path) -> None:
+def test_I1_sigkill_loop_repeated_crashes_and_recoveries(tmp_path: Path) -> None:
     acked: set[int] = set()
     for round_ in range(8):
         d = tmp_path / str(round_)

@@ -41,7 +41,7 @@ def test_fresh_wal_has_header_and_cursor(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("interval_ms", [0, 25])
-def test_append_ack_completes_after_fdatasync_and_survives_reopen(
+def test_I1_append_ack_completes_after_fdatasync_and_survives_reopen(
     tmp_path: Path, interval_ms: int
 ) -> None:
     """I1: an acked append is on disk."""
@@ -111,7 +111,7 @@ def test_rotation_keeps_positions_stable_and_purge_deletes_covered_files(tmp_pat
     w2.close()
 
 
-def test_max_size_is_a_cap_until_the_cursor_advances(tmp_path: Path) -> None:
+def test_I8_max_size_is_a_cap_until_the_cursor_advances(tmp_path: Path) -> None:
     """I8: the WAL footprint stays under max_size."""
     w = _open(tmp_path, rotation_target=300, max_size=1000)
     acks = []
@@ -152,7 +152,7 @@ def test_torn_tail_is_truncated_to_the_last_good_entry(tmp_path: Path) -> None:
     w2.close()
 
 
-def test_crc_error_mid_file_refuses_to_open_naming_file_and_offset(tmp_path: Path) -> None:
+def test_I7_crc_error_mid_file_refuses_to_open_naming_file_and_offset(tmp_path: Path) -> None:
     w = _open(tmp_path)
     acks = [w.append(_entry(i)) for i in range(5)]
     w.close()
@@ -170,7 +170,7 @@ def test_crc_error_mid_file_refuses_to_open_naming_file_and_offset(tmp_path: Pat
     w2.close()
 
 
-def test_bad_magic_version_and_config_hash_are_typed(tmp_path: Path) -> None:
+def test_I7_bad_magic_version_and_config_hash_are_typed(tmp_path: Path) -> None:
     _open(tmp_path).close()
     p = tmp_path / ACTIVE_NAME
     with pytest.raises(ConfigHashMismatchError):
