@@ -6,6 +6,7 @@
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
     tieredbuf gc URL [--grace 10m] [--dry-run] [--json]
     tieredbuf drain STAGE_DIR URL        take over a dead producer's stage: replay, export, empty it
+    tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
 
 Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run);
 2 bad usage or configuration; 3 the store or the data failed (unreachable, corrupt, fenced).
@@ -14,7 +15,9 @@ Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next 
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
+import os
 import re
 import sys
 import time
@@ -30,6 +33,65 @@ from tieredbuf.errors import ConfigError, TieredBufError
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``1048576``, ``64k``, ``16MiB``, ``4G`` (binary units)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 64k, 16MiB, 4G")
+    unit = m.group(2).lower().rstrip("b").rstrip("i")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+class Progress:
+    """One self-erasing status line on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None,
+                 interval: float = 0.1) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.label, self.total, self.interval = label, total, interval
+        self.done = 0
+        self.extra = ""
+        self._drawn = 0.0
+        self._width = 0
+
+    def update(self, n: int = 1, extra: str | None = None) -> None:
+        self.done += n
+        if extra is not None:
+            self.extra = extra
+        now = time.monotonic()
+        if self.enabled and now - self._drawn >= self.interval:
+            self._drawn = now
+            self._draw()
+
+    def _draw(self) -> None:
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            bar = "#" * int(frac * 20)
+            text = f"{self.label} [{bar:<20}] {self.done}/{self.total}"
+        else:
+            text = f"{self.label} {self.done}"
+        if self.extra:
+            text += f"  {self.extra}"
+        pad = max(0, self._width - len(text))
+        self._width = len(text)
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def parse_duration(text: str) -> timedelta:
@@ -95,19 +157,23 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     outdir = Path(args.out) if args.out else None
     if outdir:
         outdir.mkdir(parents=True, exist_ok=True)
-    while args.max_batches is None or batches < args.max_batches:
-        b = consumer.next_batch()
-        if b is None:
-            break
-        if outdir:
-            (outdir / f"{b.sequence:020d}.batch").write_bytes(b.data)
-        else:
-            for r in b.entries:
-                out.write(r.decode("utf-8", "backslashreplace") + "\n")
-        batches += 1
-        records += len(b.entries) if b.location.endswith(".batch") else 0
-        if not args.no_ack:
-            consumer.ack(b.sequence)
+    total = buf.snapshot().footer.entry_count if outdir else None
+    with Progress("consume", total) as bar:
+        while args.max_batches is None or batches < args.max_batches:
+            b = consumer.next_batch()
+            if b is None:
+                break
+            if outdir:
+                suffix = ".qseg" if b.location.endswith(".qseg") else ".batch"
+                (outdir / f"{b.sequence:020d}{suffix}").write_bytes(b.data)
+            else:
+                for r in b.entries:
+                    out.write(r.decode("utf-8", "backslashreplace") + "\n")
+            batches += 1
+            records += len(b.entries) if b.location.endswith(".batch") else 0
+            if not args.no_ack:
+                consumer.ack(b.sequence)
+            bar.update(1, f"seq {b.sequence}")
     if not args.no_ack:
         consumer.flush()
     consumer.close()
@@ -115,45 +181,121 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def inspect_buffer(buf: tieredbuf.Buffer) -> dict[str, Any]:
-    """The figures ``tieredbuf inspect`` shows."""
+def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, Any]:
+    """The figures ``tieredbuf inspect`` shows.
+
+    Depth, bytes, age and tree shape come from the root (plus one group GET per level);
+    ``verify`` also lists ``data/`` and checks every queued entry's object exists.
+    """
     snap = buf.snapshot()
-    entries = snap.entries()
-    sizes = {m.key: m.size for m in buf.store.list("data/")}
+    root = snap.root
     now_ms = time.time_ns() // 1_000_000
-    oldest = min((m.ingestion_time_ms for e in entries for m in e.metadata), default=None)
-    return {
+    head = next(iter(snap.iter_from(snap.head)), None) if snap.footer.entry_count else None
+    oldest = min((m.ingestion_time_ms for m in head.metadata), default=None) if head else None
+    levels: dict[str, int] = {"root_entries": root.n_entries}
+    for r in root.refs:
+        name = {0: "group", 1: "kgroup", 2: "mgroup"}.get(r.level, f"level{r.level}")
+        levels[f"{name}_refs"] = levels.get(f"{name}_refs", 0) + 1
+    info: dict[str, Any] = {
         "url": buf.url,
         "first_sequence": snap.footer.first_sequence,
         "next_sequence": snap.footer.next_sequence,
         "depth": snap.footer.entry_count,
-        "queued_bytes": sum(sizes.get(e.location, 0) for e in entries),
-        "missing_objects": sum(1 for e in entries if e.location not in sizes),
-        "stored_objects": len(sizes),
+        "queued_bytes": snap.total_bytes,
+        "retained_from": snap.low,
         "epoch": snap.footer.epoch,
         "manifest_version": snap.footer.version,
         "manifest_bytes": len(snap.view.raw),
+        "tree_levels": 1 + (max(r.level for r in root.refs) + 1 if root.refs else 0),
+        "tree": levels,
         "producer_watermarks": len(snap.view.watermarks),
         "oldest_age_s": None if oldest is None else round((now_ms - oldest) / 1000, 3),
     }
+    if verify:
+        with Progress("inspect: listing data/") as bar:
+            sizes = {}
+            for m in buf.store.list("data/"):
+                sizes[m.key] = m.size
+                bar.update()
+            missing = 0
+            bar.label, bar.done = "inspect: checking entries", 0
+            for e in snap.iter_from(snap.head):
+                missing += e.location not in sizes
+                bar.update()
+        info["stored_objects"] = len(sizes)
+        info["missing_objects"] = missing
+    return info
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    info = inspect_buffer(_open(args))
+    info = inspect_buffer(_open(args), verify=not args.quick)
     if args.json:
         out.write(json.dumps(info) + "\n")
         return EXIT_OK
     width = max(len(k) for k in info)
     for k, v in info.items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{name} {n}" for name, n in v.items())
         out.write(f"{k.ljust(width)}  {v}\n")
     return EXIT_OK
 
 
+class _CountingStore:
+    """Wraps a store so a GC pass over a large listing can show progress."""
+
+    def __init__(self, store: Any, bar: Progress) -> None:
+        self._store, self._bar = store, bar
+
+    def list(self, prefix: str) -> Iterator[Any]:
+        for m in self._store.list(prefix):
+            self._bar.update(1, f"listing {prefix}")
+            yield m
+
+    def delete_many(self, keys: builtins.list[str]) -> Any:
+        self._bar.update(0, f"deleting {len(keys)}")
+        return self._store.delete_many(keys)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+class _GcView:
+    """The part of a Buffer that gc.run_once uses, with a counting store."""
+
+    def __init__(self, buf: tieredbuf.Buffer, bar: Progress) -> None:
+        self._buf = buf
+        self.store = _CountingStore(buf.store, bar)
+
+    def snapshot(self) -> Any:
+        return self._buf.snapshot()
+
+
+def _write_gc_metrics(args: argparse.Namespace, report: Any, seconds: float) -> None:
+    from prometheus_client import CollectorRegistry, push_to_gateway, write_to_textfile
+
+    from tieredbuf.metrics import GcMetrics
+
+    registry = CollectorRegistry()
+    gcm = GcMetrics()
+    gcm.observe(report, seconds)
+    registry.register(gcm)
+    if args.metrics_file:
+        write_to_textfile(args.metrics_file, registry)  # atomic: temp file + rename
+    if args.pushgateway:
+        push_to_gateway(args.pushgateway, job="tieredbuf_gc", registry=registry)
+
+
 def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
-    report = gc_mod.run_once(_open(args), grace=args.grace, dry_run=args.dry_run)
+    buf = _open(args)
+    t0 = time.monotonic()
+    with Progress("gc: objects") as bar:
+        report = gc_mod.run_once(_GcView(buf, bar), grace=args.grace, dry_run=args.dry_run)
+    if args.metrics_file or args.pushgateway:
+        _write_gc_metrics(args, report, time.monotonic() - t0)
     if args.json:
         d = report.as_dict()
         d["deleted_keys"] = d["deleted_keys"][:1000]
+        d["seconds"] = round(time.monotonic() - t0, 3)
         out.write(json.dumps(d) + "\n")
     else:
         verb = "would delete" if args.dry_run else "deleted"
@@ -161,7 +303,8 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
         out.write(
             f"listed {report.listed}, referenced {report.referenced}, {verb} {n}, "
             f"failed {report.failed}, kept (young) {report.kept_young}, "
-            f"kept (newer than oldest entry) {report.kept_newer_than_oldest}\n"
+            f"kept (newer than oldest entry) {report.kept_newer_than_oldest}, "
+            f"groups deleted {report.groups_deleted}\n"
         )
     return EXIT_PARTIAL if report.failed else EXIT_OK
 
@@ -212,37 +355,74 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if got == n_calls * per_call else EXIT_FAILED
 
 
+def _stage_roots(root: Path) -> list[Path]:
+    """``root`` itself, or its ``worker-<i>`` folders when it is a ``tieredbuf serve`` stage."""
+    workers = sorted(p for p in root.glob("worker-*") if p.is_dir()) if root.is_dir() else []
+    return workers or [root]
+
+
 def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.errors import StageLockedError
     from tieredbuf.staged import drain, stage_producer_ids
 
     buf = _open(args)
-    root = Path(args.stage_dir)
-    ids = [args.producer_id] if args.producer_id else stage_producer_ids(root)
-    if not ids:
-        print(f"no stage under {root}", file=out)
-        return EXIT_OK
-    busy = 0
-    for pid in ids:
-        done = [0]
+    found = busy = 0
+    for root in _stage_roots(Path(args.stage_dir)):
+        ids = [args.producer_id] if args.producer_id else stage_producer_ids(root)
+        for pid in ids:
+            found += 1
+            with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
-        def progress(ex: Any, pid: str = pid, done: list[int] = done) -> None:
-            done[0] += 1
-            print(f"  {pid}: exported segment {done[0]} -> {ex.location}", file=sys.stderr)
+                def progress(ex: Any, bar: Progress = bar) -> None:
+                    bar.update(1, ex.location)
 
-        try:
-            stats = drain(buf, root, pid, on_exported=progress)
-        except StageLockedError:
-            print(f"{pid}: skipped, a live producer holds its stage", file=out)
-            busy += 1
-            continue
-        print(
-            f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
-            f"{stats.get('segments_exported', 0)} segments "
-            f"({stats.get('bytes_exported', 0)} bytes); stage empty",
-            file=out,
-        )
+                try:
+                    stats = drain(buf, root, pid, on_exported=progress)
+                except StageLockedError:
+                    print(f"{pid}: skipped, a live producer holds its stage", file=out)
+                    busy += 1
+                    continue
+            print(
+                f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
+                f"{stats.get('segments_exported', 0)} segments "
+                f"({stats.get('bytes_exported', 0)} bytes); stage empty",
+                file=out,
+            )
+    if not found:
+        print(f"no stage under {args.stage_dir}", file=out)
     return EXIT_PARTIAL if busy else EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.service.config import ServiceConfig
+    from tieredbuf.service.supervisor import serve
+
+    store: dict[str, Any] = {}
+    if args.url.startswith("s3://"):
+        store = {k: getattr(args, k) for k in ("endpoint", "region", "allow_http")
+                 if getattr(args, k, None) is not None}
+    producer: dict[str, Any] = {}
+    for opt, key in (("max_open_duration", "max_open_duration"),
+                     ("wal_flush_interval", "flush_interval")):
+        v = getattr(args, opt)
+        if v is not None:
+            producer[key] = v.total_seconds()
+    for opt, key in (("segment_size", "target_size"), ("size_cap", "size_cap"),
+                     ("size_cap_policy", "size_cap_policy")):
+        v = getattr(args, opt)
+        if v is not None:
+            producer[key] = v
+    tieredbuf.open(args.url, **store).close()  # a bad URL or option fails here, exit 2
+    config = ServiceConfig(
+        url=args.url, staging_dir=args.staging, host=args.host, port=args.port,
+        workers=args.workers or os.cpu_count() or 1, store_options=store,
+        producer_options=producer, max_body_bytes=args.max_body,
+        backpressure_wait_s=args.backpressure_wait.total_seconds(),
+        remote_timeout_s=args.remote_timeout.total_seconds(),
+        shutdown_timeout_s=args.shutdown_timeout.total_seconds(),
+        drain_timeout_s=args.drain_timeout.total_seconds(),
+    )
+    return serve(config, out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
     ins.add_argument("--json", action="store_true")
+    ins.add_argument("--quick", action="store_true",
+                     help="skip listing data/ (no stored_objects / missing_objects)")
     _store_args(ins)
     ins.set_defaults(fn=cmd_inspect)
 
@@ -284,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grace", type=parse_duration, default=timedelta(minutes=10))
     g.add_argument("--dry-run", action="store_true")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--metrics-file", help="write Prometheus metrics here (node_exporter textfile)")
+    g.add_argument("--pushgateway", help="push Prometheus metrics to this Pushgateway address")
     _store_args(g)
     g.set_defaults(fn=cmd_gc)
 
@@ -293,6 +477,32 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--producer-id", help="only this producer's stage (default: every one)")
     _store_args(dr)
     dr.set_defaults(fn=cmd_drain)
+
+    sv = sub.add_parser("serve", help="HTTP ingest service: POST /v1/produce, /metrics")
+    sv.add_argument("url")
+    sv.add_argument("--staging", required=True, help="stage root; worker i uses DIR/worker-<i>")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    sv.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
+    sv.add_argument("--max-body", type=parse_size, default=16 << 20, help="larger: 413")
+    sv.add_argument("--backpressure-wait", type=parse_duration,
+                    default=timedelta(milliseconds=500), help="wait at a stage cap, then 503")
+    sv.add_argument("--remote-timeout", type=parse_duration, default=timedelta(seconds=30),
+                    help="durability=remote requests wait this long for export, then 504")
+    sv.add_argument("--shutdown-timeout", type=parse_duration, default=timedelta(seconds=30),
+                    help="on SIGTERM: time for in-flight requests")
+    sv.add_argument("--drain-timeout", type=parse_duration, default=timedelta(minutes=5),
+                    help="on SIGTERM: time to seal and export the stage")
+    g2 = sv.add_argument_group("stage (see docs/operations.md: sizing the stage)")
+    g2.add_argument("--max-open-duration", type=parse_duration,
+                    help="seal an open segment after this long (default 5s): REMOTE latency")
+    g2.add_argument("--wal-flush-interval", type=parse_duration,
+                    help="WAL group-commit window (default 25ms): LOCAL latency")
+    g2.add_argument("--segment-size", type=parse_size, help="seal at this size (default 32MiB)")
+    g2.add_argument("--size-cap", type=parse_size, help="stage disk cap (default 16GiB)")
+    g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"))
+    _store_args(sv)
+    sv.set_defaults(fn=cmd_serve)
     return p
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -31,13 +32,14 @@ class WriteOutcome:
 class DurabilityWatcher:
     """Observe or await a write's durability (RFC 0001's DurabilityWatcher)."""
 
-    __slots__ = ("_cond", "_error", "_level", "_outcome")
+    __slots__ = ("_callbacks", "_cond", "_error", "_level", "_outcome")
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._level = 0
         self._outcome: WriteOutcome | None = None
         self._error: BaseException | None = None
+        self._callbacks: list[tuple[int, Callable[[], None]]] | None = None
 
     # producer side
     def _reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
@@ -47,12 +49,44 @@ class DurabilityWatcher:
                 if outcome is not None:
                     self._outcome = outcome
                 self._cond.notify_all()
+            fire = self._due_callbacks()
+        for fn in fire:
+            fn()
 
     def _fail(self, error: BaseException) -> None:
         with self._cond:
             if self._error is None and self._level < Durability.REMOTE:
                 self._error = error
                 self._cond.notify_all()
+            fire = self._due_callbacks()
+        for fn in fire:
+            fn()
+
+    def _due_callbacks(self) -> list[Callable[[], None]]:
+        """Under the lock: pop the callbacks whose level is reached (all, on failure)."""
+        if not self._callbacks:
+            return []
+        done = self._error is not None
+        fire = [fn for lvl, fn in self._callbacks if done or lvl <= self._level]
+        self._callbacks = [(lvl, fn) for lvl, fn in self._callbacks
+                           if not (done or lvl <= self._level)]
+        return fire
+
+    def when(self, durability: Durability, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once ``durability`` is reached or the write failed (at once if so).
+
+        For event loops: ``fn`` runs on a producer thread and must be quick, e.g.
+        ``lambda: loop.call_soon_threadsafe(event.set)``; then call :meth:`wait` with
+        ``timeout=0`` for the outcome.
+        """
+        with self._cond:
+            ready = self._error is not None or self._level >= durability
+            if not ready:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append((int(durability), fn))
+        if ready:
+            fn()
 
     # caller side
     @property

@@ -92,6 +92,7 @@ class Publisher:
         """PUT ``p`` under a fresh ULID (create-if-absent), retrying transient errors."""
         p.ulid = self._new_ulid()
         attempt = 0
+        started = time.perf_counter_ns()
         while True:
             try:
                 if len(p.body) > MULTIPART_THRESHOLD:
@@ -117,6 +118,7 @@ class Publisher:
         p.uploads += 1
         self.stats.incr("objects_uploaded")
         self.stats.incr("bytes_uploaded", len(p.body))
+        self.stats.incr("upload_ns", time.perf_counter_ns() - started)
 
     def _check_fresh(self, group: Sequence[Pending]) -> None:
         now = self.clock_ms()

@@ -92,7 +92,11 @@ class StagedProducer:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {**self.exporter.stats.snapshot(), **dataclasses.asdict(self.stage.stats)}
+        fsyncs, fsync_ns = self.stage.wal_sync_stats()
+        return {**self.exporter.stats.snapshot(), **dataclasses.asdict(self.stage.stats),
+                "wal_fsyncs": fsyncs, "wal_fsync_ns": fsync_ns,
+                "stage_disk_bytes": self.stage.disk_bytes(),
+                "sealed_segments_pending": len(self.stage.sealed_segments())}
 
     def _check_open(self) -> None:
         if self._closed:

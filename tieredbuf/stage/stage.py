@@ -75,6 +75,11 @@ class StageStats:
     dropped_bundles: int = 0
     backpressure_waits: int = 0
     replayed_entries: int = 0
+    records_in: int = 0
+    bundles_in: int = 0
+    bytes_in: int = 0
+    """Bytes accepted into the stage (the same estimate the caps use)."""
+    segments_sealed: int = 0
 
 
 class Stage:
@@ -229,6 +234,11 @@ class Stage:
                 self.stats.backpressure_waits += 1
                 self._cond.wait(remaining)
             self._next_seq = seq + 1
+            if item.bundle is not None:
+                self.stats.bundles_in += 1
+            else:
+                self.stats.records_in += len(item.records)
+            self.stats.bytes_in += n
             acc: Accumulator
             if item.bundle is not None:
                 acc = self._bundles_acc()
@@ -334,6 +344,7 @@ class Stage:
                 raise
             with self._lock:
                 self._sealing_bytes -= acc.nbytes
+                self.stats.segments_sealed += 1
                 self._add_sealed(seg)
                 for seq in acc.seqs:
                     slot = self._entries.get(seq)
@@ -433,6 +444,11 @@ class Stage:
         self._segments.delete(segment)
         with self._cond:
             self._cond.notify_all()
+
+    def wal_sync_stats(self) -> tuple[int, int]:
+        """(group-commit fdatasyncs, nanoseconds spent in them) of the WAL (metrics)."""
+        wal = self._wal
+        return (0, 0) if wal is None else (wal.fsyncs, wal.fsync_ns)
 
     def wal_cursor(self) -> int | None:
         return None if self._wal is None else self._wal.cursor

@@ -102,6 +102,10 @@ class WalWriter:
         self._closing = False
         self._syncing = False
         self._last_sync = 0.0
+        self.fsyncs = 0
+        """Group-commit fdatasyncs done (metrics; updated under the file's sync lock)."""
+        self.fsync_ns = 0
+        """Nanoseconds spent in them."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._rotated: list[_Span] = []
         self.recovery = self._recover()
@@ -383,7 +387,10 @@ class WalWriter:
         try:
             with f.sync_lock:
                 if not f.closed:  # a rotation already synced a closed file
+                    t0 = time.perf_counter_ns()
                     os.fdatasync(f.fd)
+                    self.fsync_ns += time.perf_counter_ns() - t0
+                    self.fsyncs += 1
         except OSError as e:
             self._fail(e)
             return

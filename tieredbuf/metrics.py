@@ -1,0 +1,394 @@
+"""Prometheus metrics for producers, consumers, buffers and GC.
+
+    from prometheus_client import start_http_server
+    import tieredbuf, tieredbuf.metrics
+
+    buf = tieredbuf.open("s3://bucket/prefix")
+    producer = buf.producer(staging_dir="./stage")
+    tieredbuf.metrics.register(producer)        # counters of the producer, its stage and exporter
+    tieredbuf.metrics.register(buf)             # queue depth/bytes/age + manifest CAS counters
+    start_http_server(9100)
+
+Every collector reads the counters the roles already keep (``Stats`` and the stage's
+``StageStats``) when it is scraped: nothing on the write path changes.  Names follow
+the Prometheus conventions: ``_total`` for counters, ``_seconds`` and ``_bytes`` for
+units.  A latency is exported as two counters, the time spent and the number of
+operations (``rate(x_seconds_total) / rate(xs_total)`` is the mean), which is all the
+underlying counters hold.  docs/operations.md lists every series.
+
+:class:`Mirror` copies collectors into ``prometheus_client``'s multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``) for a server with several worker processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """How one stats key becomes one Prometheus series."""
+
+    key: str
+    name: str
+    doc: str
+    kind: str = "counter"  # or "gauge"
+    scale: float = 1.0
+
+
+_NS = 1e-9
+
+PRODUCER_SERIES: tuple[Series, ...] = (
+    Series("records_in", "tieredbuf_producer_records_in_total", "Records accepted by produce()."),
+    Series("bundles_in", "tieredbuf_producer_bundles_in_total",
+           "Arrow bundles accepted by ingest()."),
+    Series("bytes_in", "tieredbuf_producer_bytes_in_total",
+           "Bytes accepted (records plus framing)."),
+    Series("wal_fsyncs", "tieredbuf_wal_fsyncs_total", "WAL group-commit fdatasyncs."),
+    Series("wal_fsync_ns", "tieredbuf_wal_fsync_seconds_total", "Time spent in WAL fdatasyncs.",
+           scale=_NS),
+    Series("segments_sealed", "tieredbuf_segments_sealed_total", "Stage segments sealed."),
+    Series("segments_exported", "tieredbuf_segments_exported_total",
+           "Sealed segments uploaded and appended to the queue."),
+    Series("bytes_exported", "tieredbuf_exported_bytes_total", "Bytes of exported segments."),
+    Series("batches_flushed", "tieredbuf_batches_flushed_total",
+           "Batches flushed by a stateless producer."),
+    Series("objects_uploaded", "tieredbuf_uploads_total", "Data objects uploaded."),
+    Series("upload_ns", "tieredbuf_upload_seconds_total",
+           "Time spent uploading data objects (retries included).", scale=_NS),
+    Series("bytes_uploaded", "tieredbuf_uploaded_bytes_total", "Bytes of data objects uploaded."),
+    Series("upload_retries", "tieredbuf_upload_retries_total", "Data object PUTs retried."),
+    Series("export_retries", "tieredbuf_export_retries_total", "Failed export passes (retried)."),
+    Series("reuploads_for_grace", "tieredbuf_grace_reuploads_total",
+           "Objects uploaded again because their enqueue outlived half the GC grace period."),
+    Series("backpressure_waits", "tieredbuf_backpressure_waits_total",
+           "Times a produce()/ingest() waited at a stage cap."),
+    Series("backpressure_timeouts", "tieredbuf_backpressure_timeouts_total",
+           "BackpressureError raised by a stateless producer."),
+    Series("dropped_segments", "tieredbuf_dropped_segments_total",
+           "Unexported segments deleted by size_cap_policy=drop_oldest."),
+    Series("dropped_records", "tieredbuf_dropped_records_total",
+           "Records lost to drop_oldest."),
+    Series("dropped_bundles", "tieredbuf_dropped_bundles_total", "Bundles lost to drop_oldest."),
+    Series("replayed_entries", "tieredbuf_wal_replayed_entries_total",
+           "WAL entries replayed at start-up (recovery)."),
+    Series("stage_disk_bytes", "tieredbuf_stage_disk_bytes", "WAL plus sealed segment bytes.",
+           kind="gauge"),
+    Series("sealed_segments_pending", "tieredbuf_stage_sealed_segments",
+           "Sealed segments waiting for export.", kind="gauge"),
+)
+
+QUEUE_SERIES: tuple[Series, ...] = (
+    Series("conflicts", "tieredbuf_manifest_cas_conflicts_total",
+           "Manifest CAS writes lost to another writer (re-read and retried)."),
+    Series("retries", "tieredbuf_manifest_retries_total",
+           "Manifest operations retried (any cause)."),
+    Series("unknown_outcomes", "tieredbuf_manifest_unknown_outcomes_total",
+           "Manifest writes whose outcome was unknown (decided by re-reading)."),
+    Series("transient_errors", "tieredbuf_manifest_transient_errors_total",
+           "Transient store errors on the manifest."),
+    Series("appends", "tieredbuf_manifest_appends_total", "Successful append CASes."),
+    Series("entries_appended", "tieredbuf_manifest_entries_appended_total",
+           "Queue entries appended."),
+    Series("deduplicated_appends", "tieredbuf_manifest_deduplicated_appends_total",
+           "Appends found already landed after an unknown outcome (I2)."),
+    Series("manifest_reads", "tieredbuf_manifest_reads_total", "Root manifest GETs."),
+    Series("manifest_bytes_read", "tieredbuf_manifest_read_bytes_total",
+           "Root manifest bytes read."),
+    Series("dequeues", "tieredbuf_manifest_dequeues_total", "Dequeue CASes."),
+    Series("groups_written", "tieredbuf_tree_groups_written_total", "Tree group objects written."),
+)
+
+CONSUMER_SERIES: tuple[Series, ...] = (
+    Series("batches_read", "tieredbuf_consumer_batches_read_total", "Queue entries read."),
+    Series("acks", "tieredbuf_consumer_acks_total", "Entries acked."),
+    Series("dequeues", "tieredbuf_consumer_dequeues_total", "Dequeues issued."),
+    Series("manifest_refreshes", "tieredbuf_consumer_manifest_refreshes_total",
+           "Full manifest reads by the consumer."),
+)
+
+BUFFER_WIDE = frozenset({
+    "tieredbuf_queue_depth", "tieredbuf_queue_bytes", "tieredbuf_queue_oldest_age_seconds",
+    "tieredbuf_queue_next_sequence", "tieredbuf_queue_epoch", "tieredbuf_manifest_bytes",
+    "tieredbuf_queue_tree_levels",
+})
+"""Gauges every process of a buffer sees alike (multiprocess: the most recent value)."""
+
+
+def _families(
+    series: Iterable[Series], stats: Mapping[str, float], labels: Mapping[str, str]
+) -> Iterator[Metric]:
+    names, values = list(labels), list(labels.values())
+    for s in series:
+        if s.key not in stats:
+            continue
+        v = float(stats[s.key]) * s.scale
+        fam: CounterMetricFamily | GaugeMetricFamily
+        if s.kind == "counter":
+            fam = CounterMetricFamily(s.name, s.doc, labels=names)
+        else:
+            fam = GaugeMetricFamily(s.name, s.doc, labels=names)
+        fam.add_metric(values, v)
+        yield fam
+
+
+class StatsCollector(Collector):
+    """Exposes a stats mapping (read at scrape time) through a table of :class:`Series`."""
+
+    def __init__(
+        self,
+        read: Callable[[], Mapping[str, float]],
+        series: Iterable[Series],
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self._read = read
+        self._series = tuple(series)
+        self._labels = dict(labels or {})
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _families(self._series, self._read(), self._labels)
+
+
+class _Cached:
+    """Call ``fn`` at most once per ``interval`` seconds (a scrape must not hammer S3)."""
+
+    def __init__(self, fn: Callable[[], dict[str, float]], interval: float) -> None:
+        self._fn, self._interval = fn, interval
+        self._lock = threading.Lock()
+        self._at = -float("inf")
+        self._value: dict[str, float] = {}
+
+    def __call__(self) -> dict[str, float]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self._interval:
+                try:
+                    self._value = self._fn()
+                except Exception:  # a failed read keeps the last values; never fail a scrape
+                    self._value = {**self._value, "scrape_errors": self._value.get(
+                        "scrape_errors", 0) + 1}
+                self._at = now
+            return dict(self._value)
+
+
+def _oldest_time_ms(entry: Any) -> int | None:
+    times = [m.ingestion_time_ms for m in entry.metadata] if entry is not None else []
+    return min(times) if times else None
+
+
+def queue_figures(queue: Any, now_ms: int | None = None) -> dict[str, float]:
+    """Depth, bytes, oldest age, sequence, epoch and tree height from one root read
+    (plus at most one group GET per level for the oldest entry's time)."""
+    snap = queue.read()
+    root = snap.root
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    head = next(iter(snap.iter_from(snap.head)), None) if snap.footer.entry_count else None
+    oldest = _oldest_time_ms(head)
+    levels = 1 + (max(r.level for r in root.refs) + 1 if root.refs else 0)
+    return {
+        "depth": snap.footer.entry_count,
+        "bytes": snap.total_bytes,
+        "oldest_age": 0.0 if oldest is None else max(0.0, (now - oldest) / 1000),
+        "next_sequence": snap.footer.next_sequence,
+        "epoch": snap.footer.epoch,
+        "manifest_bytes": len(snap.view.raw),
+        "tree_levels": levels,
+    }
+
+
+BUFFER_GAUGES: tuple[Series, ...] = (
+    Series("depth", "tieredbuf_queue_depth", "Entries queued (appended, not dequeued).",
+           kind="gauge"),
+    Series("bytes", "tieredbuf_queue_bytes", "Bytes of the data objects queued.", kind="gauge"),
+    Series("oldest_age", "tieredbuf_queue_oldest_age_seconds",
+           "Age of the oldest queued record (0 when empty).", kind="gauge"),
+    Series("next_sequence", "tieredbuf_queue_next_sequence", "Next sequence to be appended.",
+           kind="gauge"),
+    Series("epoch", "tieredbuf_queue_epoch", "Consumer epoch in the manifest.", kind="gauge"),
+    Series("manifest_bytes", "tieredbuf_manifest_bytes", "Size of the root manifest.",
+           kind="gauge"),
+    Series("tree_levels", "tieredbuf_queue_tree_levels",
+           "Levels of the manifest tree (1: entries in the root only).", kind="gauge"),
+    Series("scrape_errors", "tieredbuf_queue_scrape_errors_total",
+           "Failed reads of the manifest for these gauges."),
+)
+
+
+def consumer_figures(consumer: Any, now_ms: int | None = None) -> dict[str, float]:
+    """Lag of ``consumer``: entries after its last ack, and the age of the first of them."""
+    snap = consumer.queue.read()
+    acked = consumer.last_acked_sequence
+    start = max(snap.head, 0 if acked is None else acked + 1)
+    lag = max(0, snap.footer.next_sequence - start)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    first = next(iter(snap.iter_from(start)), None) if lag else None
+    oldest = _oldest_time_ms(first)
+    return {
+        "lag_sequences": lag,
+        "lag_seconds": 0.0 if oldest is None else max(0.0, (now - oldest) / 1000),
+    }
+
+
+CONSUMER_GAUGES: tuple[Series, ...] = (
+    Series("lag_sequences", "tieredbuf_consumer_lag_sequences",
+           "Queue entries after the consumer's last ack.", kind="gauge"),
+    Series("lag_seconds", "tieredbuf_consumer_lag_seconds",
+           "Age of the oldest entry not yet acked (0 when caught up).", kind="gauge"),
+    Series("scrape_errors", "tieredbuf_consumer_lag_scrape_errors_total",
+           "Failed reads of the manifest for the lag gauges."),
+)
+
+
+class GcMetrics(Collector):
+    """Totals over :func:`tieredbuf.gc.run_once` reports; call :meth:`observe` after each."""
+
+    def __init__(self, labels: Mapping[str, str] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._labels = dict(labels or {})
+        self._totals: dict[str, float] = {}
+
+    def observe(self, report: Any, duration_s: float, now: float | None = None) -> None:
+        with self._lock:
+            t = self._totals
+            for key in ("listed", "deleted", "groups_deleted", "failed", "candidates"):
+                t[key] = t.get(key, 0) + getattr(report, key)
+            t["runs"] = t.get("runs", 0) + 1
+            t["last_run"] = time.time() if now is None else now
+            t["last_duration"] = duration_s
+            t["last_failed"] = report.failed
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            t = dict(self._totals)
+        yield from _families(GC_SERIES, t, self._labels)
+
+
+GC_SERIES: tuple[Series, ...] = (
+    Series("runs", "tieredbuf_gc_runs_total", "GC passes."),
+    Series("listed", "tieredbuf_gc_listed_objects_total", "Data objects listed by GC."),
+    Series("deleted", "tieredbuf_gc_deleted_objects_total", "Data objects deleted by GC."),
+    Series("groups_deleted", "tieredbuf_gc_deleted_groups_total", "Tree group objects deleted."),
+    Series("failed", "tieredbuf_gc_delete_failures_total",
+           "Deletes that failed (retried next pass)."),
+    Series("last_run", "tieredbuf_gc_last_run_timestamp_seconds", "When the last pass ended.",
+           kind="gauge"),
+    Series("last_duration", "tieredbuf_gc_last_duration_seconds", "How long the last pass took.",
+           kind="gauge"),
+    Series("last_failed", "tieredbuf_gc_last_delete_failures",
+           "Failed deletes of the last pass.", kind="gauge"),
+)
+
+
+def collector_for(
+    obj: Any, labels: Mapping[str, str] | None = None, *, min_interval: float = 5.0
+) -> Collector:
+    """The collector for a producer (staged or stateless), a consumer or a buffer."""
+    from tieredbuf.buffer import Buffer
+    from tieredbuf.consumer import Consumer
+    from tieredbuf.producer import Producer
+    from tieredbuf.staged import StagedProducer
+
+    if isinstance(obj, StagedProducer):
+        return StatsCollector(lambda: obj.stats, PRODUCER_SERIES, labels)
+    if isinstance(obj, Producer):
+        return StatsCollector(obj.stats.snapshot, PRODUCER_SERIES, labels)
+    if isinstance(obj, Consumer):
+        lag = _Cached(lambda: consumer_figures(obj), min_interval)
+        return _Multi([
+            StatsCollector(obj.stats.snapshot, CONSUMER_SERIES, labels),
+            StatsCollector(lag, CONSUMER_GAUGES, labels),
+        ])
+    if isinstance(obj, Buffer):
+        figures = _Cached(lambda: queue_figures(obj.queue), min_interval)
+        return _Multi([
+            StatsCollector(obj.queue.stats.snapshot, QUEUE_SERIES, labels),
+            StatsCollector(figures, BUFFER_GAUGES, labels),
+        ])
+    raise TypeError(f"no tieredbuf metrics for {type(obj).__name__}")
+
+
+class _Multi(Collector):
+    def __init__(self, parts: list[Collector]) -> None:
+        self._parts = parts
+
+    def collect(self) -> Iterator[Metric]:
+        for p in self._parts:
+            yield from p.collect()
+
+
+def register(
+    obj: Any,
+    registry: CollectorRegistry | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    min_interval: float = 5.0,
+) -> Collector:
+    """Register ``obj``'s metrics (producer, consumer or buffer) in ``registry``.
+
+    ``labels`` are constant labels on every series (e.g. ``{"producer": "a"}`` when a
+    process registers two producers).  Gauges that read the manifest (queue depth,
+    consumer lag) re-read it at most every ``min_interval`` seconds.  Returns the
+    collector (``registry.unregister(c)`` removes it).
+    """
+    c = collector_for(obj, labels, min_interval=min_interval)
+    (REGISTRY if registry is None else registry).register(c)
+    return c
+
+
+class Mirror:
+    """Copies collectors into native metrics, for prometheus_client's multiprocess mode.
+
+    Multiprocess mode aggregates only values written by ``Counter``/``Gauge`` objects
+    (to files under ``PROMETHEUS_MULTIPROC_DIR``), not custom collectors.  ``sync()``
+    reads each collector and adds the counters' increase since the last sync (so the
+    sum over workers is right, dead workers' counts included) and sets the gauges
+    (summed over live workers; the buffer-wide ones report the most recent value).
+    """
+
+    def __init__(self, collectors: Iterable[Collector]) -> None:
+        self._collectors = list(collectors)
+        self._lock = threading.Lock()
+        self._native: dict[str, Counter | Gauge] = {}
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def _metric(self, fam: Metric, labelnames: tuple[str, ...]) -> Counter | Gauge:
+        m = self._native.get(fam.name)
+        if m is None:
+            if fam.type == "counter":
+                m = Counter(fam.name, fam.documentation, labelnames, registry=None)
+            else:
+                if fam.name in BUFFER_WIDE:
+                    m = Gauge(fam.name, fam.documentation, labelnames, registry=None,
+                              multiprocess_mode="livemostrecent")
+                else:
+                    m = Gauge(fam.name, fam.documentation, labelnames, registry=None,
+                              multiprocess_mode="livesum")
+            self._native[fam.name] = m
+        return m
+
+    def sync(self) -> None:
+        with self._lock:
+            for c in self._collectors:
+                for fam in c.collect():
+                    for s in fam.samples:
+                        if s.name.endswith("_created"):
+                            continue
+                        labelnames = tuple(sorted(s.labels))
+                        m = self._metric(fam, labelnames)
+                        child = m.labels(**s.labels) if labelnames else m
+                        if isinstance(m, Counter):
+                            key = (s.name, tuple(sorted(s.labels.items())))
+                            delta = s.value - self._last.get(key, 0.0)
+                            if delta > 0:
+                                child.inc(delta)  # type: ignore[union-attr]
+                                self._last[key] = s.value
+                        else:
+                            child.set(s.value)  # type: ignore[union-attr]

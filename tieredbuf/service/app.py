@@ -1,0 +1,279 @@
+"""One worker's HTTP application (aiohttp): ingest, health, readiness, metrics.
+
+    POST /v1/produce?durability=local|remote   body: ndjson | u32-prefixed records | Arrow stream
+    GET  /healthz      200 while the producer works (500 once its exporter failed)
+    GET  /readyz       200 while accepting writes; 503 while starting or draining
+    GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
+
+Blocking work (parsing, staging) runs on a thread pool; waiting for durability
+does not hold a thread: the write handle's callback wakes the request's future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+import tieredbuf
+from tieredbuf import metrics
+from tieredbuf.errors import BackpressureError, ClosedError, TieredBufError
+from tieredbuf.handles import Durability, WriteHandle
+from tieredbuf.service import bodies
+from tieredbuf.service.config import ServiceConfig
+
+log = logging.getLogger(__name__)
+
+DURABILITIES = {"local": Durability.LOCAL, "remote": Durability.REMOTE}
+MIRROR_INTERVAL_S = 1.0
+
+REQUESTS = Counter(
+    "tieredbuf_http_requests", "HTTP requests by route and status code.", ["route", "code"]
+)
+LATENCY = Histogram(
+    "tieredbuf_http_request_duration_seconds",
+    "Time to answer a successful POST /v1/produce, by durability asked for.",
+    ["durability"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+BACKPRESSURE = Counter(
+    "tieredbuf_service_backpressure_rejections",
+    "Requests answered 503 because the stage was at a cap (BackpressureError).",
+)
+
+
+@dataclass
+class WorkerState:
+    config: ServiceConfig
+    index: int
+    buffer: Any = None
+    producer: Any = None
+    ready: bool = False
+    draining: bool = False
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="tb-http")
+    )
+    mirror: metrics.Mirror | None = None
+    registry: CollectorRegistry | None = None
+
+
+STATE = web.AppKey("state", WorkerState)
+
+
+def _json_error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status, headers=headers)
+
+
+def _stage(state: WorkerState, content_type: str, body: bytes, meta: bytes) -> tuple[
+    WriteHandle, dict[str, Any]
+]:
+    """Parse the whole body, then stage it in one produce()/ingest() call (thread pool)."""
+    parsed = bodies.parse(content_type, body)
+    wait = state.config.backpressure_wait_s
+    if isinstance(parsed, bodies.Records):
+        handle = state.producer.produce(parsed.records, meta, timeout=wait)
+        return handle, {"records": len(parsed.records)}
+    handle = state.producer.ingest({0: parsed.batch}, timeout=wait)
+    return handle, {"bundles": 1, "rows": parsed.batch.num_rows, "batches": parsed.batches}
+
+
+async def _durable(handle: WriteHandle, level: Durability, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(done.set)
+
+    handle.watcher.when(level, wake)
+    await asyncio.wait_for(done.wait(), timeout)
+
+
+async def produce(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = request.query.get("durability", "local")
+    level = DURABILITIES.get(name)
+    if level is None:
+        return _json_error(400, f"unknown durability {name!r}: use local or remote")
+    ctype = request.content_type if "Content-Type" in request.headers else ""
+    if ctype not in bodies.CONTENT_TYPES:
+        return _json_error(415, f"unsupported content type {ctype!r}; use one of "
+                                f"{', '.join(bodies.CONTENT_TYPES)}")
+    limit = state.config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _json_error(413, f"body of {request.content_length} bytes exceeds {limit}")
+    if not state.ready or state.draining:
+        return _json_error(503, "not accepting writes (starting or draining)",
+                           **{"Retry-After": str(state.config.retry_after_s)})
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _json_error(413, f"body exceeds {limit} bytes")
+    t0 = time.perf_counter()
+    meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
+    loop = asyncio.get_running_loop()
+    try:
+        handle, counts = await loop.run_in_executor(
+            state.pool, _stage, state, ctype, body, meta
+        )
+    except bodies.BadBody as e:
+        return _json_error(400, str(e))
+    except BackpressureError as e:
+        BACKPRESSURE.inc()
+        return _json_error(503, f"backpressure: {e}",
+                           **{"Retry-After": str(state.config.retry_after_s)})
+    except ClosedError:
+        return _json_error(503, "draining", **{"Retry-After": str(state.config.retry_after_s)})
+    try:
+        await _durable(handle, level, state.config.remote_timeout_s)
+        outcome = handle.wait(level, timeout=0)
+    except TimeoutError:
+        reached = handle.watcher.level
+        return web.json_response(
+            {"error": f"not {name} after {state.config.remote_timeout_s} s",
+             "status": 504, "durability": reached.name.lower() if reached else None, **counts},
+            status=504,
+        )
+    except TieredBufError as e:
+        log.error("write failed: %s", e)
+        return _json_error(500, f"{type(e).__name__}: {e}")
+    LATENCY.labels(name).observe(time.perf_counter() - t0)
+    out: dict[str, Any] = {"durability": name, **counts, "producer": state.producer.producer_id}
+    if level == Durability.REMOTE:
+        out["sequence"] = outcome.sequence
+        out["object"] = outcome.location
+    return web.json_response(out)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    p = state.producer
+    if p is not None and p.exporter.error is not None:
+        return _json_error(500, f"exporter failed: {p.exporter.error}")
+    return web.json_response({"status": "ok", "worker": state.index, "pid": os.getpid()})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.ready and not state.draining:
+        return web.json_response({"status": "ready", "worker": state.index})
+    return _json_error(503, "draining" if state.draining else "starting")
+
+
+def _exposition(state: WorkerState) -> bytes:
+    if state.mirror is not None:
+        state.mirror.sync()
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+        return bytes(generate_latest(registry))
+    assert state.registry is not None
+    return bytes(generate_latest(state.registry))
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    data = await asyncio.get_running_loop().run_in_executor(state.pool, _exposition, state)
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Any) -> web.StreamResponse:
+    route = request.match_info.route.resource
+    name = route.canonical if route is not None else "other"
+    try:
+        resp: web.StreamResponse = await handler(request)
+    except web.HTTPException as e:
+        REQUESTS.labels(name, str(e.status)).inc()
+        raise
+    REQUESTS.labels(name, str(resp.status)).inc()
+    return resp
+
+
+async def _producer_ctx(app: web.Application) -> Any:
+    """Open the buffer and this worker's staged producer; on shutdown seal, export, close."""
+    state = app[STATE]
+    cfg = state.config
+    loop = asyncio.get_running_loop()
+
+    def open_producer() -> None:
+        state.buffer = tieredbuf.open(cfg.url, **cfg.store_options)
+        state.producer = state.buffer.producer(
+            staging_dir=cfg.worker_stage(state.index), **cfg.producer_kwargs()
+        )
+        collectors = [metrics.collector_for(state.producer), metrics.collector_for(state.buffer)]
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            state.mirror = metrics.Mirror(collectors)
+        else:
+            state.registry = CollectorRegistry()
+            for c in [*collectors, REQUESTS, LATENCY, BACKPRESSURE]:
+                state.registry.register(c)
+
+    await loop.run_in_executor(state.pool, open_producer)
+    state.ready = True
+    log.info("worker %d ready: producer %s, stage %s", state.index,
+             state.producer.producer_id, cfg.worker_stage(state.index))
+    mirror_task = asyncio.create_task(_mirror_loop(state)) if state.mirror else None
+    yield
+    state.draining = True
+    if mirror_task is not None:
+        mirror_task.cancel()
+    try:
+        await loop.run_in_executor(state.pool, state.producer.close, cfg.drain_timeout_s)
+        log.info("worker %d drained: stage sealed and exported", state.index)
+    except TimeoutError:
+        log.error("worker %d: stage not exported within %.0f s; it stays staged (LOCAL) for "
+                  "the next start or `tieredbuf drain`", state.index, cfg.drain_timeout_s)
+        app["drain_incomplete"] = True
+    finally:
+        if state.mirror is not None:
+            await loop.run_in_executor(state.pool, state.mirror.sync)
+        state.buffer.close()
+        state.pool.shutdown(wait=False)
+
+
+async def _mirror_loop(state: WorkerState) -> None:
+    loop = asyncio.get_running_loop()
+    assert state.mirror is not None
+    while True:
+        await asyncio.sleep(MIRROR_INTERVAL_S)
+        try:
+            await loop.run_in_executor(state.pool, state.mirror.sync)
+        except Exception:
+            log.exception("metrics mirror failed")
+
+
+async def _seal_on_shutdown(app: web.Application) -> None:
+    """Sites are closed: seal now, so requests waiting for REMOTE finish quickly."""
+    state = app[STATE]
+    state.draining = True
+    if state.producer is not None:
+        await asyncio.get_running_loop().run_in_executor(state.pool, state.producer.stage.seal_all)
+
+
+def build_app(config: ServiceConfig, index: int) -> web.Application:
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[count_requests])
+    app[STATE] = WorkerState(config, index, pool=ThreadPoolExecutor(
+        config.threads, thread_name_prefix="tb-http"))
+    app.router.add_post("/v1/produce", produce)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_view)
+    app.cleanup_ctx.append(_producer_ctx)
+    app.on_shutdown.append(_seal_on_shutdown)
+    return app

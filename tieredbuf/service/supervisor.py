@@ -1,0 +1,129 @@
+"""``tieredbuf serve``: bind once, run N worker processes, drain them on SIGTERM.
+
+The supervisor stays small (it never imports aiohttp): it binds the listening socket,
+starts ``N`` workers that all accept on it (the kernel spreads connections), restarts
+a worker that dies (its stage is recovered by the new one: same directory, same
+producer id), and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
+each has sealed and exported its stage.
+
+Metrics: prometheus_client's multiprocess mode.  ``PROMETHEUS_MULTIPROC_DIR`` (default
+``<staging>/.prometheus``, emptied at start) holds each worker's values; any worker's
+``/metrics`` answers for all of them.  A dead worker's gauges are dropped, its
+counters kept, so totals never go backwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from tieredbuf.service.config import ServiceConfig
+
+log = logging.getLogger("tieredbuf.service")
+
+FAST_FAILURE_S = 5.0
+"""A worker that exits non-zero sooner than this after its start failed to start."""
+MAX_FAST_FAILURES = 3
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: subprocess.Popen[bytes]
+    started: float
+    fast_failures: int = 0
+
+
+def _metrics_dir(config: ServiceConfig) -> Path:
+    env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    path = Path(env) if env else Path(config.staging_dir) / ".prometheus"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _mark_dead(pid: int, path: Path) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
+
+
+def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT; 0 when every worker drained cleanly."""
+    out = out or sys.stdout
+    Path(config.staging_dir).mkdir(parents=True, exist_ok=True)
+    mdir = _metrics_dir(config)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mdir)}
+    sock = socket.create_server((config.host, config.port), backlog=2048)
+    sock.set_inheritable(True)
+    host, port = sock.getsockname()[:2]
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    payload = config.to_json()
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tieredbuf.service.worker", payload,
+             str(sock.fileno()), str(index)],
+            pass_fds=(sock.fileno(),), env=env, start_new_session=True,
+        )
+
+    workers = [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
+    print(f"tieredbuf serve: listening on http://{host}:{port} with {config.workers} "
+          f"worker(s), staging under {config.staging_dir}", file=out, flush=True)
+    code = 0
+    try:
+        while not stop.wait(0.2):
+            for w in workers:
+                rc = w.proc.poll()
+                if rc is None:
+                    continue
+                _mark_dead(w.proc.pid, mdir)
+                fast = rc != 0 and time.monotonic() - w.started < FAST_FAILURE_S
+                w.fast_failures = w.fast_failures + 1 if fast else 0
+                if w.fast_failures >= MAX_FAST_FAILURES:
+                    log.error("worker %d failed to start %d times (exit %d): giving up",
+                              w.index, w.fast_failures, rc)
+                    code = 3
+                    stop.set()
+                    break
+                log.warning("worker %d (pid %d) exited with %d: restarting", w.index,
+                            w.proc.pid, rc)
+                w.proc, w.started = start(w.index), time.monotonic()
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        limit = config.shutdown_timeout_s + config.drain_timeout_s + 30
+        deadline = time.monotonic() + limit
+        for w in workers:
+            try:
+                rc = w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker %d did not stop in %.0f s: killing it (its stage stays; "
+                          "it is recovered at the next start)", w.index, limit)
+                w.proc.kill()
+                rc = w.proc.wait()
+            _mark_dead(w.proc.pid, mdir)
+            if rc != 0 and code == 0:
+                code = 1
+        sock.close()
+    print(f"tieredbuf serve: stopped (exit {code})", file=out, flush=True)
+    return code
