@@ -69,3 +69,116 @@ def test_bad_usage_and_bad_urls_have_distinct_exit_codes(tmp_path: Path) -> None
     root.mkdir(parents=True)
     (root / "manifest").write_bytes(b"\x00" * 30)
     assert _run("inspect", f"file://{tmp_path}/b")[0] == EXIT_FAILED
+
+
+def test_parse_size_and_duration() -> None:
+    from tieredbuf.cli import parse_duration, parse_size
+
+    assert parse_size("1048576") == 1 << 20
+    assert parse_size("64k") == parse_size("64KiB") == 64 << 10
+    assert parse_size("16MiB") == parse_size("16m") == 16 << 20
+    assert parse_size("1.5G") == 3 << 29
+    assert parse_duration("50ms").total_seconds() == 0.05
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size("lots")
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_draws_only_on_a_tty_and_erases_itself() -> None:
+    from tieredbuf.cli import Progress
+
+    plain = io.StringIO()
+    with Progress("gc", stream=plain, interval=0) as bar:
+        bar.update(5)
+    assert plain.getvalue() == ""
+    tty = _Tty()
+    with Progress("drain", total=4, stream=tty, interval=0) as bar:
+        bar.update(1, "data/x.batch")
+        bar.update(3)
+    text = tty.getvalue()
+    assert "drain [#####" in text and "1/4  data/x.batch" in text and "4/4" in text
+    assert text.endswith("\r") and text.count("\n") == 0
+
+
+def test_inspect_shows_depth_tree_levels_epoch_and_oldest_age(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"r{i}\n" for i in range(30)))
+    _run("produce", url, str(src), "--batch", "10", "--flush-interval", "1ms")
+    info = json.loads(_run("inspect", url, "--json")[1])
+    assert info["depth"] >= 1 and info["tree_levels"] >= 1
+    assert info["tree"]["root_entries"] >= 1 and info["epoch"] == 0
+    assert info["oldest_age_s"] >= 0 and info["missing_objects"] == 0
+    quick = json.loads(_run("inspect", url, "--json", "--quick")[1])
+    assert "missing_objects" not in quick and quick["depth"] == info["depth"]
+    code, text = _run("inspect", url)
+    assert code == EXIT_OK and "tree_levels" in text and "root_entries" in text
+
+
+def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> None:
+    import threading
+
+    url = f"file://{tmp_path}/b"
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb\nc\n")
+    _run("produce", url, str(src), "--batch", "1", "--flush-interval", "1ms")
+    _run("consume", url)  # all acked and dequeued: the objects are garbage
+    results: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        _run("gc", url, "--grace", "0s", "--json"))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(code == EXIT_OK for code, _ in results), results
+    deleted = {k for _, text in results for k in json.loads(text)["deleted_keys"]}
+    assert deleted and not list((tmp_path / "b" / "data").iterdir())
+    prom = tmp_path / "gc.prom"
+    code, text = _run("gc", url, "--grace", "0s", "--json", "--metrics-file", str(prom))
+    assert code == EXIT_OK and json.loads(text)["deleted"] == 0
+    body = prom.read_text()
+    assert "tieredbuf_gc_runs_total 1.0" in body
+    assert "tieredbuf_gc_deleted_objects_total 0.0" in body
+    assert "tieredbuf_gc_last_run_timestamp_seconds" in body
+
+
+def test_drain_takes_over_every_worker_stage_of_a_dead_service(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    import tieredbuf
+
+    url = f"file://{tmp_path}/b"
+    root = tmp_path / "stage"
+    worker = Path(__file__).with_name("staged_worker.py")
+    acked: list[str] = []
+    for i in range(2):  # two "workers", each killed -9 after a few LOCAL acks
+        proc = subprocess.Popen([sys.executable, str(worker), url, str(root / f"worker-{i}"),
+                                 str(i)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            acked.append(line[4:].strip())
+            if len(acked) >= 5 * (i + 1):
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        proc.stdout.close()
+    code, text = _run("drain", str(root), url)
+    assert code == EXIT_OK and text.count("stage empty") == 2, text
+    c = tieredbuf.open(url).consumer()
+    c.initialize()
+    seen = []
+    while (b := c.next_batch()) is not None:
+        seen.extend(r.decode() for r in b.entries)
+    assert set(acked) <= set(seen) and len(seen) == len(set(seen))
+
+
+def test_serve_with_a_bad_url_is_a_usage_error(tmp_path: Path) -> None:
+    code, _ = _run("serve", "ftp://nope/x", "--staging", str(tmp_path / "s"), "--port", "0")
+    assert code == EXIT_USAGE

@@ -128,9 +128,9 @@ def _families(
 ) -> Iterator[Metric]:
     names, values = list(labels), list(labels.values())
     for s in series:
-        if s.key not in stats:
-            continue
-        v = float(stats[s.key]) * s.scale
+        if s.key not in stats and s.kind != "counter":
+            continue  # counters start at 0 (so rate() works); an unknown gauge is left out
+        v = float(stats.get(s.key, 0)) * s.scale
         fam: CounterMetricFamily | GaugeMetricFamily
         if s.kind == "counter":
             fam = CounterMetricFamily(s.name, s.doc, labels=names)

@@ -1,0 +1,97 @@
+"""Prometheus metrics: scraped from a running service, and registered as a library."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+import tieredbuf
+import tieredbuf.metrics
+from tests.service.server import Server
+from tests.service.util import FAST, ndjson, samples
+from tieredbuf.service.bodies import NDJSON
+
+
+def _scrape_until(srv: Server, ok: Callable[[dict[str, float]], bool],
+                  timeout: float = 30) -> dict[str, float]:
+    """Scrape until ``ok`` holds (workers mirror their counters every second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = samples(srv.metrics())
+        if ok(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)  # polling the metrics endpoint against a deadline
+
+
+def test_metrics_endpoint_after_a_run_has_the_key_series(
+    tmp_path: Path, serve: Callable[..., Server]
+) -> None:
+    srv = serve(f"file://{tmp_path}/buf", *FAST, workers=2)
+    for i in range(10):
+        dur = "remote" if i % 2 else "local"
+        r = srv.post(ndjson([{"i": i, "j": j} for j in range(5)]), NDJSON, dur)
+        assert r.status == 200
+    assert srv.post(b"nope", "text/plain").status == 415
+    m = _scrape_until(srv, lambda m: m.get("tieredbuf_producer_records_in_total") == 50
+                      and m.get("tieredbuf_segments_exported_total", 0) >= 1)
+    assert m["tieredbuf_producer_records_in_total"] == 50, "summed over both workers"
+    assert m["tieredbuf_producer_bytes_in_total"] > 50 * 10
+    assert m["tieredbuf_http_requests_total{code=200,route=/v1/produce}"] == 10
+    assert m["tieredbuf_http_requests_total{code=415,route=/v1/produce}"] == 1
+    assert m["tieredbuf_http_request_duration_seconds_count{durability=remote}"] == 5
+    assert m["tieredbuf_http_request_duration_seconds_count{durability=local}"] == 5
+    assert m["tieredbuf_wal_fsyncs_total"] >= 1
+    assert 0 < m["tieredbuf_wal_fsync_seconds_total"] < 60
+    assert m["tieredbuf_segments_sealed_total"] >= m["tieredbuf_segments_exported_total"] >= 1
+    assert m["tieredbuf_uploads_total"] >= 1 and m["tieredbuf_upload_seconds_total"] > 0
+    assert m["tieredbuf_uploaded_bytes_total"] > 0
+    assert m["tieredbuf_manifest_appends_total"] >= 1
+    assert m["tieredbuf_manifest_cas_conflicts_total"] >= 0
+    assert m["tieredbuf_queue_depth"] >= 1 and m["tieredbuf_queue_bytes"] > 0
+    assert m["tieredbuf_queue_tree_levels"] >= 1
+    assert m["tieredbuf_service_backpressure_rejections_total"] == 0
+    assert m["tieredbuf_dropped_records_total"] == 0
+    assert m["tieredbuf_stage_disk_bytes"] >= 0
+    assert srv.terminate() == 0
+
+
+def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    reg = CollectorRegistry()
+    producer = buf.producer(staging_dir=tmp_path / "stage",
+                            max_open_duration=timedelta(milliseconds=20))
+    tieredbuf.metrics.register(producer, reg, labels={"producer": "p1"})
+    tieredbuf.metrics.register(buf, reg, min_interval=0)
+    for _ in range(3):
+        producer.produce([b"a" * 10, b"b"], metadata=b"m").wait(
+            tieredbuf.Durability.REMOTE, timeout=30)
+    get = reg.get_sample_value
+    assert get("tieredbuf_producer_records_in_total", {"producer": "p1"}) == 6
+    assert get("tieredbuf_wal_fsyncs_total", {"producer": "p1"}) >= 1
+    assert get("tieredbuf_segments_exported_total", {"producer": "p1"}) >= 1
+    assert get("tieredbuf_queue_depth") == get("tieredbuf_manifest_appends_total") >= 1
+    producer.close()
+
+    consumer = buf.consumer()
+    tieredbuf.metrics.register(consumer, reg, min_interval=0)
+    consumer.initialize()
+    depth = get("tieredbuf_queue_depth")
+    assert get("tieredbuf_consumer_lag_sequences") == depth
+    assert get("tieredbuf_consumer_lag_seconds") >= 0
+    b = consumer.next_batch()
+    assert b is not None
+    consumer.ack(b.sequence)
+    assert get("tieredbuf_consumer_lag_sequences") == depth - 1
+    assert get("tieredbuf_consumer_acks_total") == 1
+    consumer.close()
+
+    stateless = buf.producer()
+    tieredbuf.metrics.register(stateless, reg, labels={"producer": "direct"})
+    stateless.produce([b"x"]).wait(timeout=30)
+    stateless.close()
+    assert get("tieredbuf_producer_records_in_total", {"producer": "direct"}) == 1
+    assert get("tieredbuf_batches_flushed_total", {"producer": "direct"}) == 1
