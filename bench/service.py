@@ -1,0 +1,207 @@
+"""Service benchmark: ``tieredbuf serve`` on loopback, requests/s and latency per durability.
+
+Starts the real service (``python -m tieredbuf.cli serve``, ``--workers`` processes)
+on 127.0.0.1 in front of a store (a moto S3 server in a child process, or a local
+directory), then for each durability level sends ``--requests`` POST /v1/produce
+requests (``--records`` records of ``--record-size`` bytes, octet-stream framing)
+from ``--threads`` client threads with keep-alive connections, stopping early at
+``--time-cap`` seconds.  A request counts when it got 200, i.e. when its records
+were LOCAL (WAL fdatasync returned) or REMOTE (segment uploaded and in the queue
+manifest).  Afterwards the service is stopped with SIGTERM (it drains) and every
+acknowledged record is counted back through a consumer.
+
+The client threads run on the same machine as the workers (and moto), so on a
+small box they compete for the same cores: the figures are a floor, not a ceiling.
+
+Usage::
+
+    python bench/service.py                   # moto, 2 workers, 2000 requests per level
+    python bench/service.py --store local --requests 500
+
+Results: a table on stdout and ``bench/results/service.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import moto_server, print_table, summarize, write_json
+
+
+def _body(n: int, size: int, tag: str) -> bytes:
+    recs = [(f"{tag}-{i}:".encode() + b"x" * size)[:size] for i in range(n)]
+    return b"".join(struct.pack("<I", len(r)) + r for r in recs)
+
+
+def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[
+    subprocess.Popen[str], int
+]:
+    cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
+           "--port", "0", "--workers", str(args.workers),
+           "--max-open-duration", args.max_open_duration, *args.serve_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **env})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/readyz")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("service did not become ready")
+
+
+def _run_level(port: int, durability: str, args: argparse.Namespace) -> dict[str, Any]:
+    lock = threading.Lock()
+    next_i = [0]
+    lat: list[float] = []
+    errors: dict[int, int] = {}
+    stop_at = time.monotonic() + args.time_cap
+
+    def client(t: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while time.monotonic() < stop_at:
+            with lock:
+                i = next_i[0]
+                if i >= args.requests:
+                    break
+                next_i[0] += 1
+            body = _body(args.records, args.record_size, f"{durability}-{i}")
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", f"/v1/produce?durability={durability}", body,
+                             {"Content-Type": "application/octet-stream"})
+                r = conn.getresponse()
+                r.read()
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                with lock:
+                    errors[-1] = errors.get(-1, 0) + 1
+                continue
+            dt = time.perf_counter() - t0
+            with lock:
+                if r.status == 200:
+                    lat.append(dt)
+                else:
+                    errors[r.status] = errors.get(r.status, 0) + 1
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(args.threads)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    s = summarize([x * 1000 for x in lat])
+    return {
+        "durability": durability,
+        "ok": len(lat),
+        "errors": errors,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(lat) / elapsed, 1),
+        "records_per_s": round(len(lat) * args.records / elapsed, 1),
+        "latency_ms": {k: round(v, 2) for k, v in s.items() if k != "n"},
+        "capped": len(lat) + sum(errors.values()) < args.requests,
+    }
+
+
+def _count_back(url: str, opts: dict[str, Any]) -> int:
+    import tieredbuf
+
+    buf = tieredbuf.open(url, **opts)
+    c = buf.consumer()
+    c.initialize()
+    n = 0
+    while (b := c.next_batch()) is not None:
+        n += len(b.entries)
+        c.ack(b.sequence)
+    c.flush()
+    c.close()
+    return n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--store", choices=("moto", "local"), default="moto")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--requests", type=int, default=2000, help="per durability level")
+    p.add_argument("--records", type=int, default=10, help="records per request")
+    p.add_argument("--record-size", type=int, default=200)
+    p.add_argument("--time-cap", type=float, default=60.0, help="seconds per level")
+    p.add_argument("--max-open-duration", default="100ms",
+                   help="segment seal interval: what a durability=remote request waits for")
+    p.add_argument("--serve-args", nargs="*", default=[])
+    args = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="tb-bench-service-"))
+    with ExitStack() as stack:
+        if args.store == "moto":
+            ep = stack.enter_context(moto_server())
+            url = f"s3://{ep.new_bucket()}/svc"
+            opts = ep.options()
+            env = {"AWS_ACCESS_KEY_ID": ep.access_key_id,
+                   "AWS_SECRET_ACCESS_KEY": ep.secret_access_key}
+            args.serve_args = [*args.serve_args, "--endpoint", ep.endpoint,
+                               "--region", ep.region, "--allow-http"]
+        else:
+            url, opts, env = f"file://{tmp}/buf", {}, {}
+        proc, port = _start(url, tmp / "stage", args, env)
+        try:
+            levels = [_run_level(port, d, args) for d in ("local", "remote")]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(300)
+        acked = sum(lv["ok"] for lv in levels) * args.records
+        consumed = _count_back(url, opts)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"tieredbuf serve on 127.0.0.1, store {args.store}, {args.workers} workers, "
+          f"{args.threads} client threads, {args.records} x {args.record_size} B records "
+          f"per request, seal every {args.max_open_duration}")
+    print_table(
+        ["durability", "ok", "errors", "req/s", "records/s", "p50 ms", "p99 ms", "max ms"],
+        [[lv["durability"], lv["ok"], lv["errors"] or "-", lv["requests_per_s"],
+          lv["records_per_s"], lv["latency_ms"]["p50"], lv["latency_ms"]["p99"],
+          lv["latency_ms"]["max"]] for lv in levels],
+    )
+    print(f"SIGTERM drain exit {rc}; acknowledged records {acked}, consumed back {consumed}")
+    path = write_json("service", {
+        "config": {k: v for k, v in vars(args).items()},
+        "durability_meaning": {
+            "local": "WAL fdatasync returned on the worker's disk",
+            "remote": f"segment uploaded to the {args.store} store and appended to the manifest",
+        },
+        "levels": levels,
+        "drain_exit_code": rc,
+        "acknowledged_records": acked,
+        "consumed_records": consumed,
+    })
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
