@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import http.client
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,3 +208,33 @@ def test_service_on_s3_remote_acks_name_the_object(
     assert srv.terminate() == 0
     records, _, _ = consume_all(url, **s3_endpoint.options())
     assert records == [f'{{"i":{i}}}'.encode() for i in range(20)]
+
+
+def test_I1_a_killed_worker_is_restarted_and_recovers_its_stage(
+    tmp_path: Path, serve: Serve
+) -> None:
+    url = f"file://{tmp_path}/buf"
+    # seal rarely, so the acked records are only in the WAL when the worker dies
+    srv = serve(url, "--max-open-duration", "1h")
+    first = srv.request("GET", "/healthz").json()["pid"]
+    acked = []
+    for i in range(5):
+        r = srv.post(octets([f"before-kill-{i}".encode()]), OCTET_STREAM, "local")
+        assert r.status == 200
+        acked.append(f"before-kill-{i}".encode())
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # poll health against a deadline until the restarted worker answers
+        try:
+            h = srv.request("GET", "/healthz", timeout=2)
+            if h.status == 200 and h.json()["pid"] != first:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, srv.logs()
+        time.sleep(0.05)
+    assert "exited with -9: restarting" in srv.logs()
+    assert srv.post(octets([b"after"]), OCTET_STREAM, "local").status == 200
+    assert srv.terminate() == 0
+    records, _, _ = consume_all(url)
+    assert sorted(records) == sorted([*acked, b"after"]), "replayed from the WAL, once"
