@@ -174,17 +174,16 @@ class SegmentBuilder:
             if pad:
                 parts.append(b"\0" * pad)
                 pos += pad
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_file(sink, s.batches[0].schema) as w:
+            sink = _PartsSink()
+            with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), s.batches[0].schema) as w:
                 for b in s.batches:
                     w.write_batch(b)
-            buf = sink.getvalue()
-            parts.append(buf)
+            parts += sink.parts
             rows.append(StreamInfo(
-                sid, s.slot, s.fingerprint, pos, buf.size,
+                sid, s.slot, s.fingerprint, pos, sink.size,
                 sum(b.num_rows for b in s.batches), len(s.batches),
             ))
-            pos += buf.size
+            pos += sink.size
         pad = -pos % ALIGN
         if pad:
             parts.append(b"\0" * pad)
@@ -205,6 +204,32 @@ class SegmentBuilder:
             crc = zlib.crc32(p if isinstance(p, bytes) else memoryview(p), crc)
         parts.append(_U32.pack(crc))
         return parts
+
+
+class _PartsSink:
+    """A write-only file (for ``pa.PythonFile``) that keeps every write as a part.
+
+    Arrow hands the batches' body buffers over as ``pa.Buffer`` views of their memory,
+    so a segment's stream files are never copied into one growing buffer (that copy
+    cost ~0.2 s per 32 MiB segment here: more than writing the file)."""
+
+    __slots__ = ("closed", "parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | pa.Buffer] = []
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | pa.Buffer) -> int:
+        self.parts.append(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def encode_segment(bundles: Iterable[SegmentBundle]) -> bytes:

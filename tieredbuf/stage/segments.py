@@ -22,6 +22,7 @@ import base64
 import json
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,8 +35,9 @@ import pyarrow as pa
 from ulid import ULID
 
 from tieredbuf.config import Compression
-from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.batch import BATCH_VERSION, FOOTER_SIZE, encode_batch
 from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
+from tieredbuf.format.wal import interleave_lengths
 from tieredbuf.stage._fs import fsync_dir, write_all, write_atomic
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,25 @@ Accumulator = RecordsAccumulator | BundleAccumulator
 # --- sealed files -----------------------------------------------------------------
 
 
+def batch_parts(records: Sequence[bytes], compression: Compression) -> list[bytes | pa.Buffer]:
+    """``encode_batch(records, compression)`` as a list of buffers for ``writev``.
+
+    Uncompressed, the record block is the records with their u32 length prefixes, so
+    the parts reference the records instead of joining them: ``encode_batch`` copies a
+    segment twice (join, then + footer), which cost 0.1-0.3 s per 32 MiB segment with
+    the GIL held.
+    """
+    if compression != Compression.NONE or not records:
+        return [encode_batch(records, compression)]
+    footer = _BATCH_FOOTER.pack(Compression.NONE, len(records), BATCH_VERSION)
+    return [*interleave_lengths(records), footer]
+
+
+_BATCH_FOOTER = struct.Struct("<BIH")
+"""format/batch.py's footer (compression_type, record_count, version), checked here:"""
+assert encode_batch([b"r"])[-FOOTER_SIZE:] == _BATCH_FOOTER.pack(0, 1, BATCH_VERSION)
+
+
 class SegmentDir:
     """The ``segments/`` directory: writes, lists and deletes sealed segments."""
 
@@ -190,7 +211,7 @@ class SegmentDir:
     def seal(self, acc: Accumulator) -> SealedSegment:
         """Encode, write and commit ``acc`` durably; returns the sealed segment."""
         if isinstance(acc, RecordsAccumulator):
-            parts: list[bytes | pa.Buffer] = [encode_batch(acc.records, self.compression)]
+            parts: list[bytes | pa.Buffer] = batch_parts(acc.records, self.compression)
             items = tuple(acc.items)
             entry_count, record_count = len(acc.items), len(acc.records)
         else:
