@@ -346,3 +346,46 @@ def test_regression_seal_and_release_threads_race_on_the_sequence_sidecar(tmp_pa
         t.join()
     stage.close()
     assert errors == []
+
+
+_UNSEALED_CHILD = """
+import os, sys
+from datetime import timedelta
+from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
+from tieredbuf.stage.stage import Stage
+cfg = StageConfig(wal=WalConfig(rotation_target=1 << 20),
+                  segment=SegmentConfig(target_size=1 << 30, max_open_bytes=1 << 30,
+                                        max_open_duration=timedelta(hours=1)))
+st = Stage(sys.argv[1], "p", cfg)
+futs = [st.append_records([b"%05d-%04d" % (i, j) + bytes(1014) for j in range(100)])
+        for i in range(50)]
+for f in futs:
+    f.result()                     # every record LOCAL-acked (fdatasynced)
+print("ready", flush=True)
+sys.stdin.read()                   # wait to be killed
+"""
+
+
+def test_I1_regression_replay_seal_must_not_purge_unread_wal_files(tmp_path: Path) -> None:
+    """Found by bench/stage.py: a seal during replay moved the WAL cursor to the end of
+    the whole WAL (the entries map then held only what was replayed so far), so the
+    rotated files not yet read were purged: the reopen failed, and the next one kept
+    1,100 of 5,000 acked records."""
+    import signal
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", _UNSEALED_CHILD, str(tmp_path)],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    assert len(list((tmp_path / "p" / "wal").glob("quiver.wal.*"))) >= 3  # rotated files
+    small = StageConfig(segment=SegmentConfig(target_size=1 << 20, max_open_bytes=1 << 30,
+                                              max_open_duration=timedelta(hours=1)))
+    with Stage(tmp_path, "p", small) as st:  # seals every ~1 MiB while replaying
+        assert len(st.sealed_segments()) > 2
+        got = records_of(st.sealed_segments())
+    assert len(got) == 5000 and len(set(got)) == 5000
+    with Stage(tmp_path, "p", small) as st:  # and nothing is replayed twice
+        assert len(records_of(st.sealed_segments())) == 5000

@@ -112,6 +112,7 @@ class Stage:
         self._cond = threading.Condition(self._lock)
         self._seal_lock = threading.Lock()
         self._seq_file_lock = threading.Lock()
+        self._replay_frontier: int | None = None
         self._closed = False
         self._failed: BaseException | None = None
         self.stats = StageStats()
@@ -168,6 +169,9 @@ class Stage:
                 live and isinstance(entry, wal_fmt.BundleEntry)) else None
             with self._lock:
                 self._entries[entry.sequence] = [start, end, int(not live)]
+                # Entries past ``end`` are not read yet: a seal during replay must not
+                # move the cursor beyond them (it would purge unread WAL files).
+                self._replay_frontier = end
                 if not live:
                     continue
                 acc: Accumulator
@@ -184,6 +188,8 @@ class Stage:
             if full:
                 self._seal(acc.kind)
         self.seal_all()
+        with self._lock:
+            self._replay_frontier = None
         self._advance_cursor()
 
     # --- appends --------------------------------------------------------------------
@@ -365,7 +371,12 @@ class Stage:
                 if not done:
                     break
                 self._entries.popitem(last=False)
-            pos = next(iter(self._entries.values()))[0] if self._entries else self._wal.end
+            if self._entries:
+                pos = next(iter(self._entries.values()))[0]
+            elif self._replay_frontier is not None:
+                pos = self._replay_frontier
+            else:
+                pos = self._wal.end
         self._wal.advance_cursor(pos)
         with self._lock:
             self._cond.notify_all()
