@@ -173,3 +173,42 @@ def test_I7_mutated_group_nodes_decode_or_raise_corrupt() -> None:
             assert e.obj == "g"
 
     check()
+
+
+def test_I6_plain_append_copies_refs_and_stats_without_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    q = _q(open_store("memory://"), m=4)
+    _fill(q, 37)  # refs of two levels; the last cut (at 37) left 1 root entry
+    assert q.read().root.n_refs >= 2
+
+    def boom(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a plain append decoded the refs or stats")
+
+    monkeypatch.setattr(ft, "decode_root_refs", boom)
+    monkeypatch.setattr(ft, "stats_from_raw", boom)
+    monkeypatch.setattr(ft, "refs_total_bytes", boom)
+    q.append([_e(37)], "p", 38)  # 2 root entries: no rebalance
+    monkeypatch.undo()
+    snap = q.read()
+    assert [e.sequence for e in snap.entries()] == list(range(38))
+    assert snap.total_bytes == 380
+
+
+def test_I7_corrupt_refs_in_a_root_are_named_when_decoded() -> None:
+    from tieredbuf.errors import CorruptError
+    from tieredbuf.format import manifest as fm
+
+    store = open_store("memory://")
+    q = _q(store, m=2)
+    _fill(q, 9)  # refs: kgroup, group(s)
+    view = fm.open_manifest(store.get(keys.MANIFEST_KEY).data)
+    assert view.tree is not None
+    body = bytearray(view.tree)
+    body[20 + ft.REF_SIZE] = 2  # the second ref claims a higher level than the first
+    raw = fm.encode_manifest(view.entries_bytes, view.footer, view.watermarks, view.owner,
+                             bytes(body), view.stats)
+    store.put(keys.MANIFEST_KEY, raw)
+    with pytest.raises(CorruptError) as e:
+        q.read().entries()
+    assert e.value.obj == keys.MANIFEST_KEY

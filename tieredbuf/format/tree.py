@@ -18,7 +18,9 @@ A REF's object key is rebuilt from (first_seq, ulid, level) by :func:`tieredbuf.
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -97,26 +99,37 @@ def entry_time(metadata: tuple[fm.MetadataItem, ...], default_ms: int) -> int:
 
 
 # --- refs and stats ----------------------------------------------------------
+#
+# A root write that changes no ref (a plain append, a dequeue inside the root's
+# entries) copies the refs and stats as raw bytes: only the accessors below that a
+# rebalance, an unlink or a reader needs decode them (I6: append cost independent of
+# the backlog; docs/format.md).
 
 
-# One-entry memos: consecutive root writes carry the same refs (only a rebalance or an
-# unlink changes them), so the ~M refs are decoded and encoded once, not per append.
-_last_decoded: tuple[bytes, tuple[Ref, ...]] = (b"", ())
-_last_encoded: tuple[tuple[Ref, ...], bytes] = ((), b"")
+def pack_ref(r: Ref) -> bytes:
+    return _REF.pack(r.level, r.first, r.last, r.count, r.min_time_ms, r.max_time_ms,
+                     r.total_bytes, r.ulid)
 
 
 def encode_refs(refs: tuple[Ref, ...] | list[Ref]) -> bytes:
-    global _last_encoded
-    memo_refs, memo_raw = _last_encoded
-    if len(memo_refs) == len(refs) and all(a is b for a, b in zip(memo_refs, refs, strict=True)):
-        return memo_raw
-    raw = b"".join(
-        _REF.pack(r.level, r.first, r.last, r.count, r.min_time_ms, r.max_time_ms,
-                  r.total_bytes, r.ulid)
-        for r in refs
-    )
-    _last_encoded = (tuple(refs), raw)
-    return raw
+    return b"".join(pack_ref(r) for r in refs)
+
+
+def ref_at(raw: bytes, i: int) -> Ref:
+    """Ref ``i`` (negative counts from the end) of a raw REF array, unvalidated."""
+    n = len(raw) // REF_SIZE
+    if not -n <= i < n:
+        raise IndexError(f"ref {i} of {n}")
+    return Ref(*_REF.unpack_from(raw, (i % n) * REF_SIZE))
+
+
+def ref_levels(raw: bytes) -> bytes:
+    """The level byte of every ref of a raw REF array (one byte per ref)."""
+    return raw[0::REF_SIZE]
+
+
+def refs_total_bytes(raw: bytes) -> int:
+    return sum(t[6] for t in _REF.iter_unpack(raw))
 
 
 def _decode_refs(buf: memoryview, n: int, what: str, obj: str | None, at: int) -> tuple[Ref, ...]:
@@ -134,28 +147,75 @@ def _decode_refs(buf: memoryview, n: int, what: str, obj: str | None, at: int) -
     return tuple(out)
 
 
-def encode_stats(stats: list[Stat] | tuple[Stat, ...]) -> bytes:
-    return struct.pack("<I", len(stats)) + b"".join(_STAT.pack(s.size, s.time_ms) for s in stats)
+# One-entry memo: readers (and the rare writer that rebalances or unlinks) decode the
+# same refs again and again; they change only on a rebalance or an unlink.
+_last_decoded: tuple[bytes, tuple[Ref, ...]] = (b"", ())
 
 
-def _decode_stat_array(buf: memoryview, n: int) -> tuple[Stat, ...]:
-    return tuple(Stat(a, b) for a, b in _STAT.iter_unpack(buf[: n * STAT_SIZE]))
+def decode_root_refs(raw: bytes, obj: str | None = None) -> tuple[Ref, ...]:
+    """Decode and check the raw REF array of a root's tree section (I7)."""
+    global _last_decoded
+    memo_raw, memo_refs = _last_decoded
+    if memo_raw == raw:
+        return memo_refs
+    at = _TREE_HEAD.size
+    refs = _decode_refs(memoryview(raw), len(raw) // REF_SIZE, WHAT_ROOT, obj, at)
+    for i in range(1, len(refs)):
+        if refs[i].level > refs[i - 1].level:
+            raise CorruptError(WHAT_ROOT, obj, at + i * REF_SIZE, "ref levels must not rise")
+    _last_decoded = (raw, refs)
+    return refs
 
 
-def decode_stats(body: bytes, obj: str | None = None) -> tuple[Stat, ...]:
+def pack_stats(stats: list[Stat] | tuple[Stat, ...]) -> bytes:
+    """A raw stats array (no count)."""
+    return b"".join(_STAT.pack(s.size, s.time_ms) for s in stats)
+
+
+def stat_at(raw: bytes, i: int) -> Stat:
+    return Stat(*_STAT.unpack_from(raw, i * STAT_SIZE))
+
+
+def stats_from_raw(raw: bytes | memoryview) -> tuple[Stat, ...]:
+    return tuple(Stat(a, b) for a, b in _STAT.iter_unpack(raw))
+
+
+def stats_total_bytes(raw: bytes) -> int:
+    a = array.array("Q", raw)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return sum(a[0::2])
+
+
+def split_stats(body: bytes, obj: str | None = None) -> bytes:
+    """Check section 4's lengths; returns its raw stats array (count x 16 bytes)."""
     r = Reader(body, WHAT_ROOT, obj)
     n = r.u32("stats count")
     r.need(n * STAT_SIZE, "stats")
     if r.remaining() != n * STAT_SIZE:
         raise r.fail("stats section has trailing bytes")
-    return _decode_stat_array(r.buf[r.pos :], n)
+    return body[r.pos :]
 
 
-def encode_tree(state: TreeState) -> bytes:
-    return _TREE_HEAD.pack(state.low, state.head, len(state.refs)) + encode_refs(state.refs)
+def encode_stats_raw(raw: bytes) -> bytes:
+    """Section 4 from a raw stats array."""
+    return struct.pack("<I", len(raw) // STAT_SIZE) + raw
 
 
-def decode_tree(body: bytes, obj: str | None = None) -> TreeState:
+def encode_stats(stats: list[Stat] | tuple[Stat, ...]) -> bytes:
+    return encode_stats_raw(pack_stats(stats))
+
+
+def decode_stats(body: bytes, obj: str | None = None) -> tuple[Stat, ...]:
+    return stats_from_raw(split_stats(body, obj))
+
+
+def split_tree(body: bytes, obj: str | None = None) -> tuple[int, int, bytes]:
+    """Check section 3's lengths and bounds; returns (low, head, raw REF array).
+
+    The refs are not decoded here: :func:`decode_root_refs` does that (and checks
+    them) when a reader or a rebalance needs them.
+    """
     r = Reader(body, WHAT_ROOT, obj)
     low, head = r.u64("low_seq"), r.u64("head_seq")
     n = r.u32("ref count")
@@ -164,17 +224,20 @@ def decode_tree(body: bytes, obj: str | None = None) -> TreeState:
         raise r.fail("tree section has trailing bytes")
     if low > head:
         raise CorruptError(WHAT_ROOT, obj, 0, f"low_seq {low} > head_seq {head}")
-    global _last_decoded
-    raw_refs = bytes(r.buf[r.pos :])
-    memo_raw, memo_refs = _last_decoded
-    if memo_raw == raw_refs:
-        return TreeState(low, head, memo_refs)
-    refs = _decode_refs(memoryview(raw_refs), n, WHAT_ROOT, obj, r.pos)
-    for i in range(1, len(refs)):
-        if refs[i].level > refs[i - 1].level:
-            raise CorruptError(WHAT_ROOT, obj, r.pos + i * REF_SIZE, "ref levels must not rise")
-    _last_decoded = (raw_refs, refs)
-    return TreeState(low, head, refs)
+    return low, head, body[r.pos :]
+
+
+def encode_tree_raw(low: int, head: int, refs_raw: bytes) -> bytes:
+    return _TREE_HEAD.pack(low, head, len(refs_raw) // REF_SIZE) + refs_raw
+
+
+def encode_tree(state: TreeState) -> bytes:
+    return encode_tree_raw(state.low, state.head, encode_refs(state.refs))
+
+
+def decode_tree(body: bytes, obj: str | None = None) -> TreeState:
+    low, head, raw = split_tree(body, obj)
+    return TreeState(low, head, decode_root_refs(raw, obj))
 
 
 # --- nodes -------------------------------------------------------------------
@@ -187,11 +250,14 @@ def encode_node(
     entries_region: bytes | memoryview = b"",
     stats: list[Stat] | tuple[Stat, ...] = (),
     refs: list[Ref] | tuple[Ref, ...] = (),
+    stats_raw: bytes | None = None,
 ) -> bytes:
-    """A node object: level 0 holds ``entries_region`` + ``stats``; others hold ``refs``."""
+    """A node object: level 0 holds ``entries_region`` + ``stats`` (or ``stats_raw``, packed);
+    others hold ``refs``."""
     if level == 0:
-        count = len(stats)
-        body = b"".join((entries_region, *(_STAT.pack(s.size, s.time_ms) for s in stats)))
+        raw = pack_stats(stats) if stats_raw is None else stats_raw
+        count = len(raw) // STAT_SIZE
+        body = b"".join((entries_region, raw))
     else:
         count = len(refs)
         body = encode_refs(refs)
@@ -226,7 +292,7 @@ def decode_node(raw: bytes, obj: str | None = None) -> Node:
         region = bytes(body[:region_len])
         view = fm.ManifestView(region, fm.Footer(count, first + count, 0, fm.V2), region_len,
                                obj=obj)
-        stats = _decode_stat_array(body[region_len:], count)
+        stats = stats_from_raw(body[region_len:])
         return Node(0, first, count, view, stats, ())
     if count * REF_SIZE != body_len:
         raise CorruptError(WHAT_NODE, obj, 7, f"count {count} does not match body length")

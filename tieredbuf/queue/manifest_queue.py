@@ -302,7 +302,7 @@ class ManifestQueue:
 
             def build(d: tree.Root = draft, b: tree.Root = before) -> bytes:
                 data = self._finish(d, self.clock_ms())
-                if (d.low, d.refs, d.n_entries) == (b.low, b.refs, b.n_entries):
+                if d.same_links(b):
                     raise _NothingToDo()
                 return data
 

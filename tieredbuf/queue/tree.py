@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import manifest as fm
@@ -78,23 +78,137 @@ def decide(p: Policy, first: int, last: int, nbytes: int, min_t: int, max_t: int
     return Decision.DESCEND if old_first or big_first else Decision.KEEP
 
 
-@dataclass(slots=True)
 class Root:
-    """A decoded root (or a draft of the next one, during one CAS attempt)."""
+    """A decoded root (or a draft of the next one, during one CAS attempt).
 
-    region: bytes | memoryview
-    n_entries: int
-    next_seq: int
-    epoch: int
-    watermarks: dict[str, fm.Watermark]
-    owner: str | None
-    low: int
-    head: int
-    refs: list[ft.Ref]
-    stats: list[ft.Stat]
-    version: int = fm.V2
-    nodes_written: list[tuple[int, int]] = field(default_factory=list)
-    """(level, first_seq) of each node written while building this draft."""
+    The refs and stats are kept as the raw bytes of sections 3 and 4 and decoded
+    only on demand (:attr:`refs`, :attr:`stats`): a plain append copies them as
+    bytes, exactly as it copies the entry region, so its cost does not grow with
+    the backlog (I6).  :attr:`refs` and :attr:`stats` are read-only views; assign a
+    new list to change them.
+    """
+
+    __slots__ = (
+        "_refs",
+        "_refs_raw",
+        "_refs_total",
+        "_stats",
+        "_stats_raw",
+        "epoch",
+        "head",
+        "low",
+        "n_entries",
+        "next_seq",
+        "nodes_written",
+        "obj",
+        "owner",
+        "region",
+        "version",
+        "watermarks",
+    )
+
+    def __init__(self, region: bytes | memoryview, n_entries: int, next_seq: int, epoch: int,
+                 watermarks: dict[str, fm.Watermark], owner: str | None, low: int, head: int,
+                 refs_raw: bytes, stats_raw: bytes, version: int = fm.V2,
+                 obj: str | None = None) -> None:
+        self.region = region
+        self.n_entries = n_entries
+        self.next_seq = next_seq
+        self.epoch = epoch
+        self.watermarks = watermarks
+        self.owner = owner
+        self.low = low
+        self.head = head
+        self.version = version
+        self.obj = obj
+        self.nodes_written: list[tuple[int, int]] = []
+        """(level, first_seq) of each node written while building this draft."""
+        self._refs: list[ft.Ref] | None = None
+        self._refs_raw: bytes | None = refs_raw
+        self._stats: list[ft.Stat] | None = None
+        self._stats_raw: bytes | None = stats_raw
+        self._refs_total: int | None = None
+
+    # --- refs -------------------------------------------------------------------
+
+    @property
+    def refs(self) -> list[ft.Ref]:
+        """The root's refs, oldest first (decoded and checked on first use)."""
+        if self._refs is None:
+            assert self._refs_raw is not None
+            self._refs = list(ft.decode_root_refs(self._refs_raw, self.obj))
+        return self._refs
+
+    @refs.setter
+    def refs(self, refs: list[ft.Ref]) -> None:
+        self._refs, self._refs_raw, self._refs_total = list(refs), None, None
+
+    @property
+    def refs_raw(self) -> bytes:
+        if self._refs_raw is None:
+            assert self._refs is not None
+            self._refs_raw = ft.encode_refs(self._refs)
+        return self._refs_raw
+
+    @property
+    def n_refs(self) -> int:
+        return len(self._refs) if self._refs is not None else len(self.refs_raw) // ft.REF_SIZE
+
+    def ref_at(self, i: int) -> ft.Ref:
+        return self._refs[i] if self._refs is not None else ft.ref_at(self.refs_raw, i)
+
+    def ref_levels(self) -> bytes:
+        """One byte per ref: its level."""
+        if self._refs is not None:
+            return bytes(r.level for r in self._refs)
+        return ft.ref_levels(self.refs_raw)
+
+    def extend_refs(self, new: Sequence[ft.Ref]) -> None:
+        raw = self.refs_raw + ft.encode_refs(list(new))
+        if self._refs is not None:
+            self._refs.extend(new)
+        if self._refs_total is not None:
+            self._refs_total += sum(r.total_bytes for r in new)
+        self._refs_raw = raw
+
+    # --- stats ------------------------------------------------------------------
+
+    @property
+    def stats(self) -> list[ft.Stat]:
+        """One stat per root entry (decoded on first use)."""
+        if self._stats is None:
+            assert self._stats_raw is not None
+            self._stats = list(ft.stats_from_raw(self._stats_raw))
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats: list[ft.Stat]) -> None:
+        self._stats, self._stats_raw = list(stats), None
+
+    @property
+    def stats_raw(self) -> bytes:
+        if self._stats_raw is None:
+            assert self._stats is not None
+            self._stats_raw = ft.pack_stats(self._stats)
+        return self._stats_raw
+
+    def stat_at(self, i: int) -> ft.Stat:
+        return self._stats[i] if self._stats is not None else ft.stat_at(self.stats_raw, i)
+
+    def extend_stats(self, new: Sequence[ft.Stat]) -> None:
+        raw = self.stats_raw + ft.pack_stats(list(new))
+        if self._stats is not None:
+            self._stats.extend(new)
+        self._stats_raw = raw
+
+    def drop_stats(self, k: int) -> None:
+        """Forget the stats of the first ``k`` root entries."""
+        raw = self.stats_raw[k * ft.STAT_SIZE :]
+        if self._stats is not None:
+            del self._stats[:k]
+        self._stats_raw = raw
+
+    # --- derived ----------------------------------------------------------------
 
     @property
     def entries_first(self) -> int:
@@ -102,52 +216,64 @@ class Root:
 
     @property
     def linked_first(self) -> int:
-        return self.refs[0].first if self.refs else self.entries_first
+        return self.ref_at(0).first if self.n_refs else self.entries_first
 
     @property
     def total_bytes(self) -> int:
         """Bytes of every data object linked from the tree (exact by construction)."""
-        return sum(r.total_bytes for r in self.refs) + sum(s.size for s in self.stats)
+        if self._refs_total is None:
+            self._refs_total = (sum(r.total_bytes for r in self._refs) if self._refs is not None
+                                else ft.refs_total_bytes(self.refs_raw))
+        return self._refs_total + ft.stats_total_bytes(self.stats_raw)
 
     def entries_view(self) -> fm.ManifestView:
         f = fm.Footer(self.n_entries, self.next_seq, self.epoch, fm.V2)
-        return fm.ManifestView(bytes(self.region), f, len(self.region))
+        return fm.ManifestView(bytes(self.region), f, len(self.region), obj=self.obj)
 
     def copy(self) -> Root:
-        return Root(self.region, self.n_entries, self.next_seq, self.epoch,
-                    dict(self.watermarks), self.owner, self.low, self.head, list(self.refs),
-                    list(self.stats), self.version)
+        c = Root(self.region, self.n_entries, self.next_seq, self.epoch, dict(self.watermarks),
+                 self.owner, self.low, self.head, b"", b"", self.version, self.obj)
+        c._refs_raw, c._stats_raw, c._refs_total = self._refs_raw, self._stats_raw, self._refs_total
+        c._refs = None if self._refs is None else list(self._refs)
+        c._stats = None if self._stats is None else list(self._stats)
+        return c
+
+    def same_links(self, other: Root) -> bool:
+        """True when both roots link the same refs and root entries from the same low."""
+        return (self.low, self.n_entries, self.entries_first) == (
+            other.low, other.n_entries, other.entries_first) and self.refs_raw == other.refs_raw
 
     def encode(self) -> bytes:
-        state = ft.TreeState(self.low, self.head, tuple(self.refs))
         footer = fm.Footer(self.n_entries, self.next_seq, self.epoch, fm.V2)
         return fm.encode_manifest(self.region, footer, self.watermarks, self.owner,
-                                  ft.encode_tree(state), ft.encode_stats(self.stats))
+                                  ft.encode_tree_raw(self.low, self.head, self.refs_raw),
+                                  ft.encode_stats_raw(self.stats_raw))
 
 
 def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
     """The tree behind a root view; a flat (v1 / older v2) manifest reads as a tree of one level.
 
-    A flat manifest has no sizes (0) and its times come from decoding its entries once.
+    Refs and stats stay raw (their lengths checked; refs are decoded and checked on first
+    use).  A flat manifest has no sizes (0) and its times come from decoding its entries once.
     """
     f = view.footer
     if view.tree is not None:
-        st = ft.decode_tree(view.tree, view.obj)
-        low, head, refs = st.low, st.head, list(st.refs)
+        low, head, refs_raw = ft.split_tree(view.tree, view.obj)
     else:
         low = head = f.first_sequence
-        refs = []
+        refs_raw = b""
     if view.stats is not None:
-        stats = list(ft.decode_stats(view.stats, view.obj))
-        if len(stats) != f.entry_count:
-            raise CorruptError(fm.WHAT, view.obj, 0,
-                                  f"{len(stats)} stats for {f.entry_count} entries")
+        stats_raw = ft.split_stats(view.stats, view.obj)
+        n_stats = len(stats_raw) // ft.STAT_SIZE
+        if n_stats != f.entry_count:
+            raise CorruptError(fm.WHAT, view.obj, 0, f"{n_stats} stats for {f.entry_count} entries")
     else:
-        stats = [ft.Stat(0, ft.entry_time(e.metadata, default_time_ms))
-                 for e in fm.iter_entries(view)]
+        stats_raw = ft.pack_stats([ft.Stat(0, ft.entry_time(e.metadata, default_time_ms))
+                                   for e in fm.iter_entries(view)])
     root = Root(view.entries_bytes, f.entry_count, f.next_sequence, f.epoch,
-                dict(view.watermarks), view.owner, low, head, refs, stats, f.version)
-    if refs and refs[-1].last + 1 != root.entries_first:
+                dict(view.watermarks), view.owner, low, head, refs_raw, stats_raw, f.version,
+                view.obj)
+    if root.n_refs and root.ref_at(-1).last + 1 != root.entries_first:
         raise CorruptError(fm.WHAT, view.obj, 0, "refs and root entries are not contiguous")
     if not root.linked_first <= low <= head <= f.next_sequence:
         raise CorruptError(fm.WHAT, view.obj, 0, f"bad bounds low={low} head={head}")
@@ -158,11 +284,12 @@ def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
 
 
 def append_entries(root: Root, new: Sequence[fm.NewEntry], now_ms: int) -> int:
-    """Append ``new`` after the root's entries (never decoding them); returns the first sequence."""
+    """Append ``new`` after the root's entries (never decoding them, nor the refs and stats);
+    returns the first sequence."""
     first = root.next_seq
     enc = [fm.encode_entry(first + i, n.location, n.metadata) for i, n in enumerate(new)]
     root.region = b"".join((root.region, *enc))
-    root.stats.extend(ft.Stat(n.size, ft.entry_time(n.metadata, now_ms)) for n in new)
+    root.extend_stats([ft.Stat(n.size, ft.entry_time(n.metadata, now_ms)) for n in new])
     root.n_entries += len(new)
     root.next_seq += len(new)
     return first
@@ -175,39 +302,46 @@ def _cut_region(root: Root, k: int) -> tuple[bytes, int]:
 
 
 def rebalance(root: Root, m: int, put: Put) -> None:
-    """Move the oldest ``m`` of any over-full level into new nodes until every level has <= m."""
+    """Move the oldest ``m`` of any over-full level into new nodes until every level has <= m.
+
+    Touches the refs and stats only when a level is over-full (amortised O(1) per entry).
+    """
     k = cuts(root.n_entries, m)
     if k:
         view = root.entries_view()
+        raw_stats = root.stats_raw
         offs = [0]
         for _ in range(k):
             offs.append(_skip_from(view, offs[-1], m))
         new_refs = []
         for i in range(k):
             first = root.entries_first + i * m
-            stats = root.stats[i * m : (i + 1) * m]
+            chunk = raw_stats[i * m * ft.STAT_SIZE : (i + 1) * m * ft.STAT_SIZE]
             data = ft.encode_node(0, first, entries_region=view.raw[offs[i] : offs[i + 1]],
-                                  stats=stats)
+                                  stats_raw=chunk)
+            stats = ft.stats_from_raw(chunk)
             new_refs.append(ft.ref_for(0, first, stats, None, put(0, first, data)))
             root.nodes_written.append((0, first))
         root.region = view.raw[offs[k] :]
-        root.stats = root.stats[k * m :]
+        root.drop_stats(k * m)
         root.n_entries -= k * m
-        root.refs.extend(new_refs)
+        root.extend_refs(new_refs)
     for level in range(ft.MAX_LEVEL):
-        idx = [i for i, r in enumerate(root.refs) if r.level == level]
-        k = cuts(len(idx), m)
+        levels = root.ref_levels()
+        k = cuts(levels.count(level), m)
         if not k:
             continue
-        start = idx[0]
+        start = levels.index(level)
+        refs = list(root.refs)
         made = []
         for i in range(k):
-            children = root.refs[start + i * m : start + (i + 1) * m]
+            children = refs[start + i * m : start + (i + 1) * m]
             first = children[0].first
             data = ft.encode_node(level + 1, first, refs=children)
             made.append(ft.ref_for(level + 1, first, None, children, put(level + 1, first, data)))
             root.nodes_written.append((level + 1, first))
-        root.refs[start : start + k * m] = made
+        refs[start : start + k * m] = made
+        root.refs = refs
 
 
 def _skip_from(view: fm.ManifestView, start: int, k: int) -> int:
@@ -246,14 +380,27 @@ def _trim_refs(refs: Sequence[ft.Ref], p: Policy, total: int, load: Load,
 
 
 def trim(root: Root, p: Policy, load: Load, put: Put) -> None:
-    """Unlink what ``p`` allows from the front of the tree, rewriting a partly kept node."""
-    total = root.total_bytes
-    refs, total, stopped = _trim_refs(root.refs, p, total, load, put, root)
-    root.refs = refs
+    """Unlink what ``p`` allows from the front of the tree, rewriting a partly kept node.
+
+    Decodes the refs only when the oldest one may go (or must be opened): a write that
+    unlinks nothing copies them as bytes.
+    """
+    total = root.total_bytes if p.max_bytes is not None else 0
+    stopped = False
+    if root.n_refs:
+        r0 = root.ref_at(0)
+        if decide(p, r0.first, r0.last, r0.total_bytes, r0.min_time_ms, r0.max_time_ms, total,
+                  leaf=r0.level == 0) is Decision.KEEP:
+            stopped = True
+        else:
+            before = root.refs
+            refs, total, stopped = _trim_refs(before, p, total, load, put, root)
+            if len(refs) != len(before) or refs[0] is not before[0]:
+                root.refs = refs
     if not stopped:
         j = 0
         while j < root.n_entries:
-            s = root.stats[j]
+            s = root.stat_at(j)
             seq = root.entries_first + j
             if decide(p, seq, seq, s.size, s.time_ms, s.time_ms, total, True) is not Decision.DROP:
                 break
@@ -262,7 +409,7 @@ def trim(root: Root, p: Policy, load: Load, put: Put) -> None:
         if j:
             _, off = _cut_region(root, j)
             root.region = root.region[off:]
-            root.stats = root.stats[j:]
+            root.drop_stats(j)
             root.n_entries -= j
     floor = root.linked_first if p.retain else root.head
     root.low = max(root.low, floor)
