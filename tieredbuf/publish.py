@@ -95,15 +95,12 @@ class Publisher:
         started = time.perf_counter_ns()
         while True:
             try:
-                if len(p.body) > MULTIPART_THRESHOLD:
-                    view = memoryview(p.body)
-                    chunks = (
-                        view[i : i + MULTIPART_CHUNK]
-                        for i in range(0, len(view), MULTIPART_CHUNK)
-                    )
-                    self.store.put_multipart(p.location, chunks, mode="create")
-                else:
-                    self.store.put(p.location, p.body, mode="create")
+                # One conditional PUT whatever the size: obstore 0.12.1 has no conditional
+                # multipart (ObjStore.put_multipart turns any non-overwrite mode into one
+                # PUT of b"".join(chunks), a full copy of a 32 MiB body with the GIL held),
+                # and S3 takes up to 5 GiB in one PUT.  put_multipart stays in the Store
+                # API for unconditional streaming; no upload here needs it today.
+                self.store.put(p.location, p.body, mode="create")
                 break
             except AlreadyExistsError:
                 # A fresh ULID carries 80 random bits: the object is our own earlier
