@@ -91,3 +91,34 @@ def test_I7_truncated_or_flipped_batches_decode_or_raise_corrupt(
         decode_batch(bytes(mutated), obj="o")
     except CorruptError as e:
         assert e.obj == "o"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.lists(st.binary(max_size=40), max_size=12),
+    zstd=st.booleans(),
+    cut=st.integers(min_value=0, max_value=10_000),
+    flip=st.integers(min_value=0, max_value=10_000),
+)
+def test_I7_arrow_decoder_agrees_with_decode_batch_on_good_and_bad_bytes(
+    records: list[bytes], zstd: bool, cut: int, flip: int
+) -> None:
+    from tieredbuf.format.batch import decode_batch_arrow, encode_batch_parts
+
+    comp = Compression.ZSTD if zstd else Compression.NONE
+    data = encode_batch(records, comp)
+    assert b"".join(encode_batch_parts(records, comp)) == data
+    assert decode_batch_arrow(data).to_pylist() == records
+    mutated = bytearray(data[: cut % (len(data) + 1)])
+    if mutated:
+        mutated[flip % len(mutated)] ^= 0x5A
+    try:
+        expected: list[bytes] | CorruptError = decode_batch(bytes(mutated), obj="o")
+    except CorruptError as e:
+        expected = e
+    if isinstance(expected, CorruptError):
+        with pytest.raises(CorruptError) as got:
+            decode_batch_arrow(bytes(mutated), obj="o")
+        assert got.value.obj == "o"
+    else:
+        assert decode_batch_arrow(bytes(mutated), obj="o").to_pylist() == expected

@@ -7,7 +7,6 @@ Runs on executors.  Spark's Arrow path compares the batch schema with
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -15,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tieredbuf.errors import ConfigError, CorruptError
-from tieredbuf.format import batch as batch_format
-from tieredbuf.format.batch import decode_batch
+from tieredbuf.errors import ConfigError
+from tieredbuf.format.batch import decode_batch_arrow
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.spark.options import check_long
 
@@ -28,9 +26,6 @@ RECORDS_DDL = (
 RECORD_FIELDS = ("value", "metadata", "sequence", "index", "ingestion_time", "location")
 SEQUENCE_COL = "_sequence"
 BUNDLE_COL = "_bundle"
-_BATCH_FOOTER = struct.Struct("<BIH")  # compression_type, record_count, version
-_U32 = struct.Struct("<I")
-_FAST_LIMIT = 1 << 30
 ROWS_PER_BATCH = 1 << 16
 """Large objects are handed to Spark in slices of this many rows."""
 
@@ -60,7 +55,7 @@ def records_batches(
     ts_from_ms: int | None = None, ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one ``.batch`` object; ``[ts_from_ms, ts_to_ms)`` filters per record."""
-    values = records_array(data, ref.location)
+    values = decode_batch_arrow(data, ref.location)
     n = len(values)
     if n == 0:
         return
@@ -95,62 +90,6 @@ def records_batches(
         keep = _time_mask(ingestion, ts_from_ms, ts_to_ms)
         batch = batch.filter(keep)
     yield from _project(batch, schema)
-
-
-def records_array(data: bytes, obj: str | None = None) -> pa.Array:
-    """The records of a data batch as one Arrow ``binary`` array, without a Python
-    object per record: the length prefixes are walked once, then the record bytes are
-    gathered with one vectorized mask.  Checks what :func:`decode_batch` checks and
-    raises the same CorruptError; compressed or >1 GiB batches go through it."""
-    view = memoryview(data)
-    if len(view) < batch_format.FOOTER_SIZE or len(view) > _FAST_LIMIT:
-        return pa.array(decode_batch(data, obj=obj), pa.binary())
-    foot_at = len(view) - batch_format.FOOTER_SIZE
-    ctype, count, version = _BATCH_FOOTER.unpack_from(view, foot_at)
-    if version != batch_format.BATCH_VERSION or ctype != 0 or count * 4 > foot_at:
-        return pa.array(decode_batch(data, obj=obj), pa.binary())  # raises or decompresses
-    lens_list: list[int] = []
-    append = lens_list.append
-    pos = 0
-    unpack = _U32.unpack_from
-    try:
-        for _ in range(count):
-            (k,) = unpack(view, pos)
-            append(k)
-            pos += 4 + k
-    except struct.error:
-        pos = foot_at + 1  # a length prefix ran past the block: locate it below
-    if pos != foot_at:
-        raise _records_error(view, foot_at, count, obj)
-    lens = np.array(lens_list, dtype=np.int64)
-    raw = np.frombuffer(view, dtype=np.uint8, count=foot_at)
-    starts = np.empty(count, dtype=np.int64)
-    if count:
-        starts[0] = 0
-        np.cumsum(lens[:-1] + 4, out=starts[1:])
-    keep = np.ones(foot_at, dtype=bool)
-    keep[(starts[:, None] + np.arange(4)).ravel()] = False
-    offsets = np.zeros(count + 1, dtype=np.int32)
-    np.cumsum(lens, out=offsets[1:])
-    payload = raw[keep]
-    return pa.Array.from_buffers(
-        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(payload)]
-    )
-
-
-def _records_error(view: memoryview, end: int, count: int, obj: str | None) -> CorruptError:
-    """The precise error for a record block whose lengths do not add up (slow path)."""
-    pos = 0
-    for i in range(count):
-        if pos + 4 > end:
-            return CorruptError("data batch", obj, pos, f"record {i} length: truncated")
-        (k,) = _U32.unpack_from(view, pos)
-        if pos + 4 + k > end:
-            return CorruptError(
-                "data batch", obj, pos, f"record {i} length {k} runs past the record block"
-            )
-        pos += 4 + k
-    return CorruptError("data batch", obj, pos, f"{end - pos} trailing bytes after {count} records")
 
 
 def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:
