@@ -142,9 +142,9 @@ def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     q.apply_retention()  # idempotent
     assert q.read().low == low
     q2 = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
-                       tree_config=TreeConfig(m=2, retention_max_age=timedelta(seconds=1)))
+                       tree_config=TreeConfig(m=2))
     now[0] = 1000 + 19 + 1000  # age limit 1019: entry 18 (time 1018) goes, 19 stays
-    q2.apply_retention()
+    q2.set_retention(max_age=timedelta(seconds=1))  # replaces the byte rule, applies at once
     assert q2.read().low == 19  # entries with time < 1019 are past the age
 
 

@@ -19,7 +19,7 @@ from tieredbuf.config import TreeConfig
 from tieredbuf.format import tree as ft
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue import tree
-from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.queue.manifest_queue import ManifestQueue, retention_of
 from tieredbuf.store import open_store
 from tieredbuf.store.faults import FaultInjectingStore
 
@@ -150,7 +150,8 @@ class TreeMachine(RuleBasedStateMachine):
         leaf = first_leaf(root, load)
         if leaf is not None and self.cfg.retains:
             _first, last, _nbytes, max_t = leaf
-            p = self.q.policy(snap.head, self.now)
+            assert snap.retention == retention_of(self.cfg)  # seeded by the first write
+            p = self.q.policy(snap.head, self.now, snap.retention)
             too_old = p.age_limit_ms is not None and max_t < p.age_limit_ms
             too_big = p.max_bytes is not None and root.total_bytes > p.max_bytes
             # retention ran in the last write; it left nothing it should have unlinked

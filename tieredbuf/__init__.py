@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from tieredbuf import errors
 from tieredbuf.buffer import Buffer, open
-from tieredbuf.config import Compression, ConsumerConfig, GcConfig, ProducerConfig, RetryConfig
+from tieredbuf.config import (
+    Compression,
+    ConsumerConfig,
+    GcConfig,
+    ProducerConfig,
+    RetryConfig,
+    TreeConfig,
+)
 from tieredbuf.consumer import ConsumedBatch, Consumer
 from tieredbuf.errors import (
     AckOrderError,
@@ -22,7 +29,7 @@ from tieredbuf.errors import (
     OutcomeUnknownError,
     TieredBufError,
 )
-from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.format.manifest import MetadataItem, RetentionPolicy
 from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
 
 __version__ = "0.1.0"
@@ -44,8 +51,10 @@ __all__ = [
     "MetadataItem",
     "OutcomeUnknownError",
     "ProducerConfig",
+    "RetentionPolicy",
     "RetryConfig",
     "TieredBufError",
+    "TreeConfig",
     "WriteHandle",
     "WriteOutcome",
     "errors",

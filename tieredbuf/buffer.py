@@ -10,7 +10,7 @@ from typing import Any
 from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig
 from tieredbuf.consumer import Consumer, fetch_object
 from tieredbuf.errors import ConfigError
-from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
@@ -87,8 +87,24 @@ class Buffer:
         )
 
     def apply_retention(self) -> None:
-        """Apply retention now (it also runs inside every append and dequeue)."""
+        """Apply the root's retention policy now (it also runs inside every append and dequeue)."""
         self.queue.apply_retention()
+
+    def set_retention(
+        self, *, max_age: timedelta | None = None, max_bytes: int | None = None
+    ) -> RetentionPolicy:
+        """Store the retention policy in the root (one CAS); every writer then applies it.
+
+        Acked history stays readable until it is older than ``max_age`` or while the
+        linked data exceeds ``max_bytes``.  Both None: no retention (acked history is
+        unlinked as it is dequeued).  The stored policy wins over any writer's TreeConfig.
+        """
+        return self.queue.set_retention(max_age, max_bytes)
+
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        """The root's retention policy (one read; None: never set, no retention)."""
+        return self.snapshot().retention
 
     def read_object(self, entry: ManifestEntry) -> bytes:
         """The data object an entry points at (DataLossError when it is missing)."""
@@ -107,7 +123,9 @@ class Buffer:
 def open(url: str, *, tree: TreeConfig | None = None, **options: Any) -> Buffer:
     """Open the buffer at ``url``; ``options`` are store options (endpoint, region, ...).
 
-    ``tree`` sets the manifest tree's branching factor and retention (TreeConfig).
+    ``tree`` sets the manifest tree's branching factor; its retention fields seed the
+    root's retention policy in this buffer's first write if the root has none (the
+    root's stored policy is authoritative: see :meth:`Buffer.set_retention`).
     """
     return Buffer(open_store(url, **options), tree)
 

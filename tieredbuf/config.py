@@ -237,17 +237,21 @@ class TreeConfig:
     """The queue manifest as an M-way tree, and retention of acked history.
 
     Every writer of one buffer (producers, exporters, consumers) should use the
-    same values: rebalancing and retention run inside whichever writer's CAS loop
-    touches the root.  Nothing here is read from the environment.
+    same ``m``: rebalancing runs inside whichever writer's CAS loop touches the root.
+    Retention is the root's: the retention fields only *seed* the root's stored
+    policy in this writer's first write when the root has never had one; afterwards
+    the stored policy (``Buffer.set_retention``) wins for every writer.  Nothing
+    here is read from the environment.
     """
 
     m: int = 1024
     """Branching factor: the root keeps at most ``m`` entries and ``m`` refs of each level;
     the oldest ``m`` of a fuller level move into one immutable group object."""
     retention_max_age: timedelta | None = None
-    """Keep acked history at least until it is this old (None: no age rule)."""
+    """Seed for the root's policy: keep acked history at least until it is this old."""
     retention_max_bytes: int | None = None
-    """Unlink acked history, oldest first, while the linked data exceeds this many bytes."""
+    """Seed for the root's policy: unlink acked history, oldest first, while the linked
+    data exceeds this many bytes."""
     link_deadline: timedelta = timedelta(minutes=2)
     """A writer abandons a CAS attempt whose new group objects are older than this: they
     must be linked well inside GC's grace period (keep it under half of gc_grace_period)."""

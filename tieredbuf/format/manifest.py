@@ -17,7 +17,8 @@ puts an extension block between them::
 
 Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner,
 3 = tree (head, first retained sequence, group references; see format/tree.py),
-4 = entry stats (object size and ingestion time per root entry).
+4 = entry stats (object size and ingestion time per root entry), 5 = retention policy
+(authoritative for every writer; absent = never set, i.e. no retention).
 Unknown tags are refused (they carry semantics a writer would drop).  Appending
 never decodes existing entries: the entry region is copied as bytes.
 See docs/format.md.
@@ -41,11 +42,16 @@ TAG_WATERMARKS = 1
 TAG_OWNER = 2
 TAG_TREE = 3
 TAG_STATS = 4
+TAG_RETENTION = 5
+KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION)
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
 _SECTION = struct.Struct("<HI")
 _WATERMARK = struct.Struct("<QQq")
+_RETENTION = struct.Struct("<BQQ")
+RETAIN_AGE = 0x01
+RETAIN_BYTES = 0x02
 MAX_LOCATION = 0xFFFF
 WHAT = "queue manifest"
 
@@ -94,6 +100,48 @@ class Watermark:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """Section 5: how long acked history stays linked; ``None`` fields are rules not set.
+
+    Both ``None`` is an explicit "no retention" (it still stops a writer's TreeConfig
+    from seeding a policy; see :mod:`tieredbuf.queue.manifest_queue`).
+    """
+
+    max_age_ms: int | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_age_ms", "max_bytes"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v < 1 << 63:
+                raise ValueError(f"retention {name} must be in [0, 2**63), got {v}")
+
+    @property
+    def retains(self) -> bool:
+        return self.max_age_ms is not None or self.max_bytes is not None
+
+
+def encode_retention(p: RetentionPolicy) -> bytes:
+    flags = (RETAIN_AGE if p.max_age_ms is not None else 0) | (
+        RETAIN_BYTES if p.max_bytes is not None else 0)
+    return _RETENTION.pack(flags, p.max_age_ms or 0, p.max_bytes or 0)
+
+
+def decode_retention(body: Reader) -> RetentionPolicy:
+    at = body.pos
+    body.need(_RETENTION.size, "retention policy")
+    flags, age, nbytes = _RETENTION.unpack_from(body.buf, body.pos)
+    body.pos += _RETENTION.size
+    if flags & ~(RETAIN_AGE | RETAIN_BYTES):
+        raise body.fail(f"unknown retention flags 0x{flags:02x}", at)
+    for bit, v, name in ((RETAIN_AGE, age, "max_age_ms"), (RETAIN_BYTES, nbytes, "max_bytes")):
+        if (not flags & bit and v) or v >= 1 << 63:
+            raise body.fail(f"bad retention {name} {v} (flags 0x{flags:02x})", at)
+    return RetentionPolicy(age if flags & RETAIN_AGE else None,
+                          nbytes if flags & RETAIN_BYTES else None)
+
+
+@dataclass(frozen=True, slots=True)
 class Footer:
     entry_count: int
     next_sequence: int
@@ -119,6 +167,8 @@ class ManifestView:
     """Raw body of section 3 (decoded by :mod:`tieredbuf.format.tree`)."""
     stats: bytes | None = None
     """Raw body of section 4 (decoded by :mod:`tieredbuf.format.tree`)."""
+    retention: RetentionPolicy | None = None
+    """Section 5; None when the root has never had a retention policy."""
 
     @property
     def entries_bytes(self) -> memoryview:
@@ -159,6 +209,7 @@ def _encode_ext(
     owner: str | None,
     tree: bytes | None = None,
     stats: bytes | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> bytes:
     sections: list[bytes] = []
     if watermarks:
@@ -174,7 +225,8 @@ def _encode_ext(
     if owner is not None:
         o = owner.encode("utf-8")
         sections.append(_SECTION.pack(TAG_OWNER, len(o)) + o)
-    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats)):
+    ret = None if retention is None else encode_retention(retention)
+    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret)):
         if body_ is not None:
             sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
@@ -188,6 +240,7 @@ class _Ext:
     owner: str | None = None
     tree: bytes | None = None
     stats: bytes | None = None
+    retention: RetentionPolicy | None = None
 
 
 def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
@@ -210,7 +263,7 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
     while r.remaining():
         at = r.pos
         tag = r.u16("section tag")
-        if tag <= last_tag and tag in (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS):
+        if tag <= last_tag and tag in KNOWN_TAGS:
             raise CorruptError(WHAT, obj, start + at, f"section {tag} out of order or repeated")
         last_tag = tag
         n = r.u32("section length")
@@ -231,6 +284,8 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
             ext.tree = bytes(body.take(n, "tree section"))
         elif tag == TAG_STATS:
             ext.stats = bytes(body.take(n, "stats section"))
+        elif tag == TAG_RETENTION:
+            ext.retention = decode_retention(body)
         else:
             raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
         if body.remaining():
@@ -254,7 +309,8 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
     if footer.version == V1:
         return ManifestView(raw, footer, ext_end, obj=obj)
     x = _parse_ext(memoryview(raw), ext_end, obj)
-    return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats)
+    return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats,
+                        x.retention)
 
 
 def empty_manifest() -> ManifestView:
@@ -315,15 +371,16 @@ def encode_manifest(
     owner: str | None,
     tree: bytes | None = None,
     stats: bytes | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> bytes:
     """Assemble a v2 manifest from an entry region and its metadata."""
     f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
-    ext = _encode_ext(watermarks, owner, tree, stats)
+    ext = _encode_ext(watermarks, owner, tree, stats, retention)
     return b"".join((entries_region, ext, encode_footer(f)))
 
 
 def _flat_only(view: ManifestView) -> None:
-    if view.tree is not None or view.stats is not None:
+    if view.tree is not None or view.stats is not None or view.retention is not None:
         raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
@@ -349,7 +406,7 @@ def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     f = view.footer
     return encode_manifest(
         view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
-        view.watermarks, owner, view.tree, view.stats,
+        view.watermarks, owner, view.tree, view.stats, view.retention,
     )
 
 

@@ -17,17 +17,27 @@ immutable group object, PUT create-if-absent under a fresh ULID key *before*
 the root CAS) and applies retention / unlinks consumed groups.  A lost CAS
 leaves those group objects as orphans for GC; the retry re-plans from a fresh
 read.  The root stays bounded (I6).
+
+Retention is the root's (section 5), never a writer's own: every writer applies
+the policy stored in the root it read.  :meth:`ManifestQueue.set_retention`
+changes it by CAS; a writer whose ``TreeConfig`` sets retention seeds the root's
+policy in its first write *only when the root has never had one*; a root policy
+that disagrees with a writer's config wins (the writer logs it and counts
+``retention_config_ignored``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 
 from tieredbuf.config import RetryConfig, TreeConfig
 from tieredbuf.errors import (
+    ConfigError,
     ConflictError,
     FencedError,
     ObjectNotFoundError,
@@ -41,6 +51,8 @@ from tieredbuf.queue import tree
 from tieredbuf.queue.backoff import Stats, backoff_delay
 from tieredbuf.queue.nodes import NodeStore
 from tieredbuf.store.base import IfMatch, PutMode, Store
+
+log = logging.getLogger(__name__)
 
 WATERMARK_CAP = 16384
 """At most this many producer watermarks are kept (most recently active first)."""
@@ -86,6 +98,11 @@ class Snapshot:
     def total_bytes(self) -> int:
         return self.root.total_bytes
 
+    @property
+    def retention(self) -> fm.RetentionPolicy | None:
+        """The root's retention policy (None: never set, no retention)."""
+        return self.root.retention
+
     def entries(self) -> list[fm.ManifestEntry]:
         """The queued entries (head .. tail), in order; reads group objects as needed."""
         return list(self.iter_from(self.root.head))
@@ -120,6 +137,8 @@ class ManifestQueue:
         self.max_transient_retries = max_transient_retries
         self.stats = Stats()
         self.tree = tree_config or TreeConfig()
+        self._config_retention = retention_of(self.tree)
+        self._warned_retention: fm.RetentionPolicy | None = None
         self.nodes = nodes or NodeStore(
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
@@ -246,7 +265,7 @@ class ManifestQueue:
             wms = fm.prune_watermarks(view.watermarks, now, self.watermark_ttl_ms, WATERMARK_CAP)
             last_seq = snap.root.next_seq + len(todo) - 1
             wms[producer_id] = fm.Watermark(producer_id, last_producer_seq, last_seq, now)
-            draft = snap.root.copy()
+            draft = self._draft(snap)
             draft.watermarks = wms
             first = tree.append_entries(draft, todo, now)
             if self._attempt(snap, partial(self._finish, draft, now), attempt):
@@ -269,7 +288,7 @@ class ManifestQueue:
             if target is not None and snap.view.owner == owner and snap.footer.epoch == target:
                 return target
             target = snap.footer.epoch + 1
-            draft = snap.root.copy()
+            draft = self._draft(snap)
             draft.epoch, draft.owner = target, owner
             if self._attempt(snap, draft.encode(), attempt):
                 self.stats.incr("epoch_bumps")
@@ -285,7 +304,7 @@ class ManifestQueue:
                 raise FencedError(epoch, snap.footer.epoch)
             if snap.root.head > through_sequence:
                 return
-            draft = snap.root.copy()
+            draft = self._draft(snap)
             draft.head = min(through_sequence + 1, draft.next_seq)
             if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
                 self.stats.incr("dequeues")
@@ -297,12 +316,12 @@ class ManifestQueue:
         attempt = 0
         while True:
             snap = self._read_retrying(attempt)
-            draft = snap.root.copy()
-            before = draft.copy()
+            before = snap.root
+            draft = self._draft(snap)
 
             def build(d: tree.Root = draft, b: tree.Root = before) -> bytes:
                 data = self._finish(d, self.clock_ms())
-                if d.same_links(b):
+                if d.same_links(b) and d.retention == b.retention:
                     raise _NothingToDo()
                 return data
 
@@ -314,22 +333,82 @@ class ManifestQueue:
                 return  # nothing to unlink: no write (idempotent)
             attempt += 1
 
+    def set_retention(
+        self, max_age: timedelta | None = None, max_bytes: int | None = None
+    ) -> fm.RetentionPolicy:
+        """Store the buffer's retention policy in the root (one CAS) and apply it at once.
+
+        Both None stores an explicit "no retention": acked history is unlinked as it is
+        dequeued, and no writer's TreeConfig can seed a policy again.  Replaces the whole
+        policy; idempotent (a root already at this policy is not written).
+        """
+        want = _policy(max_age, max_bytes)
+        attempt = 0
+        while True:
+            snap = self._read_retrying(attempt)
+            if snap.root.retention == want:
+                return want
+            draft = snap.root.copy()
+            draft.retention = want
+            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
+                self.stats.incr("retention_sets")
+                return want
+            attempt += 1
+
     # --- tree maintenance inside a CAS attempt ----------------------------------
 
-    def policy(self, head: int, now_ms: int) -> tree.Policy:
-        cfg = self.tree
-        age = cfg.retention_max_age
+    def _draft(self, snap: Snapshot) -> tree.Root:
+        """A copy of the root to change; seeds the retention policy from our TreeConfig only
+        when the root has never had one (the root's stored policy is authoritative)."""
+        draft = snap.root.copy()
+        mine = self._config_retention
+        if mine is None:
+            return draft
+        if draft.retention is None:
+            draft.retention = mine
+        elif draft.retention != mine and self._warned_retention != draft.retention:
+            self._warned_retention = draft.retention
+            self.stats.incr("retention_config_ignored")
+            log.warning("the buffer's stored retention policy %s differs from this writer's "
+                        "TreeConfig %s: applying the stored one (set_retention changes it)",
+                        draft.retention, mine)
+        return draft
+
+    @staticmethod
+    def policy(head: int, now_ms: int, retention: fm.RetentionPolicy | None) -> tree.Policy:
+        """What a write may unlink under the root's ``retention`` (None: no retention)."""
+        if retention is None or not retention.retains:
+            return tree.Policy(head=head, retain=False)
+        age = retention.max_age_ms
         return tree.Policy(
             head=head,
-            retain=cfg.retains,
-            age_limit_ms=None if age is None else now_ms - int(age.total_seconds() * 1000),
-            max_bytes=cfg.retention_max_bytes,
+            retain=True,
+            age_limit_ms=None if age is None else now_ms - age,
+            max_bytes=retention.max_bytes,
         )
 
     def _finish(self, draft: tree.Root, now_ms: int) -> bytes:
-        """Unlink what the policy allows, rebalance, and encode (group PUTs happen here)."""
-        tree.trim(draft, self.policy(draft.head, now_ms), self.nodes.load, self.nodes.put)
+        """Unlink what the root's policy allows, rebalance, and encode (group PUTs happen here)."""
+        policy = self.policy(draft.head, now_ms, draft.retention)
+        tree.trim(draft, policy, self.nodes.load, self.nodes.put)
         tree.rebalance(draft, self.tree.m, self.nodes.put)
         if draft.nodes_written:
             self.stats.incr("groups_written", len(draft.nodes_written))
         return draft.encode()
+
+
+def _policy(max_age: timedelta | None, max_bytes: int | None) -> fm.RetentionPolicy:
+    if max_age is not None and max_age < timedelta(0):
+        raise ConfigError(f"retention max_age must be >= 0, got {max_age}")
+    if max_bytes is not None and max_bytes < 0:
+        raise ConfigError(f"retention max_bytes must be >= 0, got {max_bytes}")
+    age_ms = None if max_age is None else max_age // timedelta(milliseconds=1)
+    return fm.RetentionPolicy(age_ms, max_bytes)
+
+
+def retention_of(cfg: TreeConfig) -> fm.RetentionPolicy | None:
+    """The policy a TreeConfig asks for (None when it sets no retention rule)."""
+    if not cfg.retains:
+        return None
+    return _policy(cfg.retention_max_age, cfg.retention_max_bytes)
+
