@@ -89,6 +89,45 @@ def test_I2_segment_appended_before_a_crash_is_not_appended_again(tmp_path: Path
     assert p.stage.sealed_segments() == []
 
 
+def test_I2_group_commit_after_a_crash_appends_only_what_did_not_land(tmp_path: Path) -> None:
+    from tieredbuf.errors import OutcomeUnknownError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    url = f"file://{tmp_path}/buf"
+    stage = Stage(tmp_path / "stage")
+    segs = []
+    for i in range(3):  # per-core sequences 0-1, 2-4, 5-7: append numbers 2, 5, 8
+        for j in range(2 + (i > 0)):
+            stage.append_records([b"r%d" % j], b"m").result(timeout=10)
+        segs += stage.seal_all()
+    assert [s.last_sequence + 1 for s in segs] == [2, 5, 8]
+    # before the crash the exporter appended the first segment but did not release it
+    first = tieredbuf.open(url)
+    pub = Publisher(first.store, first.queue, f"{stage.producer_id}.batch",
+                    retry=tieredbuf.RetryConfig(), gc_grace_period=timedelta(minutes=10))
+    pend = Pending(segs[0].path.read_bytes(), ".batch", _metadata(segs[0]), 2)
+    pub.upload(pend)
+    pub.append_increasing([pend])
+    stage.close()
+    # restart: all three go in one group; the group commit lands and its response is lost
+    faulty = FaultInjectingStore(open_store(url))
+    fault = faulty.arm("put", key=MANIFEST_KEY, when="after", error=OutcomeUnknownError, times=1)
+    buf = tieredbuf.Buffer(faulty)
+    p = buf.producer(staging_dir=tmp_path / "stage")
+    p.close()
+    assert fault.fired == 1
+    entries = buf.entries()
+    assert len(entries) == 3 and entries[0].location == pend.location
+    assert len({e.location for e in entries}) == 3
+    assert p.exporter.stats.get("group_commits") == 1
+    assert buf.queue.stats.get("deduplicated_appends") == 1
+    assert p.stage.sealed_segments() == []
+    records = [r for b in _drain_consumer(buf) for r in b.entries]
+    assert records == [b"r0", b"r1", b"r0", b"r1", b"r2", b"r0", b"r1", b"r2"]
+
+
 def test_a_second_producer_on_the_same_stage_is_refused(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/buf")
     p = buf.producer(staging_dir=tmp_path / "stage")

@@ -2,8 +2,9 @@
 
 For every sealed segment, oldest first: read it, upload it as ``data/<ULID>.batch``
 or ``.qseg`` (create-if-absent; multipart when large), append it to the manifest
-(uploads run in parallel; appends go one segment per CAS, in sequence order),
-and only then release it from the stage (delete the local file).
+(uploads run in parallel, up to ``max_uploads_in_flight`` segments at a time;
+then those segments are appended in ONE CAS, in sequence order: group commit),
+and only then release them from the stage (delete the local files).
 
 Exactly once across crashes (I2).  Each kind's segments are appended under the
 producer id ``<stage producer id>.<kind>`` with the segment's last per-core
@@ -11,8 +12,9 @@ sequence + 1 as its append number.  Within one kind, segments seal one after ano
 and cover increasing sequences, and the stage never reuses a sequence (Quiver
 #4024), so the numbers only grow: a segment that was appended but not released
 before a crash is recognised by the manifest's watermark and released without a
-second entry.  Transient store errors are retried with backoff, forever; a
-segment is never skipped.
+second entry; a group regrouped after a restart appends only the segments whose
+numbers the watermark does not cover yet.  Transient store errors are retried with
+backoff, forever; a segment is never skipped.
 """
 
 from __future__ import annotations
@@ -158,10 +160,12 @@ class Exporter:
         futures: list[Future[None]] = [self._pool.submit(pub.upload, p) for p in pending]
         for f in futures:
             f.result()
-        for seg, p in zip(segs, pending, strict=True):
-            # One CAS per segment: append numbers are the segments' last sequences,
-            # increasing but not consecutive, and a segment is tens of MiB anyway.
-            (seq,) = pub.append([p])
+        # Group commit: every uploaded segment of this batch in one CAS.  Append numbers
+        # (each segment's last per-core sequence + 1) increase with gaps; the manifest
+        # skips those its watermark already covers (a regrouped retry after a crash).
+        seqs = pub.append_increasing(pending)
+        self.stats.incr("group_commits")
+        for seg, p, seq in zip(segs, pending, seqs, strict=True):
             self.stats.incr("segments_exported")
             self.stats.incr("bytes_exported", len(p.body))
             self.stage.release(seg)

@@ -132,12 +132,31 @@ class Publisher:
         for a, b in itertools.pairwise(group):
             if b.producer_seq != a.producer_seq + 1:
                 raise ValueError("a group's producer sequence numbers must be consecutive")
+        return self._append(group, explicit=False)
+
+    def append_increasing(self, group: Sequence[Pending]) -> list[int | None]:
+        """Append ``group`` (uploaded, strictly increasing producer_seq, gaps allowed) in one
+        CAS, exactly once (group commit).
+
+        Numbers the producer's watermark already covers landed before (a retry, or a
+        regrouped retry after a restart) and are skipped; their sequences are recovered
+        when the whole group landed together, else ``None``.
+        """
+        if not group:
+            return []
+        for a, b in itertools.pairwise(group):
+            if b.producer_seq <= a.producer_seq:
+                raise ValueError("a group's producer sequence numbers must strictly increase")
+        return self._append(group, explicit=True)
+
+    def _append(self, group: Sequence[Pending], *, explicit: bool) -> list[int | None]:
+        seqs = [p.producer_seq for p in group] if explicit else None
         while True:
             entries = [NewEntry(p.location, p.metadata, len(p.body)) for p in group]
             try:
                 return self.queue.append(
                     entries, self.producer_id, group[-1].producer_seq,
-                    before_write=lambda: self._check_fresh(group),
+                    before_write=lambda: self._check_fresh(group), producer_seqs=seqs,
                 )
             except _Stale as s:
                 for p in s.stale:

@@ -28,6 +28,9 @@ that disagrees with a writer's config wins (the writer logs it and counts
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -231,33 +234,36 @@ class ManifestQueue:
         last_producer_seq: int,
         *,
         before_write: Callable[[], None] | None = None,
+        producer_seqs: Sequence[int] | None = None,
     ) -> list[int | None]:
         """Append ``new`` exactly once; returns the sequence given to each entry.
 
-        ``new[i]`` is the producer's append number ``last_producer_seq - len(new) + 1 + i``.
-        Entries whose number the manifest's watermark already covers landed earlier (a
-        retry after an unknown outcome, or a restart) and are not appended again; their
-        sequence is known when the whole group landed together, else ``None``.
-        ``before_write`` runs before every write and may raise to abort (GC grace race).
+        ``new[i]`` is the producer's append number ``producer_seqs[i]`` if given (strictly
+        increasing, ending at ``last_producer_seq``), else ``last_producer_seq - len(new) +
+        1 + i``.  Entries whose number the manifest's watermark already covers landed
+        earlier (a retry after an unknown outcome, or a restart) and are not appended
+        again; their sequence is known when the whole group landed together, else
+        ``None``.  ``before_write`` runs before every write and may raise to abort (GC
+        grace race).
         """
         n = len(new)
         if n == 0:
             return []
-        first_pseq = last_producer_seq - n + 1
-        if first_pseq < 1:
-            raise ValueError("producer sequence numbers start at 1")
+        pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
         attempt = 0
         while True:
             snap = self._read_retrying(attempt)
             view = snap.view
             wm = view.watermarks.get(producer_id)
-            done = 0 if wm is None else max(0, min(n, wm.producer_seq - first_pseq + 1))
+            done = 0 if wm is None else bisect.bisect_right(pseqs, wm.producer_seq)
             if done == n:
                 assert wm is not None
                 if attempt:
                     self.stats.incr("deduplicated_appends")
-                last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
-                return list(range(last - n + 1, last + 1))
+                if producer_seqs is None:
+                    last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
+                    return list(range(last - n + 1, last + 1))
+                return self._landed(snap, new, pseqs, wm)
             if before_write is not None:
                 before_write()
             todo = new[done:]
@@ -273,6 +279,29 @@ class ManifestQueue:
                 self.stats.incr("entries_appended", len(todo))
                 return [None] * done + list(range(first, first + len(todo)))
             attempt += 1
+
+    def _landed(self, snap: Snapshot, new: Sequence[fm.NewEntry], pseqs: Sequence[int],
+                wm: fm.Watermark) -> list[int | None]:
+        """Sequences of a group whose explicit numbers all landed already.
+
+        The watermark names the sequence of the last number of the last append that
+        landed; when that is our last number, the group's entries sit just before it if
+        the group landed in one CAS.  Each candidate is confirmed by its location (a
+        ULID key: unique), so a group that landed in pieces yields ``None`` for the
+        entries it cannot place.
+        """
+        if wm.producer_seq != pseqs[-1]:
+            return [None] * len(new)
+        out: list[int | None] = []
+        first = wm.last_sequence - len(new) + 1
+        for i, e in enumerate(new):
+            seq = first + i
+            got = None
+            if seq >= snap.root.linked_first:
+                with contextlib.suppress(ObjectNotFoundError):
+                    got = tree.find_sequence(snap.root, seq, self.nodes.load)
+            out.append(seq if got is not None and got.location == e.location else None)
+        return out
 
     # --- consumer operations ---------------------------------------------------
 
@@ -412,3 +441,18 @@ def retention_of(cfg: TreeConfig) -> fm.RetentionPolicy | None:
         return None
     return _policy(cfg.retention_max_age, cfg.retention_max_bytes)
 
+
+def _producer_seqs(n: int, last: int, given: Sequence[int] | None) -> Sequence[int]:
+    """The append numbers of a group of ``n`` (consecutive ending at ``last`` unless given)."""
+    if given is None:
+        if last - n + 1 < 1:
+            raise ValueError("producer sequence numbers start at 1")
+        return range(last - n + 1, last + 1)
+    seqs = list(given)
+    if len(seqs) != n:
+        raise ValueError(f"{len(seqs)} producer sequence numbers for {n} entries")
+    if seqs[0] < 1 or seqs[-1] != last:
+        raise ValueError("producer sequence numbers start at 1 and end at last_producer_seq")
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise ValueError("producer sequence numbers must be strictly increasing")
+    return seqs
