@@ -196,3 +196,25 @@ def test_cursor_damage_is_named() -> None:
     assert ei.value.offset == 20
     with pytest.raises(CorruptError):
         cursor.decode_cursor(cursor.encode_sequence(5))  # wrong magic
+
+
+# --- CRC of a body encoded before its sequence is known -------------------------------
+
+
+@pytest.mark.parametrize("blen", [0, 1, 7, 4096, 70_001, 1 << 20])
+def test_crc32_combine_matches_zlib_over_the_concatenation(blen: int) -> None:
+    head, body = bytes(range(17)), bytes((i * 7) & 0xFF for i in range(blen))
+    expected = zlib.crc32(head + body)
+    assert wal.crc32_combine(zlib.crc32(head), zlib.crc32(body), blen) == expected
+    assert wal.crc32_combine_py(zlib.crc32(head), zlib.crc32(body), blen) == expected
+
+
+def test_a_body_encoded_outside_the_lock_frames_to_the_golden_bytes() -> None:
+    """records_body + frame_entry (the stage's split) == the hand-packed layout."""
+    recs = [b"x" * n for n in (0, 1, 300, 5000)] * 5  # > 8 parts: the coalesced path
+    body = struct.pack("<BqQ", 2, 123, 7) + struct.pack("<I", 2) + b"md" \
+        + struct.pack("<I", len(recs)) + b"".join(struct.pack("<I", len(r)) + r for r in recs)
+    entry = wal.records_body(recs, b"md")
+    assert b"".join(wal.frame_entry(7, 123, entry)) == _frame(body)
+    assert b"".join(wal.frame_entry(7, 123, entry)) == b"".join(
+        wal.encode_records_entry(7, 123, recs, b"md"))

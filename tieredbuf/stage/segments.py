@@ -137,11 +137,15 @@ class RecordsAccumulator(_Common):
     nbytes: int = 0
     kind: str = BATCH
 
-    def add(self, records: Sequence[bytes], metadata: bytes, ingestion_ts_nanos: int) -> None:
+    def add(self, records: Sequence[bytes], metadata: bytes, ingestion_ts_nanos: int,
+            nbytes: int | None = None) -> None:
+        """``nbytes``: the caller's precomputed ``sum(len(r) + 4) + len(metadata) + 16``."""
         self.items.append(MetadataItem(len(self.records), ingestion_ts_nanos // 1_000_000,
                                        bytes(metadata)))
         self.records.extend(records)
-        self.nbytes += sum(len(r) + 4 for r in records) + len(metadata) + 16
+        if nbytes is None:
+            nbytes = sum(len(r) + 4 for r in records) + len(metadata) + 16
+        self.nbytes += nbytes
 
     def __len__(self) -> int:
         return len(self.items)

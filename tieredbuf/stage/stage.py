@@ -199,8 +199,12 @@ class Stage:
     ) -> Future[StageAck]:
         """Stage one ``produce(entries, metadata)`` call.  The future completes at the
         LOCAL ack: after the WAL fdatasync (``wal``) or the segment seal (``segment_only``)."""
-        n = sum(len(r) + 4 for r in records) + len(metadata) + 64
-        return self._append(BundleOrRecords(records=records, metadata=metadata), n, timeout)
+        size = sum(map(len, records)) + 4 * len(records) + len(metadata)
+        # the entry body and its CRC are encoded here, outside the stage lock: only the
+        # 17-byte head (type, timestamp, sequence) is framed under it
+        entry = wal_fmt.records_body(records, metadata) if self._wal is not None else None
+        item = BundleOrRecords(records=records, metadata=metadata, entry=entry, size=size + 16)
+        return self._append(item, size + 64, timeout)
 
     def append_bundle(
         self, bundle: Mapping[int, pa.RecordBatch], timeout: float | None = None
@@ -210,8 +214,9 @@ class Stage:
             if not 0 <= slot < wal_fmt.MAX_SLOTS:
                 raise ValueError(f"slot id {slot} outside 0..{wal_fmt.MAX_SLOTS - 1}")
         n = sum(b.get_total_buffer_size() for b in bundle.values()) + 64
-        body = wal_fmt.bundle_body(bundle) if self._wal is not None else None
-        return self._append(BundleOrRecords(bundle=bundle, body=body), n, timeout)
+        entry = wal_fmt.entry_body(wal_fmt.ENTRY_RECORD_BUNDLE, wal_fmt.bundle_body(bundle)) \
+            if self._wal is not None else None
+        return self._append(BundleOrRecords(bundle=bundle, entry=entry), n, timeout)
 
     def _append(self, item: BundleOrRecords, n: int, timeout: float | None) -> Future[StageAck]:
         wait_s = self.config.backpressure_timeout.total_seconds() if timeout is None else timeout
@@ -251,7 +256,7 @@ class Stage:
                 acc.add(item.bundle, ts, seq)
             else:
                 acc = self._records_acc()
-                acc.add(item.records, item.metadata, ts)
+                acc.add(item.records, item.metadata, ts, item.size)
             start = end = None
             if wal_append is not None:
                 start, end = wal_append.start, wal_append.end
@@ -500,14 +505,14 @@ class BundleOrRecords:
     records: Sequence[bytes] = ()
     metadata: bytes = b""
     bundle: Mapping[int, pa.RecordBatch] | None = None
-    body: list[bytes | pa.Buffer] | None = None
-    """Pre-encoded bundle payloads (IPC encoding happens outside the stage lock)."""
+    entry: wal_fmt.EntryBody | None = None
+    """The WAL entry's body and CRC, encoded outside the stage lock."""
+    size: int | None = None
+    """Records: the accumulator's byte count for them, computed outside the lock."""
 
     def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
-        if self.bundle is not None:
-            body = self.body if self.body is not None else wal_fmt.bundle_body(self.bundle)
-            return wal_fmt.frame_bundle_entry(seq, ts, body)
-        return wal_fmt.encode_records_entry(seq, ts, self.records, self.metadata)
+        assert self.entry is not None
+        return wal_fmt.frame_entry(seq, ts, self.entry)
 
 
 def _chain(src: Future[int], dst: Future[StageAck], ack: StageAck) -> None:
