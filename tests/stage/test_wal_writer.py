@@ -15,7 +15,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, WalFullError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage.wal import ACTIVE_NAME, CURSOR_NAME, WalWriter
+from tieredbuf.stage.wal import ACTIVE_NAME, CURSOR_NAME, NEW_NAME, WalWriter
 
 CFG = b"\x07" * 16
 
@@ -253,4 +253,51 @@ def test_recovery_reports_the_highest_sequence_in_any_file(tmp_path: Path) -> No
     w.close()
     w2 = _open(tmp_path, rotation_target=100)
     assert w2.recovery.max_sequence == 9  # the active file still holds the last entry
+    w2.close()
+
+
+def test_I1_rotation_syncs_outside_the_lock_and_acks_new_file_entries_only_after_commit(
+    tmp_path: Path,
+) -> None:
+    """Rotation renames the old file and appends go on into ``quiver.wal.new``; a sync
+    round commits it (fdatasyncs, rename to quiver.wal, directory fsync).  I1: no entry in
+    the new file is acked before that, and a crash before it loses only unacked entries."""
+    w = _open(tmp_path, rotation_target=100, flush_interval=timedelta(seconds=60))
+    acks = [w.append(_entry(0))]
+    acks[0].durable.result(timeout=5)  # the flusher's first round; the next is 60 s away
+    acks += [w.append(_entry(i)) for i in range(1, 4)]  # 36 B each: rotation before the 4th
+    assert (tmp_path / NEW_NAME).exists() and not (tmp_path / ACTIVE_NAME).exists()
+    assert not any(a.durable.done() for a in acks[1:])
+    crash = tmp_path.parent / "crash"
+    crash.mkdir()
+    for p in tmp_path.iterdir():  # the directory as a crash would leave it
+        (crash / p.name).write_bytes(p.read_bytes())
+    w.sync()
+    assert [a.durable.result(timeout=5) for a in acks] == [a.end for a in acks]
+    assert (tmp_path / ACTIVE_NAME).exists() and not (tmp_path / NEW_NAME).exists()
+    w.close()
+    w2 = _open(tmp_path)
+    assert _seqs(w2) == [0, 1, 2, 3]
+    w2.close()
+    w3 = _open(crash)  # the unacked entry in quiver.wal.new is gone; the rest replay
+    assert _seqs(w3) == [0, 1, 2]
+    assert w3.append(_entry(9)).start == acks[2].end
+    w3.close()
+    assert not (crash / NEW_NAME).exists()
+
+
+def test_rotations_in_quick_succession_commit_each_other(tmp_path: Path) -> None:
+    """A file that fills before the flusher commits the previous rotation commits it
+    inline; positions stay contiguous and every file is in place."""
+    w = _open(tmp_path, rotation_target=60, flush_interval=timedelta(seconds=60))
+    acks = [w.append(_entry(0))]
+    acks[0].durable.result(timeout=5)
+    acks += [w.append(_entry(i)) for i in range(1, 12)]
+    assert w.file_count() >= 5
+    w.sync()
+    assert all(a.durable.result(timeout=5) == a.end for a in acks)
+    w.close()
+    w2 = _open(tmp_path)
+    assert _seqs(w2) == list(range(12))
+    assert w2.recovery.cursor_status == "ok" and w2.recovery.torn_bytes == 0
     w2.close()

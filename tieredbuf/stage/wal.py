@@ -13,6 +13,15 @@ that is the honest LOCAL ack.  With ``flush_interval > 0`` a timer-driven flushe
 thread syncs at most once per interval while appends are pending (group commit);
 with ``flush_interval == 0`` the appender syncs before returning, and concurrent
 appenders share one fdatasync (leader/follower).
+
+Rotation holds the lock only for two renames' worth of work: the old file is renamed
+``quiver.wal.N`` and appends continue into a new file created as ``quiver.wal.new``
+(header written, not yet synced).  The next sync round -- the flusher, or the appender
+itself with ``flush_interval == 0`` -- fdatasyncs the old file, fdatasyncs the new one,
+renames it ``quiver.wal`` and fsyncs the directory, all outside the lock; entries in the
+new file are acknowledged only after that.  A crash before the rename leaves
+``quiver.wal.N`` without ``quiver.wal``, which recovery already repairs by creating the
+active file at the end of the last one (the unacknowledged ``.new`` file is discarded).
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from tieredbuf.stage._fs import fsync_dir, read_if_exists, write_all, write_atom
 log = logging.getLogger(__name__)
 
 ACTIVE_NAME = "quiver.wal"
+NEW_NAME = "quiver.wal.new"
+"""The next active file while a rotation is being committed (see _Rotation)."""
 CURSOR_NAME = "quiver.wal.cursor"
 _ROTATED_RE = re.compile(r"^quiver\.wal\.(\d+)$")
 
@@ -61,6 +72,19 @@ class _OpenFile:
     fd: int
     sync_lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+
+
+@dataclass(slots=True)
+class _Rotation:
+    """A rotation begun under the lock (the old file renamed ``quiver.wal.N``, appends
+    going to a fresh ``quiver.wal.new``) whose fdatasyncs, rename to ``quiver.wal`` and
+    directory fsync are still to do -- outside the lock, by the next sync round."""
+
+    old: _OpenFile
+    new: _OpenFile
+    span: _Span
+    """The new active file's span (its path is the temp name until committed)."""
+    tmp: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +125,12 @@ class WalWriter:
         self._failed: BaseException | None = None
         self._closing = False
         self._syncing = False
+        self._round_lock = threading.Lock()
+        """Serialises sync rounds (the flusher's and explicit ones)."""
+        self._rotation: _Rotation | None = None
+        """A begun rotation no sync round has claimed yet."""
+        self._rotating = False
+        """A sync round is finishing a rotation outside the lock."""
         self._last_sync = 0.0
         self.fsyncs = 0
         """Group-commit fdatasyncs done (metrics; updated under the file's sync lock)."""
@@ -112,6 +142,7 @@ class WalWriter:
         self._written = self._active_span.end
         self._durable = self._written
         self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
         if self._interval > 0:
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"wal-flusher:{directory}", daemon=True
@@ -213,7 +244,7 @@ class WalWriter:
     def _create_active(self, start: int) -> _Span:
         path = self.dir / ACTIVE_NAME
         header = wal_fmt.encode_header(self._cfg_hash, start)
-        tmp = path.with_name(ACTIVE_NAME + ".new")
+        tmp = path.with_name(NEW_NAME)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             write_all(fd, [header])
@@ -341,18 +372,12 @@ class WalWriter:
         return done
 
     def _rotate(self) -> list[tuple[Future[int], int]]:
-        """Under the lock: sync and retire the active file, start a fresh one."""
+        """Under the lock: retire the active file and start a fresh one; the syncs are
+        left to the next sync round (see _Rotation).  A rotation still pending is
+        committed first (inline: this is the rare path of a file filled within one
+        flush interval, or a reclaim at a cap)."""
+        done = self._settle_rotation()
         old = self._active
-        with old.sync_lock:
-            try:
-                os.fdatasync(old.fd)
-            except OSError as e:
-                self._failed = e
-                raise StageError(f"WAL fdatasync failed: {e}") from e
-            os.close(old.fd)
-            old.closed = True
-        self._durable = self._written
-        done = self._pop_durable()
         rid = self._next_rotation
         self._next_rotation += 1
         span = self._active_span
@@ -360,9 +385,50 @@ class WalWriter:
         os.rename(span.path, target)
         span.path, span.rotation_id = target, rid
         self._rotated.append(span)
-        self._active_span = self._create_active(self._written)
-        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY | os.O_APPEND))
+        tmp = self.dir / NEW_NAME
+        header = wal_fmt.encode_header(self._cfg_hash, self._written)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, [header])
+        except OSError as e:
+            os.close(fd)
+            self._failed = e
+            raise StageError(f"WAL rotation failed: {e}") from e
+        self._active_span = _Span(tmp, None, self._written, self._written, len(header))
+        self._active = _OpenFile(fd)
+        self._rotation = _Rotation(old, self._active, self._active_span, tmp)
         return done
+
+    def _settle_rotation(self) -> list[tuple[Future[int], int]]:
+        """Under the lock: make sure no rotation is pending (wait for a sync round that
+        is committing one; commit an unclaimed one here)."""
+        while self._rotating:
+            self._cond.wait()
+        self._check_usable()
+        rot, self._rotation = self._rotation, None
+        if rot is None:
+            return []
+        try:
+            self._commit_rotation(rot)
+        except OSError as e:
+            self._rotation = rot
+            self._failed = e
+            raise StageError(f"WAL rotation failed: {e}") from e
+        rot.span.path = self.dir / ACTIVE_NAME
+        self._durable = self._written
+        return self._pop_durable()
+
+    def _commit_rotation(self, rot: _Rotation) -> None:
+        """The I/O of a rotation: old file durable and closed, new file durable and
+        renamed into place, directory fsynced.  Called by one thread per rotation."""
+        with rot.old.sync_lock:
+            if not rot.old.closed:
+                os.fdatasync(rot.old.fd)
+                os.close(rot.old.fd)
+                rot.old.closed = True
+        os.fdatasync(rot.new.fd)
+        os.rename(rot.tmp, self.dir / ACTIVE_NAME)
+        fsync_dir(self.dir)
 
     def _pop_durable(self) -> list[tuple[Future[int], int]]:
         done = []
@@ -380,24 +446,37 @@ class WalWriter:
     # --- durability -----------------------------------------------------------------
 
     def _sync_round(self) -> None:
-        with self._lock:
-            f, target = self._active, self._written
-            if target <= self._durable:
+        with self._round_lock:
+            with self._lock:
+                rot, self._rotation = self._rotation, None
+                self._rotating = rot is not None
+                f, target = self._active, self._written
+                if rot is None and target <= self._durable:
+                    return
+            try:
+                t0 = time.perf_counter_ns()
+                if rot is not None:
+                    # every byte up to ``target`` is in the old file or the new one
+                    self._commit_rotation(rot)
+                else:
+                    with f.sync_lock:
+                        if not f.closed:  # a rotation already synced a closed file
+                            os.fdatasync(f.fd)
+                self.fsync_ns += time.perf_counter_ns() - t0
+                self.fsyncs += 1
+            except OSError as e:
+                with self._lock:
+                    if rot is not None:
+                        self._rotation, self._rotating = rot, False
+                self._fail(e)
                 return
-        try:
-            with f.sync_lock:
-                if not f.closed:  # a rotation already synced a closed file
-                    t0 = time.perf_counter_ns()
-                    os.fdatasync(f.fd)
-                    self.fsync_ns += time.perf_counter_ns() - t0
-                    self.fsyncs += 1
-        except OSError as e:
-            self._fail(e)
-            return
-        with self._lock:
-            self._durable = max(self._durable, target)
-            self._last_sync = time.monotonic()
-            done = self._pop_durable()
+            with self._lock:
+                if rot is not None:
+                    rot.span.path = self.dir / ACTIVE_NAME
+                    self._rotating = False
+                self._durable = max(self._durable, target)
+                self._last_sync = time.monotonic()
+                done = self._pop_durable()
         self._resolve(done)
 
     def _fail(self, e: BaseException) -> None:
@@ -437,7 +516,7 @@ class WalWriter:
                     self._cond.notify_all()
 
     def _flush_loop(self) -> None:
-        stop = threading.Event()
+        stop = self._stop
         while True:
             with self._cond:
                 while not self._closing and self._durable >= self._written:
@@ -447,12 +526,14 @@ class WalWriter:
                 delay = self._last_sync + self._interval - time.monotonic()
                 closing = self._closing
             if delay > 0 and not closing:
-                stop.wait(delay)  # the group-commit window
+                stop.wait(delay)  # the group-commit window (close() cuts it short)
             self._sync_round()
 
     def sync(self) -> None:
-        """Make every written byte durable now."""
+        """Make every written byte durable now (and commit a pending rotation)."""
         self._wait_durable(self._written)
+        if self._rotation is not None:
+            self._sync_round()
 
     # --- cursor and purge -----------------------------------------------------------
 
@@ -519,8 +600,12 @@ class WalWriter:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        self._stop.set()
         if self._flusher is not None:
             self._flusher.join()
-        with self._active.sync_lock:
-            os.close(self._active.fd)
-            self._active.closed = True
+        files = [self._active] + ([self._rotation.old] if self._rotation is not None else [])
+        for f in files:
+            with f.sync_lock:
+                if not f.closed:
+                    os.close(f.fd)
+                    f.closed = True
