@@ -389,3 +389,37 @@ def test_I1_regression_replay_seal_must_not_purge_unread_wal_files(tmp_path: Pat
     assert len(got) == 5000 and len(set(got)) == 5000
     with Stage(tmp_path, "p", small) as st:  # and nothing is replayed twice
         assert len(records_of(st.sealed_segments())) == 5000
+
+
+def test_I8_producers_waiting_at_the_memory_cap_do_not_wake_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: every waiter at a cap used to notify_all on each wake-up, so waiting
+    producers woke each other in a loop (33 k wake-ups a second) and starved the sealer."""
+    import threading
+    import time
+
+    from tieredbuf.stage.segments import SegmentDir
+
+    real = SegmentDir.seal
+
+    def slow_seal(self: SegmentDir, acc: object) -> SealedSegment:
+        time.sleep(0.3)
+        return real(self, acc)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SegmentDir, "seal", slow_seal)
+    c = cfg(segment=SegmentConfig(target_size=20_000, max_open_bytes=60_000,
+                                  max_open_duration=timedelta(seconds=60)))
+    with Stage(tmp_path, "p", c) as st:
+        def work() -> None:
+            for _ in range(40):
+                st.append_records([b"m" * 2000]).result(timeout=30)
+
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert st.stats.backpressure_waits < 200
+        st.seal_all()
+        assert len(records_of(st.sealed_segments())) == 120

@@ -286,9 +286,13 @@ class Stage:
 
     def _relieve(self, reason: str) -> None:
         """Under the lock, at a cap: ask for seals; with drop_oldest, drop sealed data."""
-        self._seal_requested.update(k for k, a in (("batch", self._records),
-                                                   ("qseg", self._bundles)) if a)
-        self._cond.notify_all()
+        want = {k for k, a in (("batch", self._records), ("qseg", self._bundles)) if a}
+        if not want <= self._seal_requested:
+            # notify only for a new request: producers waiting at the cap each call this,
+            # and an unconditional notify_all woke the others into a ping-pong (33 k
+            # wake-ups in a 1 s run at 64 KiB) that starved the sealer of the GIL
+            self._seal_requested |= want
+            self._cond.notify_all()
         if reason == "disk" and self._wal is not None and self._wal.reclaim() > 0:
             return
         if reason == "disk" and self.config.size_cap_policy == "drop_oldest" and self._sealed:
