@@ -423,3 +423,88 @@ def test_I8_producers_waiting_at_the_memory_cap_do_not_wake_each_other(
         assert st.stats.backpressure_waits < 200
         st.seal_all()
         assert len(records_of(st.sealed_segments())) == 120
+
+
+def test_overlapping_seals_commit_in_sequence_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sealer threads write segments concurrently; a later segment that finishes
+    writing first still commits after the earlier one (the exporter relies on order)."""
+    import threading
+    import time
+
+    from tieredbuf.stage.segments import PreparedSegment, SegmentDir
+
+    real_prepare, real_commit = SegmentDir.prepare, SegmentDir.commit
+    committed: list[SealedSegment] = []
+    first = threading.Event()
+
+    def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
+        if not first.is_set():
+            first.set()
+            time.sleep(0.5)  # the first segment is slow to write
+        return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+
+    def commit(self: SegmentDir, prep: PreparedSegment) -> SealedSegment:
+        committed.append(real_commit(self, prep))
+        return committed[-1]
+
+    monkeypatch.setattr(SegmentDir, "prepare", prepare)
+    monkeypatch.setattr(SegmentDir, "commit", commit)
+    c = cfg(segment=SegmentConfig(target_size=5000, max_open_duration=timedelta(seconds=60)))
+    with Stage(tmp_path, "p", c) as st:
+        for i in range(30):
+            st.append_records([b"%04d" % i + b"o" * 996]).result(timeout=10)
+        st.seal_all()
+        assert len(committed) >= 3
+        firsts = [s.first_sequence for s in committed]
+        assert firsts == sorted(firsts)
+        assert [s.ulid for s in committed] == sorted(s.ulid for s in committed)
+        assert [s.ulid for s in st.sealed_segments()] == [s.ulid for s in committed]
+        assert [r[:4] for r in records_of(st.sealed_segments())] == [
+            b"%04d" % i for i in range(30)]
+
+
+def test_a_failed_seal_stops_later_seals_from_committing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If segment N cannot be written, N + 1 (written concurrently) must not commit:
+    its entries would be exported before N's, which the WAL still holds (I3)."""
+    import threading
+    import time
+
+    from tieredbuf.stage.segments import PreparedSegment, SegmentDir
+
+    real_prepare = SegmentDir.prepare
+    first = threading.Event()
+
+    def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
+        if not first.is_set():
+            first.set()
+            time.sleep(0.3)
+            raise OSError(28, "No space left on device")
+        return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SegmentDir, "prepare", prepare)
+    c = cfg(segment=SegmentConfig(target_size=5000, max_open_duration=timedelta(seconds=60)))
+    st = Stage(tmp_path, "p", c)
+    acked: list[bytes] = []
+    try:
+        for i in range(12):
+            rec = b"%04d" % i + b"f" * 996
+            st.append_records([rec]).result(timeout=10)
+            acked.append(rec)
+    except StageError:
+        pass
+    deadline = time.monotonic() + 5
+    while st._failed is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(StageError):
+        st.append_records([b"late"])
+    st.close()  # returns: no seal waits forever for a ticket that failed
+    assert st.sealed_segments() == []
+    assert not list((tmp_path / "p" / "segments").glob("*.tmp"))
+    with Stage(tmp_path, "p", c) as again:  # everything acked is replayed from the WAL
+        again.seal_all()
+        replayed = records_of(again.sealed_segments())
+        assert acked and set(acked) <= set(replayed) and len(set(replayed)) == len(replayed)

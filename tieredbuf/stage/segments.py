@@ -193,6 +193,14 @@ _BATCH_FOOTER = struct.Struct("<BIH")
 assert encode_batch([b"r"])[-FOOTER_SIZE:] == _BATCH_FOOTER.pack(0, 1, BATCH_VERSION)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedSegment:
+    """A segment written durably under its ``.tmp`` name, not yet committed."""
+
+    segment: SealedSegment
+    tmp: Path
+
+
 class SegmentDir:
     """The ``segments/`` directory: writes, lists and deletes sealed segments."""
 
@@ -203,8 +211,9 @@ class SegmentDir:
         self._last_ulid: ULID | None = None
         path.mkdir(parents=True, exist_ok=True)
 
-    def _next_ulid(self) -> ULID:
-        """Strictly increasing ULIDs, so names sort in seal order."""
+    def next_ulid(self) -> ULID:
+        """Strictly increasing ULIDs, so names sort in seal order.  Callers that seal
+        concurrently take it when they take the accumulator (in sequence order)."""
         with self._ulid_lock:
             u = ULID()
             if self._last_ulid is not None and u <= self._last_ulid:
@@ -212,8 +221,13 @@ class SegmentDir:
             self._last_ulid = u
             return u
 
-    def seal(self, acc: Accumulator) -> SealedSegment:
+    def seal(self, acc: Accumulator, ulid: ULID | None = None) -> SealedSegment:
         """Encode, write and commit ``acc`` durably; returns the sealed segment."""
+        return self.commit(self.prepare(acc, ulid))
+
+    def prepare(self, acc: Accumulator, ulid: ULID | None = None) -> PreparedSegment:
+        """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync).
+        Independent of other segments: several may be prepared at once."""
         if isinstance(acc, RecordsAccumulator):
             parts: list[bytes | pa.Buffer] = batch_parts(acc.records, self.compression)
             items = tuple(acc.items)
@@ -222,7 +236,7 @@ class SegmentDir:
             parts = acc.builder.finish()
             items = ()
             entry_count = record_count = len(acc.builder)
-        ulid = self._next_ulid()
+        ulid = self.next_ulid() if ulid is None else ulid
         final = self.path / f"{ulid}.{acc.kind}"
         tmp = final.with_name(final.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
@@ -236,8 +250,14 @@ class SegmentDir:
             final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
             items, entry_count, record_count, time.time_ns() // 1_000_000,
         )
+        return PreparedSegment(seg, tmp)
+
+    def commit(self, prep: PreparedSegment) -> SealedSegment:
+        """Sidecar (atomic), rename into place, directory fsync.  Commit prepared
+        segments in seal order: the exporter relies on it."""
+        seg = prep.segment
         write_atomic(seg.sidecar_path, [json.dumps(_to_json(seg)).encode()])
-        os.rename(tmp, final)
+        os.rename(prep.tmp, seg.path)
         fsync_dir(self.path)
         return seg
 

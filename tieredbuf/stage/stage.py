@@ -19,6 +19,7 @@ sidecar covers are not replayed (no duplicates); every other entry is (no loss).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -50,6 +51,7 @@ from tieredbuf.stage._fs import read_if_exists, write_atomic
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,
+    PreparedSegment,
     RecordsAccumulator,
     SealedSegment,
     SegmentDir,
@@ -60,6 +62,9 @@ from tieredbuf.stage.wal import WalWriter
 log = logging.getLogger(__name__)
 
 SEQUENCE_NAME = "sequence"
+SEALERS = 2
+"""Sealer threads: a segment can be written while the previous one is fdatasynced
+(commits stay in sequence order)."""
 _PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 LAYOUT_CONTRACT = (
     b"tieredbuf.stage/1;slots=0..63;payload_type_id=slot;"
@@ -104,13 +109,20 @@ class Stage:
         except BaseException:
             self._release_lock()
             raise
-        self._maint = threading.Thread(target=self._maintain, name="stage-sealer", daemon=True)
-        self._maint.start()
+        self._maint = [
+            threading.Thread(target=self._maintain, name=f"stage-sealer-{i}", daemon=True)
+            for i in range(SEALERS)
+        ]
+        for t in self._maint:
+            t.start()
 
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._seal_lock = threading.Lock()
+        self._seal_tickets = 0
+        """Seals taken so far: each gets the next ticket, in sequence order."""
+        self._committed_tickets = 0
+        """Seals committed (or failed) so far: ticket N commits only after N - 1."""
         self._seq_file_lock = threading.Lock()
         self._replay_frontier: int | None = None
         self._closed = False
@@ -335,41 +347,85 @@ class Stage:
 
     def _seal(self, kind: str) -> SealedSegment | None:
         """Seal one accumulator: write the file durably, then move the cursor."""
-        with self._seal_lock:
+        with self._lock:
+            job = self._take(kind)
+        return None if job is None else self._run_seal(job)
+
+    def _take(self, kind: str) -> _SealJob | None:
+        """Under the lock: detach ``kind``'s accumulator for sealing, with its commit
+        ticket and segment ULID (both in sequence order)."""
+        acc: Accumulator | None
+        if kind == "batch":
+            acc, self._records = self._records, None
+        else:
+            acc, self._bundles = self._bundles, None
+        self._seal_requested.discard(kind)
+        if acc is None or len(acc) == 0:
+            return None
+        self._sealing_bytes += acc.nbytes
+        ticket = self._seal_tickets
+        self._seal_tickets += 1
+        return _SealJob(acc, ticket, self._segments.next_ulid())
+
+    def _run_seal(self, job: _SealJob) -> SealedSegment:
+        """Write the segment durably (concurrently with other seals), then -- in ticket
+        order, so segments commit in sequence order (the exporter relies on it) --
+        commit it, persist the sequence, account for it and move the cursor."""
+        acc = job.acc
+        prep: PreparedSegment | None = None
+        err: BaseException | None = None
+        try:
+            prep = self._segments.prepare(acc, job.ulid)
+        except BaseException as e:
+            err = e
+        with self._cond:
+            while self._committed_tickets != job.ticket:
+                self._cond.wait()
+        try:
+            if err is None and self._failed is not None:
+                err = StageError(f"an earlier seal failed: {self._failed}")
+            if err is not None:
+                raise err
+            assert prep is not None
+            seg = self._segments.commit(prep)
+            self._write_sequence()
+        except BaseException as e:
             with self._lock:
-                acc: Accumulator | None
-                if kind == "batch":
-                    acc, self._records = self._records, None
-                else:
-                    acc, self._bundles = self._bundles, None
-                self._seal_requested.discard(kind)
-                if acc is None or len(acc) == 0:
-                    return None
-                self._sealing_bytes += acc.nbytes
-            try:
-                seg = self._segments.seal(acc)
-                self._write_sequence()
-            except BaseException as e:
-                with self._lock:
+                if self._failed is None:
                     self._failed = e
-                    self._sealing_bytes -= acc.nbytes
-                    self._cond.notify_all()
-                for f, _ in acc.futures:
-                    f.set_exception(StageError(f"sealing failed: {e}"))
-                raise
-            with self._lock:
                 self._sealing_bytes -= acc.nbytes
-                self.stats.segments_sealed += 1
-                self._add_sealed(seg)
-                for seq in acc.seqs:
-                    slot = self._entries.get(seq)
-                    if slot is not None:
-                        slot[2] = 1
+                self._committed_tickets += 1
                 self._cond.notify_all()
+            if prep is not None:  # best effort; recovery deletes .tmp files anyway
+                prep.tmp.unlink(missing_ok=True)
+            for f, _ in acc.futures:
+                f.set_exception(StageError(f"sealing failed: {e}"))
+            raise
+        with self._lock:
+            self._sealing_bytes -= acc.nbytes
+            self.stats.segments_sealed += 1
+            self._add_sealed(seg)
+            for seq in acc.seqs:
+                slot = self._entries.get(seq)
+                if slot is not None:
+                    slot[2] = 1
+            self._cond.notify_all()
+        try:
             self._advance_cursor()
-            for f, ack in acc.futures:
-                f.set_result(ack)
-            return seg
+        finally:
+            with self._lock:
+                self._committed_tickets += 1
+                self._cond.notify_all()
+        for f, ack in acc.futures:
+            f.set_result(ack)
+        return seg
+
+    def _wait_committed(self) -> None:
+        """Wait for every seal taken so far to commit (or fail)."""
+        with self._cond:
+            target = self._seal_tickets
+            while self._committed_tickets < target:
+                self._cond.wait()
 
     def _advance_cursor(self) -> None:
         if self._wal is None:
@@ -412,11 +468,13 @@ class Stage:
         return True
 
     def _maintain(self) -> None:
-        """Timer-driven sealing: max_open_duration, size triggers, cap relief."""
+        """Timer-driven sealing: max_open_duration, size triggers, cap relief.  Runs on
+        SEALERS threads, so one segment is written while the previous one syncs."""
         max_open = self.config.segment.max_open_duration.total_seconds()
         while True:
             with self._cond:
                 due: list[str] = []
+                jobs: list[_SealJob] = []
                 wait: float | None = None
                 while not self._closed and self._failed is None:
                     now = time.monotonic()
@@ -429,17 +487,23 @@ class Stage:
                             due.append(kind)
                         else:
                             wait = left if wait is None else min(wait, left)
-                    if due:
+                    # claim under the lock, so another sealer thread does not take the
+                    # fresh (near-empty) accumulator for the same request
+                    jobs = [j for k in due if (j := self._take(k)) is not None]
+                    if jobs:
                         break
                     self._cond.wait(wait)
                     wait = None
-                if not due:
+                if not jobs:
                     return
-            for kind in due:
+            for i, job in enumerate(jobs):
                 try:
-                    self._seal(kind)
+                    self._run_seal(job)
                 except BaseException:
-                    log.exception("sealing %s failed", kind)
+                    log.exception("sealing %s failed", job.acc.kind)
+                    for rest in jobs[i + 1:]:  # taken: their tickets must still pass
+                        with contextlib.suppress(BaseException):
+                            self._run_seal(rest)
                     return
 
     # --- public surface -------------------------------------------------------------
@@ -447,6 +511,7 @@ class Stage:
     def seal_all(self) -> list[SealedSegment]:
         """Seal every open segment now (explicit finalize)."""
         out = [s for k in ("batch", "qseg") if (s := self._seal(k)) is not None]
+        self._wait_committed()  # and the background seals already under way
         return out
 
     def sealed_segments(self) -> list[SealedSegment]:
@@ -487,7 +552,8 @@ class Stage:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._maint.join()
+        for t in self._maint:
+            t.join()
         if self._wal is not None:
             self._wal.close()
         self._release_lock()
@@ -502,6 +568,13 @@ class Stage:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+@dataclass(frozen=True, slots=True)
+class _SealJob:
+    acc: Accumulator
+    ticket: int
+    ulid: ULID
 
 
 @dataclass(frozen=True, slots=True)
