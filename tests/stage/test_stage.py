@@ -508,3 +508,29 @@ def test_a_failed_seal_stops_later_seals_from_committing(
         again.seal_all()
         replayed = records_of(again.sealed_segments())
         assert acked and set(acked) <= set(replayed) and len(set(replayed)) == len(replayed)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_segment_reuses_the_wal_record_block_byte_for_byte(
+    tmp_path: Path, compression: str
+) -> None:
+    """A sealed .batch is the RFC 0001 batch of the staged records whether each call's
+    records came as the WAL body's record block (many small records), as records (a few
+    large ones), or none at all; item start indexes count every record."""
+    from tieredbuf.config import Compression
+    from tieredbuf.format.batch import encode_batch
+
+    c = cfg(segment=SegmentConfig(max_open_duration=timedelta(seconds=60),
+                                  records_compression=Compression[compression.upper()]))
+    calls: list[list[bytes]] = [[b"s%03d" % i for i in range(40)], [b"L" * 9000, b"M" * 7000], [],
+             [b"t%d" % i * 50 for i in range(20)]]
+    with Stage(tmp_path, "p", c) as st:
+        for i, recs in enumerate(calls):
+            st.append_records(recs, b"meta%d" % i).result(timeout=5)
+        (seg,) = st.seal_all()
+        flat = [r for recs in calls for r in recs]
+        assert records_of([seg]) == flat
+        assert [i.start_index for i in seg.items] == [0, 40, 42, 42]
+        assert seg.record_count == len(flat)
+        if compression == "none":
+            assert seg.path.read_bytes() == encode_batch(flat)

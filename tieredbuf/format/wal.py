@@ -258,6 +258,14 @@ def records_body(
     return entry_body(ENTRY_RECORDS, head + interleave_lengths(records))
 
 
+def records_block(body: EntryBody, metadata: bytes | memoryview) -> memoryview | None:
+    """The records of a coalesced Records body as ``u32 len, bytes`` pairs -- exactly
+    RFC 0001's uncompressed record block -- as a view (None if not coalesced)."""
+    if body.entry_type != ENTRY_RECORDS or len(body.parts) != 1:
+        return None
+    return memoryview(body.parts[0])[8 + len(metadata) :]
+
+
 def encode_bundle_entry(
     sequence: int, ingestion_ts_nanos: int, bundle: Mapping[int, pa.RecordBatch]
 ) -> list[bytes | memoryview]:

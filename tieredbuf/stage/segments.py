@@ -133,19 +133,51 @@ class _Common:
 @dataclass(slots=True)
 class RecordsAccumulator(_Common):
     records: list[bytes] = field(default_factory=list)
+    """Records of the add() calls that came without an encoded ``block``."""
     items: list[MetadataItem] = field(default_factory=list)
+    blocks: list[bytes | memoryview | None] = field(default_factory=list)
+    """Per add(): its records already laid out as ``u32 len, bytes`` pairs (a view of
+    the WAL entry body, which holds exactly that: no second copy is kept), or None."""
+    count: int = 0
+    """Records in all."""
     nbytes: int = 0
     kind: str = BATCH
 
     def add(self, records: Sequence[bytes], metadata: bytes, ingestion_ts_nanos: int,
-            nbytes: int | None = None) -> None:
-        """``nbytes``: the caller's precomputed ``sum(len(r) + 4) + len(metadata) + 16``."""
-        self.items.append(MetadataItem(len(self.records), ingestion_ts_nanos // 1_000_000,
+            nbytes: int | None = None, block: bytes | memoryview | None = None) -> None:
+        """``nbytes``: the caller's precomputed ``sum(len(r) + 4) + len(metadata) + 16``;
+        ``block``: ``records`` encoded as the batch format's uncompressed record block
+        (only for segments sealed without compression)."""
+        self.items.append(MetadataItem(self.count, ingestion_ts_nanos // 1_000_000,
                                        bytes(metadata)))
-        self.records.extend(records)
+        self.count += len(records)
+        self.blocks.append(block)
+        if block is None:
+            self.records.extend(records)
         if nbytes is None:
             nbytes = sum(len(r) + 4 for r in records) + len(metadata) + 16
         self.nbytes += nbytes
+
+    def has_blocks(self) -> bool:
+        return any(b is not None for b in self.blocks)
+
+    def block_parts(self) -> list[bytes | memoryview]:
+        """The uncompressed record block (every record as ``u32 len, bytes``) as
+        buffers for ``writev``: one per add() that came with a block, two per record
+        otherwise."""
+        if not self.has_blocks():
+            return interleave_lengths(self.records)
+        out: list[bytes | memoryview] = []
+        ends = [i.start_index for i in self.items[1:]] + [self.count]
+        pos = 0
+        for item, end, block in zip(self.items, ends, self.blocks, strict=True):
+            if block is not None:
+                out.append(block)
+            else:
+                n = end - item.start_index
+                out += interleave_lengths(self.records[pos : pos + n])
+                pos += n
+        return out
 
     def __len__(self) -> int:
         return len(self.items)
@@ -174,7 +206,9 @@ Accumulator = RecordsAccumulator | BundleAccumulator
 # --- sealed files -----------------------------------------------------------------
 
 
-def batch_parts(records: Sequence[bytes], compression: Compression) -> list[bytes | pa.Buffer]:
+def batch_parts(
+    records: Sequence[bytes], compression: Compression
+) -> list[bytes | memoryview | pa.Buffer]:
     """``encode_batch(records, compression)`` as a list of buffers for ``writev``.
 
     Uncompressed, the record block is the records with their u32 length prefixes, so
@@ -229,9 +263,16 @@ class SegmentDir:
         """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync).
         Independent of other segments: several may be prepared at once."""
         if isinstance(acc, RecordsAccumulator):
-            parts: list[bytes | pa.Buffer] = batch_parts(acc.records, self.compression)
+            parts: list[bytes | memoryview | pa.Buffer]
+            if self.compression == Compression.NONE and acc.count:
+                footer = _BATCH_FOOTER.pack(Compression.NONE, acc.count, BATCH_VERSION)
+                parts = [*acc.block_parts(), footer]
+            else:
+                if acc.has_blocks():
+                    raise ValueError("encoded record blocks need compression NONE")
+                parts = list(batch_parts(acc.records, self.compression))
             items = tuple(acc.items)
-            entry_count, record_count = len(acc.items), len(acc.records)
+            entry_count, record_count = len(acc.items), acc.count
         else:
             parts = acc.builder.finish()
             items = ()

@@ -36,7 +36,7 @@ import pyarrow as pa
 from ulid import ULID
 
 from tieredbuf import keys
-from tieredbuf.config import StageConfig
+from tieredbuf.config import Compression, StageConfig
 from tieredbuf.errors import (
     BackpressureError,
     ClosedError,
@@ -215,7 +215,13 @@ class Stage:
         # the entry body and its CRC are encoded here, outside the stage lock: only the
         # 17-byte head (type, timestamp, sequence) is framed under it
         entry = wal_fmt.records_body(records, metadata) if self._wal is not None else None
-        item = BundleOrRecords(records=records, metadata=metadata, entry=entry, size=size + 16)
+        # the segment reuses the WAL body's record block instead of interleaving the
+        # records again at seal (only without compression: a compressed segment needs
+        # the records)
+        block = wal_fmt.records_block(entry, metadata) if entry is not None and \
+            self.config.segment.records_compression == Compression.NONE else None
+        item = BundleOrRecords(records=records, metadata=metadata, entry=entry, size=size + 16,
+                               block=block)
         return self._append(item, size + 64, timeout)
 
     def append_bundle(
@@ -268,7 +274,7 @@ class Stage:
                 acc.add(item.bundle, ts, seq)
             else:
                 acc = self._records_acc()
-                acc.add(item.records, item.metadata, ts, item.size)
+                acc.add(item.records, item.metadata, ts, item.size, item.block)
             start = end = None
             if wal_append is not None:
                 start, end = wal_append.start, wal_append.end
@@ -586,6 +592,8 @@ class BundleOrRecords:
     """The WAL entry's body and CRC, encoded outside the stage lock."""
     size: int | None = None
     """Records: the accumulator's byte count for them, computed outside the lock."""
+    block: memoryview | None = None
+    """Records: the record block inside ``entry`` (see RecordsAccumulator.blocks)."""
 
     def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
         assert self.entry is not None
