@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -249,7 +250,11 @@ class Stage:
                     seq, ts = self._next_seq, time.time_ns()
                     if self._wal is not None:
                         try:
-                            wal_append = self._wal.append(item.encode(seq, ts), wait=False)
+                            # the WAL resolves ``fut`` itself once the entry is durable
+                            wal_append = self._wal.append(
+                                item.encode(seq, ts), wait=False, future=fut,
+                                result=functools.partial(StageAck, seq),
+                            )
                         except WalFullError:
                             reason = "wal"
                 if reason is None:
@@ -287,7 +292,6 @@ class Stage:
                 self._seal_requested.add(acc.kind)
                 self._cond.notify_all()
         if wal_append is not None:
-            wal_append.durable.add_done_callback(lambda f: _chain(f, fut, ack))
             assert self._wal is not None
             self._wal.wait_durable(wal_append.end)  # flush_interval == 0: sync before return
         return fut
@@ -598,14 +602,6 @@ class BundleOrRecords:
     def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
         assert self.entry is not None
         return wal_fmt.frame_entry(seq, ts, self.entry)
-
-
-def _chain(src: Future[int], dst: Future[StageAck], ack: StageAck) -> None:
-    e = src.exception()
-    if e is not None:
-        dst.set_exception(e)
-    else:
-        dst.set_result(ack)
 
 
 def _lock(path: Path) -> int | None:

@@ -32,10 +32,11 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tieredbuf.config import WalConfig
 from tieredbuf.errors import ClosedError, CorruptError, StageError, WalFullError
@@ -93,7 +94,8 @@ class WalAppend:
 
     start: int
     end: int
-    durable: Future[int]
+    durable: Future[Any]
+    """Resolves to ``end``, or to what the appender's ``result`` made of (start, end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +123,7 @@ class WalWriter:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._cursor_lock = threading.Lock()
-        self._pending: deque[tuple[int, Future[int]]] = deque()
+        self._pending: deque[tuple[int, Future[Any], object]] = deque()
         self._failed: BaseException | None = None
         self._closing = False
         self._syncing = False
@@ -300,14 +302,19 @@ class WalWriter:
         with self._lock:
             return len(self._rotated) + 1
 
-    def append(self, parts: Sequence[bytes | memoryview], wait: bool = True) -> WalAppend:
+    def append(
+        self, parts: Sequence[bytes | memoryview], wait: bool = True, *,
+        future: Future[Any] | None = None, result: Callable[[int, int], object] | None = None,
+    ) -> WalAppend:
         """Write one encoded entry.  Raises WalFullError at ``max_size`` /
         ``max_rotated_files`` when nothing can be reclaimed (the caller decides to
         wait, seal, or drop).  With ``flush_interval == 0`` and ``wait``, returns only
         once the entry is durable; a caller holding its own lock passes ``wait=False``
-        and calls :meth:`wait_durable` after releasing it."""
+        and calls :meth:`wait_durable` after releasing it.  ``future``: resolve this one
+        (the caller's own ack) instead of a new one, with ``result(start, end)`` if given
+        -- one Future per append instead of two chained ones."""
         n = sum(len(p) for p in parts)
-        fut: Future[int] = Future()
+        fut: Future[Any] = Future() if future is None else future
         with self._lock:
             self._check_usable()
             done = self._make_room(n)
@@ -321,7 +328,7 @@ class WalWriter:
             self._written += n
             self._active_span.end += n
             end = self._written
-            self._pending.append((end, fut))
+            self._pending.append((end, fut, end if result is None else result(start, end)))
             self._cond.notify_all()
         self._resolve(done)
         if wait:
@@ -342,11 +349,11 @@ class WalWriter:
         if self._failed is not None:
             raise StageError(f"WAL failed earlier and cannot be trusted: {self._failed}")
 
-    def _make_room(self, n: int) -> list[tuple[Future[int], int]]:
+    def _make_room(self, n: int) -> list[tuple[Future[Any], object]]:
         cfg = self.config
         if n + self._active_span.header_size > cfg.max_size:
             raise ValueError(f"a {n}-byte WAL entry can never fit wal.max_size={cfg.max_size}")
-        done: list[tuple[Future[int], int]] = []
+        done: list[tuple[Future[Any], object]] = []
         active = self._active_span
         if active.end > active.start and active.end - active.start >= cfg.rotation_target:
             self._purge_locked()
@@ -371,7 +378,7 @@ class WalWriter:
                 )
         return done
 
-    def _rotate(self) -> list[tuple[Future[int], int]]:
+    def _rotate(self) -> list[tuple[Future[Any], object]]:
         """Under the lock: retire the active file and start a fresh one; the syncs are
         left to the next sync round (see _Rotation).  A rotation still pending is
         committed first (inline: this is the rare path of a file filled within one
@@ -399,7 +406,7 @@ class WalWriter:
         self._rotation = _Rotation(old, self._active, self._active_span, tmp)
         return done
 
-    def _settle_rotation(self) -> list[tuple[Future[int], int]]:
+    def _settle_rotation(self) -> list[tuple[Future[Any], object]]:
         """Under the lock: make sure no rotation is pending (wait for a sync round that
         is committing one; commit an unclaimed one here)."""
         while self._rotating:
@@ -430,18 +437,18 @@ class WalWriter:
         os.rename(rot.tmp, self.dir / ACTIVE_NAME)
         fsync_dir(self.dir)
 
-    def _pop_durable(self) -> list[tuple[Future[int], int]]:
+    def _pop_durable(self) -> list[tuple[Future[Any], object]]:
         done = []
         while self._pending and self._pending[0][0] <= self._durable:
-            end, fut = self._pending.popleft()
-            done.append((fut, end))
+            _, fut, value = self._pending.popleft()
+            done.append((fut, value))
         self._cond.notify_all()
         return done
 
     @staticmethod
-    def _resolve(done: list[tuple[Future[int], int]]) -> None:
-        for fut, end in done:
-            fut.set_result(end)
+    def _resolve(done: list[tuple[Future[Any], object]]) -> None:
+        for fut, value in done:
+            fut.set_result(value)
 
     # --- durability -----------------------------------------------------------------
 
@@ -487,7 +494,7 @@ class WalWriter:
             pending = list(self._pending)
             self._pending.clear()
             self._cond.notify_all()
-        for _, fut in pending:
+        for _, fut, _ in pending:
             fut.set_exception(StageError(f"WAL fdatasync failed: {e}"))
 
     def wait_durable(self, end: int) -> None:
