@@ -301,3 +301,26 @@ def test_rotations_in_quick_succession_commit_each_other(tmp_path: Path) -> None
     assert _seqs(w2) == list(range(12))
     assert w2.recovery.cursor_status == "ok" and w2.recovery.torn_bytes == 0
     w2.close()
+
+
+def test_replay_reuses_recovery_scans_within_a_bound_and_never_serves_stale_ones(
+    tmp_path: Path,
+) -> None:
+    """Recovery keeps its newest scans (up to 2 x rotation_target bytes) for replay(), so
+    the files replayed first are decoded once; older files are read again, and an
+    append before replay() drops the kept scans."""
+    w = _open(tmp_path, rotation_target=150)
+    acks = [w.append(_entry(i)) for i in range(12)]
+    w.close()
+    w2 = _open(tmp_path, rotation_target=150)
+    assert 0 < sum(n for _, _, n in w2._scans) <= 300  # bounded
+    assert len(w2._scans) < w2.file_count()  # the oldest file is read again
+    assert [(e.sequence, s, t) for e, s, t in w2.replay()] == [
+        (i, a.start, a.end) for i, a in enumerate(acks)]
+    assert not w2._scans
+    assert _seqs(w2) == list(range(12))  # a second replay reads the files
+    w2.close()
+    w3 = _open(tmp_path, rotation_target=150)
+    w3.append(_entry(12))
+    assert _seqs(w3) == list(range(13))
+    w3.close()

@@ -169,9 +169,18 @@ class WalWriter:
         spans: list[_Span] = []
         torn = corrupt = 0
         max_seq: int | None = None
+        # the newest scans, up to 2 x rotation_target bytes (a full file overshoots the
+        # target by up to one entry), are kept for replay() so the files it reads first
+        # are not decoded twice; bounded (I8)
+        self._scans: deque[tuple[Path, wal_fmt.ScanResult, int]] = deque()
+        kept = 0
         for i, (rid, path) in enumerate(paths):
             data = path.read_bytes()
             res = wal_fmt.scan(data, str(path), self._cfg_hash)
+            self._scans.append((path, res, len(data)))
+            kept += len(data)
+            while kept > 2 * self.config.rotation_target and self._scans:
+                kept -= self._scans.popleft()[2]
             if res.status != "clean":
                 assert res.error is not None
                 last = i == len(paths) - 1
@@ -267,11 +276,18 @@ class WalWriter:
         pos = self._cursor if from_position is None else from_position
         with self._lock:
             spans = [*self._rotated, self._active_span]
+            scans = {p: r for p, r, _ in self._scans}
+            self._scans.clear()  # one replay uses them; later ones read the files
         for span in spans:
             if span.end <= pos:
                 continue
-            data = span.path.read_bytes()[: span.file_size]
-            header, entries = wal_fmt.decode_wal(data, str(span.path), self._cfg_hash)
+            res = scans.pop(span.path, None)
+            if res is not None and res.good_end == span.file_size:
+                # recovery's scan of this very file (truncated to good_end)
+                header, entries = res.header, res.entries
+            else:
+                data = span.path.read_bytes()[: span.file_size]
+                header, entries = wal_fmt.decode_wal(data, str(span.path), self._cfg_hash)
             for e, (s, t) in zip(entries, wal_fmt.iter_positions(header, entries), strict=True):
                 if s >= pos:
                     yield e, s, t
@@ -317,6 +333,8 @@ class WalWriter:
         fut: Future[Any] = Future() if future is None else future
         with self._lock:
             self._check_usable()
+            if self._scans:  # appending: recovery's scans are stale (and only memory)
+                self._scans.clear()
             done = self._make_room(n)
             start = self._written
             try:
