@@ -28,7 +28,9 @@ medians are reported.
    ``Stage(dir)`` (recovery scan, replay, re-sealing every entry into segments with
    fdatasync), ``WalWriter`` open + ``replay()`` iteration alone (decode only), and a
    raw sequential read of the same WAL files (cold, 1 MiB reads).  N (60 MiB) keeps
-   the WAL in one file: recovery over several rotated files fails (see bench_replay).
+   the WAL in one file (the common case: the active file); ``--replay-mib 150`` spans
+   three rotated files (recovery keeps its scans of the newest 2 x rotation_target
+   bytes for replay; older files are decoded again).
 
 Usage::
 
@@ -606,9 +608,8 @@ def bench_replay(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
                     try:
                         stage = Stage(d, PRODUCER_ID)
                     except Exception as e:
-                        # seen with a WAL of several rotated files: recovery's first seal
-                        # moves the cursor to the WAL end (_advance_cursor with no
-                        # entries queued yet) and purges files replay has not read
+                        # (a WAL of several rotated files failed here until c33d929:
+                        # a seal during replay purged files replay had not read)
                         print(f"   Stage() failed: {e!r}", flush=True)
                         r.update(seconds=float("nan"), error=repr(e))
                         runs[side].append(r)
@@ -734,8 +735,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.repeat = a.repeat or (1 if a.quick else 3)
     a.produce_mib = a.produce_mib or (48 if a.quick else 256)
     a.bundle_mib = a.bundle_mib or (64 if a.quick else 256)
-    # one WAL file (under the 64 MiB rotation target): a replay over several rotated
-    # files hits the recovery bug described in bench_replay
+    # one WAL file (under the 64 MiB rotation target); --replay-mib 150 for three
     a.replay_mib = a.replay_mib or (32 if a.quick else 60)
     for part in a.parts.split(","):
         if part not in PARTS:
