@@ -1,7 +1,8 @@
 """The exporter: move sealed segments from a stage to the object store and the queue.
 
 For every sealed segment, oldest first: read it, upload it as ``data/<ULID>.batch``
-or ``.qseg`` (create-if-absent; multipart when large), append it to the manifest
+or ``.qseg`` (one create-if-absent PUT: obstore has no conditional multipart),
+append it to the manifest
 (uploads run in parallel, up to ``max_uploads_in_flight`` segments at a time;
 then those segments are appended in ONE CAS, in sequence order: group commit),
 and only then release them from the stage (delete the local files).

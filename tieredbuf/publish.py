@@ -33,8 +33,6 @@ from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 
-MULTIPART_THRESHOLD = 16 << 20
-MULTIPART_CHUNK = 8 << 20
 
 
 @dataclass(eq=False)
