@@ -241,3 +241,54 @@ def test_bundles_read_back_with_representative_schema(
     back = _reader(spark, store, slot=0).load(out)
     assert [f.name for f in back.schema.fields] == ["a", "s", "_sequence", "_bundle"]
     assert sorted(rows(back.select("a", "s"))) == sorted(rows(df.select("a", "s")))
+
+
+def _many_stream_buffer(url: str, store: dict[str, Any]) -> tieredbuf.Buffer:
+    """Two .qseg objects whose slot 0 spans several streams (schema drift and changing
+    dictionaries open new ones), slot 1 beside it, and a bundle without slot 0."""
+    buf = tieredbuf.open(url, **store)
+    bundles: list[dict[int, pa.RecordBatch]] = []
+    for i in range(12):
+        n = 50 + i
+        if i % 3 == 0:
+            b = pa.record_batch({"a": pa.array(range(n), pa.int32())})
+        elif i % 3 == 1:
+            b = pa.record_batch({"a": pa.array(range(n), pa.int64()),
+                                 "s": pa.array([f"v{i}"] * n).dictionary_encode()})
+        else:
+            b = pa.record_batch({"s": pa.array([f"w{i}"] * n)})
+        bundles.append({0: b, 1: pa.record_batch({"z": [float(i)]})})
+    bundles.insert(5, {1: pa.record_batch({"z": [-1.0]})})
+    append_bundles(buf, bundles)
+    append_bundles(buf, bundles[:4])
+    return buf
+
+
+@pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)
+def test_large_segments_split_by_stream_read_rows_exactly_once(
+    spark: Any, buffer_url: tuple[str, dict[str, Any]]
+) -> None:
+    url, store = buffer_url
+    _many_stream_buffer(url, store)
+    whole = _reader(spark, store, slot=0, splitStreamsBytes=0).load(url)
+    split = _reader(spark, store, slot=0, splitStreamsBytes=1).load(url)
+    assert whole.schema == split.schema
+    assert whole.rdd.getNumPartitions() == 2
+    # one stream per (schema, dictionary): 1 + 4 + 1 in the first object, 3 in the second
+    assert split.rdd.getNumPartitions() == 9
+    expected = rows(whole)
+    assert len(expected) == sum(50 + i for i in range(12)) + sum(50 + i for i in range(4))
+    assert sorted(rows(split), key=repr) == sorted(expected, key=repr)
+    # a large threshold reads whole objects again (the default is 64 MiB)
+    assert _reader(spark, store, slot=0).load(url).rdd.getNumPartitions() == 2
+    # streaming plans the same way
+    ck = url.replace("file://", "") + "-ck" if url.startswith("file") else None
+    if ck is not None:
+        name = unique("split").replace("-", "_")
+        q = (spark.readStream.format("tieredbuf").options(**spark_options(store))
+             .option("slot", "0").option("splitStreamsBytes", "1").load(url)
+             .writeStream.format("memory").queryName(name).option("checkpointLocation", ck)
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        assert sorted(rows(spark.table(name)), key=repr) == sorted(expected, key=repr)

@@ -192,14 +192,31 @@ def bundle_batches(
 
     seq = check_long(ref.sequence)
     reader = SegmentReader(data, obj=ref.location)
-    payload = pa.schema([f for f in schema if f.name not in (SEQUENCE_COL, BUNDLE_COL)])
     for i, b in enumerate(reader.bundles(slots=[slot])):
         batch = b.slots.get(slot)
-        if batch is None or batch.num_rows == 0:
-            continue
-        cols = dict(zip(payload.names, conform(batch, payload), strict=True))
-        n = batch.num_rows
-        cols[SEQUENCE_COL] = pa.array(np.full(n, seq, dtype=np.int64))
-        cols[BUNDLE_COL] = pa.array(np.full(n, i, dtype=np.int32))
-        yield pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+        if batch is not None:
+            yield from _bundle_rows(batch, seq, i, schema)
 
+
+def stream_bundle_batches(
+    chunks: Sequence[pa.RecordBatch], bundles: Sequence[int], ref: ObjectRef,
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """Rows of the chunks of one stream of a ``.qseg`` object (one stream holds one
+    slot); ``bundles[i]`` is the index of the bundle chunk ``i`` belongs to."""
+    seq = check_long(ref.sequence)
+    for batch, i in zip(chunks, bundles, strict=True):
+        yield from _bundle_rows(batch, seq, i, schema)
+
+
+def _bundle_rows(
+    batch: pa.RecordBatch, seq: int, bundle: int, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    n = batch.num_rows
+    if n == 0:
+        return
+    payload = pa.schema([f for f in schema if f.name not in (SEQUENCE_COL, BUNDLE_COL)])
+    cols = dict(zip(payload.names, conform(batch, payload), strict=True))
+    cols[SEQUENCE_COL] = pa.array(np.full(n, seq, dtype=np.int64))
+    cols[BUNDLE_COL] = pa.array(np.full(n, bundle, dtype=np.int32))
+    yield pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)

@@ -19,6 +19,10 @@ from tieredbuf.format.manifest import ManifestEntry
 MAX_LONG = (1 << 63) - 1
 """Spark's ``long``: sequences above it cannot be represented in a row."""
 
+SPLIT_STREAMS_BYTES = 64 << 20
+"""Default ``splitStreamsBytes``: bundle reads split ``.qseg`` objects larger than this
+by stream."""
+
 EARLIEST = "earliest"
 LATEST = "latest"
 
@@ -223,7 +227,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         max_offsets=None if maxo is None else _int("maxOffsetsPerTrigger", maxo),
         max_bytes=None if maxb is None else _int("maxBytesPerTrigger", maxb),
         split_streams_bytes=_int(
-            "splitStreamsBytes", _get(options, "splitStreamsBytes") or 64 << 20
+            "splitStreamsBytes", _get(options, "splitStreamsBytes") or SPLIT_STREAMS_BYTES
         ),
     )
     if ro.starting is not None and ro.starting_ts is not None:
@@ -235,6 +239,10 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
             raise ConfigError(f"option {name} must be > 0, got {n}")
     if ro.slot is not None and not 0 <= ro.slot < 1 << 16:
         raise ConfigError(f"option slot must be in 0..65535, got {ro.slot}")
+    if ro.split_streams_bytes < 0:
+        raise ConfigError(
+            f"option splitStreamsBytes must be >= 0 (0: never split), got {ro.split_streams_bytes}"
+        )
     return ro
 
 

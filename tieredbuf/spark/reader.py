@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -34,15 +36,19 @@ from ulid import ULID
 
 import tieredbuf
 from tieredbuf import keys
-from tieredbuf.errors import DataLossError, FencedError
+from tieredbuf.errors import DataLossError, FencedError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.format.segment import StreamInfo, decode_stream
 from tieredbuf.spark import arrow as ta
 from tieredbuf.spark import options as opt
+from tieredbuf.spark.bundles import segment_tail
+from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 
 _buffers: dict[tuple[str, tuple[tuple[str, Any], ...]], tieredbuf.Buffer] = {}
 _buffers_lock = threading.Lock()
+_PLAN_THREADS = 16
 
 
 def shared_buffer(url: str, store: tuple[tuple[str, Any], ...]) -> tieredbuf.Buffer:
@@ -62,16 +68,29 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class StreamSlice:
+    """One stream of a ``.qseg`` object and the bundle index of each of its chunks."""
+
+    stream: StreamInfo
+    bundles: tuple[int, ...]
+
+
 class ObjectPartition(InputPartition):
-    """One data object (and, for time-bounded reads, the per-record time window)."""
+    """One data object (and, for time-bounded reads, the per-record time window); or,
+    with ``streams``, only those streams of a large ``.qseg`` object (ranged GETs)."""
 
     def __init__(
-        self, ref: ta.ObjectRef, ts_from_ms: int | None = None, ts_to_ms: int | None = None
+        self, ref: ta.ObjectRef, ts_from_ms: int | None = None, ts_to_ms: int | None = None,
+        streams: tuple[StreamSlice, ...] | None = None,
     ) -> None:
-        super().__init__(ref.sequence)
+        super().__init__(
+            ref.sequence if streams is None else (ref.sequence, streams[0].stream.stream_id)
+        )
         self.ref = ref
         self.ts_from_ms = ts_from_ms
         self.ts_to_ms = ts_to_ms
+        self.streams = streams
 
 
 def read_partition(
@@ -80,6 +99,9 @@ def read_partition(
     """Executor side: GET the object, decode it, yield Arrow batches in ``schema``."""
     buf = shared_buffer(ro.url, ro.store)
     ref = part.ref
+    if part.streams is not None:
+        yield from _read_streams(buf, schema, part.ref, part.streams)
+        return
     data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
     if ro.slot is not None:
         if not ref.location.endswith(keys.SEGMENT_SUFFIX):
@@ -91,17 +113,79 @@ def read_partition(
         yield from ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms)
 
 
+def _read_streams(
+    buf: tieredbuf.Buffer, schema: pa.Schema, ref: ta.ObjectRef,
+    streams: tuple[StreamSlice, ...],
+) -> Iterator[pa.RecordBatch]:
+    """GET each stream's byte range only, decode it, yield its rows."""
+    for sl in streams:
+        s = sl.stream
+        try:
+            data = buf.store.get_range(ref.location, s.byte_offset, s.byte_offset + s.byte_length)
+        except ObjectNotFoundError as e:
+            raise DataLossError(
+                f"data object {ref.location} of sequence {ref.sequence} is missing from the "
+                "store (deleted by hand, or by GC after a grace-period violation)"
+            ) from e
+        chunks = decode_stream(data, s, ref.location)
+        yield from ta.stream_bundle_batches(chunks, sl.bundles, ref, schema)
+
+
+def split_streams(store: Store, e: ManifestEntry, ro: opt.ReadOptions
+                  ) -> list[tuple[StreamSlice, ...]] | None:
+    """The stream groups a large ``.qseg`` object is read in (None: read it whole).
+
+    Splits only bundle reads of objects over ``splitStreamsBytes`` with at least two
+    streams of the slot; consecutive streams are grouped up to that many bytes."""
+    limit = ro.split_streams_bytes
+    if ro.slot is None or limit <= 0 or not e.location.endswith(keys.SEGMENT_SUFFIX):
+        return None
+    tail = segment_tail(store, e.location)
+    mine = [s for s in tail.streams if s.slot_id == ro.slot]
+    if tail.size <= limit or len(mine) < 2:
+        return None
+    groups: list[list[StreamInfo]] = [[]]
+    size = 0
+    for s in mine:
+        if groups[-1] and size + s.byte_length > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += s.byte_length
+    if len(groups) < 2:
+        return None
+    return [tuple(StreamSlice(s, tail.stream_bundles(s.stream_id)) for s in g) for g in groups]
+
+
+def object_partitions(
+    store: Store, entries: Sequence[ManifestEntry], ro: opt.ReadOptions
+) -> list[ObjectPartition]:
+    """One partition per data object; a large ``.qseg`` one split by stream (its tail
+    is read on the driver, in parallel: at most two suffix GETs per object)."""
+    for e in entries:
+        opt.check_long(e.sequence)
+    if ro.slot is not None and ro.split_streams_bytes > 0 and len(entries) > 1:
+        with ThreadPoolExecutor(min(_PLAN_THREADS, len(entries))) as pool:
+            splits = list(pool.map(lambda e: split_streams(store, e, ro), entries))
+    else:
+        splits = [split_streams(store, e, ro) for e in entries]
+    out = []
+    for e, groups in zip(entries, splits, strict=True):
+        ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+        if groups is None:
+            out.append(ObjectPartition(ref, ro.starting_ts, ro.ending_ts))
+        else:
+            out += [ObjectPartition(ref, ro.starting_ts, ro.ending_ts, g) for g in groups]
+    return out
+
+
 def plan(
     entries: Sequence[ManifestEntry], start: int, end: int, ro: opt.ReadOptions
 ) -> list[ObjectPartition]:
-    """One partition per data object with ``start <= sequence < end``."""
-    out = []
-    for e in entries:
-        if start <= e.sequence < end:
-            opt.check_long(e.sequence)
-            ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
-            out.append(ObjectPartition(ref, ro.starting_ts, ro.ending_ts))
-    return out
+    """One partition per data object with ``start <= sequence < end`` (or per stream
+    group of a large ``.qseg`` object: :func:`split_streams`)."""
+    store = shared_buffer(ro.url, ro.store).store
+    return object_partitions(store, [e for e in entries if start <= e.sequence < end], ro)
 
 
 def batch_range(
@@ -246,12 +330,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             log.warning("skipping %d sequences no longer in the queue", len(missing))
         entries = [self._entries[q] for q in range(s, e) if q in self._entries]
-        ro = self.ro
-        return [
-            ObjectPartition(ta.ObjectRef(opt.check_long(x.sequence), x.location, x.metadata),
-                            ro.starting_ts, ro.ending_ts)
-            for x in entries
-        ]
+        return object_partitions(self._buf().store, entries, self.ro)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark is done with everything before ``end``: ack and dequeue it (fenced)."""
