@@ -27,7 +27,7 @@ active file at the end of the last one (the unacknowledged ``.new`` file is disc
 
 Recycling (why: unlinking a 64 MiB file on ext4 mounted with ``discard`` took 35-43 ms
 and stalled a concurrent fdatasync ~30 ms; zeroing its range takes ~5 ms): a purged
-file is renamed ``quiver.wal.free.<K>`` and its whole range zeroed with
+file is renamed ``quiver.wal.free.<K>`` (directory fsynced) and its whole range zeroed with
 ``fallocate(FALLOC_FL_ZERO_RANGE)`` (its blocks stay allocated, so nothing is discarded)
 and fsynced, outside the lock; at most ``max_spares`` are kept, the rest are unlinked.
 The next rotation renames a spare ``quiver.wal.new``, writes the header at offset 0 and
@@ -677,19 +677,21 @@ class WalWriter:
                 keep = 0 if self._closing else min(keep, len(gone))
                 self._spare_jobs += keep
             try:
-                for i, p in enumerate(gone):
-                    if i < keep:
-                        self._recycle(p)
-                    else:
-                        p.unlink(missing_ok=True)
+                for p in gone[keep:]:
+                    p.unlink(missing_ok=True)
+                renamed = [r for p in gone[:keep] if (r := self._rename_spare(p)) is not None]
+                if gone:
+                    # the renames (and unlinks) are durable before any zeroing: a crash
+                    # must never leave a zeroed file under a WAL file's name
+                    fsync_dir(self.dir)
+                for spare, size in renamed:
+                    self._zero_spare(spare, size)
             finally:
                 with self._lock:
                     self._spare_jobs -= keep
-            if gone:
-                fsync_dir(self.dir)
 
-    def _recycle(self, path: Path) -> None:
-        """Outside the lock: turn a purged file into a zeroed spare (or unlink it)."""
+    def _rename_spare(self, path: Path) -> tuple[Path, int] | None:
+        """Outside the lock: rename a purged file ``quiver.wal.free.<K>``."""
         with self._lock:
             k = self._next_free
             self._next_free += 1
@@ -698,7 +700,12 @@ class WalWriter:
             size = path.stat().st_size
             os.rename(path, spare)
         except FileNotFoundError:
-            return
+            return None
+        return spare, size
+
+    def _zero_spare(self, spare: Path, size: int) -> None:
+        """Outside the lock: zero a renamed spare durably and offer it to the next
+        rotation (or unlink it where zeroing is unsupported)."""
         try:
             zero_file(spare, size)
         except OSError as e:
