@@ -2,12 +2,15 @@
 streaming produce -> Spark end-to-end latency.
 
     /work/venv/bin/python bench/spark_read.py [--rows 2000000] [--value-bytes 100]
-        [--objects 16] [--s3] [--latency-records 30]
+        [--objects 16] [--s3] [--latency-records 30] [--split-streams 8]
 
 Both reads scan the same rows (tieredbuf's record schema, written once to Parquet
 by Spark) in the same session, with a ``noop`` sink that materializes every row.
 ``--s3`` puts the buffer and the Parquet copy on a moto server over HTTP (moto is
 an in-RAM Python server, so that measures moto more than tieredbuf).
+``--split-streams N`` (N > 0) also reads one large ``.qseg`` object whose slot has N
+streams (of about ``rows * value_bytes / N`` bytes each) as bundles, whole
+(``splitStreamsBytes=0``) and split by stream (one partition per stream).
 Prints the figures and writes JSON to bench/results/.
 """
 
@@ -82,6 +85,61 @@ def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects:
     buf.queue.append(entries, f"bench-{ULID()}", len(entries))
 
 
+def _fill_segment(url: str, store: dict[str, Any], rows: int, value_bytes: int,
+                  streams: int) -> int:
+    """One .qseg object whose slot 0 has ``streams`` streams (each its own dictionary);
+    returns its size in bytes."""
+    import pyarrow as pa
+    from ulid import ULID
+
+    import tieredbuf
+    from tieredbuf import keys
+    from tieredbuf.format.manifest import MetadataItem, NewEntry
+    from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
+
+    buf = tieredbuf.open(url, **store)
+    builder = SegmentBuilder()
+    per_stream = rows // streams
+    per_bundle = 1 << 16
+    seq = 0
+    for s in range(streams):
+        tag = pa.array([f"stream-{s}"]).dictionary_encode()
+        for lo in range(0, per_stream, per_bundle):
+            n = min(per_bundle, per_stream - lo)
+            vals = pa.array([os.urandom(value_bytes)] * n, pa.binary())
+            idx = pa.array([0] * n, pa.int32())
+            batch = pa.record_batch({
+                "v": vals, "i": pa.array(range(lo, lo + n), pa.int64()),
+                "tag": pa.DictionaryArray.from_arrays(idx, tag.dictionary),
+            })
+            builder.add(SegmentBundle({0: batch}, time.time_ns(), seq))
+            seq += 1
+    body = b"".join(p if isinstance(p, bytes) else p.to_pybytes() for p in builder.finish())
+    key = keys.data_key(ULID(), keys.SEGMENT_SUFFIX)
+    view = memoryview(body)
+    buf.store.put_multipart(
+        key, (view[i : i + (8 << 20)] for i in range(0, len(view), 8 << 20)), mode="create"
+    )
+    now = time.time_ns() // 1_000_000
+    buf.queue.append([NewEntry(key, (MetadataItem(0, now, b"bench"),))], f"bench-{ULID()}", 1)
+    return len(body)
+
+
+def _split_bench(spark: Any, url: str, store: dict[str, Any], rows: int, value_bytes: int,
+                 streams: int, repeats: int) -> dict[str, Any]:
+    size = _fill_segment(url, store, rows, value_bytes, streams)
+    opts = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in store.items()}
+    out: dict[str, Any] = {"object_bytes": size, "streams": streams,
+                           "rows": rows // streams * streams}
+    for name, split in (("whole", "0"), ("split", "1")):
+        df = (spark.read.format("tieredbuf").options(**opts).option("slot", "0")
+              .option("splitStreamsBytes", split).load(url))
+        _timed_scan(df, 1)
+        out[name] = {"partitions": df.rdd.getNumPartitions(),
+                     "seconds": round(_timed_scan(df, repeats), 3)}
+    return out
+
+
 def _timed_scan(df: Any, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -147,6 +205,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--latency-records", type=int, default=30)
     ap.add_argument("--s3", action="store_true", help="use a moto S3 server over HTTP")
+    ap.add_argument("--split-streams", type=int, default=0,
+                    help="also time a bundle read of one .qseg with this many streams")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tb-bench-"))
@@ -191,6 +251,10 @@ def main() -> None:
             t_pq = min(t_pq, _timed_scan(pq, 1))
         load = os.getloadavg()[0]
         latency = _latency(spark, lat_url, store, args.latency_records, work)
+        split = None
+        if args.split_streams > 0:
+            split = _split_bench(spark, url.replace("/buf", "/seg"), store, args.rows,
+                                 args.value_bytes, args.split_streams, args.repeats)
         result = {
             "bench": "spark_read",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -205,6 +269,7 @@ def main() -> None:
                         "mb_per_s": round(payload_mb / t_pq, 1)},
             "ratio_tieredbuf_over_parquet": round(t_pq / t_tb, 3),
             "streaming_latency": latency,
+            "bundles_split_by_stream": split,
         }
         spark.stop()
     finally:

@@ -140,7 +140,10 @@ def split_streams(store: Store, e: ManifestEntry, ro: opt.ReadOptions
     limit = ro.split_streams_bytes
     if ro.slot is None or limit <= 0 or not e.location.endswith(keys.SEGMENT_SUFFIX):
         return None
-    tail = segment_tail(store, e.location)
+    try:
+        tail = segment_tail(store, e.location)
+    except ObjectNotFoundError:
+        return None  # read whole: the executor reports the data loss as it always has
     mine = [s for s in tail.streams if s.slot_id == ro.slot]
     if tail.size <= limit or len(mine) < 2:
         return None
