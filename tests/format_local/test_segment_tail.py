@@ -123,8 +123,8 @@ def test_bad_tails_are_named() -> None:
 
 def _parse_all(tail: bytes) -> None:
     t = seg.parse_segment_tail(tail, "s")
-    for s in t.streams:
-        t.stream_bundles(s.stream_id)
+    every = seg.bundles_by_stream(t)
+    assert every == {s.stream_id: t.stream_bundles(s.stream_id) for s in t.streams}
 
 
 @_SETTINGS

@@ -592,20 +592,30 @@ def parse_segment_tail(tail: bytes | memoryview, obj: str | None = None,
 def chunk_bundles(tail: SegmentTail, stream_id: int, obj: str | None = None) -> tuple[int, ...]:
     """The bundle index of each chunk of stream ``stream_id``, in chunk order;
     CorruptError unless the manifest refers to every chunk exactly once."""
+    return bundles_by_stream(tail, obj, only=stream_id)[stream_id]
+
+
+def bundles_by_stream(tail: SegmentTail, obj: str | None = None,
+                      only: int | None = None) -> dict[int, tuple[int, ...]]:
+    """:func:`chunk_bundles` of every stream (or of stream ``only``), in one pass."""
     obj = tail.obj if obj is None else obj
-    s = tail.streams[stream_id]
-    out = [-1] * s.chunk_count
+    out = {
+        s.stream_id: [-1] * s.chunk_count
+        for s in tail.streams if only is None or s.stream_id == only
+    }
     for b, bundle in enumerate(tail.bundles):
         for _, sid, chunk in bundle.refs:
-            if sid == stream_id:
-                if out[chunk] != -1:
+            chunks = out.get(sid)
+            if chunks is not None:
+                if chunks[chunk] != -1:
                     raise CorruptError(WHAT, obj, tail.tail_offset,
                                        f"stream {sid} chunk {chunk} is in two bundles")
-                out[chunk] = b
-    if -1 in out:
-        raise CorruptError(WHAT, obj, tail.tail_offset,
-                           f"stream {stream_id} chunk {out.index(-1)} is in no bundle")
-    return tuple(out)
+                chunks[chunk] = b
+    for sid, chunks in out.items():
+        if -1 in chunks:
+            raise CorruptError(WHAT, obj, tail.tail_offset,
+                               f"stream {sid} chunk {chunks.index(-1)} is in no bundle")
+    return {sid: tuple(chunks) for sid, chunks in out.items()}
 
 
 def stream_schema_size(head: bytes | memoryview, stream: StreamInfo,

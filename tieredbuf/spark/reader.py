@@ -38,7 +38,7 @@ import tieredbuf
 from tieredbuf import keys
 from tieredbuf.errors import DataLossError, FencedError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.segment import StreamInfo, decode_stream
+from tieredbuf.format.segment import StreamInfo, bundles_by_stream, decode_stream
 from tieredbuf.spark import arrow as ta
 from tieredbuf.spark import options as opt
 from tieredbuf.spark.bundles import segment_tail
@@ -157,7 +157,8 @@ def split_streams(store: Store, e: ManifestEntry, ro: opt.ReadOptions
         size += s.byte_length
     if len(groups) < 2:
         return None
-    return [tuple(StreamSlice(s, tail.stream_bundles(s.stream_id)) for s in g) for g in groups]
+    of = bundles_by_stream(tail, e.location)
+    return [tuple(StreamSlice(s, of[s.stream_id]) for s in g) for g in groups]
 
 
 def object_partitions(
