@@ -15,7 +15,9 @@ medians are reported.
    the same disk by default, ``--export memory`` to keep it in RAM).  Target >= 0.6.
    A diagnostic side, ``raw_2x``, adds to raw what the stage adds on the disk: the same
    bytes written again into 32 MiB files (writev + fdatasync + rename) by a background
-   thread, which bounds what a WAL + sealed-segment design can reach here.
+   thread, which bounds what a WAL + sealed-segment design can reach here.  The stage
+   recycles purged WAL files (zeroed spares reused by the next rotation) instead of
+   unlinking them: ``wal_rotations_into_recycled_files`` counts the rotations that did.
 2. Bundle ingest (``Stage.append_bundle``) in ``segment_only`` (acked when the segment
    is sealed: written, fdatasynced, renamed, directory fsynced) vs writing the same
    RecordBatches with ``pa.ipc.new_file`` (one file per slot), fsynced at the end.
@@ -360,9 +362,12 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
 
     secs = run_threads(len(recs), work)
     sealed = len(stage.sealed_segments())
+    wal = stage._wal
+    recycled = wal.recycled if wal is not None else None
     t = time.perf_counter()
     stage.close()
     return {"seconds": secs, "segments_sealed_in_window": sealed,
+            "wal_rotations_into_recycled_files": recycled,
             "close_seconds": time.perf_counter() - t}
 
 
