@@ -90,7 +90,9 @@ def test_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
     c = buf.consumer()
     c.initialize()
     c.next_batch(), c.next_batch()
-    c.ack(0), c.ack(1), c.flush()
+    c.ack(0)
+    c.ack(1)
+    c.flush()
     c.close()
     with pytest.raises(Exception, match="already dequeued"):
         _reader(spark, {}, startingOffsets=0).load(url).collect()
