@@ -19,6 +19,7 @@ producer's publisher does (I5).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -48,8 +49,6 @@ STRIDE = 1 << 20
 """Producer sequence numbers reserved per commit: at most this many objects per job or
 micro-batch.  A commit's last producer sequence is ``(epoch + 1) * STRIDE``, so a retry
 of the same commit is recognised however many objects it carries."""
-MULTIPART_THRESHOLD = 16 << 20
-MULTIPART_CHUNK = 8 << 20
 
 Uploaded = tuple[str, tuple[MetadataItem, ...]]
 
@@ -74,15 +73,11 @@ def _now_ms() -> int:
 
 
 def _put(buf: tieredbuf.Buffer, key: str, body: bytes) -> None:
-    try:
-        if len(body) > MULTIPART_THRESHOLD:
-            view = memoryview(body)
-            chunks = (view[i : i + MULTIPART_CHUNK] for i in range(0, len(view), MULTIPART_CHUNK))
-            buf.store.put_multipart(key, chunks, mode="create")
-        else:
-            buf.store.put(key, body, mode="create")
-    except AlreadyExistsError:
-        pass  # a fresh ULID key: our own attempt whose response was lost
+    # One conditional PUT whatever the size: obstore 0.12.1 has no conditional multipart
+    # (see tieredbuf/publish.py), and S3 takes up to 5 GiB in one PUT.
+    # AlreadyExists on a fresh ULID key is our own attempt whose response was lost.
+    with contextlib.suppress(AlreadyExistsError):
+        buf.store.put(key, body, mode="create")
 
 
 def _binary(col: pa.Array | pa.ChunkedArray, name: str) -> list[bytes]:
