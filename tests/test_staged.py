@@ -11,7 +11,6 @@ import pytest
 import tieredbuf
 from tieredbuf import Durability
 from tieredbuf.errors import ConfigError, StageLockedError
-from tieredbuf.exporter import _metadata
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.stage.stage import Stage
 
@@ -77,7 +76,7 @@ def test_I2_segment_appended_before_a_crash_is_not_appended_again(tmp_path: Path
         buf.store, buf.queue, f"{stage.producer_id}.batch",
         retry=tieredbuf.RetryConfig(), gc_grace_period=timedelta(minutes=10),
     )
-    pend = Pending(seg.path.read_bytes(), ".batch", _metadata(seg), seg.last_sequence + 1)
+    pend = Pending(seg.path.read_bytes(), ".batch", seg.items, seg.last_sequence + 1)
     pub.upload(pend)
     pub.append([pend])
     stage.close()
@@ -107,7 +106,7 @@ def test_I2_group_commit_after_a_crash_appends_only_what_did_not_land(tmp_path: 
     first = tieredbuf.open(url)
     pub = Publisher(first.store, first.queue, f"{stage.producer_id}.batch",
                     retry=tieredbuf.RetryConfig(), gc_grace_period=timedelta(minutes=10))
-    pend = Pending(segs[0].path.read_bytes(), ".batch", _metadata(segs[0]), 2)
+    pend = Pending(segs[0].path.read_bytes(), ".batch", segs[0].items, 2)
     pub.upload(pend)
     pub.append_increasing([pend])
     stage.close()

@@ -30,7 +30,6 @@ from datetime import timedelta
 
 from tieredbuf import keys
 from tieredbuf.config import RetryConfig
-from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -53,10 +52,6 @@ class Exported:
     sequences: tuple[tuple[int, int], ...]
     sequence: int | None
     location: str
-
-
-def _metadata(seg: SealedSegment) -> tuple[MetadataItem, ...]:
-    return tuple(MetadataItem(m.start_index, m.ingestion_time_ms, m.metadata) for m in seg.items)
 
 
 class Exporter:
@@ -155,7 +150,7 @@ class Exporter:
         pub = self._publishers[kind]
         suffix = keys.SEGMENT_SUFFIX if kind == "qseg" else keys.BATCH_SUFFIX
         pending = [
-            Pending(seg.path.read_bytes(), suffix, _metadata(seg), seg.last_sequence + 1)
+            Pending(seg.path.read_bytes(), suffix, seg.items, seg.last_sequence + 1)
             for seg in segs
         ]
         futures: list[Future[None]] = [self._pool.submit(pub.upload, p) for p in pending]

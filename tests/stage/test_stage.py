@@ -55,7 +55,7 @@ def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
         (seg,) = st.seal_all()
         assert seg.kind == "batch" and seg.path.suffix == ".batch"
         assert decode_batch(seg.path.read_bytes()) == [b"a", b"b", b"c"]
-        assert [(i.start_index, i.metadata) for i in seg.items] == [
+        assert [(i.start_index, i.payload) for i in seg.items] == [
             (0, b"m1"), (2, b"empty"), (2, b"m3")]
         assert seg.sequences == ((0, 2),)
         assert (seg.wal_start, seg.wal_end) == (acks[0].wal_start, acks[2].wal_end)

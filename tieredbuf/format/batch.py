@@ -36,20 +36,26 @@ MAX_RECORD_LEN = 0xFFFF_FFFF
 MAX_DECOMPRESSED = 1 << 31
 
 
-def _record_parts(records: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    parts: list[bytes | memoryview] = []
-    for r in records:
-        n = len(r)
-        if n > MAX_RECORD_LEN:
-            raise ValueError(f"record of {n} bytes exceeds the u32 length field")
-        parts.append(_LEN.pack(n))
-        parts.append(r)
+def interleave_lengths(records: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``[u32 len(r0), r0, u32 len(r1), r1, ...]``: the record block as parts, without a
+    Python loop per record (the WAL's records entry uses the same layout)."""
+    parts: list[bytes | memoryview] = [b""] * (2 * len(records))
+    try:
+        parts[0::2] = map(_LEN.pack, map(len, records))
+    except struct.error as e:
+        raise ValueError("a record exceeds the u32 length field") from e
+    parts[1::2] = records
     return parts
+
+
+def encode_footer(record_count: int, compression: Compression = Compression.NONE) -> bytes:
+    """The 7-byte footer."""
+    return _FOOTER.pack(int(compression), record_count, BATCH_VERSION)
 
 
 def encode_records(records: Sequence[bytes | memoryview]) -> bytes:
     """The uncompressed record block."""
-    return b"".join(_record_parts(records))
+    return b"".join(interleave_lengths(records))
 
 
 def encode_batch_parts(
@@ -59,13 +65,13 @@ def encode_batch_parts(
     for writers that can write a vector of buffers."""
     if len(records) > 0xFFFF_FFFF:
         raise ValueError("too many records for one batch")
-    footer = _FOOTER.pack(int(compression), len(records), BATCH_VERSION)
+    footer = encode_footer(len(records), compression)
     if compression == Compression.ZSTD:
         block = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(encode_records(records))
         return [block, footer]
     if compression != Compression.NONE:
         raise ValueError(f"unknown compression {compression!r}")
-    return [*_record_parts(records), footer]
+    return [*interleave_lengths(records), footer]
 
 
 def encode_batch(

@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, UnsupportedVersionError
 from tieredbuf.format._reader import Reader
+from tieredbuf.format.batch import interleave_lengths
 
 WAL_MAGIC = b"QUIVER\x00WAL"
 WAL_VERSION = 1
@@ -305,14 +306,6 @@ def encode_records_entry(
 ) -> list[bytes | memoryview]:
     """A Records entry (type 2) as a list of buffers."""
     return frame_entry(sequence, ingestion_ts_nanos, records_body(records, metadata))
-
-
-def interleave_lengths(records: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """``[u32 len(r0), r0, u32 len(r1), r1, ...]`` without a Python loop per record."""
-    parts: list[bytes | memoryview] = [b""] * (2 * len(records))
-    parts[0::2] = map(_U32.pack, map(len, records))
-    parts[1::2] = records
-    return parts
 
 
 def decode_entry(

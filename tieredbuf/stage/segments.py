@@ -22,7 +22,6 @@ import base64
 import json
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -35,9 +34,9 @@ import pyarrow as pa
 from ulid import ULID
 
 from tieredbuf.config import Compression
-from tieredbuf.format.batch import BATCH_VERSION, FOOTER_SIZE, encode_batch
+from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave_lengths
+from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
-from tieredbuf.format.wal import interleave_lengths
 from tieredbuf.stage._fs import fsync_dir, write_all, write_atomic
 
 log = logging.getLogger(__name__)
@@ -46,15 +45,6 @@ QSEG = "qseg"
 BATCH = "batch"
 SIDECAR_SUFFIX = ".json"
 SIDECAR_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataItem:
-    """RFC 0001 metadata item: one ``produce(entries, metadata)`` call in a batch."""
-
-    start_index: int
-    ingestion_time_ms: int
-    metadata: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,27 +196,6 @@ Accumulator = RecordsAccumulator | BundleAccumulator
 # --- sealed files -----------------------------------------------------------------
 
 
-def batch_parts(
-    records: Sequence[bytes], compression: Compression
-) -> list[bytes | memoryview | pa.Buffer]:
-    """``encode_batch(records, compression)`` as a list of buffers for ``writev``.
-
-    Uncompressed, the record block is the records with their u32 length prefixes, so
-    the parts reference the records instead of joining them: ``encode_batch`` copies a
-    segment twice (join, then + footer), which cost 0.1-0.3 s per 32 MiB segment with
-    the GIL held.
-    """
-    if compression != Compression.NONE or not records:
-        return [encode_batch(records, compression)]
-    footer = _BATCH_FOOTER.pack(Compression.NONE, len(records), BATCH_VERSION)
-    return [*interleave_lengths(records), footer]
-
-
-_BATCH_FOOTER = struct.Struct("<BIH")
-"""format/batch.py's footer (compression_type, record_count, version), checked here:"""
-assert encode_batch([b"r"])[-FOOTER_SIZE:] == _BATCH_FOOTER.pack(0, 1, BATCH_VERSION)
-
-
 @dataclass(frozen=True, slots=True)
 class PreparedSegment:
     """A segment written durably under its ``.tmp`` name, not yet committed."""
@@ -265,12 +234,11 @@ class SegmentDir:
         if isinstance(acc, RecordsAccumulator):
             parts: list[bytes | memoryview | pa.Buffer]
             if self.compression == Compression.NONE and acc.count:
-                footer = _BATCH_FOOTER.pack(Compression.NONE, acc.count, BATCH_VERSION)
-                parts = [*acc.block_parts(), footer]
+                parts = [*acc.block_parts(), encode_footer(acc.count)]
             else:
                 if acc.has_blocks():
                     raise ValueError("encoded record blocks need compression NONE")
-                parts = list(batch_parts(acc.records, self.compression))
+                parts = list(encode_batch_parts(acc.records, self.compression))
             items = tuple(acc.items)
             entry_count, record_count = len(acc.items), acc.count
         else:
@@ -350,7 +318,7 @@ def _to_json(seg: SealedSegment) -> dict[str, Any]:
         "wal_start": seg.wal_start,
         "wal_end": seg.wal_end,
         "items": [
-            [i.start_index, i.ingestion_time_ms, base64.b64encode(i.metadata).decode()]
+            [i.start_index, i.ingestion_time_ms, base64.b64encode(i.payload).decode()]
             for i in seg.items
         ],
         "entry_count": seg.entry_count,
