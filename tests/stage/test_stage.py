@@ -431,19 +431,23 @@ def test_overlapping_seals_commit_in_sequence_order(
     """Two sealer threads write segments concurrently; a later segment that finishes
     writing first still commits after the earlier one (the exporter relies on order)."""
     import threading
-    import time
 
     from tieredbuf.stage.segments import PreparedSegment, SegmentDir
 
     real_prepare, real_commit = SegmentDir.prepare, SegmentDir.commit
     committed: list[SealedSegment] = []
     first = threading.Event()
+    later_written = threading.Event()
 
     def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
         if not first.is_set():
             first.set()
-            time.sleep(0.5)  # the first segment is slow to write
-        return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+            # the first segment finishes writing only after a later one has
+            assert later_written.wait(timeout=30), "seals did not overlap"
+            return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+        prep = real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+        later_written.set()
+        return prep
 
     def commit(self: SegmentDir, prep: PreparedSegment) -> SealedSegment:
         committed.append(real_commit(self, prep))
@@ -477,13 +481,17 @@ def test_a_failed_seal_stops_later_seals_from_committing(
 
     real_prepare = SegmentDir.prepare
     first = threading.Event()
+    later_written = threading.Event()
 
     def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
         if not first.is_set():
             first.set()
-            time.sleep(0.3)
+            # fail only once a later segment has been written, ready to commit
+            later_written.wait(timeout=30)
             raise OSError(28, "No space left on device")
-        return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+        prep = real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+        later_written.set()
+        return prep
 
     monkeypatch.setattr(SegmentDir, "prepare", prepare)
     c = cfg(segment=SegmentConfig(target_size=5000, max_open_duration=timedelta(seconds=60)))
@@ -502,6 +510,7 @@ def test_a_failed_seal_stops_later_seals_from_committing(
     with pytest.raises(StageError):
         st.append_records([b"late"])
     st.close()  # returns: no seal waits forever for a ticket that failed
+    assert later_written.is_set(), "a later segment was written while the first failed"
     assert st.sealed_segments() == []
     assert not list((tmp_path / "p" / "segments").glob("*.tmp"))
     with Stage(tmp_path, "p", c) as again:  # everything acked is replayed from the WAL
