@@ -11,9 +11,10 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,3 +158,28 @@ def moto_server(in_process: bool = False) -> Iterator[S3Endpoint]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_threads(n: int, target: Callable[[int, threading.Barrier], None]) -> float:
+    """Run ``target(i, barrier)`` on ``n`` threads until all finish; returns the
+    ``time.perf_counter()`` at which the barrier opened (the start of the timed work)."""
+    barrier = threading.Barrier(n + 1)
+    errors: list[BaseException] = []
+
+    def wrap(i: int) -> None:
+        try:
+            target(i, barrier)
+        except BaseException as e:
+            errors.append(e)
+            barrier.abort()
+
+    ts = [threading.Thread(target=wrap, args=(i,), name=f"bench-{i}") for i in range(n)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return started

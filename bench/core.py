@@ -56,6 +56,7 @@ from _common import (
     S3Endpoint,
     moto_server,
     print_table,
+    run_threads,
     summarize,
     write_json,
 )
@@ -157,30 +158,6 @@ def make_calls(threads: int, calls: int, batch: int, size: int) -> list[list[lis
 def frame(records: list[bytes]) -> bytes:
     """The baseline's object body: length-prefixed records (what a naive writer would do)."""
     return b"".join(struct.pack(">I", len(r)) + r for r in records)
-
-
-def run_threads(n: int, target: Callable[[int, threading.Barrier], None]) -> float:
-    """Run ``target(i, barrier)`` on ``n`` threads; returns when the barrier opened."""
-    barrier = threading.Barrier(n + 1)
-    errors: list[BaseException] = []
-
-    def wrap(i: int) -> None:
-        try:
-            target(i, barrier)
-        except BaseException as e:
-            errors.append(e)
-            barrier.abort()
-
-    ts = [threading.Thread(target=wrap, args=(i,), name=f"bench-{i}") for i in range(n)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
-    return started
 
 
 def count_records(buf: tieredbuf.Buffer) -> tuple[int, int]:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import pyarrow as pa
-from _common import print_table, write_json
+from _common import print_table, run_threads, write_json
 
 import tieredbuf
 from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
@@ -123,32 +123,6 @@ def device_of(path: Path) -> str:
             ):
                 best = (dev, mnt, fstype)
     return f"{best[0]} on {best[1]} ({best[2]})"
-
-
-def run_threads(n: int, target: Callable[[int, threading.Barrier], None]) -> float:
-    """Run ``target(i, barrier)`` on ``n`` threads; returns the elapsed seconds from the
-    moment the barrier opened until every thread finished."""
-    barrier = threading.Barrier(n + 1)
-    errors: list[BaseException] = []
-
-    def wrap(i: int) -> None:
-        try:
-            target(i, barrier)
-        except BaseException as e:
-            errors.append(e)
-            barrier.abort()
-
-    ts = [threading.Thread(target=wrap, args=(i,), name=f"bench-{i}") for i in range(n)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return elapsed
 
 
 def evict(paths: list[Path]) -> None:
@@ -337,7 +311,7 @@ def produce_raw(d: Path, recs: list[list[bytes]], calls: int, window: int,
 
             windowed(calls, window, submit, wal.wait)
 
-    secs = run_threads(len(recs), work)
+    secs = time.perf_counter() - run_threads(len(recs), work)
     wal.close()
     out: dict[str, Any] = {"seconds": secs, "fdatasyncs": wal.syncs}
     if segs is not None:
@@ -360,7 +334,7 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
         windowed(calls, window, lambda: stage.append_records(mine, META),
                  lambda f: f.result())
 
-    secs = run_threads(len(recs), work)
+    secs = time.perf_counter() - run_threads(len(recs), work)
     sealed = len(stage.sealed_segments())
     wal = stage._wal
     recycled = wal.recycled if wal is not None else None
@@ -384,7 +358,7 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
         windowed(calls, window, lambda: producer.produce(mine, META),
                  lambda h: h.wait(local))
 
-    secs = run_threads(len(recs), work)
+    secs = time.perf_counter() - run_threads(len(recs), work)
     stats = producer.stats
     t = time.perf_counter()
     producer.close()
