@@ -8,18 +8,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from tieredbuf.fsutil import fsync_dir
+
+__all__ = ["fsync_dir", "read_if_exists", "write_all", "write_atomic"]
+
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (AttributeError, ValueError, OSError):
     _IOV_MAX = 16
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_all(fd: int, parts: Iterable[bytes | memoryview | pa.Buffer]) -> int:

@@ -43,6 +43,7 @@ from tieredbuf.errors import (
     PreconditionFailedError,
     StoreError,
 )
+from tieredbuf.fsutil import fsync_dir
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 
@@ -58,14 +59,6 @@ def _hasher() -> hashlib.blake2b:
     return hashlib.blake2b(digest_size=16)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LocalDirStore:
     """A Store rooted at a directory; safe for concurrent processes on one machine."""
 
@@ -75,7 +68,7 @@ class LocalDirStore:
         try:
             if not os.path.isdir(self._root):
                 os.makedirs(self._root, exist_ok=True)
-                _fsync_dir(os.path.dirname(self._root))
+                fsync_dir(os.path.dirname(self._root))
         except OSError as e:
             raise StoreError(f"cannot create store directory {self._root}: {e}") from e
         self._tlock = threading.Lock()
@@ -132,7 +125,7 @@ class LocalDirStore:
             if not os.path.isdir(dirpath):
                 raise StoreError(f"{dirpath} exists and is not a directory") from None
             return
-        _fsync_dir(parent)
+        fsync_dir(parent)
 
     # --- reads ------------------------------------------------------------------------
 
@@ -308,7 +301,7 @@ class LocalDirStore:
             else:
                 raise ValueError(f"unknown put mode {mode!r}")
             try:
-                _fsync_dir(dirpath)
+                fsync_dir(dirpath)
             except OSError as e:
                 raise OutcomeUnknownError(
                     f"{key} was moved into place but its directory could not be fsynced: {e}"
@@ -370,7 +363,7 @@ class LocalDirStore:
                     failures.append((key, StoreError(f"cannot delete {key}: {e}")))
             for d in dirs:
                 try:
-                    _fsync_dir(d)
+                    fsync_dir(d)
                 except OSError as e:
                     failures.extend(
                         (k, StoreError(f"cannot fsync {d} after deleting {k}: {e}"))
