@@ -130,4 +130,4 @@ def open(url: str, *, tree: TreeConfig | None = None, **options: Any) -> Buffer:
     return Buffer(open_store(url, **options), tree)
 
 
-__all__ = ["Buffer", "open", "timedelta"]
+__all__ = ["Buffer", "open"]

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ulid import ULID
@@ -44,8 +44,6 @@ class Pending:
     metadata: tuple[MetadataItem, ...]
     producer_seq: int
     ulid: ULID | None = None
-    uploads: int = 0
-    extra: object = field(default=None, repr=False)
 
     @property
     def location(self) -> str:
@@ -110,7 +108,6 @@ class Publisher:
                 if self.stop.wait(backoff_delay(self.retry, attempt)):
                     raise
                 attempt += 1
-        p.uploads += 1
         self.stats.incr("objects_uploaded")
         self.stats.incr("bytes_uploaded", len(p.body))
         self.stats.incr("upload_ns", time.perf_counter_ns() - started)
