@@ -95,7 +95,6 @@ class Consumer:
         self._acked = -1
         self._acks_since_dequeue = 0
         self._entries: dict[int, ManifestEntry] = {}
-        self._tail = 0
         self._first = 0
         self._prefetch: dict[int, Future[bytes]] = {}
         self._pool = ThreadPoolExecutor(
@@ -159,7 +158,6 @@ class Consumer:
         window = max(WINDOW, self.config.read_ahead + 1)
         self._entries = {e.sequence: e for e in itertools.islice(snap.iter_from(start), window)}
         self._first = snap.footer.first_sequence
-        self._tail = snap.footer.next_sequence
         self.stats.incr("manifest_refreshes")
 
     def next_batch(self) -> ConsumedBatch | None:
