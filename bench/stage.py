@@ -311,7 +311,8 @@ def produce_raw(d: Path, recs: list[list[bytes]], calls: int, window: int,
 
             windowed(calls, window, submit, wal.wait)
 
-    secs = time.perf_counter() - run_threads(len(recs), work)
+    started = run_threads(len(recs), work)
+    secs = time.perf_counter() - started
     wal.close()
     out: dict[str, Any] = {"seconds": secs, "fdatasyncs": wal.syncs}
     if segs is not None:
@@ -334,7 +335,8 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
         windowed(calls, window, lambda: stage.append_records(mine, META),
                  lambda f: f.result())
 
-    secs = time.perf_counter() - run_threads(len(recs), work)
+    started = run_threads(len(recs), work)
+    secs = time.perf_counter() - started
     sealed = len(stage.sealed_segments())
     wal = stage._wal
     recycled = wal.recycled if wal is not None else None
@@ -358,7 +360,8 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
         windowed(calls, window, lambda: producer.produce(mine, META),
                  lambda h: h.wait(local))
 
-    secs = time.perf_counter() - run_threads(len(recs), work)
+    started = run_threads(len(recs), work)
+    secs = time.perf_counter() - started
     stats = producer.stats
     t = time.perf_counter()
     producer.close()
