@@ -47,6 +47,15 @@ def test_I6_root_holds_at_most_m_per_level_and_groups_cover_the_rest() -> None:
     assert kinds == {"group", "kgroup", "mgroup"}
 
 
+def test_sized_entries_carry_each_objects_size_through_every_level() -> None:
+    q = _q(open_store("memory://"), m=2)
+    for i in range(23):
+        q.append([_e(i, size=100 + i)], "p", i + 1)
+    q.append([_e(99, size=0)], "p", 24)  # size not recorded: 0
+    sized = q.read().sized_entries()
+    assert [(e.sequence, n) for e, n in sized] == [(i, 100 + i) for i in range(23)] + [(23, 0)]
+
+
 def test_I6_root_size_is_bounded_while_the_backlog_grows() -> None:
     q = _q(open_store("memory://"), m=4)
     sizes = []

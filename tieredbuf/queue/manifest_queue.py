@@ -114,6 +114,10 @@ class Snapshot:
         """Linked entries with sequence >= max(start, low), loading one group at a time."""
         return tree.iter_from(self.root, max(start, self.root.low), self.nodes.load)
 
+    def sized_entries(self) -> list[tuple[fm.ManifestEntry, int]]:
+        """:meth:`entries` with each data object's size in bytes (0: not recorded)."""
+        return list(tree.iter_sized_from(self.root, self.root.head, self.nodes.load))
+
 
 class ManifestQueue:
     """CAS operations on ``queue/manifest``; safe to share between threads."""

@@ -461,16 +461,33 @@ def first_at_or_after_time(times: Sequence[int], t: int) -> int:
 
 def iter_from(root: Root, start: int, load: Load) -> Iterator[fm.ManifestEntry]:
     """Every linked entry with sequence >= ``start``, in order, loading one node at a time."""
+    return (e for e, _ in iter_sized_from(root, start, load))
+
+
+def iter_sized_from(
+    root: Root, start: int, load: Load
+) -> Iterator[tuple[fm.ManifestEntry, int]]:
+    """:func:`iter_from` with each entry's object size from the stats (0: unknown)."""
     yield from _iter_refs(root.refs, start, load)
-    yield from iter_view_from(root.entries_view(), start)
+    stats = root.stats
+    first = root.entries_first
+    for e in iter_view_from(root.entries_view(), start):
+        yield e, _size_at(stats, e.sequence - first)
 
 
-def _iter_refs(refs: Sequence[ft.Ref], start: int, load: Load) -> Iterator[fm.ManifestEntry]:
+def _size_at(stats: Sequence[ft.Stat], i: int) -> int:
+    return stats[i].size if i < len(stats) else 0
+
+
+def _iter_refs(
+    refs: Sequence[ft.Ref], start: int, load: Load
+) -> Iterator[tuple[fm.ManifestEntry, int]]:
     for r in refs[ref_index(refs, start):]:
         node = load(r)
         if node.level == 0:
             assert node.entries is not None
-            yield from iter_view_from(node.entries, start)
+            for e in iter_view_from(node.entries, start):
+                yield e, _size_at(node.stats, e.sequence - node.first)
         else:
             yield from _iter_refs(node.refs, start, load)
 

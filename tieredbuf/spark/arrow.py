@@ -60,19 +60,7 @@ def records_batches(
     if n == 0:
         return
     seq = check_long(ref.sequence)
-    md = sorted(ref.metadata, key=lambda m: m.start_index)
-    if md:
-        starts = np.array([m.start_index for m in md], dtype=np.int64)
-        which = np.searchsorted(starts, np.arange(n, dtype=np.int64), side="right") - 1
-        # Records before the first metadata item (a malformed but decodable entry) get none.
-        mask = which < 0
-        which = pa.array(np.maximum(which, 0), mask=mask if mask.any() else None)
-        metadata = pa.array([m.payload for m in md], pa.binary()).take(which)
-        times_ms = np.array([m.ingestion_time_ms for m in md], dtype=np.int64)
-        ingestion = pa.array(times_ms * 1000, pa.timestamp("us", tz="UTC")).take(which)
-    else:
-        metadata = pa.nulls(n, pa.binary())
-        ingestion = pa.nulls(n, pa.timestamp("us", tz="UTC"))
+    metadata, ingestion = _metadata_columns(ref.metadata, n)
     batch = pa.RecordBatch.from_arrays(
         [
             values,
@@ -80,9 +68,7 @@ def records_batches(
             pa.array(np.full(n, seq, dtype=np.int64)),
             pa.array(np.arange(n, dtype=np.int32)),
             ingestion,
-            pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(n, dtype=np.int32)), pa.array([ref.location])
-            ).cast(pa.string()),
+            repeat_value(ref.location.encode(), n, pa.string()),
         ],
         schema=records_schema(),
     )
@@ -90,6 +76,42 @@ def records_batches(
         keep = _time_mask(ingestion, ts_from_ms, ts_to_ms)
         batch = batch.filter(keep)
     yield from _project(batch, schema)
+
+
+def repeat_value(value: bytes, n: int, t: pa.DataType) -> pa.Array:
+    """``value`` ``n`` times as a ``binary``/``string`` array, built from two buffers."""
+    offsets = np.arange(n + 1, dtype=np.int64) * len(value)
+    return pa.Array.from_buffers(
+        t, n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(value * n)]
+    )
+
+
+def _metadata_columns(
+    items: Sequence[MetadataItem], n: int
+) -> tuple[pa.Array, pa.Array]:
+    """Per-record ``metadata`` and ``ingestion_time``: each item covers the records from
+    its start index to the next item's (records before the first item get nulls)."""
+    ts_type = pa.timestamp("us", tz="UTC")
+    md = sorted(items, key=lambda m: m.start_index)
+    if not md:
+        return pa.nulls(n, pa.binary()), pa.nulls(n, ts_type)
+    if len(md) == 1 and md[0].start_index <= 0:
+        m = md[0]
+        return (repeat_value(m.payload, n, pa.binary()),
+                pa.array(np.full(n, m.ingestion_time_ms * 1000, dtype=np.int64), ts_type))
+    starts = np.clip(np.array([m.start_index for m in md], dtype=np.int64), 0, n)
+    runs = np.diff(np.append(starts, n))
+    which = np.repeat(np.arange(len(md), dtype=np.int64), runs)
+    lead = int(starts[0])
+    if lead:  # records before the first item: null metadata
+        mask = np.zeros(n, dtype=bool)
+        mask[:lead] = True
+        which = pa.array(np.concatenate([np.zeros(lead, np.int64), which]), mask=mask)
+    else:
+        which = pa.array(which)
+    metadata = pa.array([m.payload for m in md], pa.binary()).take(which)
+    times_us = np.array([m.ingestion_time_ms for m in md], dtype=np.int64) * 1000
+    return metadata, pa.array(times_us, ts_type).take(which)
 
 
 def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:

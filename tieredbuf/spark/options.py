@@ -8,6 +8,7 @@ lookup here goes through :func:`_get`, which lower-cases the name it asks for.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,14 @@ MAX_LONG = (1 << 63) - 1
 SPLIT_STREAMS_BYTES = 64 << 20
 """Default ``splitStreamsBytes``: bundle reads split ``.qseg`` objects larger than this
 by stream."""
+
+MAX_PARTITION_BYTES = 128 << 20
+"""Default ``maxPartitionBytes``: small data objects are packed into one Spark partition
+up to this many bytes (Spark's ``spark.sql.files.maxPartitionBytes``)."""
+
+OPEN_COST_BYTES = 4 << 20
+"""What opening one more object costs a partition, counted as bytes when packing
+(Spark's ``spark.sql.files.openCostInBytes``)."""
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -53,7 +62,7 @@ _SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
 READ_OPTIONS = frozenset({
     "path", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
     "failondataloss", "slot", "consumer", "maxoffsetspertrigger", "maxbytespertrigger",
-    "splitstreamsbytes",
+    "splitstreamsbytes", "maxpartitionbytes", "minpartitions",
 })
 WRITE_OPTIONS = frozenset({
     "path", "slot", "producerid", "maxobjectbytes", "compression", "gcgraceperiodseconds",
@@ -186,6 +195,8 @@ class ReadOptions:
     max_offsets: int | None
     max_bytes: int | None
     split_streams_bytes: int
+    max_partition_bytes: int = MAX_PARTITION_BYTES
+    min_partitions: int = 1
 
     @property
     def bundles(self) -> bool:
@@ -229,6 +240,12 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         split_streams_bytes=_int(
             "splitStreamsBytes", _get(options, "splitStreamsBytes") or SPLIT_STREAMS_BYTES
         ),
+        max_partition_bytes=_int(
+            "maxPartitionBytes", _get(options, "maxPartitionBytes") or MAX_PARTITION_BYTES
+        ),
+        min_partitions=_int(
+            "minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1
+        ),
     )
     if ro.starting is not None and ro.starting_ts is not None:
         raise ConfigError("give startingOffsets or startingTimestamp, not both")
@@ -239,6 +256,13 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
             raise ConfigError(f"option {name} must be > 0, got {n}")
     if ro.slot is not None and not 0 <= ro.slot < 1 << 16:
         raise ConfigError(f"option slot must be in 0..65535, got {ro.slot}")
+    if ro.max_partition_bytes < 0:
+        raise ConfigError(
+            "option maxPartitionBytes must be >= 0 (0: one partition per data object), "
+            f"got {ro.max_partition_bytes}"
+        )
+    if ro.min_partitions < 1:
+        raise ConfigError(f"option minPartitions must be >= 1, got {ro.min_partitions}")
     if ro.split_streams_bytes < 0:
         raise ConfigError(
             f"option splitStreamsBytes must be >= 0 (0: never split), got {ro.split_streams_bytes}"
@@ -382,3 +406,31 @@ def admit(
         if total > max_bytes and s > start:
             return s
     return stop
+
+
+def pack(sizes: Sequence[int], max_bytes: int, min_partitions: int,
+         open_cost: int = OPEN_COST_BYTES) -> list[range]:
+    """Consecutive data objects packed into partitions: index ranges over ``sizes``.
+
+    Spark's rule for small files (``FilePartition``): each object costs its size plus
+    ``open_cost``; a partition takes objects while it stays within
+    ``min(max_bytes, max(open_cost, total / min_partitions))``, so a small read still
+    spreads over ``min_partitions`` tasks and a large one over ``max_bytes`` pieces.
+    Order is kept: each partition is a run of consecutive sequences.  ``max_bytes``
+    of 0 gives one partition per object.
+    """
+    n = len(sizes)
+    if max_bytes <= 0:
+        return [range(i, i + 1) for i in range(n)]
+    total = sum(sizes) + open_cost * n
+    limit = min(max_bytes, max(open_cost, total // max(1, min_partitions)))
+    out: list[range] = []
+    lo, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and acc + size > limit:
+            out.append(range(lo, i))
+            lo, acc = i, 0
+        acc += size + open_cost
+    if lo < n:
+        out.append(range(lo, n))
+    return out

@@ -1,8 +1,10 @@
 """Batch and streaming readers of the ``tieredbuf`` source.
 
-The driver reads the manifest and plans one partition per data object; each
-partition carries the object's key and metadata, and executors GET the object
-straight from the store (no data passes through the driver).
+The driver reads the manifest and packs consecutive data objects into partitions
+(Spark's small-file rule: up to ``maxPartitionBytes``, spread over at least
+``minPartitions``); each partition carries its objects' keys and metadata, and
+executors GET the objects straight from the store (no data passes through the
+driver).
 
 Streaming offsets are ``{"sequence": next}``.  With the ``consumer`` option the
 query is the queue's fenced consumer: it bumps the epoch when it starts (fencing
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -77,40 +79,49 @@ class StreamSlice:
 
 
 class ObjectPartition(InputPartition):
-    """One data object (and, for time-bounded reads, the per-record time window); or,
-    with ``streams``, only those streams of a large ``.qseg`` object (ranged GETs)."""
+    """Consecutive data objects (and, for time-bounded reads, the per-record time
+    window); or, with ``streams``, only those streams of one large ``.qseg`` object
+    (ranged GETs)."""
 
     def __init__(
-        self, ref: ta.ObjectRef, ts_from_ms: int | None = None, ts_to_ms: int | None = None,
-        streams: tuple[StreamSlice, ...] | None = None,
+        self, refs: Sequence[ta.ObjectRef], ts_from_ms: int | None = None,
+        ts_to_ms: int | None = None, streams: tuple[StreamSlice, ...] | None = None,
     ) -> None:
-        super().__init__(
-            ref.sequence if streams is None else (ref.sequence, streams[0].stream.stream_id)
-        )
-        self.ref = ref
+        if not refs or (streams is not None and len(refs) != 1):
+            raise ValueError("a partition holds objects, or streams of exactly one object")
+        first = refs[0].sequence
+        super().__init__(first if streams is None else (first, streams[0].stream.stream_id))
+        self.refs = tuple(refs)
         self.ts_from_ms = ts_from_ms
         self.ts_to_ms = ts_to_ms
         self.streams = streams
+
+    @property
+    def ref(self) -> ta.ObjectRef:
+        """The first (for a stream partition, the only) object."""
+        return self.refs[0]
 
 
 def read_partition(
     ro: opt.ReadOptions, schema: pa.Schema, part: ObjectPartition
 ) -> Iterator[pa.RecordBatch]:
-    """Executor side: GET the object, decode it, yield Arrow batches in ``schema``."""
+    """Executor side: GET each object in turn, decode it, yield Arrow batches in
+    ``schema``."""
     buf = shared_buffer(ro.url, ro.store)
-    ref = part.ref
     if part.streams is not None:
         yield from _read_streams(buf, schema, part.ref, part.streams)
         return
-    data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
-    if ro.slot is not None:
-        if not ref.location.endswith(keys.SEGMENT_SUFFIX):
-            return
-        yield from ta.bundle_batches(data, ref, ro.slot, schema)
-    else:
-        if not ref.location.endswith(keys.BATCH_SUFFIX):
-            return
-        yield from ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms)
+    for ref in part.refs:
+        if ro.slot is not None:
+            if not ref.location.endswith(keys.SEGMENT_SUFFIX):
+                continue
+            data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+            yield from ta.bundle_batches(data, ref, ro.slot, schema)
+        else:
+            if not ref.location.endswith(keys.BATCH_SUFFIX):
+                continue
+            data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+            yield from ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms)
 
 
 def _read_streams(
@@ -162,10 +173,13 @@ def split_streams(store: Store, e: ManifestEntry, ro: opt.ReadOptions
 
 
 def object_partitions(
-    store: Store, entries: Sequence[ManifestEntry], ro: opt.ReadOptions
+    store: Store, entries: Sequence[ManifestEntry], ro: opt.ReadOptions,
+    sizes: Mapping[int, int] | None = None,
 ) -> list[ObjectPartition]:
-    """One partition per data object; a large ``.qseg`` one split by stream (its tail
-    is read on the driver, in parallel: at most two suffix GETs per object)."""
+    """Consecutive objects packed into partitions (:func:`options.pack`), a large
+    ``.qseg`` one split by stream instead (its tail is read on the driver, in
+    parallel: at most two suffix GETs per object).  ``sizes`` maps sequences to object
+    sizes (the manifest's stats); a size missing there is read with a HEAD."""
     for e in entries:
         opt.check_long(e.sequence)
     if ro.slot is not None and ro.split_streams_bytes > 0 and len(entries) > 1:
@@ -174,22 +188,54 @@ def object_partitions(
     else:
         splits = [split_streams(store, e, ro) for e in entries]
     out = []
+    whole: list[ManifestEntry] = []
     for e, groups in zip(entries, splits, strict=True):
-        ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
         if groups is None:
-            out.append(ObjectPartition(ref, ro.starting_ts, ro.ending_ts))
-        else:
-            out += [ObjectPartition(ref, ro.starting_ts, ro.ending_ts, g) for g in groups]
+            whole.append(e)
+            continue
+        ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+        out += [ObjectPartition([ref], ro.starting_ts, ro.ending_ts, g) for g in groups]
+    if whole:
+        lengths = _sizes(store, whole, sizes or {}, ro)
+        refs = [ta.ObjectRef(e.sequence, e.location, e.metadata) for e in whole]
+        out += [ObjectPartition(refs[r.start : r.stop], ro.starting_ts, ro.ending_ts)
+                for r in opt.pack(lengths, ro.max_partition_bytes, ro.min_partitions)]
+    out.sort(key=lambda p: (p.ref.sequence, p.streams is not None))
     return out
 
 
+def _sizes(store: Store, entries: Sequence[ManifestEntry], known: Mapping[int, int],
+           ro: opt.ReadOptions) -> list[int]:
+    """Object sizes for packing (HEADs, in parallel, for those the manifest lacks)."""
+    if ro.max_partition_bytes <= 0 or len(entries) < 2:
+        return [0] * len(entries)
+
+    def size(e: ManifestEntry) -> int:
+        n = known.get(e.sequence, 0)
+        if n > 0:
+            return n
+        try:
+            return store.head(e.location).size
+        except ObjectNotFoundError:
+            return 0  # the executor reports the loss when it reads the object
+
+    missing = sum(1 for e in entries if known.get(e.sequence, 0) <= 0)
+    if missing < 2:
+        return [size(e) for e in entries]
+    with ThreadPoolExecutor(min(_PLAN_THREADS, missing)) as pool:
+        return list(pool.map(size, entries))
+
+
 def plan(
-    entries: Sequence[ManifestEntry], start: int, end: int, ro: opt.ReadOptions
+    entries: Sequence[ManifestEntry], start: int, end: int, ro: opt.ReadOptions,
+    sizes: Mapping[int, int] | None = None,
 ) -> list[ObjectPartition]:
-    """One partition per data object with ``start <= sequence < end`` (or per stream
-    group of a large ``.qseg`` object: :func:`split_streams`)."""
+    """Partitions of the objects with ``start <= sequence < end``
+    (:func:`object_partitions`)."""
     store = shared_buffer(ro.url, ro.store).store
-    return object_partitions(store, [e for e in entries if start <= e.sequence < end], ro)
+    return object_partitions(
+        store, [e for e in entries if start <= e.sequence < end], ro, sizes
+    )
 
 
 def batch_range(
@@ -209,11 +255,12 @@ class BatchReader(DataSourceReader):
         self.schema = schema
         buf = shared_buffer(ro.url, ro.store)
         snap = buf.snapshot()
-        entries = snap.entries()
+        sized = snap.sized_entries()
+        entries = [e for e, _ in sized]
         start, end = batch_range(ro, entries, snap.footer.first_sequence,
                                  snap.footer.next_sequence)
         self.start, self.end = start, end
-        self._parts = plan(entries, start, end, ro)
+        self._parts = plan(entries, start, end, ro, {e.sequence: n for e, n in sized})
 
     def partitions(self) -> Sequence[InputPartition]:
         return list(self._parts)
@@ -268,7 +315,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap = self._buf().snapshot()
         if self._epoch is not None and snap.footer.epoch != self._epoch:
             raise FencedError(self._epoch, snap.footer.epoch)
-        self._entries = {e.sequence: e for e in snap.entries()}
+        self._entries = {}
+        for e, size in snap.sized_entries():
+            self._entries[e.sequence] = e
+            if size > 0:
+                self._sizes[e.sequence] = size
         return snap.footer.first_sequence, snap.footer.next_sequence
 
     def initialOffset(self) -> dict[str, Any]:
@@ -334,7 +385,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             log.warning("skipping %d sequences no longer in the queue", len(missing))
         entries = [self._entries[q] for q in range(s, e) if q in self._entries]
-        return object_partitions(self._buf().store, entries, self.ro)
+        return object_partitions(self._buf().store, entries, self.ro, self._sizes)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark is done with everything before ``end``: ack and dequeue it (fenced)."""

@@ -50,7 +50,8 @@ STRIDE = 1 << 20
 micro-batch.  A commit's last producer sequence is ``(epoch + 1) * STRIDE``, so a retry
 of the same commit is recognised however many objects it carries."""
 
-Uploaded = tuple[str, tuple[MetadataItem, ...]]
+Uploaded = tuple[str, tuple[MetadataItem, ...], int]
+"""(key, metadata, size in bytes) of one uploaded data object."""
 
 
 @dataclass
@@ -177,7 +178,7 @@ def write_task(
             body, suffix, items = got
             key = keys.data_key(ULID(), suffix)
             _put(buf, key, body)
-            out.objects.append((key, items))
+            out.objects.append((key, items, len(body)))
 
     for batch in batches:
         if enc is None:
@@ -193,7 +194,7 @@ def _refresh_stale(buf: tieredbuf.Buffer, objs: list[Uploaded], max_age_ms: int)
     """Copy objects older than ``max_age_ms`` to fresh keys; True if any was copied."""
     now = _now_ms()
     copied = False
-    for i, (key, items) in enumerate(objs):
+    for i, (key, items, size) in enumerate(objs):
         ulid = keys.parse_data_key(key)
         if ulid is None or now - ulid.milliseconds <= max_age_ms:
             continue
@@ -208,7 +209,7 @@ def _refresh_stale(buf: tieredbuf.Buffer, objs: list[Uploaded], max_age_ms: int)
         fresh = keys.data_key(ULID(), suffix)
         log.warning("%s waited past half the GC grace period; copying it to %s", key, fresh)
         _put(buf, fresh, body)
-        objs[i] = (fresh, items)
+        objs[i] = (fresh, items, size)
         copied = True
     return copied
 
@@ -234,7 +235,7 @@ def publish(
 
     def check() -> None:
         now = _now_ms()
-        for key, _ in objs:
+        for key, _, _ in objs:
             ulid = keys.parse_data_key(key)
             if ulid is not None and now - ulid.milliseconds > max_age:
                 raise _Stale(key)
@@ -243,7 +244,8 @@ def publish(
         _refresh_stale(buf, objs, max_age)
         try:
             return buf.queue.append(
-                [NewEntry(k, items) for k, items in objs], producer_id, (epoch + 1) * STRIDE,
+                [NewEntry(k, items, size) for k, items, size in objs], producer_id,
+                (epoch + 1) * STRIDE,
                 before_write=check,
             )
         except _Stale:
