@@ -6,7 +6,10 @@ streaming produce -> Spark end-to-end latency.
 
 Both reads scan the same rows (tieredbuf's record schema, written once to Parquet
 by Spark) in the same session, with a ``noop`` sink that materializes every row.
-``--s3`` puts the buffer and the Parquet copy on a moto server over HTTP (moto is
+A third side, the Python-source ceiling (bench/_spark_floor.py), yields cached Arrow
+batches of the same rows in as many partitions with no I/O and no decoding: what any
+Python data source pays Spark here, so ``tieredbuf_over_ceiling`` is tieredbuf's own
+share.  ``--s3`` puts the buffer and the Parquet copy on a moto server over HTTP (moto is
 an in-RAM Python server, so that measures moto more than tieredbuf).
 ``--split-streams N`` (N > 0) also reads one large ``.qseg`` object whose slot has N
 streams (of about ``rows * value_bytes / N`` bytes each) as bundles, whole
@@ -36,8 +39,9 @@ def _session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+        p for p in (str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")) if p
     )
+    sys.path.insert(0, str(ROOT / "bench"))
     from pyspark.sql import SparkSession
 
     import tieredbuf.spark
@@ -52,6 +56,9 @@ def _session() -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     tieredbuf.spark.register(spark)
+    from _spark_floor import FloorSource
+
+    spark.dataSource.register(FloorSource)
     return spark
 
 
@@ -242,13 +249,18 @@ def main() -> None:
         rows = args.rows // args.objects * args.objects
         assert pq.count() == rows
         payload_mb = rows * args.value_bytes / 1e6
+        floor = (spark.read.format("tb_bench_floor")
+                 .option("partitions", tb.rdd.getNumPartitions()).option("rows", rows)
+                 .option("value_bytes", args.value_bytes).load())
         _timed_scan(pq, 1)  # warm the JVM and the Python workers
         _timed_scan(tb, 1)
-        # Interleaved, best of each: a shared host's load hits both sides alike.
-        t_tb = t_pq = float("inf")
+        _timed_scan(floor, 1)
+        # Interleaved, best of each: a shared host's load hits every side alike.
+        t_tb = t_pq = t_floor = float("inf")
         for _ in range(args.repeats):
             t_tb = min(t_tb, _timed_scan(tb, 1))
             t_pq = min(t_pq, _timed_scan(pq, 1))
+            t_floor = min(t_floor, _timed_scan(floor, 1))
         load = os.getloadavg()[0]
         latency = _latency(spark, lat_url, store, args.latency_records, work)
         split = None
@@ -268,6 +280,15 @@ def main() -> None:
             "parquet": {"seconds": round(t_pq, 3), "rows_per_s": round(rows / t_pq),
                         "mb_per_s": round(payload_mb / t_pq, 1)},
             "ratio_tieredbuf_over_parquet": round(t_pq / t_tb, 3),
+            "python_source_ceiling": {
+                "note": "a Python data source yielding cached batches of the same rows in "
+                        "as many partitions (no I/O, no decode): Spark's cost of any "
+                        "Python source here",
+                "partitions": tb.rdd.getNumPartitions(),
+                "seconds": round(t_floor, 3),
+                "ratio_over_parquet": round(t_pq / t_floor, 3),
+                "tieredbuf_over_ceiling": round(t_floor / t_tb, 3),
+            },
             "streaming_latency": latency,
             "bundles_split_by_stream": split,
         }

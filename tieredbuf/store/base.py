@@ -17,7 +17,7 @@ may have landed), StoreError for everything else.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -41,11 +41,37 @@ class ObjectMeta:
     last_modified: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
 class GetResult:
-    data: bytes
-    etag: str
-    """Version token to pass back in IfMatch."""
+    """An object's bytes and its version token (``etag``, to pass back in IfMatch).
+
+    ``etag`` may be given as a function of nothing, called on first use: the local
+    directory store's etag is a hash of the content, which a reader of data objects
+    (never written twice) does not need to pay for.
+    """
+
+    __slots__ = ("_etag", "_etag_of", "data")
+
+    def __init__(self, data: bytes, etag: str | Callable[[], str]) -> None:
+        self.data = data
+        self._etag: str | None = None if callable(etag) else etag
+        self._etag_of: Callable[[], str] | None = etag if callable(etag) else None
+
+    @property
+    def etag(self) -> str:
+        if self._etag is None:
+            assert self._etag_of is not None
+            self._etag, self._etag_of = self._etag_of(), None
+        return self._etag
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GetResult):
+            return NotImplemented
+        return self.data == other.data and self.etag == other.etag
+
+    __hash__ = None  # type: ignore[assignment]  # holds a lazily filled cache
+
+    def __repr__(self) -> str:
+        return f"GetResult(data=<{len(self.data)} bytes>, etag={self.etag!r})"
 
 
 @runtime_checkable

@@ -11,7 +11,8 @@ cache without fsync (DESIGN.md, "Facts").  Here:
 * every mutation (put, delete) holds ``<root>/.tieredbuf.lock`` (``fcntl.flock``), so
   conditional writes are atomic across threads and processes sharing the directory;
   only the move happens under the lock, the data is written and fsynced before;
-* the etag is a content hash (blake2b, 16 bytes, hex): it survives restarts, does not
+* the etag is a content hash (blake2b, 16 bytes, hex; ``get()`` computes it only when
+  asked, so reading data objects does not hash them): it survives restarts, does not
   depend on mtime or inode numbers (inodes are reused), and -- like an S3 single-part
   etag -- names the content, so an ABA rewrite of identical bytes matches;
 * ``list()`` never shows temp files or the lock, and removes temp files left by a
@@ -55,8 +56,8 @@ _READ_CHUNK = 1 << 20
 _NOT_FOUND_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
 
 
-def _hasher() -> hashlib.blake2b:
-    return hashlib.blake2b(digest_size=16)
+def _hasher(data: bytes = b"") -> hashlib.blake2b:
+    return hashlib.blake2b(data, digest_size=16)
 
 
 class LocalDirStore:
@@ -151,9 +152,7 @@ class LocalDirStore:
             raise StoreError(f"cannot read {key}: {e}") from e
         finally:
             os.close(fd)
-        h = _hasher()
-        h.update(data)
-        return GetResult(data=data, etag=h.hexdigest())
+        return GetResult(data, lambda: _hasher(data).hexdigest())
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(start, end)
