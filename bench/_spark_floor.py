@@ -20,24 +20,30 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tieredbuf.spark.arrow import RECORDS_DDL, ROWS_PER_BATCH, records_schema, repeat_value
 
-_cache: dict[tuple[int, int], pa.RecordBatch] = {}
+_cache: dict[tuple[int, int], list[pa.RecordBatch]] = {}
 
 
-def _batch(rows: int, value_bytes: int) -> pa.RecordBatch:
+def _build(rows: int, value_bytes: int) -> pa.RecordBatch:
+    base = os.urandom(value_bytes)
+    values = pa.array([base[:-8] + i.to_bytes(8, "little") for i in range(rows)], pa.binary())
+    return pa.RecordBatch.from_arrays([
+        values,
+        repeat_value(b"bench", rows, pa.binary()),
+        pa.array(np.full(rows, 7, dtype=np.int64)),
+        pa.array(np.arange(rows, dtype=np.int32)),
+        pa.array(np.full(rows, 1_700_000_000_000_000, dtype=np.int64),
+                 pa.timestamp("us", tz="UTC")),
+        repeat_value(b"data/01KXXXXXXXXXXXXXXXXXXXXXXX.batch", rows, pa.string()),
+    ], schema=records_schema())
+
+
+def _batches(rows: int, value_bytes: int) -> list[pa.RecordBatch]:
+    """One partition's rows as separately built batches of ``ROWS_PER_BATCH`` (not
+    slices of one big batch, which the Arrow IPC writer would have to re-base)."""
     key = (rows, value_bytes)
     if key not in _cache:
-        base = os.urandom(value_bytes)
-        values = pa.array([base[:-8] + i.to_bytes(8, "little") for i in range(rows)],
-                          pa.binary())
-        _cache[key] = pa.RecordBatch.from_arrays([
-            values,
-            repeat_value(b"bench", rows, pa.binary()),
-            pa.array(np.full(rows, 7, dtype=np.int64)),
-            pa.array(np.arange(rows, dtype=np.int32)),
-            pa.array(np.full(rows, 1_700_000_000_000_000, dtype=np.int64),
-                     pa.timestamp("us", tz="UTC")),
-            repeat_value(b"data/01KXXXXXXXXXXXXXXXXXXXXXXX.batch", rows, pa.string()),
-        ], schema=records_schema())
+        _cache[key] = [_build(min(ROWS_PER_BATCH, rows - off), value_bytes)
+                       for off in range(0, rows, ROWS_PER_BATCH)]
     return _cache[key]
 
 
@@ -49,9 +55,7 @@ class _Reader(DataSourceReader):
         return [InputPartition(i) for i in range(self.n)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        b = _batch(self.rows // self.n, self.value_bytes)
-        for off in range(0, b.num_rows, ROWS_PER_BATCH):
-            yield b.slice(off, ROWS_PER_BATCH)
+        yield from _batches(self.rows // self.n, self.value_bytes)
 
 
 class FloorSource(DataSource):

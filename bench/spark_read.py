@@ -2,7 +2,7 @@
 streaming produce -> Spark end-to-end latency.
 
     /work/venv/bin/python bench/spark_read.py [--rows 2000000] [--value-bytes 100]
-        [--objects 16] [--s3] [--latency-records 30] [--split-streams 8]
+        [--objects 16] [--s3] [--varied] [--latency-records 30] [--split-streams 8]
 
 Both reads scan the same rows (tieredbuf's record schema, written once to Parquet
 by Spark) in the same session, with a ``noop`` sink that materializes every row.
@@ -62,8 +62,10 @@ def _session() -> Any:
     return spark
 
 
-def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects: int) -> None:
-    """``objects`` data objects of ``rows / objects`` records, appended in one go."""
+def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects: int,
+          varied: bool = False) -> None:
+    """``objects`` data objects of ``rows / objects`` records, appended in one go;
+    ``varied``: record lengths spread over [value_bytes / 2, 3 * value_bytes / 2)."""
     from ulid import ULID
 
     import tieredbuf
@@ -78,6 +80,9 @@ def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects:
     for o in range(objects):
         base = os.urandom(value_bytes)
         recs = [base[:-8] + i.to_bytes(8, "little") for i in range(o * per, (o + 1) * per)]
+        if varied:
+            half = value_bytes // 2
+            recs = [r[: half + (i * 7919) % (2 * half)] + r[-8:] for i, r in enumerate(recs)]
         key = keys.data_key(ULID(), keys.BATCH_SUFFIX)
         body = encode_batch(recs)
         if len(body) > 16 << 20:
@@ -212,6 +217,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--latency-records", type=int, default=30)
     ap.add_argument("--s3", action="store_true", help="use a moto S3 server over HTTP")
+    ap.add_argument("--varied", action="store_true",
+                    help="records of varied length (the decoder walks the length prefixes)")
     ap.add_argument("--split-streams", type=int, default=0,
                     help="also time a bundle read of one .qseg with this many streams")
     args = ap.parse_args()
@@ -240,7 +247,7 @@ def main() -> None:
     try:
         spark = _session()
         t0 = time.perf_counter()
-        _fill(url, store, args.rows, args.value_bytes, args.objects)
+        _fill(url, store, args.rows, args.value_bytes, args.objects, args.varied)
         fill_s = time.perf_counter() - t0
         opts = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in store.items()}
         tb = spark.read.format("tieredbuf").options(**opts).load(url)
@@ -274,6 +281,7 @@ def main() -> None:
                         "spark_master": "local[2]", "load_avg_1m": round(load, 2)},
             "backend": "s3 (moto over HTTP)" if args.s3 else "local directory",
             "rows": rows, "value_bytes": args.value_bytes, "objects": args.objects,
+            "varied_lengths": args.varied,
             "fill_seconds": round(fill_s, 3),
             "tieredbuf": {"seconds": round(t_tb, 3), "rows_per_s": round(rows / t_tb),
                           "mb_per_s": round(payload_mb / t_tb, 1)},
