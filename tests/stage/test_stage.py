@@ -439,13 +439,14 @@ def test_overlapping_seals_commit_in_sequence_order(
     first = threading.Event()
     later_written = threading.Event()
 
-    def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
+    def prepare(self: SegmentDir, acc: object, ulid: object = None,
+                written: object = None) -> PreparedSegment:
         if not first.is_set():
             first.set()
             # the first segment finishes writing only after a later one has
             assert later_written.wait(timeout=30), "seals did not overlap"
-            return real_prepare(self, acc, ulid)  # type: ignore[arg-type]
-        prep = real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+            return real_prepare(self, acc, ulid, written)  # type: ignore[arg-type]
+        prep = real_prepare(self, acc, ulid, written)  # type: ignore[arg-type]
         later_written.set()
         return prep
 
@@ -483,13 +484,14 @@ def test_a_failed_seal_stops_later_seals_from_committing(
     first = threading.Event()
     later_written = threading.Event()
 
-    def prepare(self: SegmentDir, acc: object, ulid: object = None) -> PreparedSegment:
+    def prepare(self: SegmentDir, acc: object, ulid: object = None,
+                written: object = None) -> PreparedSegment:
         if not first.is_set():
             first.set()
             # fail only once a later segment has been written, ready to commit
             later_written.wait(timeout=30)
             raise OSError(28, "No space left on device")
-        prep = real_prepare(self, acc, ulid)  # type: ignore[arg-type]
+        prep = real_prepare(self, acc, ulid, written)  # type: ignore[arg-type]
         later_written.set()
         return prep
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 
 from tieredbuf.fsutil import fsync_dir
 
-__all__ = ["fsync_dir", "read_if_exists", "write_all", "write_atomic"]
+__all__ = ["IoGate", "fsync_dir", "read_if_exists", "write_all", "write_atomic",
+           "write_durable"]
 
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
@@ -39,17 +43,25 @@ def write_all(fd: int, parts: Iterable[bytes | memoryview | pa.Buffer]) -> int:
     return total
 
 
-def write_atomic(
+def write_durable(
     path: Path, parts: Iterable[bytes | memoryview | pa.Buffer], mode: int = 0o644
 ) -> int:
-    """tmp -> fdatasync -> rename -> directory fsync: readers see the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Create (or truncate) ``path`` with ``parts`` and fdatasync it (no rename)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         n = write_all(fd, parts)
         os.fdatasync(fd)
     finally:
         os.close(fd)
+    return n
+
+
+def write_atomic(
+    path: Path, parts: Iterable[bytes | memoryview | pa.Buffer], mode: int = 0o644
+) -> int:
+    """tmp -> fdatasync -> rename -> directory fsync: readers see the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    n = write_durable(tmp, parts, mode)
     os.rename(tmp, path)
     fsync_dir(path.parent)
     return n
@@ -60,3 +72,81 @@ def read_if_exists(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
+
+
+_SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
+
+
+def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def call(fd: int, offset: int, length: int) -> None:
+        if fn(fd, offset, length, _SYNC_FILE_RANGE_FLAGS) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return call
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+class IoGate:
+    """The WAL's fdatasync first: a sealer writes a segment's pages back in chunks,
+    each started only while no WAL sync round is running.
+
+    Why: a WAL round and a concurrent 32 MiB segment fdatasync split the disk, and
+    the LOCAL ack waits for the WAL round; measured at 64 KiB records, the stage
+    (WAL + segments) ran at 0.5 of raw write speed, and 1.0 with the segments'
+    fdatasync removed.  Segment bytes still reach the disk in the gaps between WAL
+    rounds (the group-commit interval) and whenever the WAL is idle -- e.g. while
+    producers wait at the open-segment memory cap, which bounds how far seals lag.
+    The gate only orders I/O: every segment is fdatasynced before it is committed.
+    """
+
+    chunk = 4 << 20
+    """Bytes written back per gated step: a WAL round waits for at most one."""
+    max_wait = 0.25
+    """Seconds a chunk yields to back-to-back WAL rounds before it goes anyway."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rounds = 0
+
+    @contextlib.contextmanager
+    def wal_round(self) -> Iterator[None]:
+        with self._cond:
+            self._rounds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._rounds -= 1
+                if self._rounds == 0:
+                    self._cond.notify_all()
+
+    def _wait_idle(self) -> None:
+        deadline = time.monotonic() + self.max_wait
+        with self._cond:
+            while self._rounds:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def write_back(self, fd: int, size: int) -> None:
+        """Write ``fd``'s dirty pages [0, size) to the disk between WAL rounds (not
+        durable yet: the caller's fdatasync still follows).  A no-op without
+        ``sync_file_range`` (the fdatasync then writes everything at once)."""
+        if _sync_file_range is None:
+            return
+        for off in range(0, size, self.chunk):
+            self._wait_idle()
+            _sync_file_range(fd, off, min(self.chunk, size - off))

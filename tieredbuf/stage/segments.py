@@ -9,11 +9,16 @@ Sealed files live in ``<stage>/segments/``::
                          records the RFC metadata items (start_index, ingestion_time_ms,
                          metadata payload)
 
-Commit order: segment to ``.tmp`` + fdatasync; sidecar via tmp + fdatasync + rename;
-segment rename; directory fsync.  So a segment file never exists without its sidecar,
-and a sidecar without a segment (a crash before the segment rename, or mid-release)
-is discarded on open -- its entries are still in the WAL, whose cursor only moves
-after the segment is durable.
+Seal order: prepare (concurrently with other seals) writes the segment to ``.tmp``
+and its sidecar to ``.json.tmp``, fdatasyncing both; commit (in seal order) renames
+the sidecar, then the segment, and fsyncs the directory once.  A sidecar without a
+segment (a crash before the segment rename, or mid-release) is discarded on open --
+its entries are still in the WAL, whose cursor only moves after the commit's
+directory fsync returned.  The two renames share one directory fsync: a journaling
+filesystem (ext4, XFS) commits them in order, so the segment is never visible
+without its sidecar; were a filesystem to persist only the second, load() would
+quarantine the segment as ``.orphan`` and its entries would be replayed from the WAL
+(neither lost nor exported twice).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +42,7 @@ from tieredbuf.config import Compression
 from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave_lengths
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
-from tieredbuf.stage._fs import fsync_dir, write_all, write_atomic
+from tieredbuf.stage._fs import IoGate, fsync_dir, write_all, write_durable
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +153,11 @@ class RecordsAccumulator(_Common):
             nbytes = sum(len(r) + 4 for r in records) + len(metadata) + 16
         self.nbytes += nbytes
 
+    def drop_buffers(self) -> None:
+        """After the segment is written: release the records (seqs, items stay)."""
+        self.records = []
+        self.blocks = []
+
     def has_blocks(self) -> bool:
         return any(b is not None for b in self.blocks)
 
@@ -186,6 +196,10 @@ class BundleAccumulator(_Common):
     def nbytes(self) -> int:
         return self.builder.nbytes
 
+    def drop_buffers(self) -> None:
+        """After the segment is written: release the batches."""
+        self.builder = SegmentBuilder()
+
     def __len__(self) -> int:
         return len(self.builder)
 
@@ -202,14 +216,19 @@ class PreparedSegment:
 
     segment: SealedSegment
     tmp: Path
+    sidecar_tmp: Path
+    """The sidecar, written and fdatasynced under its temp name (renamed at commit)."""
 
 
 class SegmentDir:
     """The ``segments/`` directory: writes, lists and deletes sealed segments."""
 
-    def __init__(self, path: Path, compression: Compression = Compression.NONE) -> None:
+    def __init__(self, path: Path, compression: Compression = Compression.NONE,
+                 gate: IoGate | None = None) -> None:
         self.path = path
         self.compression = compression
+        self.gate = gate
+        """If set, segment bytes go to the disk between WAL sync rounds (IoGate)."""
         self._ulid_lock = threading.Lock()
         self._last_ulid: ULID | None = None
         path.mkdir(parents=True, exist_ok=True)
@@ -228,9 +247,12 @@ class SegmentDir:
         """Encode, write and commit ``acc`` durably; returns the sealed segment."""
         return self.commit(self.prepare(acc, ulid))
 
-    def prepare(self, acc: Accumulator, ulid: ULID | None = None) -> PreparedSegment:
-        """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync).
-        Independent of other segments: several may be prepared at once."""
+    def prepare(self, acc: Accumulator, ulid: ULID | None = None,
+                written: Callable[[], None] | None = None) -> PreparedSegment:
+        """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync), and
+        its sidecar to ``<ULID>.<kind>.json.tmp`` (fdatasync).  Independent of other
+        segments: several may be prepared at once.  ``written`` is called once the bytes
+        are in the file (before write-back): the caller may drop ``acc``'s buffers."""
         if isinstance(acc, RecordsAccumulator):
             parts: list[bytes | memoryview | pa.Buffer]
             if self.compression == Compression.NONE and acc.count:
@@ -251,6 +273,11 @@ class SegmentDir:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         try:
             size = write_all(fd, parts)
+            parts.clear()
+            if written is not None:
+                written()
+            if self.gate is not None:
+                self.gate.write_back(fd, size)
             os.fdatasync(fd)
             os.fchmod(fd, 0o440)
         finally:
@@ -259,16 +286,29 @@ class SegmentDir:
             final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
             items, entry_count, record_count, time.time_ns() // 1_000_000,
         )
-        return PreparedSegment(seg, tmp)
+        side_tmp = seg.sidecar_path.with_name(seg.sidecar_path.name + ".tmp")
+        try:
+            write_durable(side_tmp, [json.dumps(_to_json(seg)).encode()])
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return PreparedSegment(seg, tmp, side_tmp)
 
     def commit(self, prep: PreparedSegment) -> SealedSegment:
-        """Sidecar (atomic), rename into place, directory fsync.  Commit prepared
-        segments in seal order: the exporter relies on it."""
+        """Rename the sidecar, then the segment, into place; one directory fsync (see
+        the module doc).  Commit prepared segments in seal order: the exporter relies
+        on it."""
         seg = prep.segment
-        write_atomic(seg.sidecar_path, [json.dumps(_to_json(seg)).encode()])
+        os.rename(prep.sidecar_tmp, seg.sidecar_path)
         os.rename(prep.tmp, seg.path)
         fsync_dir(self.path)
         return seg
+
+    @staticmethod
+    def discard(prep: PreparedSegment) -> None:
+        """Best effort: remove a prepared segment's temp files (load() does it anyway)."""
+        prep.tmp.unlink(missing_ok=True)
+        prep.sidecar_tmp.unlink(missing_ok=True)
 
     def load(self) -> list[SealedSegment]:
         """Sealed segments on disk, in seal order; cleans up what a crash left."""

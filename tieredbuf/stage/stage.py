@@ -48,7 +48,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import read_if_exists, write_atomic
+from tieredbuf.stage._fs import IoGate, read_if_exists, write_atomic
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,
@@ -125,6 +125,8 @@ class Stage:
         self._committed_tickets = 0
         """Seals committed (or failed) so far: ticket N commits only after N - 1."""
         self._seq_file_lock = threading.Lock()
+        self._seq_persisted = 0
+        """The value last written to the sequence sidecar (under _seq_file_lock)."""
         self._replay_frontier: int | None = None
         self._closed = False
         self._failed: BaseException | None = None
@@ -132,13 +134,19 @@ class Stage:
         self._records: RecordsAccumulator | None = None
         self._bundles: BundleAccumulator | None = None
         self._sealing_bytes = 0
+        """Accumulators taken for sealing whose bytes are not written yet (memory)."""
+        self._written_bytes = 0
+        """Seals written to their temp files, buffers dropped, not committed yet: disk
+        bytes for the size cap, no longer memory for max_open_bytes."""
         self._seal_requested: set[str] = set()
         # WAL entries after the cursor, in order: sequence -> [start, end, sealed]
         self._entries: OrderedDict[int, list[int]] = OrderedDict()
         self._sealed: OrderedDict[str, SealedSegment] = OrderedDict()
         self._sealed_bytes = 0
+        self._gate = IoGate()
         self._segments = SegmentDir(
-            self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression
+            self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression,
+            self._gate,
         )
         self._wal: WalWriter | None = None
 
@@ -159,7 +167,8 @@ class Stage:
         wal_dir = self.path / keys.WAL_DIR_NAME
         use_wal = self.config.durability == "wal"
         if use_wal or (wal_dir.exists() and any(wal_dir.iterdir())):
-            wal = WalWriter(wal_dir, wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT), self.config.wal)
+            wal = WalWriter(wal_dir, wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT), self.config.wal,
+                            self._gate)
             if wal.recovery.max_sequence is not None:
                 next_seq = max(next_seq, wal.recovery.max_sequence + 1)
             self._wal = wal
@@ -300,9 +309,10 @@ class Stage:
         open_bytes = self._open_bytes() + self._sealing_bytes
         if open_bytes and open_bytes + n > self.config.segment.max_open_bytes:
             return "open-segment memory"
-        # open and sealing segments are disk bytes about to be written (I8: the cap
-        # holds for the files on disk at every moment, not just between seals)
-        if self._disk_bytes() + open_bytes + n > self.config.size_cap:
+        # open and sealing segments are disk bytes about to be written, written ones
+        # are on disk uncommitted (I8: the cap holds for the files on disk at every
+        # moment, not just between seals)
+        if self._disk_bytes() + open_bytes + self._written_bytes + n > self.config.size_cap:
             return "disk"
         return None
 
@@ -319,6 +329,7 @@ class Stage:
             return
         if reason == "disk" and self.config.size_cap_policy == "drop_oldest" and self._sealed:
             seg = next(iter(self._sealed.values()))
+            self._write_sequence(seg.last_sequence)
             self._forget_sealed(seg)
             self._segments.delete(seg)
             self.stats.dropped_segments += 1
@@ -372,10 +383,29 @@ class Stage:
         self._seal_requested.discard(kind)
         if acc is None or len(acc) == 0:
             return None
-        self._sealing_bytes += acc.nbytes
+        nbytes = acc.nbytes
+        self._sealing_bytes += nbytes
         ticket = self._seal_tickets
         self._seal_tickets += 1
-        return _SealJob(acc, ticket, self._segments.next_ulid())
+        return _SealJob(acc, ticket, self._segments.next_ulid(), nbytes)
+
+    def _seal_written(self, job: _SealJob) -> None:
+        """The segment's bytes are in its temp file (page cache): drop the accumulator's
+        buffers and count them as disk bytes, not memory -- appends waiting at
+        max_open_bytes go on while the file is written back and fdatasynced."""
+        job.acc.drop_buffers()
+        with self._lock:
+            job.written = True
+            self._sealing_bytes -= job.nbytes
+            self._written_bytes += job.nbytes
+            self._cond.notify_all()
+
+    def _unaccount(self, job: _SealJob) -> None:
+        """Under the lock: the seal committed or failed."""
+        if job.written:
+            self._written_bytes -= job.nbytes
+        else:
+            self._sealing_bytes -= job.nbytes
 
     def _run_seal(self, job: _SealJob) -> SealedSegment:
         """Write the segment durably (concurrently with other seals), then -- in ticket
@@ -385,7 +415,8 @@ class Stage:
         prep: PreparedSegment | None = None
         err: BaseException | None = None
         try:
-            prep = self._segments.prepare(acc, job.ulid)
+            prep = self._segments.prepare(acc, job.ulid,
+                                          written=functools.partial(self._seal_written, job))
         except BaseException as e:
             err = e
         with self._cond:
@@ -397,22 +428,23 @@ class Stage:
             if err is not None:
                 raise err
             assert prep is not None
+            # no sequence sidecar write here: this segment's sidecar and the WAL still
+            # hold its sequences; release() and drop_oldest persist it before deleting
             seg = self._segments.commit(prep)
-            self._write_sequence()
         except BaseException as e:
             with self._lock:
                 if self._failed is None:
                     self._failed = e
-                self._sealing_bytes -= acc.nbytes
+                self._unaccount(job)
                 self._committed_tickets += 1
                 self._cond.notify_all()
             if prep is not None:  # best effort; recovery deletes .tmp files anyway
-                prep.tmp.unlink(missing_ok=True)
+                self._segments.discard(prep)
             for f, _ in acc.futures:
                 f.set_exception(StageError(f"sealing failed: {e}"))
             raise
         with self._lock:
-            self._sealing_bytes -= acc.nbytes
+            self._unaccount(job)
             self.stats.segments_sealed += 1
             self._add_sealed(seg)
             for seq in acc.seqs:
@@ -456,16 +488,23 @@ class Stage:
         with self._lock:
             self._cond.notify_all()
 
-    def _write_sequence(self) -> None:
-        """Persist the next sequence before anything carrying sequences is deleted.
+    def _write_sequence(self, through: int | None = None) -> None:
+        """Persist the next sequence before anything carrying sequences is deleted
+        (a released or dropped segment's sidecar; purged WAL entries are all in sealed
+        segments whose sidecars still exist).  ``through``: skip the write if the
+        persisted value already exceeds it (most releases: it was written ahead).
 
-        Sealing and release() call this from different threads: one lock keeps their
-        temp files apart and makes the persisted value only grow (Quiver #4024).
+        release() and a producer at the drop_oldest cap call this from different
+        threads: one lock keeps their temp files apart and makes the persisted value
+        only grow (Quiver #4024).  It does not take the stage lock (the drop_oldest
+        path holds it); ``_next_seq`` only grows, so a racy read is a valid lower bound.
         """
         with self._seq_file_lock:
-            with self._lock:
-                nxt = self._next_seq
+            if through is not None and self._seq_persisted > through:
+                return
+            nxt = self._next_seq
             write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
+            self._seq_persisted = max(self._seq_persisted, nxt)
 
     def _add_sealed(self, seg: SealedSegment) -> None:
         self._sealed[seg.ulid] = seg
@@ -535,7 +574,7 @@ class Stage:
         with self._lock:
             if not self._forget_sealed(segment):
                 raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
-        self._write_sequence()
+        self._write_sequence(segment.last_sequence)
         self._segments.delete(segment)
         with self._cond:
             self._cond.notify_all()
@@ -580,11 +619,14 @@ class Stage:
             self._lock_fd = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _SealJob:
     acc: Accumulator
     ticket: int
     ulid: ULID
+    nbytes: int
+    """The accumulator's size when taken (counted in _sealing_bytes, then _written_bytes)."""
+    written: bool = False
 
 
 @dataclass(frozen=True, slots=True)

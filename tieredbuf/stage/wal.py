@@ -40,6 +40,7 @@ docs/format-local.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -48,6 +49,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import ClosedError, CorruptError, StageError, WalFullError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import fsync_dir, read_if_exists, write_all, write_atomic
+from tieredbuf.stage._fs import IoGate, fsync_dir, read_if_exists, write_all, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +178,11 @@ class WalWriter:
     max_spares = 1
     """Purged files kept (zeroed) for reuse by the next rotation; 0 unlinks them."""
 
-    def __init__(self, directory: Path, cfg_hash: bytes, config: WalConfig) -> None:
+    def __init__(self, directory: Path, cfg_hash: bytes, config: WalConfig,
+                 gate: IoGate | None = None) -> None:
         self.dir = directory
+        self._gate = gate
+        """Marks sync rounds so segment write-back yields to them (stage/_fs.IoGate)."""
         self.config = config
         self._cfg_hash = cfg_hash
         self._interval = config.flush_interval.total_seconds()
@@ -540,9 +545,13 @@ class WalWriter:
         self._durable = self._written
         return self._pop_durable()
 
-    def _commit_rotation(self, rot: _Rotation) -> None:
+    def _commit_rotation(self, rot: _Rotation,
+                         old_durable: Callable[[], None] | None = None) -> None:
         """The I/O of a rotation: old file durable and closed, new file durable and
-        renamed into place, directory fsynced.  Called by one thread per rotation."""
+        renamed into place, directory fsynced.  Called by one thread per rotation.
+        ``old_durable`` runs once the old file's fdatasync returned: its entries are
+        durable then, whatever happens to the renames (a crash leaves the old file
+        under its old or its rotated name, and recovery reads either)."""
         with rot.old.sync_lock:
             if not rot.old.closed:
                 if rot.old.recycled:  # only the newest file may end in zeros
@@ -550,6 +559,8 @@ class WalWriter:
                 os.fdatasync(rot.old.fd)
                 os.close(rot.old.fd)
                 rot.old.closed = True
+        if old_durable is not None:
+            old_durable()
         os.fdatasync(rot.new.fd)
         os.rename(rot.tmp, self.dir / ACTIVE_NAME)
         fsync_dir(self.dir)
@@ -579,13 +590,18 @@ class WalWriter:
                     return
             try:
                 t0 = time.perf_counter_ns()
-                if rot is not None:
-                    # every byte up to ``target`` is in the old file or the new one
-                    self._commit_rotation(rot)
-                else:
-                    with f.sync_lock:
-                        if not f.closed:  # a rotation already synced a closed file
-                            os.fdatasync(f.fd)
+                with self._gate.wal_round() if self._gate is not None else nullcontext():
+                    if rot is not None:
+                        # every byte up to ``target`` is in the old file or the new one;
+                        # the old file's entries are acked as soon as it is synced (a
+                        # rotation round makes three syncs: measured 150-190 ms against
+                        # 60-80 for a plain round at 64 KiB records)
+                        self._commit_rotation(rot, functools.partial(self._acked_to,
+                                                                     rot.span.start))
+                    else:
+                        with f.sync_lock:
+                            if not f.closed:  # a rotation already synced a closed file
+                                os.fdatasync(f.fd)
                 self.fsync_ns += time.perf_counter_ns() - t0
                 self.fsyncs += 1
             except OSError as e:
@@ -601,6 +617,13 @@ class WalWriter:
                 self._durable = max(self._durable, target)
                 self._last_sync = time.monotonic()
                 done = self._pop_durable()
+        self._resolve(done)
+
+    def _acked_to(self, position: int) -> None:
+        """Every byte before ``position`` is durable: resolve those appends."""
+        with self._lock:
+            self._durable = max(self._durable, position)
+            done = self._pop_durable()
         self._resolve(done)
 
     def _fail(self, e: BaseException) -> None:
