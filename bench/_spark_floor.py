@@ -1,10 +1,10 @@
 """A Python data source that yields cached Arrow batches: the ceiling of the Python
 Data Source API on this machine, for bench/spark_read.py.
 
-Same schema, row count, value size and partition count as the tieredbuf read it is
-compared with, but no I/O and no decoding: each Python worker builds one partition's
-batch once and yields slices of it (``ROWS_PER_BATCH`` rows, as tieredbuf does) for
-every partition.  What is left is Spark's own cost of a Python source: task launch,
+Same schema, row count, value size, partition count and batch size (one batch per
+data object, as tieredbuf yields them) as the tieredbuf read it is compared with, but
+no I/O and no decoding: each Python worker builds one partition's batches once and
+yields them for every partition.  What is left is Spark's own cost of a Python source: task launch,
 the worker round trip, the Arrow stream to the JVM and the JVM's row conversion.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from tieredbuf.spark.arrow import RECORDS_DDL, ROWS_PER_BATCH, records_schema, repeat_value
+from tieredbuf.spark.arrow import RECORDS_DDL, records_schema, repeat_value
 
-_cache: dict[tuple[int, int], list[pa.RecordBatch]] = {}
+_cache: dict[tuple[int, int, int], list[pa.RecordBatch]] = {}
 
 
 def _build(rows: int, value_bytes: int) -> pa.RecordBatch:
@@ -37,25 +37,26 @@ def _build(rows: int, value_bytes: int) -> pa.RecordBatch:
     ], schema=records_schema())
 
 
-def _batches(rows: int, value_bytes: int) -> list[pa.RecordBatch]:
-    """One partition's rows as separately built batches of ``ROWS_PER_BATCH`` (not
+def _batches(rows: int, per_batch: int, value_bytes: int) -> list[pa.RecordBatch]:
+    """One partition's rows as separately built batches of ``per_batch`` rows (not
     slices of one big batch, which the Arrow IPC writer would have to re-base)."""
-    key = (rows, value_bytes)
+    key = (rows, per_batch, value_bytes)
     if key not in _cache:
-        _cache[key] = [_build(min(ROWS_PER_BATCH, rows - off), value_bytes)
-                       for off in range(0, rows, ROWS_PER_BATCH)]
+        _cache[key] = [_build(min(per_batch, rows - off), value_bytes)
+                       for off in range(0, rows, per_batch)]
     return _cache[key]
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, partitions: int, rows: int, value_bytes: int) -> None:
-        self.n, self.rows, self.value_bytes = partitions, rows, value_bytes
+    def __init__(self, partitions: int, rows: int, per_batch: int, value_bytes: int) -> None:
+        self.n, self.rows, self.per_batch, self.value_bytes = (
+            partitions, rows, per_batch, value_bytes)
 
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(i) for i in range(self.n)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from _batches(self.rows // self.n, self.value_bytes)
+        yield from _batches(self.rows // self.n, self.per_batch, self.value_bytes)
 
 
 class FloorSource(DataSource):
@@ -68,4 +69,5 @@ class FloorSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         o = self.options
-        return _Reader(int(o["partitions"]), int(o["rows"]), int(o["value_bytes"]))
+        return _Reader(int(o["partitions"]), int(o["rows"]), int(o["rows_per_batch"]),
+                       int(o["value_bytes"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pyarrow as pa
 import pytest
 import zstandard
 from hypothesis import given, settings
@@ -120,5 +121,40 @@ def test_I7_arrow_decoder_agrees_with_decode_batch_on_good_and_bad_bytes(
         with pytest.raises(CorruptError) as got:
             decode_batch_arrow(bytes(mutated), obj="o")
         assert got.value.obj == "o"
+    else:
+        assert decode_batch_arrow(bytes(mutated), obj="o").to_pylist() == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    width=st.integers(min_value=0, max_value=12),
+    count=st.integers(min_value=1, max_value=10),
+    seed=st.binary(min_size=12, max_size=12),
+    cut=st.integers(min_value=0, max_value=10_000),
+    flip=st.integers(min_value=0, max_value=10_000),
+)
+def test_I7_arrow_decoder_fixed_width_path_agrees_with_decode_batch(
+    width: int, count: int, seed: bytes, cut: int, flip: int
+) -> None:
+    """Records of one length take the reshape path; mutated ones must still decode
+    (or fail) exactly as decode_batch does."""
+    from tieredbuf.format.batch import decode_batch_arrow
+
+    records = [bytes((b + i) % 256 for b in seed[:width]) for i in range(count)]
+    data = encode_batch(records)
+    got = decode_batch_arrow(data)
+    assert got.to_pylist() == records and got.type == pa.binary()
+    mutated = bytearray(data)
+    if cut % 3 == 0:
+        mutated = mutated[: cut % (len(data) + 1)]
+    if mutated:
+        mutated[flip % len(mutated)] ^= 0x5A
+    try:
+        expected: list[bytes] | CorruptError = decode_batch(bytes(mutated), obj="o")
+    except CorruptError as e:
+        expected = e
+    if isinstance(expected, CorruptError):
+        with pytest.raises(CorruptError):
+            decode_batch_arrow(bytes(mutated), obj="o")
     else:
         assert decode_batch_arrow(bytes(mutated), obj="o").to_pylist() == expected

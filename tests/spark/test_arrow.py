@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
@@ -76,3 +78,46 @@ def test_representative_schema_unions_and_widens() -> None:
     assert [(r["a"], r["u"], r["s"], r["_sequence"]) for r in got] == [
         (1, None, None, 0), (2, 9, "x", 1)
     ]
+
+
+def _expected_metadata(items: list[tuple[int, int, bytes]], n: int) -> list[Any]:
+    """Per record: the payload and time of the last item starting at or before it."""
+    out: list[Any] = []
+    for i in range(n):
+        mine = [(t, p) for s, t, p in sorted(items, key=lambda x: x[0]) if s <= i]
+        out.append((mine[-1][1], mine[-1][0] * 1000) if mine else (None, None))
+    return out
+
+
+@pytest.mark.parametrize("items", [
+    [(0, 5, b"one")],
+    [(0, 5, b"a"), (2, 6, b"b"), (2, 7, b"c"), (4, 8, b"d")],
+    [(3, 5, b"late")],                      # records before the first item: nulls
+    [(0, 5, b"a"), (99, 6, b"past-end")],   # an item starting past the records
+    [],
+])
+def test_metadata_columns_follow_each_items_start_index(
+    items: list[tuple[int, int, bytes]]
+) -> None:
+    from tieredbuf.format.batch import encode_batch
+    from tieredbuf.format.manifest import MetadataItem
+
+    n = 6
+    ref = ta.ObjectRef(3, "data/x.batch", tuple(MetadataItem(s, t, p) for s, t, p in items))
+    (b,) = ta.records_batches(encode_batch([b"r%d" % i for i in range(n)]), ref,
+                              ta.records_schema())
+    got = list(zip(b.column("metadata").to_pylist(),
+                   b.column("ingestion_time").cast(pa.int64()).to_pylist(), strict=True))
+    assert got == _expected_metadata(items, n)
+
+
+def test_large_objects_are_sliced_small_ones_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tieredbuf.format.batch import encode_batch
+
+    records = [b"%05d" % i for i in range(1000)]
+    ref = ta.ObjectRef(0, "data/x.batch", ())
+    assert len(list(ta.records_batches(encode_batch(records), ref, ta.records_schema()))) == 1
+    monkeypatch.setattr(ta, "MAX_BATCH_BYTES", 4096)
+    parts = list(ta.records_batches(encode_batch(records), ref, ta.records_schema()))
+    assert len(parts) > 1 and all(p.nbytes <= 2 * 4096 for p in parts)
+    assert [v for p in parts for v in p.column("value").to_pylist()] == records

@@ -26,8 +26,10 @@ RECORDS_DDL = (
 RECORD_FIELDS = ("value", "metadata", "sequence", "index", "ingestion_time", "location")
 SEQUENCE_COL = "_sequence"
 BUNDLE_COL = "_bundle"
-ROWS_PER_BATCH = 1 << 16
-"""Large objects are handed to Spark in slices of this many rows."""
+MAX_BATCH_BYTES = 64 << 20
+"""An object's rows go to Spark as one Arrow batch up to this many bytes, larger ones
+in row slices of about this size (a sliced binary column costs the IPC writer a
+re-basing copy, so small objects are not sliced)."""
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
@@ -125,15 +127,20 @@ def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:
 
 
 def _project(batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Select ``schema``'s columns (Spark may prune) and slice into bounded batches."""
+    """Select ``schema``'s columns (Spark may prune); slice when over MAX_BATCH_BYTES."""
     if batch.schema.names != schema.names:
         batch = pa.RecordBatch.from_arrays(
             [batch.column(f.name) for f in schema], schema=schema
         )
     elif not batch.schema.equals(schema):
         batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-    for off in range(0, batch.num_rows, ROWS_PER_BATCH):
-        yield batch.slice(off, ROWS_PER_BATCH)
+    size = batch.nbytes
+    if size <= MAX_BATCH_BYTES or batch.num_rows < 2:
+        yield batch
+        return
+    rows = max(1, batch.num_rows * MAX_BATCH_BYTES // size)
+    for off in range(0, batch.num_rows, rows):
+        yield batch.slice(off, rows)
 
 
 # --- bundles -----------------------------------------------------------------------

@@ -105,23 +105,39 @@ class ObjectPartition(InputPartition):
 def read_partition(
     ro: opt.ReadOptions, schema: pa.Schema, part: ObjectPartition
 ) -> Iterator[pa.RecordBatch]:
-    """Executor side: GET each object in turn, decode it, yield Arrow batches in
-    ``schema``."""
+    """Executor side: GET each object, decode it, yield Arrow batches in ``schema``.
+
+    The next object is fetched (one GET ahead, on a helper thread) while the current
+    one's batches go to Spark, so the store's latency overlaps with Spark's work;
+    at most two objects are held at a time."""
     buf = shared_buffer(ro.url, ro.store)
     if part.streams is not None:
         yield from _read_streams(buf, schema, part.ref, part.streams)
         return
-    for ref in part.refs:
-        if ro.slot is not None:
-            if not ref.location.endswith(keys.SEGMENT_SUFFIX):
-                continue
-            data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
-            yield from ta.bundle_batches(data, ref, ro.slot, schema)
-        else:
-            if not ref.location.endswith(keys.BATCH_SUFFIX):
-                continue
-            data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
-            yield from ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms)
+    suffix = keys.BATCH_SUFFIX if ro.slot is None else keys.SEGMENT_SUFFIX
+    refs = [r for r in part.refs if r.location.endswith(suffix)]
+    if not refs:
+        return
+
+    def fetch(ref: ta.ObjectRef) -> bytes:
+        return buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tieredbuf-prefetch") as pool:
+        ahead = pool.submit(fetch, refs[0])
+        try:
+            for i, ref in enumerate(refs):
+                data = ahead.result()
+                if i + 1 < len(refs):
+                    ahead = pool.submit(fetch, refs[i + 1])
+                if ro.slot is not None:
+                    yield from ta.bundle_batches(data, ref, ro.slot, schema)
+                else:
+                    yield from ta.records_batches(
+                        data, ref, schema, part.ts_from_ms, part.ts_to_ms
+                    )
+                del data
+        finally:
+            ahead.cancel()
 
 
 def _read_streams(
