@@ -157,26 +157,22 @@ def decode_batch_arrow(data: bytes | memoryview, obj: str | None = None) -> pa.A
         fixed = _fixed_width(view, foot_at, count)
         if fixed is not None:
             return fixed
-    lens_list: list[int] = []
-    append = lens_list.append
+    starts_list: list[int] = []
+    append = starts_list.append
     pos = 0
     unpack = _LEN.unpack_from
     try:
-        for _ in range(count):
-            (k,) = unpack(view, pos)
-            append(k)
-            pos += 4 + k
+        for _ in range(count):  # the one per-record Python step: ~0.19 us a record
+            append(pos)
+            pos += 4 + unpack(view, pos)[0]
     except struct.error:
         pos = foot_at + 1  # a length prefix ran past the block: decode_batch names it
     if pos != foot_at:
         decode_batch(data, obj=obj)  # raises the precise CorruptError
         raise CorruptError("data batch", obj, pos, "record lengths do not add up")
-    lens = np.array(lens_list, dtype=np.int64)
+    starts = np.array(starts_list, dtype=np.int64)
+    lens = np.diff(starts, append=foot_at) - 4
     raw = np.frombuffer(view, dtype=np.uint8, count=foot_at)
-    starts = np.empty(count, dtype=np.int64)
-    if count:
-        starts[0] = 0
-        np.cumsum(lens[:-1] + 4, out=starts[1:])
     keep = np.ones(foot_at, dtype=bool)
     keep[(starts[:, None] + np.arange(4)).ravel()] = False
     offsets = np.zeros(count + 1, dtype=np.int32)
