@@ -107,9 +107,9 @@ def read_partition(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: GET each object, decode it, yield Arrow batches in ``schema``.
 
-    The next object is fetched (one GET ahead, on a helper thread) while the current
-    one's batches go to Spark, so the store's latency overlaps with Spark's work;
-    at most two objects are held at a time."""
+    The next object is fetched and decoded on a helper thread (one object ahead)
+    while the current one's batches go to Spark, so the store's latency and the
+    decoding overlap with Spark's work; at most two objects are held at a time."""
     buf = shared_buffer(ro.url, ro.store)
     if part.streams is not None:
         yield from _read_streams(buf, schema, part.ref, part.streams)
@@ -119,23 +119,21 @@ def read_partition(
     if not refs:
         return
 
-    def fetch(ref: ta.ObjectRef) -> bytes:
-        return buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+    def fetch(ref: ta.ObjectRef) -> list[pa.RecordBatch]:
+        data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+        if ro.slot is not None:
+            return list(ta.bundle_batches(data, ref, ro.slot, schema))
+        return list(ta.records_batches(data, ref, schema, part.ts_from_ms, part.ts_to_ms))
 
     with ThreadPoolExecutor(1, thread_name_prefix="tieredbuf-prefetch") as pool:
         ahead = pool.submit(fetch, refs[0])
         try:
-            for i, ref in enumerate(refs):
-                data = ahead.result()
+            for i in range(len(refs)):
+                batches = ahead.result()
                 if i + 1 < len(refs):
                     ahead = pool.submit(fetch, refs[i + 1])
-                if ro.slot is not None:
-                    yield from ta.bundle_batches(data, ref, ro.slot, schema)
-                else:
-                    yield from ta.records_batches(
-                        data, ref, schema, part.ts_from_ms, part.ts_to_ms
-                    )
-                del data
+                yield from batches
+                del batches
         finally:
             ahead.cancel()
 
