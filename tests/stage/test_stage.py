@@ -545,3 +545,54 @@ def test_segment_reuses_the_wal_record_block_byte_for_byte(
         assert seg.record_count == len(flat)
         if compression == "none":
             assert seg.path.read_bytes() == encode_batch(flat)
+
+
+def test_sequence_sidecar_is_written_before_a_release_not_at_each_seal(tmp_path: Path) -> None:
+    """Seals leave the sequence sidecar alone (the segment's sidecar holds its
+    sequences); the first release persists the next sequence, later releases of
+    segments below it skip the write; a reopen never goes backwards (Quiver #4024)."""
+    seq_file = tmp_path / "p" / "sequence"
+    with Stage(tmp_path, "p", cfg()) as st:
+        opened = seq_file.read_bytes()
+        futs = [st.append_records([b"a"]) for _ in range(3)]
+        first = st.seal_all()
+        futs += [st.append_records([b"b"]) for _ in range(2)]
+        second = st.seal_all()
+        for f in futs:
+            f.result(timeout=5)
+        assert seq_file.read_bytes() == opened, "a seal wrote the sequence sidecar"
+        st.release(first[0])
+        persisted = seq_file.read_bytes()
+        assert persisted != opened
+        before = seq_file.stat().st_mtime_ns
+        st.release(second[0])  # 3..4 < the persisted 5: no write
+        assert seq_file.stat().st_mtime_ns == before
+    with Stage(tmp_path, "p", cfg()) as st:
+        f = st.append_records([b"c"])
+        st.seal_all()
+        assert f.result(timeout=5).sequence == 5
+
+
+def test_segment_write_back_waits_while_a_wal_sync_round_runs(tmp_path: Path) -> None:
+    """IoGate: a sealer's write-back step starts only when no WAL round is running
+    (and after ``max_wait`` at most), so a LOCAL ack does not queue behind it."""
+    import os
+    import threading
+
+    from tieredbuf.stage import _fs
+
+    if _fs._sync_file_range is None:
+        pytest.skip("no sync_file_range here: write-back is the fdatasync alone")
+    gate = _fs.IoGate()
+    fd = os.open(tmp_path / "seg", os.O_WRONLY | os.O_CREAT, 0o640)
+    try:
+        os.write(fd, b"x" * 10_000)
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (gate.write_back(fd, 10_000), done.set()))
+        with gate.wal_round():
+            t.start()
+            assert not done.wait(0.1), "write-back ran during a WAL round"
+        assert done.wait(5)
+        t.join()
+    finally:
+        os.close(fd)

@@ -324,3 +324,34 @@ def test_replay_reuses_recovery_scans_within_a_bound_and_never_serves_stale_ones
     w3.append(_entry(12))
     assert _seqs(w3) == list(range(13))
     w3.close()
+
+
+def test_rotation_round_acks_the_old_files_entries_before_committing_the_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation round makes three syncs; entries in the old file are durable after
+    the first and are acked then, entries in the new file only after the rename and
+    directory fsync.  Both survive a reopen."""
+    w = _open(tmp_path, flush_interval=timedelta(0), rotation_target=4096)
+    old = w.append(_entry(0, b"o" * 5000), wait=False)
+    new = w.append(_entry(1), wait=False)  # rotates: ``old`` is in quiver.wal.1
+    assert (tmp_path / NEW_NAME).exists()
+    seen: list[tuple[bool, bool, bool]] = []
+    real = WalWriter._commit_rotation
+
+    def commit(self: WalWriter, rot: object, old_durable: object = None) -> None:
+        def acked() -> None:
+            assert callable(old_durable)
+            old_durable()
+            seen.append((old.durable.done(), new.durable.done(),
+                         (tmp_path / NEW_NAME).exists()))
+        real(self, rot, acked)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WalWriter, "_commit_rotation", commit)
+    w.sync()
+    assert seen == [(True, False, True)]
+    assert new.durable.result(timeout=5) == new.end
+    w.close()
+    w2 = _open(tmp_path)
+    assert _seqs(w2) == [0, 1]
+    w2.close()

@@ -14,7 +14,7 @@ import pyarrow as pa
 from tieredbuf.fsutil import fsync_dir
 
 __all__ = ["IoGate", "fsync_dir", "read_if_exists", "write_all", "write_atomic",
-           "write_durable"]
+           "write_durable", "zero_file"]
 
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
@@ -150,3 +150,43 @@ class IoGate:
         for off in range(0, size, self.chunk):
             self._wait_idle()
             _sync_file_range(fd, off, min(self.chunk, size - off))
+
+
+_FALLOC_FL_ZERO_RANGE = 0x10
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+
+    def call(fd: int, mode: int, offset: int, length: int) -> int:
+        if fn(fd, mode, offset, length) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return 0
+
+    return call
+
+
+_fallocate = _load_fallocate()
+
+
+def zero_file(path: Path, size: int) -> None:
+    """Zero ``path``'s bytes [0, size) without freeing its blocks
+    (``FALLOC_FL_ZERO_RANGE``), durably (fsync: the extent change is metadata).
+    Raises OSError where unsupported."""
+    if _fallocate is None:
+        raise OSError(95, "fallocate unavailable")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        _fallocate(fd, _FALLOC_FL_ZERO_RANGE, 0, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -20,11 +20,9 @@ sidecar covers are not replayed (no duplicates); every other entry is (no loss).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -37,18 +35,25 @@ import pyarrow as pa
 from ulid import ULID
 
 from tieredbuf import keys
-from tieredbuf.config import Compression, StageConfig
+from tieredbuf.config import StageConfig
 from tieredbuf.errors import (
     BackpressureError,
     ClosedError,
     CorruptError,
     StageError,
-    StageLockedError,
     WalFullError,
 )
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
 from tieredbuf.stage._fs import IoGate, read_if_exists, write_atomic
+from tieredbuf.stage.append_item import (
+    PRODUCER_ID_RE,
+    BundleOrRecords,
+    bundle_item,
+    default_producer_id,
+    lock_stage,
+    records_item,
+)
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,
@@ -66,7 +71,6 @@ SEQUENCE_NAME = "sequence"
 SEALERS = 2
 """Sealer threads: a segment can be written while the previous one is fdatasynced
 (commits stay in sequence order)."""
-_PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 LAYOUT_CONTRACT = (
     b"tieredbuf.stage/1;slots=0..63;payload_type_id=slot;"
     b"schema_fingerprint=sha256(arrow ipc schema);entry 2=records"
@@ -98,12 +102,12 @@ class Stage:
         self.config = config or StageConfig()
         root = Path(staging_dir)
         root.mkdir(parents=True, exist_ok=True)
-        self.producer_id = producer_id or _default_producer_id(root)
-        if not _PRODUCER_ID_RE.match(self.producer_id):
+        self.producer_id = producer_id or default_producer_id(root)
+        if not PRODUCER_ID_RE.match(self.producer_id):
             raise StageError(f"producer_id must match [A-Za-z0-9_-]{{1,64}}: {self.producer_id!r}")
         self.path = root / self.producer_id
         self.path.mkdir(exist_ok=True)
-        self._lock_fd = _lock(self.path / keys.STAGE_LOCK_NAME)
+        self._lock_fd = lock_stage(self.path / keys.STAGE_LOCK_NAME)
         try:
             self._init_state()
             self._recover()
@@ -221,30 +225,16 @@ class Stage:
     ) -> Future[StageAck]:
         """Stage one ``produce(entries, metadata)`` call.  The future completes at the
         LOCAL ack: after the WAL fdatasync (``wal``) or the segment seal (``segment_only``)."""
-        size = sum(map(len, records)) + 4 * len(records) + len(metadata)
-        # the entry body and its CRC are encoded here, outside the stage lock: only the
-        # 17-byte head (type, timestamp, sequence) is framed under it
-        entry = wal_fmt.records_body(records, metadata) if self._wal is not None else None
-        # the segment reuses the WAL body's record block instead of interleaving the
-        # records again at seal (only without compression: a compressed segment needs
-        # the records)
-        block = wal_fmt.records_block(entry, metadata) if entry is not None and \
-            self.config.segment.records_compression == Compression.NONE else None
-        item = BundleOrRecords(records=records, metadata=metadata, entry=entry, size=size + 16,
-                               block=block)
-        return self._append(item, size + 64, timeout)
+        item, n = records_item(records, metadata, self._wal is not None,
+                               self.config.segment.records_compression)
+        return self._append(item, n, timeout)
 
     def append_bundle(
         self, bundle: Mapping[int, pa.RecordBatch], timeout: float | None = None
     ) -> Future[StageAck]:
         """Stage one Arrow bundle (slot id 0..63 -> RecordBatch)."""
-        for slot in bundle:
-            if not 0 <= slot < wal_fmt.MAX_SLOTS:
-                raise ValueError(f"slot id {slot} outside 0..{wal_fmt.MAX_SLOTS - 1}")
-        n = sum(b.get_total_buffer_size() for b in bundle.values()) + 64
-        entry = wal_fmt.entry_body(wal_fmt.ENTRY_RECORD_BUNDLE, wal_fmt.bundle_body(bundle)) \
-            if self._wal is not None else None
-        return self._append(BundleOrRecords(bundle=bundle, entry=entry), n, timeout)
+        item, n = bundle_item(bundle, self._wal is not None)
+        return self._append(item, n, timeout)
 
     def _append(self, item: BundleOrRecords, n: int, timeout: float | None) -> Future[StageAck]:
         wait_s = self.config.backpressure_timeout.total_seconds() if timeout is None else timeout
@@ -627,42 +617,3 @@ class _SealJob:
     nbytes: int
     """The accumulator's size when taken (counted in _sealing_bytes, then _written_bytes)."""
     written: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class BundleOrRecords:
-    records: Sequence[bytes] = ()
-    metadata: bytes = b""
-    bundle: Mapping[int, pa.RecordBatch] | None = None
-    entry: wal_fmt.EntryBody | None = None
-    """The WAL entry's body and CRC, encoded outside the stage lock."""
-    size: int | None = None
-    """Records: the accumulator's byte count for them, computed outside the lock."""
-    block: memoryview | None = None
-    """Records: the record block inside ``entry`` (see RecordsAccumulator.blocks)."""
-
-    def encode(self, seq: int, ts: int) -> list[bytes | memoryview]:
-        assert self.entry is not None
-        return wal_fmt.frame_entry(seq, ts, self.entry)
-
-
-def _lock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-        os.close(fd)
-        raise StageLockedError(f"{path.parent} is locked by another process") from e
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def _default_producer_id(root: Path) -> str:
-    p = root / keys.STAGE_ID_NAME
-    raw = read_if_exists(p)
-    if raw is not None and _PRODUCER_ID_RE.match(raw.decode(errors="replace").strip()):
-        return raw.decode().strip()
-    pid = str(ULID())
-    write_atomic(p, [pid.encode() + b"\n"])
-    return pid

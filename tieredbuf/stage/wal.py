@@ -1,4 +1,5 @@
-"""The WAL writer: append, group commit, rotation, purge, cursor sidecar, recovery.
+"""The WAL writer: append, group commit, rotation, purge, cursor sidecar.  Opening a
+WAL (file names, recovery scan, replay) is in stage/wal_recovery.py.
 
 Files under ``<stage>/wal/`` (seed 001)::
 
@@ -19,23 +20,19 @@ appenders share one fdatasync (leader/follower).
 Rotation holds the lock only for two renames' worth of work: the old file is renamed
 ``quiver.wal.N`` and appends continue into a new file created as ``quiver.wal.new``
 (header written, not yet synced).  The next sync round -- the flusher, or the appender
-itself with ``flush_interval == 0`` -- fdatasyncs the old file, fdatasyncs the new one,
-renames it ``quiver.wal`` and fsyncs the directory, all outside the lock; entries in the
-new file are acknowledged only after that.  A crash before the rename leaves
-``quiver.wal.N`` without ``quiver.wal``, which recovery already repairs by creating the
-active file at the end of the last one (the unacknowledged ``.new`` file is discarded).
+itself with ``flush_interval == 0`` -- fdatasyncs the old file and acks its entries,
+then fdatasyncs the new one, renames it ``quiver.wal`` and fsyncs the directory, all
+outside the lock; entries in the new file are acknowledged only after that.  A crash
+before the rename leaves ``quiver.wal.N`` (or the old ``quiver.wal``) without the new
+file, which recovery repairs by creating the active file at the end of the last one
+(the unacknowledged ``.new`` file is discarded).
 
-Recycling (why: unlinking a 64 MiB file on ext4 mounted with ``discard`` took 35-43 ms
-and stalled a concurrent fdatasync ~30 ms; zeroing its range takes ~5 ms): a purged
-file is renamed ``quiver.wal.free.<K>`` (directory fsynced) and its whole range zeroed with
-``fallocate(FALLOC_FL_ZERO_RANGE)`` (its blocks stay allocated, so nothing is discarded)
-and fsynced, outside the lock; at most ``max_spares`` are kept, the rest are unlinked.
-The next rotation renames a spare ``quiver.wal.new``, writes the header at offset 0 and
-overwrites from there, so the file is: header, entries, zeros.  Zeros after the last
-entry are a zero-filled tail, i.e. torn, never stale entries.  When a recycled file is
-rotated, the commit truncates it to its last entry before fdatasyncing it, so only the
-newest file can have a zero tail; close truncates the active one.  See
-docs/format-local.md.
+Recycling (unlinking a 64 MiB file on ext4 mounted with ``discard`` stalled a
+concurrent fdatasync ~30 ms): a purged file is renamed ``quiver.wal.free.<K>``
+(directory fsynced), zeroed with ``fallocate(FALLOC_FL_ZERO_RANGE)`` and fsynced,
+outside the lock; the next rotation overwrites it from offset 0, so it holds header,
+entries, zeros -- a torn tail, never stale entries.  Rotating or closing a recycled
+file truncates it to its last entry.  See docs/format-local.md.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -55,74 +51,25 @@ from pathlib import Path
 from typing import Any
 
 from tieredbuf.config import WalConfig
-from tieredbuf.errors import ClosedError, CorruptError, StageError, WalFullError
-from tieredbuf.format import cursor as cursor_fmt
+from tieredbuf.errors import ClosedError, StageError, WalFullError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import IoGate, fsync_dir, read_if_exists, write_all, write_atomic
+from tieredbuf.stage._fs import IoGate, fsync_dir, write_all, zero_file
+from tieredbuf.stage.wal_recovery import (
+    ACTIVE_NAME,
+    CURSOR_NAME,
+    FREE_PREFIX,
+    NEW_NAME,
+    WalRecovery,
+    WalSpan,
+    recover,
+    replay_spans,
+    write_cursor,
+)
+
+__all__ = ["ACTIVE_NAME", "CURSOR_NAME", "FREE_PREFIX", "NEW_NAME", "WalAppend",
+           "WalRecovery", "WalWriter", "zero_file"]
 
 log = logging.getLogger(__name__)
-
-ACTIVE_NAME = "quiver.wal"
-NEW_NAME = "quiver.wal.new"
-"""The next active file while a rotation is being committed (see _Rotation)."""
-CURSOR_NAME = "quiver.wal.cursor"
-FREE_PREFIX = "quiver.wal.free."
-_ROTATED_RE = re.compile(r"^quiver\.wal\.(\d+)$")
-_FREE_RE = re.compile(r"^quiver\.wal\.free\.(\d+)$")
-_FALLOC_FL_ZERO_RANGE = 0x10
-
-
-def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-
-    def call(fd: int, mode: int, offset: int, length: int) -> int:
-        if fn(fd, mode, offset, length) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return 0
-
-    return call
-
-
-_fallocate = _load_fallocate()
-
-
-def zero_file(path: Path, size: int) -> None:
-    """Zero ``path``'s bytes [0, size) without freeing its blocks
-    (``FALLOC_FL_ZERO_RANGE``), durably (fsync: the extent change is metadata).
-    Raises OSError where unsupported."""
-    if _fallocate is None:
-        raise OSError(95, "fallocate unavailable")
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        _fallocate(fd, _FALLOC_FL_ZERO_RANGE, 0, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(slots=True)
-class _Span:
-    """One WAL file: logical positions [start, end)."""
-
-    path: Path
-    rotation_id: int | None
-    start: int
-    end: int
-    header_size: int
-
-    @property
-    def file_size(self) -> int:
-        return self.header_size + self.end - self.start
-
 
 @dataclass(slots=True)
 class _OpenFile:
@@ -143,7 +90,7 @@ class _Rotation:
     old_size: int
     """The old file's size up to its last entry (a recycled one is truncated to it)."""
     new: _OpenFile
-    span: _Span
+    span: WalSpan
     """The new active file's span (its path is the temp name until committed)."""
     tmp: Path
 
@@ -156,20 +103,6 @@ class WalAppend:
     end: int
     durable: Future[Any]
     """Resolves to ``end``, or to what the appender's ``result`` made of (start, end)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WalRecovery:
-    """What opening the WAL found and repaired."""
-
-    cursor_status: str
-    """ok | missing | corrupt | past_end (clamped down) | before_start (clamped up)"""
-    torn_bytes: int
-    """Bytes of a torn tail truncated away (a crash mid-append)."""
-    corrupt_bytes: int
-    """Bytes dropped after a mid-file CRC error (only with corrupt_policy='truncate')."""
-    max_sequence: int | None
-    """Highest per-core sequence in any WAL file (before or after the cursor)."""
 
 
 class WalWriter:
@@ -205,7 +138,7 @@ class WalWriter:
         self.fsync_ns = 0
         """Nanoseconds spent in them."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._rotated: list[_Span] = []
+        self._rotated: list[WalSpan] = []
         self._spares: list[tuple[Path, int]] = []
         """(path, size) of zeroed purged files ready for reuse (under the lock)."""
         self._spare_jobs = 0
@@ -213,7 +146,16 @@ class WalWriter:
         self._next_free = 0
         self.recycled = 0
         """Rotations that reused a spare (metrics)."""
-        self.recovery = self._recover()
+        rec = recover(directory, cfg_hash, config)
+        self._scans: deque[tuple[Path, wal_fmt.ScanResult, int]] = rec.scans
+        """The newest files' recovery scans, for the first replay (bounded, I8)."""
+        self._rotated = rec.spans[:-1]
+        self._active_span = rec.spans[-1]
+        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY))
+        os.lseek(self._active.fd, 0, os.SEEK_END)
+        self._cursor = rec.cursor
+        self._next_rotation = max((s.rotation_id or 0 for s in self._rotated), default=0) + 1
+        self.recovery: WalRecovery = rec.recovery
         self._written = self._active_span.end
         self._durable = self._written
         self._flusher: threading.Thread | None = None
@@ -226,129 +168,6 @@ class WalWriter:
 
     # --- recovery -------------------------------------------------------------------
 
-    def _recover(self) -> WalRecovery:
-        tmp = self.dir / (CURSOR_NAME + ".tmp")
-        if tmp.exists():  # crash between sidecar tmp and rename: the live one stands
-            tmp.unlink()
-        cursor, status = self._read_cursor()
-        # spares are not WAL files: their zeroing may not have finished before a crash
-        for p in self.dir.iterdir():
-            if _FREE_RE.match(p.name):
-                p.unlink()
-        rotated = sorted(
-            (int(m.group(1)), p) for p in self.dir.iterdir()
-            if (m := _ROTATED_RE.match(p.name))
-        )
-        paths: list[tuple[int | None, Path]] = [(rid, p) for rid, p in rotated]
-        active = self.dir / ACTIVE_NAME
-        if active.exists():
-            paths.append((None, active))
-        spans: list[_Span] = []
-        torn = corrupt = 0
-        max_seq: int | None = None
-        # the newest scans, up to 2 x rotation_target bytes (a full file overshoots the
-        # target by up to one entry), are kept for replay() so the files it reads first
-        # are not decoded twice; bounded (I8)
-        self._scans: deque[tuple[Path, wal_fmt.ScanResult, int]] = deque()
-        kept = 0
-        for i, (rid, path) in enumerate(paths):
-            data = path.read_bytes()
-            res = wal_fmt.scan(data, str(path), self._cfg_hash)
-            self._scans.append((path, res, len(data)))
-            kept += len(data)
-            while kept > 2 * self.config.rotation_target and self._scans:
-                kept -= self._scans.popleft()[2]
-            if res.status != "clean":
-                assert res.error is not None
-                last = i == len(paths) - 1
-                status_i = res.status
-                if status_i == "corrupt" and last and _torn_before_zeros(data, res.good_end):
-                    status_i = "torn"  # a recycled file's torn frame, then its zeros
-                if status_i == "corrupt" or not last:
-                    if self.config.corrupt_policy == "fail":
-                        raise res.error
-                    corrupt += len(data) - res.good_end
-                    log.error("WAL %s: dropping %d bytes after %s", path,
-                              len(data) - res.good_end, res.error)
-                else:
-                    torn += len(data) - res.good_end
-                self._truncate(path, res.good_end)
-            for e in res.entries:
-                if e.entry_type != wal_fmt.ENTRY_CHECKPOINT:
-                    max_seq = e.sequence if max_seq is None else max(max_seq, e.sequence)
-            h = res.header
-            span = _Span(path, rid, h.wal_position_start,
-                         h.wal_position_start + res.good_end - h.header_size, h.header_size)
-            if spans and spans[-1].end != span.start:
-                raise CorruptError(
-                    wal_fmt.WHAT, str(path), 30,
-                    f"wal_position_start {span.start} does not continue the previous file's "
-                    f"end {spans[-1].end} (a WAL file is missing)",
-                )
-            spans.append(span)
-        end = spans[-1].end if spans else 0
-        if cursor is not None and cursor > end:
-            status, cursor = "past_end", end
-        if spans and cursor is not None and cursor < spans[0].start:
-            log.warning("WAL cursor %d precedes the oldest file (%d)", cursor, spans[0].start)
-            status, cursor = "before_start", spans[0].start
-        if cursor is None:
-            cursor = spans[0].start if spans else 0
-        if not spans or spans[-1].rotation_id is not None:
-            # first open, or a crash between rotating and creating the new active file
-            spans.append(self._create_active(max(end, cursor)))
-        else:
-            fd = os.open(spans[-1].path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-        self._rotated = spans[:-1]
-        self._active_span = spans[-1]
-        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY))
-        os.lseek(self._active.fd, 0, os.SEEK_END)
-        self._cursor = cursor
-        if status != "ok":
-            self._write_cursor(cursor)
-        self._next_rotation = max((s.rotation_id or 0 for s in self._rotated), default=0) + 1
-        return WalRecovery(status, torn, corrupt, max_seq)
-
-    def _read_cursor(self) -> tuple[int | None, str]:
-        path = self.dir / CURSOR_NAME
-        raw = read_if_exists(path)
-        if raw is None:
-            return None, "missing"
-        try:
-            return cursor_fmt.decode_cursor(raw, str(path)), "ok"
-        except CorruptError as e:
-            log.warning("ignoring WAL cursor: %s (replaying from the oldest file)", e)
-            return None, "corrupt"
-
-    @staticmethod
-    def _truncate(path: Path, size: int) -> None:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, size)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-
-    def _create_active(self, start: int) -> _Span:
-        path = self.dir / ACTIVE_NAME
-        header = wal_fmt.encode_header(self._cfg_hash, start)
-        tmp = path.with_name(NEW_NAME)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            write_all(fd, [header])
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        fsync_dir(self.dir)
-        return _Span(path, None, start, start, len(header))
-
-    # --- replay ---------------------------------------------------------------------
-
     def replay(
         self, from_position: int | None = None
     ) -> Iterator[tuple[wal_fmt.WalEntry, int, int]]:
@@ -359,19 +178,7 @@ class WalWriter:
             spans = [*self._rotated, self._active_span]
             scans = {p: r for p, r, _ in self._scans}
             self._scans.clear()  # one replay uses them; later ones read the files
-        for span in spans:
-            if span.end <= pos:
-                continue
-            res = scans.pop(span.path, None)
-            if res is not None and res.good_end == span.file_size:
-                # recovery's scan of this very file (truncated to good_end)
-                header, entries = res.header, res.entries
-            else:
-                data = span.path.read_bytes()[: span.file_size]
-                header, entries = wal_fmt.decode_wal(data, str(span.path), self._cfg_hash)
-            for e, (s, t) in zip(entries, wal_fmt.iter_positions(header, entries), strict=True):
-                if s >= pos:
-                    yield e, s, t
+        yield from replay_spans(spans, scans, pos, self._cfg_hash)
 
     # --- appending ------------------------------------------------------------------
 
@@ -521,7 +328,7 @@ class WalWriter:
             self._failed = e
             raise StageError(f"WAL rotation failed: {e}") from e
         self.recycled += recycled
-        self._active_span = _Span(tmp, None, self._written, self._written, len(header))
+        self._active_span = WalSpan(tmp, None, self._written, self._written, len(header))
         self._active = _OpenFile(fd, recycled=recycled)
         self._rotation = _Rotation(old, span.file_size, self._active, self._active_span, tmp)
         return done
@@ -762,11 +569,11 @@ class WalWriter:
         return freed
 
     def _write_cursor(self, position: int) -> None:
-        write_atomic(self.dir / CURSOR_NAME, [cursor_fmt.encode_cursor(position)])
+        write_cursor(self.dir, position)
 
     def _purge_locked(self, unlink: bool = True) -> list[Path]:
-        keep: list[_Span] = []
-        gone: list[_Span] = []
+        keep: list[WalSpan] = []
+        gone: list[WalSpan] = []
         for s in self._rotated:
             (gone if s.end <= self._cursor else keep).append(s)
         self._rotated = keep
@@ -806,15 +613,3 @@ class WalWriter:
                 if not f.closed:
                     os.close(f.fd)
                     f.closed = True
-
-
-def _torn_before_zeros(data: bytes, off: int) -> bool:
-    """The last file's damaged frame at ``off`` counts as torn when only zeros follow
-    it: a recycled file is zeroed past its written region, so a crash mid-append leaves
-    a torn frame followed by zeros rather than by EOF (the frame ends at or past the
-    last non-zero byte; an all-zero remainder is already torn for ``scan``)."""
-    nz = len(data.rstrip(b"\0"))
-    if nz <= off or nz - off < 4:
-        return True
-    n = int.from_bytes(data[off : off + 4], "little")
-    return off + 4 + n + 4 >= nz
