@@ -596,3 +596,35 @@ def test_segment_write_back_waits_while_a_wal_sync_round_runs(tmp_path: Path) ->
         t.join()
     finally:
         os.close(fd)
+
+
+def test_released_segment_files_are_recycled_and_never_read_as_segments(tmp_path: Path) -> None:
+    """A released segment becomes a spare (``free.<K>``) that the next seal overwrites
+    and truncates to its own size; spares count as disk bytes, are dropped at close,
+    and a crash leaves nothing of them that load() would read as a segment."""
+    from tieredbuf.stage.segments import SPARE_PREFIX
+
+    segs = tmp_path / "p" / "segments"
+    st = Stage(tmp_path, "p", cfg())
+    st.append_records([b"L" * 5000 for _ in range(20)]).result(timeout=5)
+    big = st.seal_all()[0]
+    st.release(big)
+    spares = [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)]
+    assert [p.stat().st_size for p in spares] == [big.size]
+    assert st.disk_bytes() >= big.size  # a spare is disk the size cap sees
+    st.append_records([b"s1", b"s2"], b"m").result(timeout=5)
+    small = st.seal_all()[0]
+    assert not [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)], "not reused"
+    assert small.size < big.size and small.path.stat().st_size == small.size
+    assert records_of([small]) == [b"s1", b"s2"]
+    st.release(small)
+    # a crash now: the spare is left behind, and a reopen deletes it
+    os.close(st._lock_fd)  # type: ignore[arg-type]
+    st._lock_fd = None
+    assert [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)]
+    with Stage(tmp_path, "p", cfg()) as again:
+        assert again.sealed_segments() == []
+        assert not [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)]
+        again.append_records([b"x"]).result(timeout=5)
+        again.release(again.seal_all()[0])
+    assert not [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)], "kept at close"

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 QSEG = "qseg"
 BATCH = "batch"
+SPARE_PREFIX = "free."
+"""A released segment file kept for reuse by the next seal (see SegmentDir)."""
 SIDECAR_SUFFIX = ".json"
 SIDECAR_VERSION = 1
 
@@ -221,7 +223,22 @@ class PreparedSegment:
 
 
 class SegmentDir:
-    """The ``segments/`` directory: writes, lists and deletes sealed segments."""
+    """The ``segments/`` directory: writes, lists and deletes sealed segments.
+
+    Released files are recycled, as the WAL's are: unlinking a 32 MiB file on ext4
+    mounted with ``discard`` discards its blocks in the next journal commit, which
+    the WAL's next fdatasync then waits for (StagedProducer at 1 KiB records
+    exporting to memory://: 182 -> 218 MiB/s, medians of 6 alternating runs).
+    ``delete`` renames the segment ``free.<K>`` (directory fsynced, so the
+    segment's name is gone for good before its bytes can change) and keeps at most
+    ``max_spares``; ``prepare`` renames a spare to its ``.tmp`` name and overwrites
+    it, truncating it to the new size before the fdatasync, so a committed segment
+    never holds stale bytes.  A spare is never a segment: ``load`` deletes
+    ``free.*`` files, and spares count as disk bytes (``spare_bytes``;
+    ``drop_spares`` under the size cap and at close).
+    """
+
+    max_spares = 2
 
     def __init__(self, path: Path, compression: Compression = Compression.NONE,
                  gate: IoGate | None = None) -> None:
@@ -231,7 +248,41 @@ class SegmentDir:
         """If set, segment bytes go to the disk between WAL sync rounds (IoGate)."""
         self._ulid_lock = threading.Lock()
         self._last_ulid: ULID | None = None
+        self._spare_lock = threading.Lock()
+        self._spares: list[tuple[Path, int]] = []
+        """(path, size) of released files ready for reuse."""
+        self._spare_jobs = 0
+        """Releases turning a segment into a spare right now."""
+        self._next_spare = 0
         path.mkdir(parents=True, exist_ok=True)
+
+    def spare_bytes(self) -> int:
+        with self._spare_lock:
+            return sum(n for _, n in self._spares)
+
+    def drop_spares(self) -> int:
+        """Unlink every spare; returns the bytes freed."""
+        with self._spare_lock:
+            spares, self._spares = self._spares, []
+        for p, _ in spares:
+            p.unlink(missing_ok=True)
+        return sum(n for _, n in spares)
+
+    def _reuse_spare(self, tmp: Path) -> bool:
+        """Rename a spare to ``tmp`` (writable again); False if there is none."""
+        with self._spare_lock:
+            if not self._spares:
+                return False
+            spare, _ = self._spares.pop()
+        try:
+            os.rename(spare, tmp)
+            os.chmod(tmp, 0o640)
+        except OSError as e:
+            log.warning("segment spare %s unusable (%s); creating a new file", spare, e)
+            spare.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
 
     def next_ulid(self) -> ULID:
         """Strictly increasing ULIDs, so names sort in seal order.  Callers that seal
@@ -270,9 +321,12 @@ class SegmentDir:
         ulid = self.next_ulid() if ulid is None else ulid
         final = self.path / f"{ulid}.{acc.kind}"
         tmp = final.with_name(final.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        reused = self._reuse_spare(tmp)
+        fd = os.open(tmp, os.O_WRONLY | (0 if reused else os.O_CREAT | os.O_EXCL), 0o640)
         try:
             size = write_all(fd, parts)
+            if reused:  # drop the old segment's tail (before the fdatasync)
+                os.ftruncate(fd, size)
             parts.clear()
             if written is not None:
                 written()
@@ -317,7 +371,7 @@ class SegmentDir:
         changed = False
         for name in sorted(names):
             p = self.path / name
-            if name.endswith(".tmp"):
+            if name.endswith(".tmp") or name.startswith(SPARE_PREFIX):
                 p.unlink()
                 changed = True
             elif name.endswith(SIDECAR_SUFFIX):
@@ -341,11 +395,32 @@ class SegmentDir:
             fsync_dir(self.path)
         return out
 
-    def delete(self, seg: SealedSegment) -> None:
-        """Segment first (the commit point of a release), then its sidecar."""
-        seg.path.unlink(missing_ok=True)
-        seg.sidecar_path.unlink(missing_ok=True)
-        fsync_dir(self.path)
+    def delete(self, seg: SealedSegment, keep: bool = True) -> None:
+        """Segment first (the commit point of a release), then its sidecar.  With
+        ``keep``, the segment file may become a spare instead of being unlinked."""
+        spare: Path | None = None
+        with self._spare_lock:
+            if keep and len(self._spares) + self._spare_jobs < self.max_spares:
+                spare = self.path / f"{SPARE_PREFIX}{self._next_spare}"
+                self._next_spare += 1
+                self._spare_jobs += 1
+        job = spare is not None
+        try:
+            if spare is not None:
+                try:
+                    os.rename(seg.path, spare)
+                except FileNotFoundError:
+                    spare = None
+            else:
+                seg.path.unlink(missing_ok=True)
+            seg.sidecar_path.unlink(missing_ok=True)
+            fsync_dir(self.path)  # the segment's name is gone before a spare is reused
+            if spare is not None:
+                with self._spare_lock:
+                    self._spares.append((spare, seg.size))
+        finally:
+            with self._spare_lock:
+                self._spare_jobs -= job
 
 
 def _to_json(seg: SealedSegment) -> dict[str, Any]:

@@ -315,6 +315,8 @@ class Stage:
             # wake-ups in a 1 s run at 64 KiB) that starved the sealer of the GIL
             self._seal_requested |= want
             self._cond.notify_all()
+        if reason == "disk" and self._segments.drop_spares() > 0:
+            return
         if reason == "disk" and self._wal is not None and self._wal.reclaim() > 0:
             return
         if reason == "disk" and self.config.size_cap_policy == "drop_oldest" and self._sealed:
@@ -352,7 +354,8 @@ class Stage:
         return sum(a.nbytes for a in (self._records, self._bundles) if a is not None)
 
     def _disk_bytes(self) -> int:
-        return self._sealed_bytes + (self._wal.disk_bytes() if self._wal is not None else 0)
+        return (self._sealed_bytes + self._segments.spare_bytes()
+                + (self._wal.disk_bytes() if self._wal is not None else 0))
 
     # --- sealing --------------------------------------------------------------------
 
@@ -595,6 +598,7 @@ class Stage:
             t.join()
         if self._wal is not None:
             self._wal.close()
+        self._segments.drop_spares()
         self._release_lock()
 
     def __enter__(self) -> Stage:
