@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format import segment as seg
+from tieredbuf.format import segment_tail as segt
 from tieredbuf.format.segment import SegmentBundle
 
 _SETTINGS = settings(max_examples=300, deadline=None,
@@ -32,7 +33,7 @@ def _sample() -> bytes:
 
 SEG = _sample()
 READER = seg.SegmentReader(SEG, "s")
-TAIL_N = seg.segment_tail_size(SEG, "s")
+TAIL_N = segt.segment_tail_size(SEG, "s")
 
 
 def _suffix(n: int) -> bytes:
@@ -40,7 +41,7 @@ def _suffix(n: int) -> bytes:
 
 
 def test_tail_agrees_with_the_reader() -> None:
-    t = seg.parse_segment_tail(_suffix(TAIL_N), "s")
+    t = segt.parse_segment_tail(_suffix(TAIL_N), "s")
     assert t.size == len(SEG)
     assert t.streams == READER.streams
     dir_off = struct.unpack_from("<HIIQ", SEG, len(SEG) - 16 - 34)[3]
@@ -51,18 +52,18 @@ def test_tail_agrees_with_the_reader() -> None:
     assert [sorted(s for s, _, _ in b.refs) for b in t.bundles] == [
         sorted(b.slots) for b in bundles]
     # file_size given explicitly: same answer; a longer suffix: same answer
-    assert seg.parse_segment_tail(_suffix(TAIL_N), "s", len(SEG)) == t
-    assert seg.parse_segment_tail(SEG, "s") == t
+    assert segt.parse_segment_tail(_suffix(TAIL_N), "s", len(SEG)) == t
+    assert segt.parse_segment_tail(SEG, "s") == t
 
 
 def test_streams_rebuild_every_bundle_with_its_index() -> None:
-    t = seg.parse_segment_tail(_suffix(TAIL_N), "s")
+    t = segt.parse_segment_tail(_suffix(TAIL_N), "s")
     got: dict[tuple[int, int], pa.RecordBatch] = {}
     for s in t.streams:
         body = SEG[s.byte_offset: s.byte_offset + s.byte_length]
-        n = seg.stream_schema_size(body[:16], s, "s")
-        schema = seg.parse_stream_schema(body[:n], s, "s")
-        chunks = seg.decode_stream(body, s, "s")
+        n = segt.stream_schema_size(body[:16], s, "s")
+        schema = segt.parse_stream_schema(body[:n], s, "s")
+        chunks = segt.decode_stream(body, s, "s")
         assert all(c.schema.equals(schema) for c in chunks)
         for chunk, b in zip(chunks, t.stream_bundles(s.stream_id), strict=True):
             assert (b, s.slot_id) not in got
@@ -77,53 +78,53 @@ def test_two_suffix_gets_at_most() -> None:
     big = seg.encode_segment(
         SegmentBundle({0: pa.record_batch({"x": pa.array([i])})}, i, i) for i in range(3000)
     )
-    first = big[-seg.SEGMENT_TAIL_GUESS:]
-    need = seg.segment_tail_size(first, "b")
+    first = big[-segt.SEGMENT_TAIL_GUESS:]
+    need = segt.segment_tail_size(first, "b")
     assert need > len(first)  # the manifest of 3000 bundles outgrows the guess
     with pytest.raises(CorruptError, match="misses the sections"):
-        seg.parse_segment_tail(first, "b")
-    t = seg.parse_segment_tail(big[-need:], "b")
+        segt.parse_segment_tail(first, "b")
+    t = segt.parse_segment_tail(big[-need:], "b")
     assert len(t.bundles) == 3000 and t.size == len(big)
-    assert seg.segment_tail_size(SEG[-seg.SEGMENT_TAIL_GUESS:]) == TAIL_N  # small: one GET
+    assert segt.segment_tail_size(SEG[-segt.SEGMENT_TAIL_GUESS:]) == TAIL_N  # small: one GET
 
 
 def test_empty_segment_tail() -> None:
     empty = seg.encode_segment([])
-    t = seg.parse_segment_tail(empty[-seg.segment_tail_size(empty):])
+    t = segt.parse_segment_tail(empty[-segt.segment_tail_size(empty):])
     assert t.size == len(empty) and t.streams == () and t.bundles == () and t.tail_offset == 0
 
 
 def test_bad_tails_are_named() -> None:
     with pytest.raises(CorruptError, match="truncated") as e:
-        seg.parse_segment_tail(SEG[-20:], "s")
+        segt.parse_segment_tail(SEG[-20:], "s")
     assert e.value.obj == "s"
     bad = bytearray(SEG)
     bad[-12:-4] = b"NOTQUIVR"
     with pytest.raises(CorruptError, match="magic"):
-        seg.segment_tail_size(bytes(bad), "s")
+        segt.segment_tail_size(bytes(bad), "s")
     v2 = bytearray(SEG)
     struct.pack_into("<H", v2, len(SEG) - 16 - 34, 2)
     with pytest.raises(UnsupportedVersionError):
-        seg.parse_segment_tail(bytes(v2), "s")
+        segt.parse_segment_tail(bytes(v2), "s")
     with pytest.raises(CorruptError, match="cannot hold"):
-        seg.parse_segment_tail(SEG[-TAIL_N:], "s", file_size=10)
+        segt.parse_segment_tail(SEG[-TAIL_N:], "s", file_size=10)
     s0 = READER.streams[0]
     with pytest.raises(CorruptError, match="magic"):
-        seg.stream_schema_size(b"\0" * 16, s0, "s")
+        segt.stream_schema_size(b"\0" * 16, s0, "s")
     body = SEG[s0.byte_offset: s0.byte_offset + s0.byte_length]
     with pytest.raises(CorruptError, match="schema needs"):
-        seg.parse_stream_schema(body[:20], s0, "s")
+        segt.parse_stream_schema(body[:20], s0, "s")
     with pytest.raises(CorruptError, match="fingerprint"):
-        seg.parse_stream_schema(body, READER.streams[1], "s")
+        segt.parse_stream_schema(body, READER.streams[1], "s")
     with pytest.raises(CorruptError, match="directory says"):
-        seg.decode_stream(body[:-1], s0, "s")
+        segt.decode_stream(body[:-1], s0, "s")
     with pytest.raises(CorruptError, match="disagrees"):
-        seg.decode_stream(body, dataclasses.replace(s0, chunk_count=9), "s")
+        segt.decode_stream(body, dataclasses.replace(s0, chunk_count=9), "s")
 
 
 def _parse_all(tail: bytes) -> None:
-    t = seg.parse_segment_tail(tail, "s")
-    every = seg.bundles_by_stream(t)
+    t = segt.parse_segment_tail(tail, "s")
+    every = segt.bundles_by_stream(t)
     assert every == {s.stream_id: t.stream_bundles(s.stream_id) for s in t.streams}
 
 
@@ -144,7 +145,7 @@ def test_tail_bit_flip_is_corrupt_or_consistent(i: int, bit: int) -> None:
     data = bytearray(SEG[-TAIL_N:])
     data[i] ^= 1 << bit
     try:
-        need = seg.segment_tail_size(bytes(data), "s")
+        need = segt.segment_tail_size(bytes(data), "s")
         if need > len(data):
             return  # the caller would fetch more: the next parse would see other bytes
         _parse_all(bytes(data))
@@ -160,7 +161,7 @@ def test_stream_bit_flip_is_corrupt_or_decodes(i: int, bit: int) -> None:
     for s in READER.streams:
         body = bytes(data[s.byte_offset: s.byte_offset + s.byte_length])
         try:
-            seg.parse_stream_schema(body, s, "s")
-            seg.decode_stream(body, s, "s")
+            segt.parse_stream_schema(body, s, "s")
+            segt.decode_stream(body, s, "s")
         except CorruptError as e:
             assert e.obj == "s"

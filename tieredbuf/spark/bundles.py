@@ -18,16 +18,17 @@ import pyarrow as pa
 
 from tieredbuf import keys
 from tieredbuf.format import segment as seg
+from tieredbuf.format import segment_tail as segt
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.store.base import Store
 
 _CACHE_MAX = 4096
-_cache: OrderedDict[tuple[str, str], seg.SegmentTail] = OrderedDict()
+_cache: OrderedDict[tuple[str, str], segt.SegmentTail] = OrderedDict()
 _cache_lock = threading.Lock()
 _SCHEMA_HEAD_GUESS = 4 << 10
 
 
-def segment_tail(store: Store, loc: str) -> seg.SegmentTail:
+def segment_tail(store: Store, loc: str) -> segt.SegmentTail:
     """The parsed tail of the ``.qseg`` object ``loc`` (CorruptError on bad bytes)."""
     key = (store.url, loc)
     with _cache_lock:
@@ -35,11 +36,11 @@ def segment_tail(store: Store, loc: str) -> seg.SegmentTail:
         if hit is not None:
             _cache.move_to_end(key)
             return hit
-    tail = store.get_suffix(loc, seg.SEGMENT_TAIL_GUESS)
-    need = seg.segment_tail_size(tail, loc)
+    tail = store.get_suffix(loc, segt.SEGMENT_TAIL_GUESS)
+    need = segt.segment_tail_size(tail, loc)
     if need > len(tail):
         tail = store.get_suffix(loc, need)
-    parsed = seg.parse_segment_tail(tail, loc)
+    parsed = segt.parse_segment_tail(tail, loc)
     with _cache_lock:
         _cache[key] = parsed
         while len(_cache) > _CACHE_MAX:
@@ -50,10 +51,10 @@ def segment_tail(store: Store, loc: str) -> seg.SegmentTail:
 def _stream_schema(store: Store, loc: str, s: seg.StreamInfo) -> pa.Schema:
     end = s.byte_offset + s.byte_length
     head = store.get_range(loc, s.byte_offset, min(end, s.byte_offset + _SCHEMA_HEAD_GUESS))
-    need = seg.stream_schema_size(head, s, loc)
+    need = segt.stream_schema_size(head, s, loc)
     if need > len(head):
         head = store.get_range(loc, s.byte_offset, s.byte_offset + need)
-    return seg.parse_stream_schema(head, s, loc)
+    return segt.parse_stream_schema(head, s, loc)
 
 
 def slot_schemas(store: Store, entries: Iterable[ManifestEntry], slot: int) -> list[pa.Schema]:

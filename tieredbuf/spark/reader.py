@@ -40,7 +40,8 @@ import tieredbuf
 from tieredbuf import keys
 from tieredbuf.errors import DataLossError, FencedError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.segment import StreamInfo, bundles_by_stream, decode_stream
+from tieredbuf.format.segment import StreamInfo
+from tieredbuf.format.segment_tail import bundles_by_stream, decode_stream
 from tieredbuf.spark import arrow as ta
 from tieredbuf.spark import options as opt
 from tieredbuf.spark.bundles import segment_tail
