@@ -187,6 +187,24 @@ def test_I2_crash_after_segment_commit_before_cursor_moves_has_no_duplicates(
     assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(50))
 
 
+def test_I2_segment_whose_sidecar_rename_was_lost_is_quarantined_and_replayed(
+    tmp_path: Path,
+) -> None:
+    """A seal renames the sidecar, then the segment, under one directory fsync. Were a
+    filesystem to keep only the segment's rename, the segment has no sidecar: it is
+    set aside as ``.orphan`` and its entries come back from the WAL, once each."""
+    r = run_worker(tmp_path, "exit-before-cursor", 50)
+    assert r.returncode == 3, r.stderr
+    segs_dir = tmp_path / "p" / "segments"
+    (seg,) = [p for p in segs_dir.iterdir() if p.suffix == ".batch"]
+    seg.with_name(seg.name + ".json").unlink()
+    with Stage(tmp_path, "p", cfg()) as st:
+        got = records_of(st.sealed_segments())
+        assert st.stats.replayed_entries > 0
+    assert sorted(got) == sorted(f"rec-{i}".encode() for i in range(50))
+    assert seg.with_name(seg.name + ".orphan").exists() and not seg.exists()
+
+
 def test_half_written_segment_is_discarded_and_its_entries_replayed(tmp_path: Path) -> None:
     r = run_worker(tmp_path, "exit-after-acks", 20)
     assert r.returncode == 0
