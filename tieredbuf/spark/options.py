@@ -195,8 +195,8 @@ class ReadOptions:
     max_offsets: int | None
     max_bytes: int | None
     split_streams_bytes: int
-    max_partition_bytes: int = MAX_PARTITION_BYTES
-    min_partitions: int = 1
+    max_partition_bytes: int
+    min_partitions: int
 
     @property
     def bundles(self) -> bool:
