@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -74,28 +76,27 @@ def read_if_exists(path: Path) -> bytes | None:
         return None
 
 
-_SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
-
-
-def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
+def _libc(name: str, argtypes: list[Any]) -> Callable[..., None] | None:
+    """The libc function ``name`` (None where it does not exist), raising OSError
+    with errno when it returns non-zero."""
     try:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
 
-    def call(fd: int, offset: int, length: int) -> None:
-        if fn(fd, offset, length, _SYNC_FILE_RANGE_FLAGS) != 0:
+    def call(*args: int) -> None:
+        if fn(*args) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
 
     return call
 
 
-_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
+_sync_file_range = _libc("sync_file_range",
+                         [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 
 
 class IoGate:
@@ -149,33 +150,13 @@ class IoGate:
             return
         for off in range(0, size, self.chunk):
             self._wait_idle()
-            _sync_file_range(fd, off, min(self.chunk, size - off))
+            _sync_file_range(fd, off, min(self.chunk, size - off), _SYNC_FILE_RANGE_FLAGS)
 
 
 _FALLOC_FL_ZERO_RANGE = 0x10
 
 
-def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-
-    def call(fd: int, mode: int, offset: int, length: int) -> int:
-        if fn(fd, mode, offset, length) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return 0
-
-    return call
-
-
-_fallocate = _load_fallocate()
+_fallocate = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 
 
 def zero_file(path: Path, size: int) -> None:
