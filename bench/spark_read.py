@@ -20,9 +20,9 @@ Prints the figures and writes JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import machine_info, moto_server, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,27 +226,17 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tb-bench-"))
-    server = None
-    store: dict[str, Any] = {}
-    if args.s3:
-        import boto3
-        from moto.server import ThreadedMotoServer
-
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="bench")
-        store = {"endpoint": endpoint, "region": "us-east-1", "access_key_id": "testing",
-                 "secret_access_key": "testing", "allow_http": True}
-        url, lat_url = "s3://bench/buf", "s3://bench/lat"
-        parquet = str(work / "parquet")  # Spark's Parquet reader on local disk
-    else:
-        url, lat_url = f"file://{work}/buf", f"file://{work}/lat"
-        parquet = str(work / "parquet")
-    try:
+    parquet = str(work / "parquet")  # Spark's Parquet reader on local disk, always
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        store: dict[str, Any] = {}
+        if args.s3:
+            s3 = cleanup.enter_context(moto_server(in_process=True))
+            bucket = s3.new_bucket()
+            store = s3.options()
+            url, lat_url = f"s3://{bucket}/buf", f"s3://{bucket}/lat"
+        else:
+            url, lat_url = f"file://{work}/buf", f"file://{work}/lat"
         spark = _session()
         t0 = time.perf_counter()
         _fill(url, store, args.rows, args.value_bytes, args.objects, args.varied)
@@ -279,8 +271,8 @@ def main() -> None:
         result = {
             "bench": "spark_read",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "spark_master": "local[2]", "load_avg_1m": round(load, 2)},
+            "machine": {**machine_info(), "spark_master": "local[2]",
+                        "load_avg_1m": round(load, 2)},
             "backend": "s3 (moto over HTTP)" if args.s3 else "local directory",
             "rows": rows, "value_bytes": args.value_bytes, "objects": args.objects,
             "varied_lengths": args.varied,
@@ -305,15 +297,8 @@ def main() -> None:
             "bundles_split_by_stream": split,
         }
         spark.stop()
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"spark_read-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_json(f"spark_read-{time.strftime('%Y%m%dT%H%M%S')}", result)
     print(f"wrote {path}")
 
 
