@@ -417,15 +417,16 @@ def test_I8_producers_waiting_at_the_memory_cap_do_not_wake_each_other(
     import threading
     import time
 
-    from tieredbuf.stage.segments import SegmentDir
+    from tieredbuf.stage.segments import PreparedSegment, SegmentDir
 
-    real = SegmentDir.seal
+    real = SegmentDir.prepare
 
-    def slow_seal(self: SegmentDir, acc: object) -> SealedSegment:
-        time.sleep(0.3)
-        return real(self, acc)  # type: ignore[arg-type]
+    def slow_prepare(self: SegmentDir, acc: object, ulid: object = None,
+                     written: object = None) -> PreparedSegment:
+        time.sleep(0.3)  # a slow disk under the sealer, not a synchronisation
+        return real(self, acc, ulid, written)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(SegmentDir, "seal", slow_seal)
+    monkeypatch.setattr(SegmentDir, "prepare", slow_prepare)
     c = cfg(segment=SegmentConfig(target_size=20_000, max_open_bytes=60_000,
                                   max_open_duration=timedelta(seconds=60)))
     with Stage(tmp_path, "p", c) as st:

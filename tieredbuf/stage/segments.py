@@ -294,10 +294,6 @@ class SegmentDir:
             self._last_ulid = u
             return u
 
-    def seal(self, acc: Accumulator, ulid: ULID | None = None) -> SealedSegment:
-        """Encode, write and commit ``acc`` durably; returns the sealed segment."""
-        return self.commit(self.prepare(acc, ulid))
-
     def prepare(self, acc: Accumulator, ulid: ULID | None = None,
                 written: Callable[[], None] | None = None) -> PreparedSegment:
         """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync), and
