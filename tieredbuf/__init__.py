@@ -22,6 +22,7 @@ from tieredbuf.config import (
 from tieredbuf.consumer import ConsumedBatch, Consumer
 from tieredbuf.errors import (
     AckOrderError,
+    BufferNotFoundError,
     ConflictError,
     CorruptError,
     DataLossError,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AckOrderError",
     "Buffer",
+    "BufferNotFoundError",
     "Compression",
     "ConflictError",
     "ConsumedBatch",

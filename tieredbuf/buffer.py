@@ -9,8 +9,9 @@ from typing import Any
 
 from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig
 from tieredbuf.consumer import Consumer, fetch_object
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
+from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
@@ -54,6 +55,14 @@ class Buffer:
     def consumer(self, **config: Any) -> Consumer:
         """A consumer; call ``initialize()`` on it (that fences older consumers)."""
         return Consumer(self.store, self.queue, _build(ConsumerConfig, "consumer", config))
+
+    def exists(self) -> bool:
+        """True when a buffer lives at this URL (its ``queue/manifest`` exists); one HEAD."""
+        try:
+            self.store.head(MANIFEST_KEY)
+        except ObjectNotFoundError:
+            return False
+        return True
 
     def snapshot(self) -> Snapshot:
         """One read of the queue manifest (no fencing; read-only)."""

@@ -101,6 +101,21 @@ class DataLossError(TieredBufError):
     """Data the manifest refers to (or a sequence asked for) is gone."""
 
 
+class BufferNotFoundError(TieredBufError):
+    """No buffer (no ``queue/manifest``) exists at the URL: a reader never creates one.
+
+    Only producers (and an explicit ``Buffer.create()``) create a buffer, so a mistyped
+    URL fails loudly instead of reading as an empty queue."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        why = f": {detail}" if detail else ""
+        super().__init__(
+            f"no tieredbuf buffer at {url} (no queue/manifest there){why}; "
+            "check the URL, or create it by producing to it"
+        )
+        self.url = url
+
+
 class EnqueueTimeoutError(TieredBufError):
     """An append kept failing past the point where its object could be reclaimed by GC."""
 
