@@ -128,7 +128,17 @@ S3_OPTION_ENV: dict[str, tuple[str, ...]] = {
     "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
     "session_token": ("AWS_SESSION_TOKEN",),
     "allow_http": ("AWS_ALLOW_HTTP",),
+    "skip_signature": ("AWS_SKIP_SIGNATURE",),
+    # not an AWS name: asking the instance metadata service for credentials is opt-in
+    "instance_metadata": ("TIEREDBUF_S3_INSTANCE_METADATA",),
 }
+
+# Credential sources obstore finds by itself in the environment (besides static keys).
+S3_CREDENTIAL_ENV: tuple[str, ...] = (
+    "AWS_WEB_IDENTITY_TOKEN_FILE",          # EKS IRSA (with AWS_ROLE_ARN)
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",  # ECS task role
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",   # EKS pod identity
+)
 
 
 def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,15 @@ differently (pyiceberg's CommitFailed / CommitStateUnknown split):
 * :class:`FencedError` -- "a newer consumer owns the queue"; stop.
 
 and :class:`CorruptError` for bytes that do not decode (invariant I7).
+
+Store failures are split by what a retry can do about them:
+
+* :class:`PermanentStoreError` -- credentials rejected or missing, access denied, the
+  bucket missing, an endpoint that ignores conditional writes, a malformed key.  A
+  retry loop stops at once; nothing changes until someone fixes the cause.
+* :class:`TransientStoreError` -- connection refused or reset, timeouts, 5xx,
+  SlowDown.  Retried with jittered backoff.  :class:`StoreUnreachableError` says the
+  request was never sent; :class:`OutcomeUnknownError` says a write may have landed.
 """
 
 from __future__ import annotations
@@ -35,7 +44,45 @@ class ClosedError(TieredBufError):
 
 
 class StoreError(TieredBufError):
-    """An object store operation failed (transient or permanent)."""
+    """An object store operation failed.  Loops retry every StoreError that is not a
+    :class:`PermanentStoreError` (an unclassified one counts as transient)."""
+
+
+class PermanentStoreError(StoreError):
+    """Retrying will not help until someone changes something: the credentials, a
+    permission, the bucket, the endpoint or the key.  Retry loops stop at once; staged
+    data stays staged (``tieredbuf drain`` exports it once the store works)."""
+
+
+class CredentialsError(PermanentStoreError):
+    """The store rejected the credentials (unknown key, bad signature, expired token,
+    clock skew) or none could be found."""
+
+
+class MissingCredentialsError(CredentialsError, ConfigError):
+    """No credentials are configured for an ``s3://`` URL (found before any request)."""
+
+
+class AccessDeniedError(PermanentStoreError):
+    """The credentials are valid but lack a permission (403 AccessDenied)."""
+
+
+class BucketNotFoundError(PermanentStoreError):
+    """The bucket named by the URL does not exist."""
+
+    def __init__(self, bucket: str, message: str) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+
+
+class TransientStoreError(StoreError):
+    """A failure that may go away by itself (connection refused or reset, timeout, 5xx,
+    SlowDown): retried with jittered backoff."""
+
+
+class StoreUnreachableError(TransientStoreError):
+    """The request was never sent: connection refused, no route, the host name does not
+    resolve.  A write that fails this way did not land."""
 
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):
@@ -62,15 +109,16 @@ class PreconditionFailedError(ConflictError):
     """A replace-if-match PUT found a different version than expected."""
 
 
-class OutcomeUnknownError(StoreError):
-    """The request may or may not have taken effect (timeout, reset).  Do not clean up."""
+class OutcomeUnknownError(TransientStoreError):
+    """A write was sent and may or may not have taken effect (timeout or connection reset
+    after sending, 5xx).  Do not clean up; decide from a fresh read."""
 
 
-class ConditionalWritesUnsupportedError(StoreError):
+class ConditionalWritesUnsupportedError(PermanentStoreError):
     """The endpoint ignores If-Match / If-None-Match; using it would corrupt the queue."""
 
 
-class InvalidKeyError(StoreError, ValueError):
+class InvalidKeyError(PermanentStoreError, ValueError):
     """An object key is malformed (empty, absolute, '..', reserved): a caller bug."""
 
 
@@ -82,8 +130,10 @@ class FencedError(TieredBufError):
 
     def __init__(self, my_epoch: int, current_epoch: int) -> None:
         super().__init__(
-            f"consumer fenced: this consumer holds epoch {my_epoch}, "
-            f"the manifest is at epoch {current_epoch}"
+            f"consumer fenced: another consumer took over the queue at epoch "
+            f"{current_epoch} (this one holds epoch {my_epoch}); stop this consumer -- "
+            f"its un-dequeued acks are re-read by the new owner -- or, if the other one "
+            f"is gone, call initialize() again to take the queue back (that fences it)"
         )
         self.my_epoch = my_epoch
         self.current_epoch = current_epoch
@@ -122,6 +172,16 @@ class EnqueueTimeoutError(TieredBufError):
 
 class BackpressureError(TieredBufError):
     """A bounded buffer is full and the caller asked not to wait (or the wait timed out)."""
+
+
+class FlushTimeoutError(TieredBufError, TimeoutError):
+    """close(), flush() or drain ran out of time; the message says what is not REMOTE yet
+    and where it is (a stage directory, or memory for a stateless producer)."""
+
+
+class ForkedError(TieredBufError):
+    """An object that owns threads was created before ``fork()`` and used in the child,
+    where its threads do not exist.  Create it after the fork."""
 
 
 # --- formats -------------------------------------------------------------------

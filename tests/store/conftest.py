@@ -11,13 +11,17 @@ from typing import Any
 import pytest
 
 from tests.endpoint import S3Endpoint
-from tieredbuf.store import Store, open_store
+from tieredbuf.store import ObjStore, Store, open_store
+from tieredbuf.store.botostore import BotoS3Store
 
 BACKENDS = [
     "memory",
     "localdir",
     pytest.param("moto", marks=pytest.mark.s3),
     pytest.param("seaweedfs", marks=pytest.mark.s3),
+    # the botocore client a process forked after obstore started uses (tieredbuf/forks.py)
+    pytest.param("moto-botocore", marks=pytest.mark.s3),
+    pytest.param("seaweedfs-botocore", marks=pytest.mark.s3),
 ]
 
 @pytest.fixture(scope="session")
@@ -36,6 +40,10 @@ def make_store(
     if backend == "localdir":
         url = (tmp_path / "store").as_uri()
         return open_store(url), url, {}
+    if backend in ("moto-botocore", "seaweedfs-botocore"):
+        s, url, opts = make_store(backend.split("-")[0], request, tmp_path)
+        assert isinstance(s, ObjStore) and s.s3 is not None
+        return BotoS3Store(s.s3, url), url, opts
     if backend == "moto":
         ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
         url = f"s3://{ep.new_bucket()}/buf"

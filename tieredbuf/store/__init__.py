@@ -8,14 +8,16 @@ open_store("memory://name")                                 # shared by name, pe
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tieredbuf.config import S3_OPTION_ENV, store_options_from_env
-from tieredbuf.errors import ConfigError
+from tieredbuf.config import S3_CREDENTIAL_ENV, S3_OPTION_ENV, store_options_from_env
+from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode, Store
+from tieredbuf.store.botostore import S3Settings
 from tieredbuf.store.localdir import LocalDirStore
 from tieredbuf.store.objstore import (
     DEFAULT_CHUNK_SIZE,
@@ -23,6 +25,7 @@ from tieredbuf.store.objstore import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
     ObjStore,
+    short,
 )
 
 __all__ = [
@@ -54,6 +57,14 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 _named_memory: dict[str, Any] = {}
 _named_memory_lock = threading.Lock()
+
+
+def _renew_lock_after_fork() -> None:
+    global _named_memory_lock
+    _named_memory_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_lock_after_fork)
 
 
 def open_store(url: str, **options: Any) -> Store:
@@ -160,6 +171,10 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     endpoint = config.get("endpoint")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
+    skip_signature = _as_bool("skip_signature", opts.get("skip_signature", False))
+    if skip_signature:
+        config["skip_signature"] = True
+    instance_metadata = _as_bool("instance_metadata", opts.get("instance_metadata", False))
 
     client: dict[str, Any] = {
         "connect_timeout": _as_duration("connect_timeout", opts.get("connect_timeout"))
@@ -169,8 +184,16 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
         if opts.get("timeout") is not None
         else DEFAULT_TIMEOUT,
     }
+    plain_http = endpoint is not None and endpoint.startswith("http://")
     if opts.get("allow_http") is not None:
         client["allow_http"] = _as_bool("allow_http", opts["allow_http"])
+        if plain_http and not client["allow_http"]:
+            raise ConfigError(
+                f"endpoint {endpoint!r} is plain HTTP but allow_http is false: use an "
+                f"https:// endpoint, or drop allow_http=false"
+            )
+    elif plain_http:
+        client["allow_http"] = True  # an http:// endpoint says so itself
 
     retry = (
         dict(opts["retry_config"]) if opts.get("retry_config") is not None else dict(DEFAULT_RETRY)
@@ -188,6 +211,7 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
             f"chunk_size must be an int >= 5 MiB (S3 part minimum), got {chunk_size!r}"
         )
     probe = _as_bool("probe", opts.get("probe", True))
+    _check_credentials(url, config, skip_signature, instance_metadata)
 
     try:
         inner = S3Store(
@@ -198,6 +222,42 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
             retry_config=retry,  # type: ignore[arg-type]
         )
     except Exception as e:
-        raise ConfigError(f"cannot configure S3 store for {url!r}: {e}") from e
+        raise ConfigError(f"cannot configure S3 store for {url!r}: {short(e)}") from e
+    settings = S3Settings(bucket, prefix, dict(config), dict(client), dict(retry),
+                          instance_metadata)
     target = (endpoint or "aws", bucket)
-    return ObjStore(inner, url, probe_target=target if probe else None, chunk_size=chunk_size)
+    return ObjStore(inner, url, probe_target=target if probe else None, chunk_size=chunk_size,
+                    s3=settings)
+
+
+def _check_credentials(
+    url: str, config: dict[str, Any], skip_signature: bool, instance_metadata: bool
+) -> None:
+    """Refuse an s3:// URL with no credential source, before any request.
+
+    Without static keys obstore would ask the cloud instance metadata service
+    (169.254.169.254) and fail, or hang, far from the cause.  That service is used only
+    when asked (``instance_metadata=True``).
+    """
+    has_id, has_secret = "access_key_id" in config, "secret_access_key" in config
+    if has_id and has_secret:
+        return
+    if has_id != has_secret:
+        given, missing = (
+            ("access_key_id", "secret_access_key") if has_id
+            else ("secret_access_key", "access_key_id")
+        )
+        raise MissingCredentialsError(
+            f"incomplete S3 credentials for {url}: {given} is set but {missing} is not "
+            f"(set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY together)"
+        )
+    if skip_signature or instance_metadata:
+        return
+    if any(os.environ.get(name) for name in S3_CREDENTIAL_ENV):
+        return
+    raise MissingCredentialsError(
+        f"no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+        f"pass access_key_id= / secret_access_key=); on EC2/ECS/EKS pass "
+        f"instance_metadata=True (or set TIEREDBUF_S3_INSTANCE_METADATA=1) to use the "
+        f"machine's role; skip_signature=True for a public bucket"
+    )

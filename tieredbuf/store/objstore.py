@@ -27,15 +27,17 @@ from typing import TYPE_CHECKING, Any
 import obstore as obs
 from obstore import exceptions as obx
 
+from tieredbuf import forks
 from tieredbuf.errors import (
-    AlreadyExistsError,
+    BucketNotFoundError,
     ObjectNotFoundError,
     OutcomeUnknownError,
-    PreconditionFailedError,
     StoreError,
 )
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+from tieredbuf.store.botostore import BotoS3Store, S3Settings
+from tieredbuf.store.errmap import Facts, Tag, classify, is_metadata_uri
 from tieredbuf.store.probe import PROBES
 
 if TYPE_CHECKING:
@@ -58,15 +60,69 @@ DEFAULT_TIMEOUT = timedelta(seconds=60)
 
 DEFAULT_CHUNK_SIZE = 8 << 20
 
-# Messages of obstore GenericError that mean "the request may have reached the server".
-_TRANSPORT_RE = re.compile(
-    r"timed? ?out|timeout|error sending request|connection|reset|broken pipe|"
-    r"incomplete message|unexpected eof|body error|request or response body error|"
-    r"status code: 5\d\d",
-    re.IGNORECASE,
-)
+_STATUS_RE = re.compile(r"status code: (\d{3})")
+_CODE_RE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_MESSAGE_RE = re.compile(r"<Message>([^<]{1,300})</Message>")
+_KIND_RE = re.compile(r"HttpError \{\s*kind: (\w+)")
+_OS_MESSAGE_RE = re.compile(r'message: "([^"]{1,200})"')
+_REQUEST_RE = re.compile(r"Error performing (\w+) (\S+)")
+_DNS_RE = re.compile(r"dns error|failed to lookup address", re.IGNORECASE)
 _UNSATISFIABLE_RE = re.compile(r"status code: 416|StartTooLarge|Range Not Satisfiable")
 _NOT_PARTIAL_RE = re.compile(r"NotPartial|non-partial response")
+
+_TAGS: tuple[tuple[type[BaseException], Tag], ...] = (
+    (obx.AlreadyExistsError, "already_exists"),
+    (obx.PreconditionError, "precondition"),
+    (FileNotFoundError, "not_found"),
+    (obx.NotFoundError, "not_found"),
+    (obx.UnauthenticatedError, "unauthenticated"),
+    (obx.PermissionDeniedError, "permission"),
+    (obx.InvalidPathError, "invalid_path"),
+    (obx.NotSupportedError, "unsupported"),
+    (obx.UnknownConfigurationKeyError, "bad_request"),
+    (ValueError, "bad_request"),
+)
+
+
+def obstore_facts(e: BaseException) -> Facts:
+    """The facts of an obstore error.  obstore 0.12.1 exposes the HTTP status, the S3
+    error code and the transport error kind only in its message text."""
+    text = str(e)
+    status = _STATUS_RE.search(text)
+    code = _CODE_RE.search(text)
+    message = _MESSAGE_RE.search(text)
+    kind = _KIND_RE.search(text)
+    os_message = _OS_MESSAGE_RE.search(text)
+    request = _REQUEST_RE.search(text)
+    if _DNS_RE.search(text):
+        transport: str | None = "the host name does not resolve (DNS)"
+    elif os_message is not None:
+        transport = os_message.group(1).lower()
+    elif kind is not None:
+        transport = {"Timeout": "timed out"}.get(kind.group(1), f"{kind.group(1).lower()} error")
+    else:
+        transport = None
+    tag = next((t for cls, t in _TAGS if isinstance(e, cls)), None)
+    return Facts(
+        tag=tag,
+        status=int(status.group(1)) if status else None,
+        code=code.group(1) if code else None,
+        message=message.group(1) if message else None,
+        connect=kind is not None and kind.group(1) == "Connect",
+        transport=transport,
+        method=request.group(1) if request else None,
+        uri=request.group(2) if request else None,
+        metadata_service=is_metadata_uri(text),
+        bad_scheme="BadScheme" in text or "builder error" in text,
+    )
+
+
+def short(e: BaseException) -> str:
+    """One line for an obstore (or any) error: never the library's debug dump."""
+    if isinstance(e, obx.BaseError | FileNotFoundError):
+        return obstore_facts(e).summary
+    text = str(e).split("\n\nDebug source:", 1)[0].strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _unsatisfiable(e: Exception) -> bool:
@@ -80,23 +136,13 @@ def _not_partial(e: Exception) -> bool:
     return isinstance(e, obx.GenericError) and bool(_NOT_PARTIAL_RE.search(str(e)))
 
 
-def map_error(e: BaseException, key: str, *, write: bool) -> Exception:
-    """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``."""
-    msg = str(e)
-    if isinstance(e, obx.AlreadyExistsError):
-        # also a 409 ConditionalRequestConflict on If-Match: another writer won
-        return AlreadyExistsError(key, f"object already exists (or CAS conflict): {key}: {msg}")
-    if isinstance(e, obx.PreconditionError):
-        return PreconditionFailedError(key, f"precondition failed on {key}: {msg}")
-    if isinstance(e, FileNotFoundError | obx.NotFoundError):
-        if "NoSuchBucket" in msg:
-            return StoreError(f"bucket does not exist (reading {key}): {msg}")
-        return ObjectNotFoundError(key, f"object not found: {key}: {msg}")
-    if write and _TRANSPORT_RE.search(msg):
-        return OutcomeUnknownError(
-            f"outcome unknown for write of {key} (it may have landed): {msg}"
-        )
-    return StoreError(f"store operation on {key} failed: {type(e).__name__}: {msg}")
+def map_error(
+    e: BaseException, key: str, *, write: bool, bucket: str | None = None,
+    where: str | None = None,
+) -> Exception:
+    """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``
+    (see :func:`tieredbuf.store.errmap.classify`)."""
+    return classify(obstore_facts(e), key, write=write, bucket=bucket, where=where)
 
 
 def _obstore_mode(mode: PutMode) -> Any:
@@ -117,7 +163,12 @@ def _meta(m: Any) -> ObjectMeta:
 
 
 class ObjStore:
-    """A Store over one obstore ObjectStore (S3Store with a prefix, or MemoryStore)."""
+    """A Store over one obstore ObjectStore (S3Store with a prefix, or MemoryStore).
+
+    In a process forked after obstore's runtime started (:mod:`tieredbuf.forks`), an S3
+    store sends its requests through botocore instead (:mod:`.botostore`), built from
+    the same ``s3`` settings: obstore's network calls would hang there.
+    """
 
     def __init__(
         self,
@@ -126,13 +177,19 @@ class ObjStore:
         *,
         probe_target: tuple[str, str] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        s3: S3Settings | None = None,
     ) -> None:
         """``probe_target`` = (endpoint, bucket): probe conditional writes before the first
-        conditional PUT to that target (once per process).  None: never probe."""
+        conditional PUT to that target (once per process).  None: never probe.  ``s3``:
+        what ``inner`` was built from (names the bucket in errors; rebuilds it after fork)."""
         self._inner = inner
         self._url = url
         self._probe_target = probe_target
         self._chunk_size = chunk_size
+        self._s3 = s3
+        self._forked: BotoS3Store | None = None
+        self._bucket_seen = False
+        """A request succeeded, so the bucket exists (a HEAD 404 is then the object's)."""
 
     @property
     def url(self) -> str:
@@ -143,25 +200,64 @@ class ObjStore:
         """The underlying obstore store (for tools that want it directly)."""
         return self._inner
 
+    @property
+    def s3(self) -> S3Settings | None:
+        """What the S3 store was built from (None for memory)."""
+        return self._s3
+
     def __repr__(self) -> str:
         return f"ObjStore({self._url!r})"
+
+    def _alt(self) -> BotoS3Store | None:
+        """The botocore twin to use instead of obstore (forked child), else None."""
+        if self._s3 is None or not forks.obstore_inherited():
+            forks.note_obstore_call()
+            return None
+        if self._forked is None:
+            self._forked = BotoS3Store(self._s3, self._url)
+        return self._forked
+
+    def _error(self, e: BaseException, key: str, *, write: bool) -> Exception:
+        s3 = self._s3
+        return map_error(e, key, write=write, bucket=s3.bucket if s3 else None,
+                         where=s3.endpoint if s3 else None)
+
+    def _check_bucket(self, key: str, e: BaseException) -> None:
+        """A HEAD answers a missing bucket with a bare 404: ask once with a LIST, which
+        names NoSuchBucket, before calling the object missing."""
+        if self._s3 is None or self._bucket_seen:
+            return
+        try:
+            obs.list_with_delimiter(self._inner, None)
+        except Exception as le:
+            err = self._error(le, key, write=False)
+            if isinstance(err, BucketNotFoundError):
+                raise err from e
+            return
+        self._bucket_seen = True
 
     # --- reads ------------------------------------------------------------------
 
     def get(self, key: str) -> GetResult:
         check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.get(key)
         try:
             r = obs.get(self._inner, key)
             data = bytes(r.bytes())
             etag = r.meta["e_tag"]
         except Exception as e:
-            raise map_error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from e
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
         return GetResult(data=data, etag=etag)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.get_range(key, start, end)
         check_range(start, end)
         if start == end:
             self.head(key)  # still report a missing key
@@ -173,10 +269,13 @@ class ObjStore:
                 return b""
             if _not_partial(e):
                 return self.get(key).data[start:end]
-            raise map_error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from e
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.get_suffix(key, length)
         if length < 0:
             raise ValueError(f"invalid suffix length {length}")
         if length == 0:
@@ -190,17 +289,29 @@ class ObjStore:
                 return b""  # an empty object
             if _not_partial(e):
                 return self.get(key).data[-length:]
-            raise map_error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from e
 
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.head(key)
         try:
-            return _meta(obs.head(self._inner, key))
+            meta = _meta(obs.head(self._inner, key))
         except Exception as e:
-            raise map_error(e, key, write=False) from e
+            err = self._error(e, key, write=False)
+            if isinstance(err, ObjectNotFoundError):
+                self._check_bucket(key, e)
+            raise err from e
+        self._bucket_seen = True
+        return meta
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         check_prefix(prefix)
+        alt = self._alt()
+        if alt is not None:
+            yield from alt.list(prefix)
+            return
         # obstore lists by path segments ('a' lists 'a/...', never 'ab'): list the
         # directory part and filter, so the contract's "starts with" holds.
         base = prefix_dir(prefix)
@@ -210,7 +321,7 @@ class ObjStore:
                     if m["path"].startswith(prefix):
                         yield _meta(m)
         except Exception as e:
-            raise map_error(e, prefix, write=False) from e
+            raise self._error(e, prefix, write=False) from e
 
     # --- writes -----------------------------------------------------------------
 
@@ -218,17 +329,22 @@ class ObjStore:
         if self._probe_target is None or mode == "overwrite" or PROBES.passed(self._probe_target):
             return
         endpoint, bucket = self._probe_target
-        raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size)
+        raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size,
+                       s3=self._s3)
         PROBES.ensure(self._probe_target, raw, f"S3 endpoint {endpoint} (bucket {bucket!r})")
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         check_key(key)
         om = _obstore_mode(mode)
         self._ensure_probed(mode)
+        alt = self._alt()
+        if alt is not None:
+            return alt.put(key, data, mode=mode)
         try:
             r = obs.put(self._inner, key, data, mode=om, use_multipart=False)
         except Exception as e:
-            raise map_error(e, key, write=True) from e
+            raise self._error(e, key, write=True) from e
+        self._bucket_seen = True
         return self._etag_of(r, key)
 
     def put_multipart(
@@ -237,6 +353,9 @@ class ObjStore:
         check_key(key)
         om = _obstore_mode(mode)
         self._ensure_probed(mode)
+        alt = self._alt()
+        if alt is not None:
+            return alt.put_multipart(key, chunks, mode=mode)
         try:
             if mode == "overwrite":
                 r = obs.put(
@@ -251,7 +370,8 @@ class ObjStore:
                 # obstore 0.12.1 has no conditional multipart: one conditional PUT.
                 r = obs.put(self._inner, key, b"".join(chunks), mode=om, use_multipart=False)
         except Exception as e:
-            raise map_error(e, key, write=True) from e
+            raise self._error(e, key, write=True) from e
+        self._bucket_seen = True
         return self._etag_of(r, key)
 
     @staticmethod
@@ -265,6 +385,9 @@ class ObjStore:
         keys = [check_key(k) for k in keys]
         if not keys:
             return []
+        alt = self._alt()
+        if alt is not None:
+            return alt.delete_many(keys)
         try:
             obs.delete(self._inner, keys)
             return []
@@ -277,7 +400,7 @@ class ObjStore:
             except FileNotFoundError:
                 continue
             except Exception as e:
-                failures.append((k, map_error(e, k, write=True)))
+                failures.append((k, self._error(e, k, write=True)))
         return failures
 
     def close(self) -> None:

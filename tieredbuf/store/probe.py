@@ -11,6 +11,7 @@ store that ignores modes (see tests/store/test_probe.py).
 
 from __future__ import annotations
 
+import os
 import threading
 
 from ulid import ULID
@@ -103,6 +104,14 @@ class ProbeCache:
         with self._lock:
             self._passed.clear()
 
+    def after_fork(self) -> None:
+        """In a forked child: fresh locks (a parent thread may have held one) and no
+        results -- the child probes again through its own client."""
+        self._lock = threading.Lock()
+        self._locks = {}
+        self._passed = set()
+
 
 PROBES = ProbeCache()
 """The process-wide probe results, keyed by (endpoint, bucket)."""
+os.register_at_fork(after_in_child=PROBES.after_fork)
