@@ -5,11 +5,15 @@
     tieredbuf consume URL [--out DIR]    print records (or write one file per batch), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
     tieredbuf gc URL [--grace 10m] [--dry-run] [--json]
-    tieredbuf drain STAGE_DIR URL        take over a dead producer's stage: replay, export, empty it
+    tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
+                                         export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
 
-Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run);
-2 bad usage or configuration; 3 the store or the data failed (unreachable, corrupt, fenced).
+Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run;
+drain: a live producer holds a stage); 2 bad usage or configuration (a wrong URL or
+scheme, missing credentials, no stage in the directory); 3 the store or the data failed
+(credentials rejected, access denied, missing bucket, still unreachable at --timeout,
+corrupt, fenced).  Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -106,16 +110,26 @@ def _store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("S3 options (default: the standard AWS_* environment)")
     g.add_argument("--endpoint", help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO")
     g.add_argument("--region")
-    g.add_argument("--allow-http", action="store_true", default=None)
+    g.add_argument("--allow-http", action="store_true", default=None,
+                   help="implied by an http:// endpoint")
+    g.add_argument("--instance-metadata", action="store_true", default=None,
+                   help="take credentials from the cloud instance metadata service (EC2 role)")
+    g.add_argument("--skip-signature", action="store_true", default=None,
+                   help="send unsigned requests (a public bucket)")
 
 
 def _open(args: argparse.Namespace) -> tieredbuf.Buffer:
     opts: dict[str, Any] = {}
     if args.url.startswith("s3://"):
-        for name in ("endpoint", "region", "allow_http"):
-            if getattr(args, name, None) is not None:
-                opts[name] = getattr(args, name)
+        opts = _s3_opts(args)
     return tieredbuf.open(args.url, **opts)
+
+
+_S3_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
+
+
+def _s3_opts(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in _S3_FLAGS if getattr(args, k, None) is not None}
 
 
 def _lines(files: Sequence[str]) -> Iterator[bytes]:
@@ -372,31 +386,40 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.errors import StageLockedError
     from tieredbuf.staged import drain, stage_producer_ids
 
+    stage_dir = Path(args.stage_dir)
+    if not stage_dir.is_dir():
+        print(f"tieredbuf: {stage_dir} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    stages = [
+        (root, pid)
+        for root in _stage_roots(stage_dir)
+        for pid in ([args.producer_id] if args.producer_id else stage_producer_ids(root))
+    ]
+    if not stages:
+        print(f"tieredbuf: no producer stage under {stage_dir} (a stage is a directory "
+              f"holding {'stage.lock'}, wal/ and segments/)", file=sys.stderr)
+        return EXIT_USAGE
     buf = _open(args)
-    found = busy = 0
-    for root in _stage_roots(Path(args.stage_dir)):
-        ids = [args.producer_id] if args.producer_id else stage_producer_ids(root)
-        for pid in ids:
-            found += 1
-            with Progress(f"drain {root.name}/{pid}: segments") as bar:
+    timeout = args.timeout.total_seconds() if args.timeout is not None else None
+    busy = 0
+    for root, pid in stages:
+        with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
-                def progress(ex: Any, bar: Progress = bar) -> None:
-                    bar.update(1, ex.location)
+            def progress(ex: Any, bar: Progress = bar) -> None:
+                bar.update(1, ex.location)
 
-                try:
-                    stats = drain(buf, root, pid, on_exported=progress)
-                except StageLockedError:
-                    print(f"{pid}: skipped, a live producer holds its stage", file=out)
-                    busy += 1
-                    continue
-            print(
-                f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
-                f"{stats.get('segments_exported', 0)} segments "
-                f"({stats.get('bytes_exported', 0)} bytes); stage empty",
-                file=out,
-            )
-    if not found:
-        print(f"no stage under {args.stage_dir}", file=out)
+            try:
+                stats = drain(buf, root, pid, on_exported=progress, timeout=timeout)
+            except StageLockedError:
+                print(f"{pid}: skipped, a live producer holds its stage", file=out)
+                busy += 1
+                continue
+        print(
+            f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
+            f"{stats.get('segments_exported', 0)} segments "
+            f"({stats.get('bytes_exported', 0)} bytes); stage empty",
+            file=out,
+        )
     return EXIT_PARTIAL if busy else EXIT_OK
 
 
@@ -404,10 +427,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.service.config import ServiceConfig
     from tieredbuf.service.supervisor import serve
 
-    store: dict[str, Any] = {}
-    if args.url.startswith("s3://"):
-        store = {k: getattr(args, k) for k in ("endpoint", "region", "allow_http")
-                 if getattr(args, k, None) is not None}
+    store: dict[str, Any] = _s3_opts(args) if args.url.startswith("s3://") else {}
     producer: dict[str, Any] = {}
     for opt, key in (("max_open_duration", "max_open_duration"),
                      ("wal_flush_interval", "flush_interval")):
@@ -483,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("stage_dir")
     dr.add_argument("url")
     dr.add_argument("--producer-id", help="only this producer's stage (default: every one)")
+    dr.add_argument("--timeout", type=parse_duration, default=timedelta(minutes=15),
+                    help="give up (exit 3, saying what is still staged) after this long "
+                         "while the store keeps failing transiently (default 15m)")
     _store_args(dr)
     dr.set_defaults(fn=cmd_drain)
 
@@ -520,11 +543,23 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         code: int = args.fn(args, out or sys.stdout)
         return code
     except ConfigError as e:
-        print(f"tieredbuf: configuration error: {e}", file=sys.stderr)
+        print(f"tieredbuf: configuration error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except TieredBufError as e:
-        print(f"tieredbuf: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"tieredbuf: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
+    except Exception as e:
+        if type(e).__module__.split(".")[0] != "obstore":
+            raise
+        from tieredbuf.store.objstore import short
+
+        print(f"tieredbuf: store error: {short(e)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n\nDebug source:", 1)[0].split())
+    return text or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from tieredbuf.errors import (
     NotInitializedError,
     ObjectNotFoundError,
 )
+from tieredbuf.forks import ForkGuard
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import ManifestEntry, MetadataItem
 from tieredbuf.queue.backoff import Stats
@@ -100,6 +101,7 @@ class Consumer:
         self._pool = ThreadPoolExecutor(
             max(1, self.config.read_ahead), thread_name_prefix="tb-readahead"
         )
+        self._guard = ForkGuard("consumer")  # its read-ahead threads do not survive fork()
         self._closed = False
 
     # --- lifecycle -------------------------------------------------------------
@@ -142,6 +144,7 @@ class Consumer:
         return self.epoch
 
     def _check_not_closed(self) -> None:
+        self._guard.check()
         if self._closed:
             raise ClosedError("consumer is closed")
 

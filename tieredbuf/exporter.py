@@ -14,8 +14,15 @@ and cover increasing sequences, and the stage never reuses a sequence (Quiver
 #4024), so the numbers only grow: a segment that was appended but not released
 before a crash is recognised by the manifest's watermark and released without a
 second entry; a group regrouped after a restart appends only the segments whose
-numbers the watermark does not cover yet.  Transient store errors are retried with
-backoff, forever; a segment is never skipped.
+numbers the watermark does not cover yet.  A segment is never skipped.
+
+Failures.  Transient store errors (connection refused, timeouts, 5xx) are retried
+with jittered backoff, counted, and logged at most once per ``RetryLog`` interval.
+A permanent one (credentials, access, a missing bucket) sets :attr:`Exporter.error`:
+every handle waiting for REMOTE fails with it, ``drain()`` (close, flush) raises it,
+and /healthz turns 500.  The data stays staged; the exporter keeps trying, slowly
+(``failure_retry``, default 1 s doubling to 60 s), and clears the error once an export
+succeeds again.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tieredbuf import keys
+from tieredbuf import forks, keys
 from tieredbuf.config import RetryConfig
+from tieredbuf.errors import FlushTimeoutError, PermanentStoreError
 from tieredbuf.publish import Pending, Publisher
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
@@ -42,6 +50,21 @@ log = logging.getLogger(__name__)
 KINDS = ("batch", "qseg")
 POLL_INTERVAL = 0.01
 """How often the exporter looks for newly sealed segments when idle (seconds)."""
+FAILURE_RETRY = RetryConfig(
+    initial_backoff=timedelta(seconds=1), max_backoff=timedelta(seconds=60)
+)
+"""Retries after a permanent store error: slow, capped (someone has to fix something)."""
+
+
+def describe_stage(stage: Stage) -> str:
+    """What is still staged and where, for a timeout's message."""
+    segs = stage.sealed_segments()
+    n_bytes = sum(s.size for s in segs)
+    return (
+        f"{len(segs)} sealed segment(s), {n_bytes} bytes, still staged (LOCAL, safe on disk) "
+        f"in {stage.path}; `tieredbuf drain {stage.path.parent} URL` exports them once the "
+        f"store works"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +90,29 @@ class Exporter:
         gc_grace_period: timedelta = timedelta(minutes=10),
         max_uploads_in_flight: int = 4,
         on_exported: Callable[[Exported], None] | None = None,
+        on_error: Callable[[BaseException | None], None] | None = None,
+        failure_retry: RetryConfig = FAILURE_RETRY,
     ) -> None:
+        """``on_error(e)`` is called when a permanent error stops exports and
+        ``on_error(None)`` when they work again."""
         self.stage = stage
         self.retry = retry or RetryConfig()
+        self.failure_retry = failure_retry
         self.stats = Stats()
+        self.retry_log = RetryLog(log)
+        self._guard = forks.ForkGuard("staged producer / exporter")
         self._stop = threading.Event()
         self._publishers = {
             kind: Publisher(
                 store, queue, f"{stage.producer_id}.{kind}", retry=self.retry,
                 gc_grace_period=gc_grace_period, stop=self._stop, stats=self.stats,
+                retry_log=self.retry_log,
             )
             for kind in KINDS
         }
         self._on_exported = on_exported
+        self._on_error = on_error
+        self._last_transient: BaseException | None = None
         self._pool = ThreadPoolExecutor(max_uploads_in_flight, thread_name_prefix="tb-export")
         self._max_inflight = max_uploads_in_flight
         self._cond = threading.Condition()
@@ -91,7 +124,12 @@ class Exporter:
     # --- control -----------------------------------------------------------------
 
     def drain(self, timeout: float | None = None) -> None:
-        """Wait until every sealed segment of the stage is exported and released."""
+        """Wait until every sealed segment of the stage is exported and released.
+
+        Raises the permanent store error that stopped exports (the data stays staged),
+        or FlushTimeoutError saying what is still staged and where.
+        """
+        self._guard.check()
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: self._error is not None
@@ -101,16 +139,27 @@ class Exporter:
         if self._error is not None:
             raise self._error
         if not ok:
-            raise TimeoutError(f"exporter did not drain the stage in {timeout} s")
+            why = f" (last error: {self._last_transient})" if self._last_transient else ""
+            raise FlushTimeoutError(
+                f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
+            )
 
     def stop(self) -> None:
         self._stop.set()
+        if self._guard.forked:
+            return  # the thread and the pool did not survive the fork
         self._thread.join()
         self._pool.shutdown(wait=True)
 
     @property
     def error(self) -> BaseException | None:
+        """The permanent store error that stops exports now (None: exports work)."""
         return self._error
+
+    @property
+    def last_transient_error(self) -> BaseException | None:
+        """The last transient failure, until an export pass succeeds (None: healthy)."""
+        return self._last_transient
 
     # --- the loop ------------------------------------------------------------------
 
@@ -119,20 +168,61 @@ class Exporter:
         while not self._stop.is_set():
             try:
                 worked = self._export_ready()
-                attempt = 0
+            except PermanentStoreError as e:
+                if self._stop.is_set():
+                    return
+                self.stats.incr("export_permanent_failures")
+                self._fail(e)
+                delay = backoff_delay(self.failure_retry, attempt)
+                self.retry_log.failed("export (permanent store error)", e, delay)
+                self._stop.wait(delay)
+                attempt += 1
+                continue
             except Exception as e:  # a failure here must never skip a segment: retry
                 if self._stop.is_set():
                     return
                 self.stats.incr("export_retries")
-                log.warning("export pass failed (retrying): %s", e)
-                self._stop.wait(backoff_delay(self.retry, attempt))
+                self.stats.incr("store_transient_retries")
+                self._last_transient = e
+                delay = backoff_delay(
+                    self.failure_retry if self._error is not None else self.retry, attempt
+                )
+                self.retry_log.failed("export", e, delay)
+                self._stop.wait(delay)
                 attempt += 1
                 continue
+            if attempt:
+                self.retry_log.recovered("export")
+                self.retry_log.recovered("export (permanent store error)")
+            attempt = 0
+            self._last_transient = None
+            if self._error is not None:
+                self._recover()  # exported (or nothing is left to export)
             if not worked:
                 with self._cond:
                     self._idle = True
                     self._cond.notify_all()
                 self._stop.wait(POLL_INTERVAL)
+
+    def _fail(self, e: PermanentStoreError) -> None:
+        first = self._error is None
+        if first:
+            e.add_note(f"Nothing is lost: {describe_stage(self.stage)}.")
+            log.error("export stopped by a permanent store error (the data stays staged; "
+                      "retrying slowly): %s", e)
+        with self._cond:
+            self._error = e
+            self._cond.notify_all()
+        if first and self._on_error is not None:
+            self._on_error(e)
+
+    def _recover(self) -> None:
+        log.warning("exports work again; the store error is cleared: %s", self._error)
+        with self._cond:
+            self._error = None
+            self._cond.notify_all()
+        if self._on_error is not None:
+            self._on_error(None)
 
     def _export_ready(self) -> bool:
         sealed = self.stage.sealed_segments()
@@ -175,39 +265,69 @@ class ExportTracker:
     A LOCAL ack (the stage's future) and the export of the segment holding that
     sequence race: a segment can be sealed and exported before the WAL fsync that
     acks its entries returns.  Both sides meet here under one lock.
+
+    While exports are stopped by a permanent store error (:meth:`fail`), every waiter
+    is told so at once -- including ones that start waiting then -- but stays
+    registered: its segment is still staged, and reaches REMOTE once exports work.
     """
 
     def __init__(self, remember: int = 256) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, int], Callable[[Exported], None]] = {}
+        self._waiting: dict[
+            tuple[str, int],
+            tuple[Callable[[Exported], None], Callable[[BaseException], None] | None],
+        ] = {}
         self._recent: dict[str, deque[Exported]] = {k: deque(maxlen=remember) for k in KINDS}
         self._through: dict[str, int] = dict.fromkeys(KINDS, -1)
+        self._error: BaseException | None = None
 
     def exported(self, ex: Exported) -> None:
-        fire = []
+        fire: list[Callable[[Exported], None]] = []
         with self._lock:
             self._recent[ex.kind].append(ex)
             self._through[ex.kind] = max(self._through[ex.kind], ex.sequences[-1][1])
             for lo, hi in ex.sequences:
                 if hi - lo + 1 <= len(self._waiting):
                     for s in range(lo, hi + 1):
-                        cb = self._waiting.pop((ex.kind, s), None)
-                        if cb is not None:
-                            fire.append(cb)
+                        pair = self._waiting.pop((ex.kind, s), None)
+                        if pair is not None:
+                            fire.append(pair[0])
                 else:
                     for key in [k for k in self._waiting if k[0] == ex.kind and lo <= k[1] <= hi]:
-                        fire.append(self._waiting.pop(key))
-        for cb in fire:
-            cb(ex)
+                        fire.append(self._waiting.pop(key)[0])
+        for fn in fire:
+            fn(ex)
 
-    def wait_for(self, kind: str, seq: int, cb: Callable[[Exported], None]) -> None:
-        """Call ``cb`` when ``seq`` is exported (at once if it already is)."""
+    def fail(self, error: BaseException | None) -> None:
+        """Exports stopped on ``error`` (tell every waiter), or work again (None)."""
+        with self._lock:
+            self._error = error
+            failed = [f for _, f in self._waiting.values() if f is not None] if error else []
+        for f in failed:
+            assert error is not None
+            f(error)
+
+    def wait_for(
+        self, kind: str, seq: int, cb: Callable[[Exported], None],
+        on_fail: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Call ``cb`` when ``seq`` is exported (at once if it already is); ``on_fail``
+        when exports are stopped by a permanent store error (at once if they are)."""
         with self._lock:
             if seq > self._through[kind]:
-                self._waiting[(kind, seq)] = cb
-                return
-            hit = next(
-                (e for e in self._recent[kind] if any(lo <= seq <= hi for lo, hi in e.sequences)),
-                None,
-            )
+                self._waiting[(kind, seq)] = (cb, on_fail)
+                error = self._error
+                if error is None or on_fail is None:
+                    return
+            else:
+                error = None
+                hit = next(
+                    (e for e in self._recent[kind]
+                     if any(lo <= seq <= hi for lo, hi in e.sequences)),
+                    None,
+                )
+        if error is not None:
+            assert on_fail is not None
+            on_fail(error)
+            return
         cb(hit or Exported(kind, ((seq, seq),), None, ""))

@@ -95,20 +95,28 @@ class DurabilityWatcher:
             return Durability(self._level) if self._level else None
 
     def result(self) -> WriteOutcome | None:
-        """None while not yet REMOTE; the outcome once it is; raises the failure if it failed."""
+        """None while not yet REMOTE; the outcome once it is; raises the failure if it failed.
+
+        A level reached wins over a failure reported earlier: a staged write whose REMOTE
+        wait failed on a store error reaches REMOTE once the store works again."""
         with self._cond:
+            if self._level >= Durability.REMOTE:
+                return self._outcome
             if self._error is not None:
                 raise self._error
-            return self._outcome if self._level >= Durability.REMOTE else None
+            return None
 
     def wait(
         self, durability: Durability = Durability.REMOTE, timeout: float | None = None
     ) -> WriteOutcome:
-        """Block until ``durability`` is reached; raises TimeoutError or the write's failure."""
+        """Block until ``durability`` is reached; raises TimeoutError or the write's failure
+        (for a staged write: LOCAL may be reached and REMOTE fail on a store error)."""
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: self._error is not None or self._level >= durability, timeout
             )
+            if self._level >= durability:  # reached: a later failure (REMOTE) does not matter
+                return self._outcome or WriteOutcome(None, None, Durability(self._level))
             if self._error is not None:
                 raise self._error
             if not ok:

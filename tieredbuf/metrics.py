@@ -67,6 +67,11 @@ PRODUCER_SERIES: tuple[Series, ...] = (
     Series("bytes_uploaded", "tieredbuf_uploaded_bytes_total", "Bytes of data objects uploaded."),
     Series("upload_retries", "tieredbuf_upload_retries_total", "Data object PUTs retried."),
     Series("export_retries", "tieredbuf_export_retries_total", "Failed export passes (retried)."),
+    Series("export_permanent_failures", "tieredbuf_export_permanent_failures_total",
+           "Export passes stopped by a permanent store error (retried slowly)."),
+    Series("export_failing", "tieredbuf_export_failing",
+           "1 while a permanent store error stops exports (the data stays staged).",
+           kind="gauge"),
     Series("reuploads_for_grace", "tieredbuf_grace_reuploads_total",
            "Objects uploaded again because their enqueue outlived half the GC grace period."),
     Series("backpressure_waits", "tieredbuf_backpressure_waits_total",
@@ -86,6 +91,15 @@ PRODUCER_SERIES: tuple[Series, ...] = (
            "Sealed segments waiting for export.", kind="gauge"),
 )
 
+STORE_ERROR_SERIES: tuple[Series, ...] = (
+    Series("store_transient_retries", "tieredbuf_store_transient_retries_total",
+           "Store requests retried after a transient error (refused, timeout, 5xx, "
+           "SlowDown), by role."),
+    Series("store_permanent_errors", "tieredbuf_store_permanent_errors_total",
+           "Permanent store errors (credentials, access denied, missing bucket), by role."),
+)
+"""Exported with a ``role`` label: ``producer`` (stateless) or ``exporter`` (staged)."""
+
 QUEUE_SERIES: tuple[Series, ...] = (
     Series("conflicts", "tieredbuf_manifest_cas_conflicts_total",
            "Manifest CAS writes lost to another writer (re-read and retried)."),
@@ -95,6 +109,8 @@ QUEUE_SERIES: tuple[Series, ...] = (
            "Manifest writes whose outcome was unknown (decided by re-reading)."),
     Series("transient_errors", "tieredbuf_manifest_transient_errors_total",
            "Transient store errors on the manifest."),
+    Series("permanent_errors", "tieredbuf_manifest_permanent_errors_total",
+           "Permanent store errors on the manifest (the operation stopped at once)."),
     Series("appends", "tieredbuf_manifest_appends_total", "Successful append CASes."),
     Series("entries_appended", "tieredbuf_manifest_entries_appended_total",
            "Queue entries appended."),
@@ -297,9 +313,17 @@ def collector_for(
     from tieredbuf.staged import StagedProducer
 
     if isinstance(obj, StagedProducer):
-        return StatsCollector(lambda: obj.stats, PRODUCER_SERIES, labels)
+        return _Multi([
+            StatsCollector(lambda: obj.stats, PRODUCER_SERIES, labels),
+            StatsCollector(obj.exporter.stats.snapshot, STORE_ERROR_SERIES,
+                           {**(labels or {}), "role": "exporter"}),
+        ])
     if isinstance(obj, Producer):
-        return StatsCollector(obj.stats.snapshot, PRODUCER_SERIES, labels)
+        return _Multi([
+            StatsCollector(obj.stats.snapshot, PRODUCER_SERIES, labels),
+            StatsCollector(obj.stats.snapshot, STORE_ERROR_SERIES,
+                           {**(labels or {}), "role": "producer"}),
+        ])
     if isinstance(obj, Consumer):
         lag = _Cached(lambda: consumer_figures(obj), min_interval)
         return _Multi([

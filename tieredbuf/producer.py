@@ -22,7 +22,8 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig
-from tieredbuf.errors import BackpressureError, ClosedError
+from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
+from tieredbuf.forks import ForkGuard
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
@@ -34,6 +35,10 @@ from tieredbuf.store.base import Store
 log = logging.getLogger(__name__)
 
 MAX_UPLOADS_IN_FLIGHT = 4
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Producer:
         producer_id: str | None = None,
     ) -> None:
         self.config = config or ProducerConfig()
+        self._guard = ForkGuard("producer")
         self.producer_id = producer_id or f"p-{ULID()}"
         self.stats = Stats()
         self._stop = threading.Event()
@@ -148,7 +154,12 @@ class Producer:
         return handle
 
     def flush(self, timeout: float | None = None) -> None:
-        """Flush the open batch now and wait until everything buffered is REMOTE."""
+        """Flush the open batch now and wait until everything buffered is REMOTE.
+
+        Raises the store error that stopped the producer (a permanent one: credentials,
+        access, bucket), or FlushTimeoutError saying what is not REMOTE yet (the
+        producer keeps retrying it)."""
+        self._guard.check()
         with self._cond:
             self._flush_now = True
             self._cond.notify_all()
@@ -158,22 +169,53 @@ class Producer:
             if self._error is not None:
                 raise self._error
             if not ok:
-                raise TimeoutError(f"flush did not finish in {timeout} s")
+                raise FlushTimeoutError(
+                    f"flush() ran out of time after {timeout} s: {self._pending()} not REMOTE "
+                    f"yet, held in this process's memory and still retried{self._why()}"
+                )
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush everything, wait until it is in the queue, stop the threads."""
+        """Flush everything, wait until it is in the queue, stop the threads.
+
+        With ``timeout``: when it runs out, what is not REMOTE is dropped -- a stateless
+        producer holds it in memory only -- its handles fail, and FlushTimeoutError says
+        how much.  Raises the store error that stopped the producer, if one did."""
+        self._guard.check()
         with self._cond:
             if self._closed:
                 return
             self._closing = True
             self._cond.notify_all()
-        self._flusher.join(timeout)
-        self._appender.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._flusher.join(_left(deadline))
+        self._appender.join(_left(deadline))
+        if self._appender.is_alive():
+            with self._cond:
+                err = FlushTimeoutError(
+                    f"close() ran out of time after {timeout} s: {self._pending()} not REMOTE; "
+                    f"a stateless producer holds them in memory only, so they are dropped "
+                    f"and their handles fail (an append already in flight may still land: "
+                    f"its handle says so){self._why()}"
+                )
+            self._die(err)
+            self._stop.set()  # uploads stop retrying
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            with self._cond:
+                self._closed = True
+            raise err
         self._pool.shutdown(wait=True)
         with self._cond:
             self._closed = True
         if self._error is not None:
             raise self._error
+
+    def _pending(self) -> str:
+        """Under the lock: what is not REMOTE yet, in words."""
+        return f"{self._buffered_inputs} produce() call(s) ({self._buffered_bytes} bytes)"
+
+    def _why(self) -> str:
+        last = self._publisher.last_error
+        return f"; last store error: {last}" if last is not None else ""
 
     def __enter__(self) -> Producer:
         return self
@@ -184,6 +226,7 @@ class Producer:
     # --- background ----------------------------------------------------------
 
     def _check_open(self) -> None:
+        self._guard.check()
         if self._closing or self._closed:
             raise ClosedError("producer is closed")
         if self._error is not None:
@@ -277,7 +320,8 @@ class Producer:
     def _die(self, error: BaseException, batches: list[_OpenBatch] | None = None) -> None:
         log.error("producer %s failed: %s", self.producer_id, error)
         with self._cond:
-            self._error = error
+            if self._error is None:  # the first cause wins (a timeout, then its fallout)
+                self._error = error
             failed = list(batches or []) + [b for _, _, b in self._inflight] + [self._open]
             self._inflight.clear()
             self._open = _OpenBatch()

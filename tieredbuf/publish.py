@@ -25,14 +25,13 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import RetryConfig
-from tieredbuf.errors import AlreadyExistsError, StoreError
+from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(eq=False)
@@ -71,6 +70,7 @@ class Publisher:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         stop: threading.Event | None = None,
         stats: Stats | None = None,
+        retry_log: RetryLog | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -80,6 +80,9 @@ class Publisher:
         self.clock_ms = clock_ms
         self.stop = stop or threading.Event()
         self.stats = stats or Stats()
+        self.retry_log = retry_log or RetryLog(log)
+        self.last_error: BaseException | None = None
+        """The last transient upload failure, until an upload succeeds."""
 
     def _new_ulid(self) -> ULID:
         return ULID.from_timestamp(self.clock_ms() / 1000)
@@ -102,12 +105,21 @@ class Publisher:
                 # A fresh ULID carries 80 random bits: the object is our own earlier
                 # attempt whose response was lost.
                 break
+            except PermanentStoreError:
+                self.stats.incr("store_permanent_errors")
+                raise  # credentials, access, bucket: a retry cannot help; the caller decides
             except StoreError as e:
                 self.stats.incr("upload_retries")
-                log.warning("upload of %s failed (attempt %d): %s", p.location, attempt + 1, e)
-                if self.stop.wait(backoff_delay(self.retry, attempt)):
+                self.stats.incr("store_transient_retries")
+                self.last_error = e
+                delay = backoff_delay(self.retry, attempt)
+                self.retry_log.failed("upload of a data object", e, delay)
+                if self.stop.wait(delay):
                     raise
                 attempt += 1
+        if attempt:
+            self.last_error = None
+            self.retry_log.recovered("upload of a data object")
         self.stats.incr("objects_uploaded")
         self.stats.incr("bytes_uploaded", len(p.body))
         self.stats.incr("upload_ns", time.perf_counter_ns() - started)

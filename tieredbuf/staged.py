@@ -17,9 +17,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tieredbuf.config import ProducerConfig, SegmentConfig, StageConfig, WalConfig
+from tieredbuf import keys
+from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import ClosedError, ConfigError
-from tieredbuf.exporter import Exported, Exporter, ExportTracker
+from tieredbuf.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
+from tieredbuf.forks import ForkGuard
 from tieredbuf.handles import Durability, WriteHandle, WriteOutcome
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
@@ -29,7 +31,9 @@ if TYPE_CHECKING:
 
     from tieredbuf.buffer import Buffer
 
-_EXPORTER_FIELDS = {"gc_grace_period", "retry", "max_uploads_in_flight", "producer_id"}
+_EXPORTER_FIELDS = {
+    "gc_grace_period", "retry", "max_uploads_in_flight", "producer_id", "failure_retry",
+}
 
 
 def _field_names(cls: Any) -> set[str]:
@@ -78,6 +82,7 @@ class StagedProducer:
         self._tracker = ExportTracker()
         self._lock = threading.Lock()
         self._closed = False
+        self._guard = ForkGuard("staged producer")
         try:
             self.exporter = Exporter(
                 self.stage, buf.store, buf.queue,
@@ -85,6 +90,8 @@ class StagedProducer:
                 gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
                 max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
                 on_exported=self._tracker.exported,
+                on_error=self._tracker.fail,
+                failure_retry=exp.get("failure_retry", FAILURE_RETRY),
             )
         except BaseException:
             self.stage.close()
@@ -96,13 +103,15 @@ class StagedProducer:
         return {**self.exporter.stats.snapshot(), **dataclasses.asdict(self.stage.stats),
                 "wal_fsyncs": fsyncs, "wal_fsync_ns": fsync_ns,
                 "stage_disk_bytes": self.stage.disk_bytes(),
-                "sealed_segments_pending": len(self.stage.sealed_segments())}
+                "sealed_segments_pending": len(self.stage.sealed_segments()),
+                "export_failing": int(self.exporter.error is not None)}
 
     def _check_open(self) -> None:
+        """Writes are accepted while the store fails (permanently or not): they are LOCAL
+        and stay staged; only their REMOTE waits fail (and size_cap still applies)."""
+        self._guard.check()
         if self._closed:
             raise ClosedError("producer is closed")
-        if self.exporter.error is not None:
-            raise self.exporter.error
 
     def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
         handle = WriteHandle()
@@ -118,7 +127,7 @@ class StagedProducer:
                 w._fail(err)
                 return
             w._reach(Durability.LOCAL)
-            self._tracker.wait_for(kind, f.result().sequence, remote)
+            self._tracker.wait_for(kind, f.result().sequence, remote, w._fail)
 
         fut.add_done_callback(local)
         return handle
@@ -143,12 +152,21 @@ class StagedProducer:
         return self._handle("qseg", self.stage.append_bundle(bundle, timeout))
 
     def flush(self, timeout: float | None = None) -> None:
-        """Seal what is open and wait until the stage is exported."""
+        """Seal what is open and wait until the stage is exported.
+
+        Raises the permanent store error that stops exports, or FlushTimeoutError naming
+        what is still staged and where; either way the data stays staged (LOCAL)."""
+        self._guard.check()
         self.stage.seal_all()
         self.exporter.drain(timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Seal, export and wait until the stage is empty; then release it."""
+        """Seal, export and wait until the stage is empty; then release it.
+
+        On a store error or a timeout it raises as :meth:`flush` does, after releasing
+        the stage: what was not exported stays in the staging directory, for the next
+        start or ``tieredbuf drain``."""
+        self._guard.check()
         with self._lock:
             if self._closed:
                 return
@@ -168,10 +186,14 @@ class StagedProducer:
 
 
 def stage_producer_ids(staging_dir: Path) -> list[str]:
-    """The producer ids that have a stage under ``staging_dir``."""
+    """The producer ids that have a stage under ``staging_dir`` (a folder holding a stage
+    lock file: any other folder is not a stage, and draining it would create one)."""
     if not staging_dir.is_dir():
         return []
-    return sorted(p.name for p in staging_dir.iterdir() if p.is_dir())
+    return sorted(
+        p.name for p in staging_dir.iterdir()
+        if p.is_dir() and (p / keys.STAGE_LOCK_NAME).exists()
+    )
 
 
 def drain(
@@ -181,13 +203,17 @@ def drain(
     *,
     on_exported: Any = None,
     timeout: float | None = None,
+    failure_retry: RetryConfig = FAILURE_RETRY,
 ) -> dict[str, Any]:
     """Take over a (dead) producer's stage: recover its WAL, seal, export, release.
 
-    Raises StageLockedError if the producer is still alive (it holds the lock).
+    Raises StageLockedError if the producer is still alive (it holds the lock), the
+    permanent store error that stopped the export, or FlushTimeoutError (``timeout``)
+    naming what is still staged; the stage keeps whatever was not exported.
     """
     stage = Stage(staging_dir, producer_id)
-    exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported)
+    exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported,
+                        failure_retry=failure_retry)
     try:
         stage.seal_all()
         exporter.drain(timeout)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tieredbuf.config import RetryConfig
@@ -35,3 +38,47 @@ class Stats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
+
+
+class RetryLog:
+    """Logs a retried failure at most once per ``interval`` seconds per subject, not once
+    per attempt: a store that is down for an hour writes a line every ``interval``, each
+    saying how many attempts failed since the last one, and one line when it recovers."""
+
+    def __init__(
+        self, logger: logging.Logger, interval: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+        self._failing: dict[str, int] = {}
+
+    def failed(self, subject: str, error: BaseException, retry_in: float | None = None) -> bool:
+        """Note a failed attempt; returns True when it was logged."""
+        now = self._clock()
+        with self._lock:
+            self._failing[subject] = self._failing.get(subject, 0) + 1
+            last = self._last.get(subject)
+            if last is not None and now - last < self._interval:
+                self._quiet[subject] = self._quiet.get(subject, 0) + 1
+                return False
+            self._last[subject] = now
+            quiet = self._quiet.pop(subject, 0)
+            total = self._failing[subject]
+        more = f" ({quiet} more failed attempts since the last report)" if quiet else ""
+        when = f"; retrying in {retry_in:.1f} s" if retry_in is not None else "; retrying"
+        self._log.warning("%s failed, attempt %d%s: %s%s", subject, total, more, error, when)
+        return True
+
+    def recovered(self, subject: str) -> None:
+        """The subject succeeded: log once if it had failed, and start over."""
+        with self._lock:
+            n = self._failing.pop(subject, 0)
+            self._last.pop(subject, None)
+            self._quiet.pop(subject, None)
+        if n:
+            self._log.warning("%s succeeded after %d failed attempts", subject, n)

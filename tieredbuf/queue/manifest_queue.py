@@ -45,6 +45,7 @@ from tieredbuf.errors import (
     FencedError,
     ObjectNotFoundError,
     OutcomeUnknownError,
+    PermanentStoreError,
     StoreError,
     TieredBufError,
 )
@@ -211,6 +212,9 @@ class ManifestQueue:
                 raise _LinkTooLate()
             self._cas(snap, payload)
             return True
+        except PermanentStoreError:
+            self.stats.incr("permanent_errors")
+            raise  # credentials, access, bucket: retrying cannot help (stop, never spin)
         except _LinkTooLate:
             self._pause(attempt, "late_links")
         except ConflictError:
@@ -225,6 +229,9 @@ class ManifestQueue:
         while True:
             try:
                 return self.read()
+            except PermanentStoreError:
+                self.stats.incr("permanent_errors")
+                raise
             except StoreError:
                 self._pause(attempt, "transient_errors")
                 attempt += 1

@@ -18,7 +18,13 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import RetryConfig
-from tieredbuf.errors import AlreadyExistsError, CorruptError, ObjectNotFoundError, StoreError
+from tieredbuf.errors import (
+    AlreadyExistsError,
+    CorruptError,
+    ObjectNotFoundError,
+    PermanentStoreError,
+    StoreError,
+)
 from tieredbuf.format import tree as ft
 from tieredbuf.queue.backoff import Stats, backoff_delay
 from tieredbuf.store.base import Store
@@ -64,7 +70,7 @@ class NodeStore:
             try:
                 raw = self.store.get(key).data
                 break
-            except ObjectNotFoundError:
+            except (ObjectNotFoundError, PermanentStoreError):
                 raise
             except StoreError:
                 self.stats.incr("node_read_retries")

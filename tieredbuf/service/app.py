@@ -1,7 +1,8 @@
 """One worker's HTTP application (aiohttp): ingest, health, readiness, metrics.
 
     POST /v1/produce?durability=local|remote   body: ndjson | u32-prefixed records | Arrow stream
-    GET  /healthz      200 while the producer works (500 once its exporter failed)
+    GET  /healthz      200 while the producer works (500 while a permanent store error stops
+                       its exports: bad credentials, access denied, missing bucket)
     GET  /readyz       200 while accepting writes; 503 while starting or draining
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
@@ -158,11 +159,23 @@ async def produce(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """500 with the reason while a permanent store error stops exports (writes are still
+    staged; REMOTE requests fail fast); 200 otherwise, naming a transient error being
+    retried."""
     state = request.app[STATE]
     p = state.producer
     if p is not None and p.exporter.error is not None:
-        return _json_error(500, f"exporter failed: {p.exporter.error}")
-    return web.json_response({"status": "ok", "worker": state.index, "pid": os.getpid()})
+        e = p.exporter.error
+        return web.json_response(
+            {"error": f"exports stopped: {type(e).__name__}: {e}", "status": 500,
+             "staged_segments": len(p.stage.sealed_segments()), "stage": str(p.stage.path),
+             "worker": state.index},
+            status=500,
+        )
+    body: dict[str, Any] = {"status": "ok", "worker": state.index, "pid": os.getpid()}
+    if p is not None and p.exporter.last_transient_error is not None:
+        body["export"] = f"retrying: {p.exporter.last_transient_error}"
+    return web.json_response(body)
 
 
 async def readyz(request: web.Request) -> web.Response:
