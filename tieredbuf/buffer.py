@@ -12,6 +12,7 @@ from tieredbuf.consumer import Consumer, fetch_object
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.keys import MANIFEST_KEY
+from tieredbuf.queue.backoff import interruptible_sleep
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
@@ -32,7 +33,8 @@ class Buffer:
     def __init__(self, store: Store, tree: TreeConfig | None = None) -> None:
         self.store = store
         self.tree_config = tree or TreeConfig()
-        self.queue = ManifestQueue(store, tree_config=self.tree_config)
+        # a producer's or exporter's close() can cut the queue's retry sleeps short
+        self.queue = ManifestQueue(store, tree_config=self.tree_config, sleep=interruptible_sleep)
 
     @property
     def url(self) -> str:

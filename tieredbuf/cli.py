@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import json
+import logging
 import os
 import re
 import sys
@@ -537,8 +538,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _StderrLog(logging.Handler):
+    """tieredbuf's warnings as ``tieredbuf: ...`` lines on the current stderr (retries of
+    a store that is down, once per interval).  Errors that are also raised to the
+    command are skipped: main() prints those once."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "tb_raised", False):
+            return
+        try:
+            sys.stderr.write(f"tieredbuf: {record.getMessage()}\n")
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    logger = logging.getLogger("tieredbuf")
+    if not any(isinstance(h, _StderrLog) for h in logger.handlers):
+        logger.addHandler(_StderrLog(logging.WARNING))
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _log_to_stderr()
     try:
         code: int = args.fn(args, out or sys.stdout)
         return code

@@ -102,6 +102,7 @@ class Exporter:
         self.retry_log = RetryLog(log)
         self._guard = forks.ForkGuard("staged producer / exporter")
         self._stop = threading.Event()
+        forks.stop_at_exit(self._stop)
         self._publishers = {
             kind: Publisher(
                 store, queue, f"{stage.producer_id}.{kind}", retry=self.retry,
@@ -139,7 +140,8 @@ class Exporter:
         if self._error is not None:
             raise self._error
         if not ok:
-            why = f" (last error: {self._last_transient})" if self._last_transient else ""
+            last = self.last_transient_error
+            why = f" (last error: {last})" if last is not None else ""
             raise FlushTimeoutError(
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
@@ -158,8 +160,10 @@ class Exporter:
 
     @property
     def last_transient_error(self) -> BaseException | None:
-        """The last transient failure, until an export pass succeeds (None: healthy)."""
-        return self._last_transient
+        """The last transient failure being retried (None: healthy)."""
+        if self._last_transient is not None:
+            return self._last_transient
+        return next((p.last_error for p in self._publishers.values() if p.last_error), None)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -174,7 +178,7 @@ class Exporter:
                 self.stats.incr("export_permanent_failures")
                 self._fail(e)
                 delay = backoff_delay(self.failure_retry, attempt)
-                self.retry_log.failed("export (permanent store error)", e, delay)
+                self.retry_log.failed("export (permanent store error)", e, delay, raised=True)
                 self._stop.wait(delay)
                 attempt += 1
                 continue
@@ -209,7 +213,7 @@ class Exporter:
         if first:
             e.add_note(f"Nothing is lost: {describe_stage(self.stage)}.")
             log.error("export stopped by a permanent store error (the data stays staged; "
-                      "retrying slowly): %s", e)
+                      "retrying slowly): %s", e, extra={"tb_raised": True})
         with self._cond:
             self._error = e
             self._cond.notify_all()

@@ -15,6 +15,10 @@
 
 multiprocessing's ``forkserver`` and ``spawn`` start methods run a fresh interpreter
 and inherit nothing of this.
+
+And at interpreter exit, :func:`stop_at_exit` events are set before Python joins the
+worker threads of thread pools: an upload retrying against a store that is down would
+otherwise keep a process that never called ``close()`` from exiting.
 """
 
 from __future__ import annotations
@@ -56,6 +60,26 @@ def on_fork(obj: Any, hook: Callable[[Any], None]) -> None:
     """Call ``hook(obj)`` in the child after every fork, while ``obj`` is alive."""
     with _hooks_lock:
         _hooks[obj] = hook
+
+
+_exit_events: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+
+
+def stop_at_exit(event: threading.Event) -> None:
+    """Set ``event`` when the interpreter starts to exit (before pool threads are joined)."""
+    _exit_events.add(event)
+
+
+def _at_exit() -> None:
+    for event in list(_exit_events):
+        event.set()
+
+
+# concurrent.futures joins its workers in a threading._register_atexit hook, which runs
+# before atexit handlers; ours must run first (hooks run in registration order).
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_at_exit)
 
 
 def _after_fork_in_child() -> None:

@@ -23,7 +23,7 @@ from ulid import ULID
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig
 from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
-from tieredbuf.forks import ForkGuard
+from tieredbuf.forks import ForkGuard, stop_at_exit
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
@@ -81,6 +81,7 @@ class Producer:
         self.producer_id = producer_id or f"p-{ULID()}"
         self.stats = Stats()
         self._stop = threading.Event()
+        stop_at_exit(self._stop)
         self._publisher = Publisher(
             store, queue, self.producer_id, retry=self.config.retry,
             gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
@@ -318,7 +319,7 @@ class Producer:
                 self._cond.notify_all()
 
     def _die(self, error: BaseException, batches: list[_OpenBatch] | None = None) -> None:
-        log.error("producer %s failed: %s", self.producer_id, error)
+        log.error("producer %s failed: %s", self.producer_id, error, extra={"tb_raised": True})
         with self._cond:
             if self._error is None:  # the first cause wins (a timeout, then its fallout)
                 self._error = error

@@ -27,7 +27,7 @@ from tieredbuf import keys
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
+from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, stop_on
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store.base import Store
 
@@ -161,10 +161,11 @@ class Publisher:
         while True:
             entries = [NewEntry(p.location, p.metadata, len(p.body)) for p in group]
             try:
-                return self.queue.append(
-                    entries, self.producer_id, group[-1].producer_seq,
-                    before_write=lambda: self._check_fresh(group), producer_seqs=seqs,
-                )
+                with stop_on(self.stop):
+                    return self.queue.append(
+                        entries, self.producer_id, group[-1].producer_seq,
+                        before_write=lambda: self._check_fresh(group), producer_seqs=seqs,
+                    )
             except _Stale as s:
                 for p in s.stale:
                     self.stats.incr("reuploads_for_grace")

@@ -6,7 +6,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tieredbuf.config import RetryConfig
@@ -18,6 +19,34 @@ def backoff_delay(retry: RetryConfig, attempt: int, rng: random.Random | None = 
     cap = retry.max_backoff.total_seconds()
     ceiling = min(cap, base * (retry.multiplier ** min(attempt, 64)))
     return (rng or random).uniform(ceiling / 2, ceiling) if ceiling > 0 else 0.0
+
+
+class Stopped(Exception):
+    """A retry loop was told to stop (a close() ran out of time, or the interpreter exits)."""
+
+
+_local = threading.local()
+
+
+@contextmanager
+def stop_on(event: threading.Event) -> Iterator[None]:
+    """While inside, :func:`interruptible_sleep` on this thread raises Stopped once
+    ``event`` is set: the retry loops of a shared ManifestQueue stop for this caller only."""
+    prev = getattr(_local, "stop", None)
+    _local.stop = event
+    try:
+        yield
+    finally:
+        _local.stop = prev
+
+
+def interruptible_sleep(seconds: float) -> None:
+    """time.sleep, cut short (raising Stopped) by the event of an enclosing :func:`stop_on`."""
+    event: threading.Event | None = getattr(_local, "stop", None)
+    if event is None:
+        time.sleep(seconds)
+    elif event.wait(seconds) or event.is_set():
+        raise Stopped("stopped while retrying a store operation")
 
 
 @dataclass
@@ -57,8 +86,13 @@ class RetryLog:
         self._quiet: dict[str, int] = {}
         self._failing: dict[str, int] = {}
 
-    def failed(self, subject: str, error: BaseException, retry_in: float | None = None) -> bool:
-        """Note a failed attempt; returns True when it was logged."""
+    def failed(
+        self, subject: str, error: BaseException, retry_in: float | None = None,
+        *, raised: bool = False,
+    ) -> bool:
+        """Note a failed attempt; returns True when it was logged.  ``raised``: the error
+        is also raised to a caller (the record carries ``tb_raised``, so a front end that
+        prints the raised error can skip the log line)."""
         now = self._clock()
         with self._lock:
             self._failing[subject] = self._failing.get(subject, 0) + 1
@@ -71,7 +105,8 @@ class RetryLog:
             total = self._failing[subject]
         more = f" ({quiet} more failed attempts since the last report)" if quiet else ""
         when = f"; retrying in {retry_in:.1f} s" if retry_in is not None else "; retrying"
-        self._log.warning("%s failed, attempt %d%s: %s%s", subject, total, more, error, when)
+        self._log.warning("%s failed, attempt %d%s: %s%s", subject, total, more, error, when,
+                          extra={"tb_raised": raised})
         return True
 
     def recovered(self, subject: str) -> None:

@@ -253,6 +253,10 @@ async def _producer_ctx(app: web.Application) -> Any:
         log.error("worker %d: stage not exported within %.0f s; it stays staged (LOCAL) for "
                   "the next start or `tieredbuf drain`", state.index, cfg.drain_timeout_s)
         app["drain_incomplete"] = True
+    except TieredBufError as e:
+        log.error("worker %d: stage not exported (%s: %s); it stays staged (LOCAL) for the "
+                  "next start or `tieredbuf drain`", state.index, type(e).__name__, e)
+        app["drain_incomplete"] = True
     finally:
         if state.mirror is not None:
             await loop.run_in_executor(state.pool, state.mirror.sync)
