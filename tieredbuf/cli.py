@@ -402,7 +402,7 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     buf = _open(args)
     timeout = args.timeout.total_seconds() if args.timeout is not None else None
-    busy = 0
+    busy = lost = 0
     for root, pid in stages:
         with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
@@ -421,6 +421,13 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
             f"({stats.get('bytes_exported', 0)} bytes); stage empty",
             file=out,
         )
+        if stats.get("quarantined"):
+            lost += 1
+            print(f"tieredbuf: StagedDataLossError: {pid}: corrupt segment(s) quarantined, "
+                  f"not exported, their records lost: {', '.join(stats['quarantined'])}",
+                  file=sys.stderr)
+    if lost:
+        return EXIT_FAILED
     return EXIT_PARTIAL if busy else EXIT_OK
 
 

@@ -151,6 +151,20 @@ class DataLossError(TieredBufError):
     """Data the manifest refers to (or a sequence asked for) is gone."""
 
 
+class StagedDataLossError(DataLossError):
+    """A sealed segment in a stage failed its CRC check: it was quarantined (renamed
+    ``.corrupt``), never uploaded, and its records are lost unless the WAL still held
+    them.  Names the file and the per-core sequences."""
+
+    def __init__(self, path: str, sequences: tuple[tuple[int, int], ...], why: str) -> None:
+        super().__init__(
+            f"staged segment {path} is corrupt ({why}): quarantined, not uploaded; the "
+            f"records of per-core sequences {list(sequences)} are lost"
+        )
+        self.path = path
+        self.sequences = sequences
+
+
 class BufferNotFoundError(TieredBufError):
     """No buffer (no ``queue/manifest``) exists at the URL: a reader never creates one.
 

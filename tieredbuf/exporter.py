@@ -37,11 +37,11 @@ from datetime import timedelta
 
 from tieredbuf import forks, keys
 from tieredbuf.config import RetryConfig
-from tieredbuf.errors import FlushTimeoutError, PermanentStoreError
+from tieredbuf.errors import FlushTimeoutError, PermanentStoreError, StagedDataLossError
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.stage.segments import SealedSegment
+from tieredbuf.stage.segments import SealedSegment, verify
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import Store
 
@@ -92,9 +92,11 @@ class Exporter:
         on_exported: Callable[[Exported], None] | None = None,
         on_error: Callable[[BaseException | None], None] | None = None,
         failure_retry: RetryConfig = FAILURE_RETRY,
+        on_lost: Callable[[str, StagedDataLossError], None] | None = None,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
-        ``on_error(None)`` when they work again."""
+        ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
+        segment fails its CRC check and is quarantined instead of exported."""
         self.stage = stage
         self.retry = retry or RetryConfig()
         self.failure_retry = failure_retry
@@ -113,6 +115,7 @@ class Exporter:
         }
         self._on_exported = on_exported
         self._on_error = on_error
+        self._on_lost = on_lost
         self._last_transient: BaseException | None = None
         self._pool = ThreadPoolExecutor(max_uploads_in_flight, thread_name_prefix="tb-export")
         self._max_inflight = max_uploads_in_flight
@@ -243,10 +246,21 @@ class Exporter:
     def _export_group(self, kind: str, segs: list[SealedSegment]) -> None:
         pub = self._publishers[kind]
         suffix = keys.SEGMENT_SUFFIX if kind == "qseg" else keys.BATCH_SUFFIX
-        pending = [
-            Pending(seg.path.read_bytes(), suffix, seg.items, seg.last_sequence + 1)
-            for seg in segs
-        ]
+        pending, good = [], []
+        for seg in segs:
+            body = seg.path.read_bytes()
+            why = verify(seg, body)
+            if why is not None:  # never upload bad bytes (I7); say loudly what is lost
+                dest = self.stage.quarantine(seg, why)
+                self.stats.incr("segments_quarantined")
+                if self._on_lost is not None:
+                    self._on_lost(kind, StagedDataLossError(str(dest), seg.sequences, why))
+                continue
+            pending.append(Pending(body, suffix, seg.items, seg.last_sequence + 1))
+            good.append(seg)
+        segs = good
+        if not segs:
+            return
         futures: list[Future[None]] = [self._pool.submit(pub.upload, p) for p in pending]
         for f in futures:
             f.result()
@@ -284,6 +298,9 @@ class ExportTracker:
         self._recent: dict[str, deque[Exported]] = {k: deque(maxlen=remember) for k in KINDS}
         self._through: dict[str, int] = dict.fromkeys(KINDS, -1)
         self._error: BaseException | None = None
+        self._lost: dict[str, deque[StagedDataLossError]] = {
+            k: deque(maxlen=remember) for k in KINDS
+        }
 
     def exported(self, ex: Exported) -> None:
         fire: list[Callable[[Exported], None]] = []
@@ -302,6 +319,16 @@ class ExportTracker:
         for fn in fire:
             fn(ex)
 
+    def lost(self, kind: str, error: StagedDataLossError) -> None:
+        """The segment holding ``error.sequences`` was quarantined: fail their waiters."""
+        with self._lock:
+            self._lost[kind].append(error)
+            hit = [k for k in self._waiting
+                   if k[0] == kind and any(lo <= k[1] <= hi for lo, hi in error.sequences)]
+            fns = [f for k in hit if (f := self._waiting.pop(k)[1]) is not None]
+        for f in fns:
+            f(error)
+
     def fail(self, error: BaseException | None) -> None:
         """Exports stopped on ``error`` (tell every waiter), or work again (None)."""
         with self._lock:
@@ -318,7 +345,11 @@ class ExportTracker:
         """Call ``cb`` when ``seq`` is exported (at once if it already is); ``on_fail``
         when exports are stopped by a permanent store error (at once if they are)."""
         with self._lock:
-            if seq > self._through[kind]:
+            lost = next((e for e in self._lost[kind]
+                         if any(lo <= seq <= hi for lo, hi in e.sequences)), None)
+            if lost is not None:
+                error: BaseException | None = lost
+            elif seq > self._through[kind]:
                 self._waiting[(kind, seq)] = (cb, on_fail)
                 error = self._error
                 if error is None or on_fail is None:

@@ -91,6 +91,7 @@ class StagedProducer:
                 max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
                 on_exported=self._tracker.exported,
                 on_error=self._tracker.fail,
+                on_lost=self._tracker.lost,
                 failure_retry=exp.get("failure_retry", FAILURE_RETRY),
             )
         except BaseException:
@@ -104,7 +105,8 @@ class StagedProducer:
                 "wal_fsyncs": fsyncs, "wal_fsync_ns": fsync_ns,
                 "stage_disk_bytes": self.stage.disk_bytes(),
                 "sealed_segments_pending": len(self.stage.sealed_segments()),
-                "export_failing": int(self.exporter.error is not None)}
+                "export_failing": int(self.exporter.error is not None),
+                "quarantined_segments": len(self.stage.quarantined())}
 
     def _check_open(self) -> None:
         """Writes are accepted while the store fails (permanently or not): they are LOCAL
@@ -220,4 +222,6 @@ def drain(
     finally:
         exporter.stop()
         stage.close()
-    return {**exporter.stats.snapshot(), "replayed_entries": stage.stats.replayed_entries}
+    return {**exporter.stats.snapshot(), "replayed_entries": stage.stats.replayed_entries,
+            "segments_quarantined": stage.stats.segments_quarantined,
+            "quarantined": [str(s.path) for s in stage.quarantined()]}

@@ -172,6 +172,14 @@ async def healthz(request: web.Request) -> web.Response:
              "worker": state.index},
             status=500,
         )
+    bad = p.stage.quarantined() if p is not None else []
+    if bad:
+        return web.json_response(
+            {"error": f"{len(bad)} corrupt staged segment(s) quarantined, their records "
+                      f"lost: {', '.join(str(s.path) for s in bad)} (docs/failure-modes.md)",
+             "status": 500, "worker": state.index},
+            status=500,
+        )
     body: dict[str, Any] = {"status": "ok", "worker": state.index, "pid": os.getpid()}
     if p is not None and p.exporter.last_transient_error is not None:
         body["export"] = f"retrying: {p.exporter.last_transient_error}"

@@ -19,6 +19,14 @@ filesystem (ext4, XFS) commits them in order, so the segment is never visible
 without its sidecar; were a filesystem to persist only the second, load() would
 quarantine the segment as ``.orphan`` and its entries would be replayed from the WAL
 (neither lost nor exported twice).
+
+CRC.  A ``.qseg`` carries a CRC32 of the whole file in its trailer; a ``.batch`` (the
+RFC's data batch has none) gets one in its sidecar (``crc32``).  :func:`verify` checks
+it; ``load()`` verifies every sealed segment at open and the exporter again before
+each upload.  A corrupt segment is quarantined -- renamed ``<name>.corrupt``, its
+sidecar ``<name>.corrupt.json`` -- never uploaded, and reported (see
+docs/failure-modes.md).  Its sequences still count when the next sequence is chosen,
+so none is ever reused.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -41,7 +50,12 @@ from ulid import ULID
 from tieredbuf.config import Compression
 from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave_lengths
 from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.format.segment import SegmentBuilder, SegmentBundle
+from tieredbuf.format.segment import (
+    SEGMENT_MAGIC,
+    TRAILER_SIZE,
+    SegmentBuilder,
+    SegmentBundle,
+)
 from tieredbuf.stage._fs import IoGate, fsync_dir, write_all, write_durable
 
 log = logging.getLogger(__name__)
@@ -52,6 +66,8 @@ SPARE_PREFIX = "free."
 """A released segment file kept for reuse by the next seal (see SegmentDir)."""
 SIDECAR_SUFFIX = ".json"
 SIDECAR_VERSION = 1
+CORRUPT_SUFFIX = ".corrupt"
+"""A quarantined segment: ``<ULID>.<kind>.corrupt`` (and ``.corrupt.json``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,9 @@ class SealedSegment:
     record_count: int
     """Records (``batch``) or bundles (``qseg``)."""
     sealed_at_ms: int
+    crc32: int | None = None
+    """CRC32 of the whole file (``batch``; a ``qseg`` has one in its trailer).  None in a
+    sidecar written before tieredbuf recorded it: such a segment is not checked."""
 
     @property
     def first_sequence(self) -> int:
@@ -106,6 +125,28 @@ def seq_runs(seqs: Sequence[int]) -> tuple[tuple[int, int], ...]:
         elif not out or s > out[-1][1]:
             out.append([s, s])
     return tuple((a, b) for a, b in out)
+
+
+def verify(seg: SealedSegment, data: bytes | memoryview | None = None) -> str | None:
+    """None when ``seg``'s bytes (``data``, else read from its file) match its CRC;
+    otherwise what is wrong."""
+    if data is None:
+        data = seg.path.read_bytes()
+    view = memoryview(data)
+    if len(view) != seg.size:
+        return f"{len(view)} bytes, the sidecar says {seg.size}"
+    if seg.kind == QSEG:
+        if len(view) < TRAILER_SIZE or bytes(view[-12:-4]) != SEGMENT_MAGIC:
+            return "no segment trailer"
+        stored = int.from_bytes(view[-4:], "little")
+        actual = zlib.crc32(view[:-4])
+    elif seg.crc32 is None:
+        return None
+    else:
+        stored, actual = seg.crc32, zlib.crc32(view)
+    if stored != actual:
+        return f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+    return None
 
 
 # --- accumulators -----------------------------------------------------------------
@@ -314,6 +355,11 @@ class SegmentDir:
             parts = acc.builder.finish()
             items = ()
             entry_count = record_count = len(acc.builder)
+        crc = None
+        if acc.kind == BATCH:
+            crc = 0
+            for part in parts:
+                crc = zlib.crc32(part, crc)
         ulid = self.next_ulid() if ulid is None else ulid
         final = self.path / f"{ulid}.{acc.kind}"
         tmp = final.with_name(final.name + ".tmp")
@@ -334,7 +380,7 @@ class SegmentDir:
             os.close(fd)
         seg = SealedSegment(
             final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
-            items, entry_count, record_count, time.time_ns() // 1_000_000,
+            items, entry_count, record_count, time.time_ns() // 1_000_000, crc,
         )
         side_tmp = seg.sidecar_path.with_name(seg.sidecar_path.name + ".tmp")
         try:
@@ -360,8 +406,9 @@ class SegmentDir:
         prep.tmp.unlink(missing_ok=True)
         prep.sidecar_tmp.unlink(missing_ok=True)
 
-    def load(self) -> list[SealedSegment]:
-        """Sealed segments on disk, in seal order; cleans up what a crash left."""
+    def load(self, verify_crc: bool = True) -> list[SealedSegment]:
+        """Sealed segments on disk, in seal order; cleans up what a crash left and
+        quarantines segments whose CRC does not match (:meth:`quarantine`)."""
         out: list[SealedSegment] = []
         names = {p.name for p in self.path.iterdir()}
         changed = False
@@ -382,14 +429,48 @@ class SegmentDir:
                     changed = True
                     continue
                 try:
-                    out.append(_from_json(p, json.loads(side.read_bytes())))
+                    seg = _from_json(p, json.loads(side.read_bytes()))
                 except (ValueError, KeyError, TypeError) as e:
                     log.error("segment %s has an unreadable sidecar (%s); quarantined", p, e)
                     p.rename(p.with_name(name + ".orphan"))
                     changed = True
+                    continue
+                if verify_crc and (why := verify(seg)) is not None:
+                    self.quarantine(seg, why, fsync=False)
+                    changed = True
+                    continue
+                out.append(seg)
         if changed:
             fsync_dir(self.path)
         return out
+
+    def quarantined(self) -> list[SealedSegment]:
+        """Every quarantined (corrupt) segment still in the directory, from its sidecar."""
+        out = []
+        for side in sorted(self.path.glob(f"*{CORRUPT_SUFFIX}{SIDECAR_SUFFIX}")):
+            seg_path = side.with_name(side.name[: -len(SIDECAR_SUFFIX)])
+            try:
+                out.append(_from_json(seg_path, json.loads(side.read_bytes()), check_size=False))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.error("quarantined segment %s: unreadable sidecar (%s)", side, e)
+        return out
+
+    def quarantine(self, seg: SealedSegment, why: str, *, fsync: bool = True) -> Path:
+        """Rename a corrupt segment ``<name>.corrupt`` and its sidecar ``<name>.corrupt.json``
+        (never uploaded, kept for inspection); returns the new path.  The segment is gone
+        from the stage's view; its sequences stay known through the sidecar."""
+        dest = seg.path.with_name(seg.path.name + CORRUPT_SUFFIX)
+        side_dest = dest.with_name(dest.name + SIDECAR_SUFFIX)
+        os.rename(seg.sidecar_path, side_dest)
+        os.rename(seg.path, dest)
+        if fsync:
+            fsync_dir(self.path)
+        log.error(
+            "sealed segment %s is corrupt (%s): quarantined as %s, never uploaded; its "
+            "sequences %s are LOST unless the WAL still held them (docs/failure-modes.md)",
+            seg.path, why, dest.name, list(seg.sequences),
+        )
+        return dest
 
     def delete(self, seg: SealedSegment, keep: bool = True) -> None:
         """Segment first (the commit point of a release), then its sidecar.  With
@@ -435,13 +516,14 @@ def _to_json(seg: SealedSegment) -> dict[str, Any]:
         "entry_count": seg.entry_count,
         "record_count": seg.record_count,
         "sealed_at_ms": seg.sealed_at_ms,
+        **({"crc32": seg.crc32} if seg.crc32 is not None else {}),
     }
 
 
-def _from_json(path: Path, d: dict[str, Any]) -> SealedSegment:
+def _from_json(path: Path, d: dict[str, Any], check_size: bool = True) -> SealedSegment:
     if d["version"] != SIDECAR_VERSION:
         raise ValueError(f"unknown sidecar version {d['version']}")
-    if path.stat().st_size != d["size"]:
+    if check_size and path.stat().st_size != d["size"]:
         raise ValueError(f"size {path.stat().st_size} != recorded {d['size']}")
     return SealedSegment(
         path, d["kind"], d["ulid"], int(d["size"]),
@@ -449,4 +531,5 @@ def _from_json(path: Path, d: dict[str, Any]) -> SealedSegment:
         d["wal_start"], d["wal_end"],
         tuple(MetadataItem(int(s), int(t), base64.b64decode(m)) for s, t, m in d["items"]),
         int(d["entry_count"]), int(d["record_count"]), int(d["sealed_at_ms"]),
+        int(d["crc32"]) if d.get("crc32") is not None else None,
     )

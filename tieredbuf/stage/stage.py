@@ -90,6 +90,9 @@ class StageStats:
     bytes_in: int = 0
     """Bytes accepted into the stage (the same estimate the caps use)."""
     segments_sealed: int = 0
+    segments_quarantined: int = 0
+    """Sealed segments found corrupt (CRC) and set aside: their records are lost unless
+    the WAL still held them (docs/failure-modes.md)."""
 
 
 class Stage:
@@ -157,10 +160,15 @@ class Stage:
     # --- recovery -------------------------------------------------------------------
 
     def _recover(self) -> None:
+        before = len(self._segments.quarantined())
         for seg in self._segments.load():
             self._add_sealed(seg)
+        bad = self._segments.quarantined()
+        self.stats.segments_quarantined += len(bad) - before
         covered = [r for s in self._sealed.values() for r in s.sequences]
-        next_seq = max((hi + 1 for _, hi in covered), default=0)
+        # a quarantined segment's sequences are never reused (they may be in the queue)
+        next_seq = max((hi + 1 for s in bad for _, hi in s.sequences), default=0)
+        next_seq = max(next_seq, max((hi + 1 for _, hi in covered), default=0))
         seq_path = self.path / SEQUENCE_NAME
         raw = read_if_exists(seq_path)
         if raw is not None:
@@ -571,6 +579,24 @@ class Stage:
         self._segments.delete(segment)
         with self._cond:
             self._cond.notify_all()
+
+    def quarantine(self, segment: SealedSegment, why: str) -> Path:
+        """``segment`` failed its CRC check: set it aside (never exported) and forget it,
+        as :meth:`release` does; returns where it went."""
+        with self._lock:
+            if not self._forget_sealed(segment):
+                raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
+        self._write_sequence(segment.last_sequence)
+        dest = self._segments.quarantine(segment, why)
+        self.stats.segments_quarantined += 1
+        with self._cond:
+            self._cond.notify_all()
+        return dest
+
+    def quarantined(self) -> list[SealedSegment]:
+        """Corrupt segments set aside in this stage (at open or before upload) and still on
+        disk: each is data loss an operator must look at."""
+        return self._segments.quarantined()
 
     def wal_sync_stats(self) -> tuple[int, int]:
         """(group-commit fdatasyncs, nanoseconds spent in them) of the WAL (metrics)."""
