@@ -37,10 +37,8 @@ def main() -> None:
         .option("endingTimestamp", args.end)
         .option("failOnDataLoss", "false")  # part of the range may be dequeued already
     )
-    if args.endpoint:
-        reader = reader.option("endpoint", args.endpoint).option(
-            "allow_http", args.endpoint.startswith("http://")
-        )
+    if args.endpoint:  # an http:// endpoint implies plain HTTP
+        reader = reader.option("endpoint", args.endpoint)
     df = reader.load(args.buffer)
     df.selectExpr(
         "CAST(value AS STRING) AS value", "sequence", "index", "ingestion_time",

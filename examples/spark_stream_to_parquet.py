@@ -39,10 +39,8 @@ def main() -> None:
         .option("consumer", args.consumer)
         .option("maxOffsetsPerTrigger", args.max_objects_per_trigger)
     )
-    if args.endpoint:
-        reader = reader.option("endpoint", args.endpoint).option(
-            "allow_http", args.endpoint.startswith("http://")
-        )
+    if args.endpoint:  # an http:// endpoint implies plain HTTP
+        reader = reader.option("endpoint", args.endpoint)
     records = reader.load(args.buffer).selectExpr(
         "CAST(value AS STRING) AS value", "metadata", "sequence", "index", "ingestion_time",
         "to_date(ingestion_time) AS day",
