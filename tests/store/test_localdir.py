@@ -3,6 +3,7 @@ content-hash etags, reserved names."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 from tieredbuf import errors
 from tieredbuf.store import IfMatch, LocalDirStore, open_store
+from tieredbuf.store._common import os_error
 from tieredbuf.store.localdir import LOCK_NAME, TEMP_MAX_AGE, TEMP_PREFIX
 
 
@@ -120,3 +122,22 @@ def test_threads_sharing_one_store_do_not_lose_cas_updates(tmp_path: Path) -> No
     for t in threads:
         t.join()
     assert s.get("n").data == b"200"
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (errno.EACCES, errors.AccessDeniedError),
+        (errno.EROFS, errors.AccessDeniedError),
+        (errno.ENOTDIR, errors.PermanentStoreError),
+        (errno.ENOSPC, errors.TransientStoreError),
+        (errno.EIO, errors.TransientStoreError),
+    ],
+)
+def test_local_os_errors_are_classified_permanent_or_transient(
+    code: int, expected: type[Exception]
+) -> None:
+    # run as root here, so permission bits cannot produce EACCES: the mapping is unit-tested
+    e = os_error(OSError(code, os.strerror(code)), "cannot write data/x")
+    assert isinstance(e, expected)
+    assert "cannot write data/x" in str(e)

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
-from tieredbuf.errors import InvalidKeyError
+import errno
+
+from tieredbuf.errors import (
+    AccessDeniedError,
+    InvalidKeyError,
+    PermanentStoreError,
+    StoreError,
+    TransientStoreError,
+)
+
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+_PERMANENT = {errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP}
+
+
+def os_error(e: OSError, what: str) -> StoreError:
+    """A local directory store's OSError on the error tree: permission and a read-only
+    filesystem are permanent (AccessDeniedError), a broken layout too; anything else
+    (a full disk, I/O errors) is transient."""
+    msg = f"{what}: {e}"
+    if e.errno in _DENIED:
+        return AccessDeniedError(msg)
+    if e.errno in _PERMANENT:
+        return PermanentStoreError(msg)
+    return TransientStoreError(msg)
 
 
 def check_key(key: str) -> str:

@@ -41,11 +41,12 @@ from tieredbuf.errors import (
     InvalidKeyError,
     ObjectNotFoundError,
     OutcomeUnknownError,
+    PermanentStoreError,
     PreconditionFailedError,
     StoreError,
 )
 from tieredbuf.fsutil import fsync_dir
-from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
+from tieredbuf.store._common import check_key, check_prefix, check_range, os_error, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 
 RESERVED_PREFIX = ".tieredbuf"
@@ -71,7 +72,7 @@ class LocalDirStore:
                 os.makedirs(self._root, exist_ok=True)
                 fsync_dir(os.path.dirname(self._root))
         except OSError as e:
-            raise StoreError(f"cannot create store directory {self._root}: {e}") from e
+            raise os_error(e, f"cannot create store directory {self._root}") from e
         self._tlock = threading.Lock()
         self._lock_fd = -1
         self._lock_pid = -1
@@ -106,7 +107,7 @@ class LocalDirStore:
                         os.path.join(self._root, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644
                     )
                 except OSError as e:
-                    raise StoreError(f"cannot open lock file in {self._root}: {e}") from e
+                    raise os_error(e, f"cannot open lock file in {self._root}") from e
                 self._lock_pid = os.getpid()
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
@@ -124,7 +125,7 @@ class LocalDirStore:
             os.mkdir(dirpath)
         except FileExistsError:
             if not os.path.isdir(dirpath):
-                raise StoreError(f"{dirpath} exists and is not a directory") from None
+                raise PermanentStoreError(f"{dirpath} exists and is not a directory") from None
             return
         fsync_dir(parent)
 
@@ -137,7 +138,7 @@ class LocalDirStore:
         except OSError as e:
             if e.errno in _NOT_FOUND_ERRNOS:
                 raise ObjectNotFoundError(key) from e
-            raise StoreError(f"cannot open {key}: {e}") from e
+            raise os_error(e, f"cannot open {key}") from e
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise ObjectNotFoundError(key)
@@ -149,7 +150,7 @@ class LocalDirStore:
             with os.fdopen(fd, "rb", closefd=False) as f:
                 data = f.read()
         except OSError as e:
-            raise StoreError(f"cannot read {key}: {e}") from e
+            raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
         return GetResult(data, lambda: _hasher(data).hexdigest())
@@ -160,7 +161,7 @@ class LocalDirStore:
         try:
             return os.pread(fd, end - start, start) if end > start else b""
         except OSError as e:
-            raise StoreError(f"cannot read {key}: {e}") from e
+            raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
 
@@ -173,7 +174,7 @@ class LocalDirStore:
             start = max(0, size - length)
             return os.pread(fd, size - start, start) if size > start else b""
         except OSError as e:
-            raise StoreError(f"cannot read {key}: {e}") from e
+            raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
 
@@ -191,7 +192,7 @@ class LocalDirStore:
             st = os.fstat(fd)
             etag = self._etag_fd(fd)
         except OSError as e:
-            raise StoreError(f"cannot read {key}: {e}") from e
+            raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
         return ObjectMeta(
@@ -215,7 +216,7 @@ class LocalDirStore:
         except NotADirectoryError:
             return
         except OSError as e:
-            raise StoreError(f"cannot list {dirpath}: {e}") from e
+            raise os_error(e, f"cannot list {dirpath}") from e
         now = time.time()
         for entry in entries:
             name = entry.name
@@ -277,7 +278,7 @@ class LocalDirStore:
         dirpath = os.path.dirname(path)
         with self._locked():
             if os.path.isdir(path):
-                raise StoreError(f"cannot write {key}: a key prefix of that name exists")
+                raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
             if mode == "create":
                 self._link_new(key, path, tmp)
                 _unlink_quietly(tmp)
@@ -331,7 +332,7 @@ class LocalDirStore:
         except (StoreError, ValueError):
             raise
         except OSError as e:
-            raise StoreError(f"cannot write {key}: {e}") from e
+            raise os_error(e, f"cannot write {key}") from e
         finally:
             if tmp:
                 _unlink_quietly(tmp)
@@ -359,13 +360,13 @@ class LocalDirStore:
                 except OSError as e:
                     if e.errno == errno.ENOTDIR:
                         continue
-                    failures.append((key, StoreError(f"cannot delete {key}: {e}")))
+                    failures.append((key, os_error(e, f"cannot delete {key}")))
             for d in dirs:
                 try:
                     fsync_dir(d)
                 except OSError as e:
                     failures.extend(
-                        (k, StoreError(f"cannot fsync {d} after deleting {k}: {e}"))
+                        (k, os_error(e, f"cannot fsync {d} after deleting {k}"))
                         for k, p in paths
                         if os.path.dirname(p) == d
                     )
