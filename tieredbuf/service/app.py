@@ -1,8 +1,9 @@
 """One worker's HTTP application (aiohttp): ingest, health, readiness, metrics.
 
     POST /v1/produce?durability=local|remote   body: ndjson | u32-prefixed records | Arrow stream
-    GET  /healthz      200 while the producer works (500 while a permanent store error stops
-                       its exports: bad credentials, access denied, missing bucket)
+    GET  /healthz      200 while the producer works; 500 with the reason while a permanent
+                       store error stops its exports (credentials, access, bucket) or a
+                       corrupt staged segment is quarantined
     GET  /readyz       200 while accepting writes; 503 while starting or draining
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
@@ -160,8 +161,9 @@ async def produce(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """500 with the reason while a permanent store error stops exports (writes are still
-    staged; REMOTE requests fail fast); 200 otherwise, naming a transient error being
-    retried."""
+    staged; REMOTE requests fail fast) or while a corrupt segment sits quarantined in the
+    stage (data loss an operator must see); 200 otherwise, naming a transient error
+    being retried."""
     state = request.app[STATE]
     p = state.producer
     if p is not None and p.exporter.error is not None:
