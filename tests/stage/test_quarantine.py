@@ -183,3 +183,29 @@ def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path) 
     assert [e.sequences for e in lost] == [seg.sequences]
     assert ex.stats.get("segments_quarantined") == 1
     assert list(store.list("data/")) == []
+
+
+def test_I7_the_service_reports_a_quarantined_segment_on_healthz_and_metrics(
+    tmp_path: Path,
+) -> None:
+    from tests.service.server import start_server
+    from tests.service.util import samples
+
+    worker_stage = tmp_path / "stage" / "worker-0"
+    st = Stage(worker_stage, None, CFG)  # the producer id the service will use
+    try:
+        st.append_records([b"doomed"]).result(10)
+        (seg,) = st.seal_all()
+    finally:
+        st.close()
+    _flip(seg.path)
+    srv = start_server(f"file://{tmp_path}/buf", tmp_path, workers=1)
+    try:
+        h = srv.request("GET", "/healthz")
+        assert h.status == 500 and "corrupt" in h.json()["error"], h.body
+        assert ".corrupt" in h.json()["error"]
+        m = samples(srv.metrics())
+        assert m["tieredbuf_stage_quarantined_segments"] == 1
+        assert m["tieredbuf_stage_segments_quarantined_total"] == 1
+    finally:
+        srv.terminate()
