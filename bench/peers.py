@@ -284,13 +284,14 @@ def parse_strace(path: Path) -> dict[str, int]:
     return counts
 
 
-def strace_case(spec: dict[str, Any], root: Path) -> dict[str, Any]:
-    """Sync calls for ``probe_n`` acknowledged writes, less those of a run of 0 writes."""
+def strace_case(spec: dict[str, Any], root: Path, level: str) -> dict[str, Any]:
+    """Sync calls for ``probe_n`` writes, each awaited to ``level`` one after another,
+    less those of a run of 0 writes (setup and close)."""
     runs = {}
     for n in (0, spec["probe_n"]):
         d = Path(tempfile.mkdtemp(prefix="strace-", dir=root))
         out = d / "strace.txt"
-        s = {**spec, "dir": str(d), "probe_n": n}
+        s = {**spec, "dir": str(d), "probe_n": n, "probe_level": level}
         if spec["system"] == "deltalake":
             run_workers(s, "setup", 1)
         run_workers(s, "probe", 1,
@@ -336,7 +337,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if args.strace and store == "local":
                     spec = case_spec(system, store, 1024, args, root, None)
                     print(f"[{key}] strace durability check ...", flush=True)
-                    results[key]["strace"] = strace_case(spec, root)
+                    results[key]["strace"] = {
+                        lv: strace_case(spec, root, lv) for lv in levels_of(system)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return results
@@ -404,9 +406,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         print()
         print(f"strace -f -e trace={SYNC_CALLS}: sync calls per acknowledged single-record "
               "write (N writes, less a run of 0), local store, 1 KiB")
-        for k, v in checked.items():
-            per = ", ".join(f"{c} {x:.2f}" for c, x in v["per_write"].items() if x) or "none"
-            print(f"  {k:28} N={v['writes']}: {per}")
+        for k, by_level in checked.items():
+            for lv, v in by_level.items():
+                per = ", ".join(f"{c} {x:.2f}" for c, x in v["per_write"].items() if x)
+                name = k if lv == "ack" else f"{k} {lv}"
+                print(f"  {name:34} N={v['writes']}: {per or 'none'}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
