@@ -20,6 +20,9 @@ The sides (``--systems``):
 * ``persist-queue``: its SQLiteQueue, local only; one commit per put().
 * ``slatedb``: ``db.write(WriteBatch)`` and ``await handle.await_durable()``,
   local (``file://``) and on moto; flush_interval = ``--remote-flush-ms``.
+* ``slatedb-memmove`` (diagnostic): the same, with the binding's byte-by-byte Python
+  copy of every value (UniFFI-generated, slatedb 0.17) replaced by one memmove: the
+  engine without that copy.  No released package behaves like this row.
 * ``deltalake``: ``write_deltalake(mode="append")`` from 1 and 4 writer processes
   (``deltalake-4w``), local and on moto.
 * ``tieredbuf-direct``: the stateless producer (REMOTE acks), flush_interval =
@@ -67,11 +70,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import moto_server, print_table, summarize, write_json
 
 MiB = 1 << 20
-SYSTEMS = ("persist-queue", "slatedb", "deltalake", "deltalake-4w", "tieredbuf-direct",
-           "tieredbuf-staged")
+SYSTEMS = ("persist-queue", "slatedb", "slatedb-memmove", "deltalake", "deltalake-4w",
+           "tieredbuf-direct", "tieredbuf-staged")
 STORES: dict[str, tuple[str, ...]] = {
     "persist-queue": ("local",),
     "slatedb": ("local", "moto"),
+    "slatedb-memmove": ("local", "moto"),
     "deltalake": ("local", "moto"),
     "deltalake-4w": ("local", "moto"),
     "tieredbuf-direct": ("local", "moto"),
@@ -130,7 +134,8 @@ CLASS_TITLE = {
 
 
 def adapter_name(system: str) -> str:
-    return "deltalake" if system == "deltalake-4w" else system
+    """The adapter and durability entry a side uses (variants share their system's)."""
+    return {"deltalake-4w": "deltalake", "slatedb-memmove": "slatedb"}.get(system, system)
 
 
 def levels_of(system: str) -> tuple[str, ...]:
@@ -244,6 +249,7 @@ def case_spec(system: str, store: str, size: int, args: argparse.Namespace, d: P
         "budget_bytes": args.budget_mib * MiB // procs, "rate": args.rate / procs,
         "warmup": args.warmup, "remote_flush_ms": args.remote_flush_ms,
         "verify": args.verify, "probe_n": args.probe_n, "procs": procs,
+        "slatedb_memmove": system == "slatedb-memmove",
     }
 
 
@@ -345,7 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             shutil.rmtree(d, ignore_errors=True)
                         r["loadavg_end"] = loadavg()
                         results[key]["sizes"][str(size)] = r
-                if args.strace and store == "local":
+                if args.strace and store == "local" and system != "slatedb-memmove":
                     spec = case_spec(system, store, 1024, args, root, None)
                     print(f"[{key}] strace durability check ...", flush=True)
                     results[key]["strace"] = {
