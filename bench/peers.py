@@ -380,6 +380,16 @@ def side_label(system: str, store: str, level: str) -> str:
     return f"{system}{lv} ({store})"
 
 
+def table(headers: list[str], rows: list[list[Any]], markdown: bool) -> None:
+    if not markdown:
+        print_table(headers, rows)
+        return
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     sizes = [str(s) for s in args.sizes]
     names = {"100": "100 B", "1024": "1 KiB", "65536": "64 KiB"}
@@ -397,7 +407,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             t = r[s]["throughput"]["levels"][lv]
             cells.append(f"{t['records_per_s']:,.0f} ({t['mib_per_s']:.1f})")
         rows.append([cls, side_label(system, store, lv), *cells])
-    print_table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows)
+    table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
     print(f"Ack latency: one record per call at {args.rate:g} calls/s for {args.seconds_lat:g} s "
           f"(first {args.warmup:g} s dropped); p50 / p99 ms [achieved calls/s when below "
@@ -413,7 +423,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                       if lat["achieved_rate"] < 0.95 * lat["target_rate"] else "")
             cells.append(f"{q['p50']:.1f} / {q['p99']:.1f}{behind}")
         rows.append([cls, side_label(system, store, lv), *cells])
-    print_table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows)
+    table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
     print("What an ack meant:")
     for cls, system, store, lv in row_keys(results):
@@ -457,6 +467,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="read every record back after each throughput case (slow)")
     p.add_argument("--tmpdir", help="parent of the local stores (default: $TMPDIR or /tmp)")
     p.add_argument("--out", default="peers", help="results file name under bench/results/")
+    p.add_argument("--render", metavar="JSON",
+                   help="print the report of a saved results file instead of running")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     a = p.parse_args(argv)
     a.systems = [s for s in a.systems.split(",") if s]
     a.stores = [s for s in a.stores.split(",") if s]
@@ -488,6 +501,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: deltalake's runtime aborts in it
     args = parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        for k, v in saved["config"].items():
+            if k not in ("render", "markdown"):
+                setattr(args, k, v)
+        report(saved["results"], args)
+        print(f"\nload average: start {saved['loadavg']['start']}, end "
+              f"{saved['loadavg']['end']}; {saved['machine']}")
+        return 0
     started = time.monotonic()
     load_start = loadavg()
     print(f"load average {load_start}; {os.cpu_count()} cpus", flush=True)
