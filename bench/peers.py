@@ -105,14 +105,16 @@ DURABILITY: dict[tuple[str, str, str], tuple[str, str]] = {
         "the commit JSON is linked into _delta_log (write + link/rename): no fsync"),
     ("deltalake", "moto", "ack"): (
         REMOTE, "write_deltalake() returns after the Parquet PUT and the commit JSON "
-        "PUT (If-None-Match, retried on a version conflict)"),
+        "written put-if-absent (delta-rs 1.x: conditional PUT, no lock provider; retried "
+        "on a version conflict)"),
     ("tieredbuf-direct", "local", "ack"): (
         LOCAL_FSYNC, "REMOTE on the local-directory store: the data object and the "
         "manifest are each written to a temp file, fsynced, renamed into place and the "
         "directory fsynced before the ack (batched every flush_interval)"),
     ("tieredbuf-direct", "moto", "ack"): (
-        REMOTE, "REMOTE: data object PUT (If-None-Match) and manifest CAS (If-Match) "
-        "returned 200 (batched every flush_interval)"),
+        REMOTE, "REMOTE: data object PUT (If-None-Match), then the manifest read (GET) "
+        "and replaced by CAS (If-Match): three requests in sequence per flush "
+        "(flush_interval after the batch's first record)"),
     ("tieredbuf-staged", "local", "LOCAL"): (
         LOCAL_FSYNC, "LOCAL: the WAL fdatasync covering the write returned (group "
         "commit every 25 ms); the exporter to the same disk runs meanwhile"),
