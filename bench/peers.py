@@ -377,9 +377,13 @@ def row_keys(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return sorted(rows, key=lambda k: order[k[0]])
 
 
+CLASS_LABEL = {LOCAL_FSYNC: "local, fsync", LOCAL_CACHE: "local, page cache", REMOTE: "remote"}
+
+
 def side_label(system: str, store: str, level: str) -> str:
     lv = "" if level == "ack" else f" {level}"
-    return f"{system}{lv} ({store})"
+    diag = ", diagnostic" if system == "slatedb-memmove" else ""
+    return f"{system}{lv} ({store}){diag}"
 
 
 def table(headers: list[str], rows: list[list[Any]], markdown: bool) -> None:
@@ -408,7 +412,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         for s in sizes:
             t = r[s]["throughput"]["levels"][lv]
             cells.append(f"{t['records_per_s']:,.0f} ({t['mib_per_s']:.1f})")
-        rows.append([cls, side_label(system, store, lv), *cells])
+        rows.append([CLASS_LABEL[cls], side_label(system, store, lv), *cells])
     table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
     print(f"Ack latency: one record per call at {args.rate:g} calls/s for {args.seconds_lat:g} s "
@@ -424,7 +428,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             behind = (f" [{lat['achieved_rate']:.0f}/s]"
                       if lat["achieved_rate"] < 0.95 * lat["target_rate"] else "")
             cells.append(f"{q['p50']:.1f} / {q['p99']:.1f}{behind}")
-        rows.append([cls, side_label(system, store, lv), *cells])
+        rows.append([CLASS_LABEL[cls], side_label(system, store, lv), *cells])
     table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
     print("What an ack meant:")
