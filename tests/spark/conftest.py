@@ -68,10 +68,3 @@ def spark_options(store: dict[str, Any]) -> dict[str, str]:
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    # pyspark warns at import that it does not fully support pandas 3; warnings are
-    # errors in this project, and this one is not ours.
-    config.addinivalue_line(
-        "filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning"
-    )

@@ -121,3 +121,13 @@ def test_large_objects_are_sliced_small_ones_are_not(monkeypatch: pytest.MonkeyP
     parts = list(ta.records_batches(encode_batch(records), ref, ta.records_schema()))
     assert len(parts) > 1 and all(p.nbytes <= 2 * 4096 for p in parts)
     assert [v for p in parts for v in p.column("value").to_pylist()] == records
+
+
+def test_pandas_is_a_version_pyspark_supports() -> None:
+    """pyspark 4.3 supports pandas 2.x (it warns 'does not yet fully support' on 3.x, and
+    warnings are errors here): the spark extra pins pandas<3."""
+    import pandas
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    require_minimum_pandas_version()
+    assert int(pandas.__version__.split(".")[0]) < 3
