@@ -7,10 +7,12 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+import tieredbuf
 from tieredbuf.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 
 
@@ -42,7 +44,16 @@ def test_produce_consume_inspect_gc_round_trip(tmp_path: Path) -> None:
     assert code == EXIT_OK
     assert text.splitlines() == [f"line {i}" for i in range(25)]
     assert json.loads(_run("inspect", url, "--json")[1])["depth"] == 0
+    # a shorter --grace than the buffer's is not honoured: nothing is deleted yet
     code, text = _run("gc", url, "--grace", "0s", "--json")
+    report = json.loads(text)
+    assert code == EXIT_OK and report["deleted"] == 0 and report["grace_override_ignored"]
+    assert report["grace_ms"] == 600_000
+    # shortening the buffer's own grace period (in its root) is what lets GC delete sooner
+    assert _run("grace", url, "0s")[0] == EXIT_USAGE  # under 2 x link deadline: refused
+    code, text = _run("grace", url, "0s", "--force")
+    assert code == EXIT_OK and text.strip() == "0:00:00"
+    code, text = _run("gc", url, "--json")
     assert code == EXIT_OK and json.loads(text)["deleted"] == info["stored_objects"]
 
 
@@ -129,9 +140,10 @@ def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> 
     src.write_text("a\nb\nc\n")
     _run("produce", url, str(src), "--batch", "1", "--flush-interval", "1ms")
     _run("consume", url)  # all acked and dequeued: the objects are garbage
+    tieredbuf.open(url).set_gc_grace_period(timedelta(0), force=True)
     results: list[tuple[int, str]] = []
     threads = [threading.Thread(target=lambda: results.append(
-        _run("gc", url, "--grace", "0s", "--json"))) for _ in range(3)]
+        _run("gc", url, "--json"))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -140,7 +152,7 @@ def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> 
     deleted = {k for _, text in results for k in json.loads(text)["deleted_keys"]}
     assert deleted and not list((tmp_path / "b" / "data").iterdir())
     prom = tmp_path / "gc.prom"
-    code, text = _run("gc", url, "--grace", "0s", "--json", "--metrics-file", str(prom))
+    code, text = _run("gc", url, "--json", "--metrics-file", str(prom))
     assert code == EXIT_OK and json.loads(text)["deleted"] == 0
     body = prom.read_text()
     assert "tieredbuf_gc_runs_total 1.0" in body

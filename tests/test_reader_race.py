@@ -40,6 +40,9 @@ def _race(url: str, n: int, m: int) -> None:
     def writer() -> None:
         try:
             epoch = writer_q.initialize("c")
+            # GC runs with the buffer's grace period: 0 here (no write of ours is in
+            # flight when it runs)
+            writer_q.set_gc_grace_period(timedelta(0), force=True)
             for i in range(n):
                 with cond:  # keep the reader within `window` of the tail (retention keeps 120)
                     assert cond.wait_for(lambda i=i: i - state["read"] < window, timeout=30)
@@ -51,8 +54,7 @@ def _race(url: str, n: int, m: int) -> None:
                 if i % 7 == 6:
                     writer_q.dequeue(i, epoch)
                 if i % 50 == 49:  # no write of ours is in flight: grace 0 is safe here
-                    gc.run_once(_Buf(store, writer_q), grace=timedelta(0),
-                                now_ms=2**40)
+                    gc.run_once(_Buf(store, writer_q), now_ms=2**40)
         except BaseException as e:
             errors.append(e)
             with cond:

@@ -112,6 +112,22 @@ class Buffer:
         """
         return self.queue.set_retention(max_age, max_bytes)
 
+    def set_gc_grace_period(self, grace: timedelta, *, force: bool = False) -> timedelta:
+        """Store the buffer's GC grace period in the root (one CAS; 10 minutes until set).
+
+        GC and every writer read it from the root, so they cannot disagree: GC keeps an
+        unreferenced object younger than it, a writer re-uploads (or copies) an object
+        older than half of it before enqueueing it.  Values under twice the tree's
+        ``link_deadline`` (4 minutes by default) are refused unless ``force``.
+        """
+        return self.queue.set_gc_grace_period(grace, force=force)
+
+    @property
+    def gc_grace_period(self) -> timedelta | None:
+        """The root's GC grace period (one read; None: the root records none yet)."""
+        ms = self.snapshot().gc_grace_ms
+        return None if ms is None else timedelta(milliseconds=ms)
+
     @property
     def retention(self) -> RetentionPolicy | None:
         """The root's retention policy (one read; None: never set, no retention)."""

@@ -4,7 +4,8 @@
     tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE)
     tieredbuf consume URL [--out DIR]    print records (or write one file per batch), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
-    tieredbuf gc URL [--grace 10m] [--dry-run] [--json]
+    tieredbuf gc URL [--grace 1h] [--dry-run] [--json]   (grace: the buffer's unless longer)
+    tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
@@ -224,6 +225,8 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
         "tree_levels": 1 + (max(r.level for r in root.refs) + 1 if root.refs else 0),
         "tree": levels,
         "producer_watermarks": len(snap.view.watermarks),
+        "buffer_id": snap.buffer_id,
+        "gc_grace_s": None if snap.gc_grace_ms is None else snap.gc_grace_ms / 1000,
         "oldest_age_s": None if oldest is None else round((now_ms - oldest) / 1000, 3),
     }
     if verify:
@@ -322,6 +325,18 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
             f"groups deleted {report.groups_deleted}\n"
         )
     return EXIT_PARTIAL if report.failed else EXIT_OK
+
+
+def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
+    """Show the buffer's GC grace period (root section 6), or set it (one CAS)."""
+    buf = _open(args)
+    if not buf.exists():
+        raise tieredbuf.BufferNotFoundError(buf.url)
+    if args.duration is not None:
+        buf.set_gc_grace_period(args.duration, force=args.force)
+    grace = buf.gc_grace_period
+    out.write(f"{'unset (GC uses --grace or 10m)' if grace is None else grace}\n")
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -499,13 +514,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
     g.add_argument("url")
-    g.add_argument("--grace", type=parse_duration, default=timedelta(minutes=10))
+    g.add_argument("--grace", type=parse_duration, default=None,
+                   help="the buffer's grace period (root) unless longer; shorten it with "
+                        "`tieredbuf grace URL DURATION`")
     g.add_argument("--dry-run", action="store_true")
     g.add_argument("--json", action="store_true")
     g.add_argument("--metrics-file", help="write Prometheus metrics here (node_exporter textfile)")
     g.add_argument("--pushgateway", help="push Prometheus metrics to this Pushgateway address")
     _store_args(g)
     g.set_defaults(fn=cmd_gc)
+
+    gr = sub.add_parser("grace", help="show or set the buffer's GC grace period (in its root)")
+    gr.add_argument("url")
+    gr.add_argument("duration", nargs="?", type=parse_duration)
+    gr.add_argument("--force", action="store_true",
+                    help="allow a grace under twice the tree's link deadline (4m)")
+    _store_args(gr)
+    gr.set_defaults(fn=cmd_grace)
 
     dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
     dr.add_argument("stage_dir")

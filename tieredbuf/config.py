@@ -23,6 +23,11 @@ class Compression(IntEnum):
     ZSTD = 1
 
 
+DEFAULT_GC_GRACE_PERIOD = timedelta(minutes=10)
+"""The GC grace period a buffer gets when its root's buffer section is first written
+(``Buffer.set_gc_grace_period`` changes it), and the fallback for a root without one."""
+
+
 def _positive(name: str, value: int | float) -> None:
     if value <= 0:
         raise ConfigError(f"{name} must be > 0, got {value!r}")
@@ -66,9 +71,11 @@ class ProducerConfig:
     """Bytes buffered (not yet durable) before produce() blocks (backpressure)."""
     batch_compression: Compression = Compression.NONE
     """Compression of the data batch record block."""
-    gc_grace_period: timedelta = timedelta(minutes=10)
-    """Must equal GC's grace period: an object older than half of it is re-uploaded
-    under a new ULID before it is enqueued, so GC can never have deleted it."""
+    gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD
+    """Used only with a root that has no buffer section (written by an older tieredbuf):
+    otherwise the root's grace period (``Buffer.set_gc_grace_period``) applies.  An
+    object older than half the grace period is re-uploaded under a new ULID before it
+    is enqueued, so GC can never have deleted it."""
     retry: RetryConfig = field(default_factory=RetryConfig)
     watermark_ttl: timedelta = timedelta(days=1)
     """How long the manifest remembers this producer's append watermark (I2)."""
@@ -110,7 +117,8 @@ class GcConfig:
     """Garbage collector settings (RFC 0001)."""
 
     gc_interval: timedelta = timedelta(minutes=5)
-    gc_grace_period: timedelta = timedelta(minutes=10)
+    gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD
+    """Used only with a root that has no buffer section; otherwise the root's applies."""
     delete_batch: int = 1000
 
     def __post_init__(self) -> None:

@@ -180,6 +180,24 @@ class BufferNotFoundError(TieredBufError):
         self.url = url
 
 
+class ProducerIdReusedError(TieredBufError):
+    """An append's producer id already has a watermark past (or inside) this append's
+    numbers that this append did not write: another writer uses the same producer id.
+
+    Raised only by appends that ask for it (``ManifestQueue.append(strict=True)``: the
+    Spark sink); treating the numbers as already appended would silently drop the data."""
+
+    def __init__(self, producer_id: str, recorded: int, attempted: int,
+                 message: str | None = None) -> None:
+        super().__init__(message or (
+            f"producer id {producer_id!r} has already appended up to number {recorded}; "
+            f"this append ends at {attempted} and did not land before: another writer "
+            "uses the same producer id"))
+        self.producer_id = producer_id
+        self.recorded = recorded
+        self.attempted = attempted
+
+
 class EnqueueTimeoutError(TieredBufError):
     """An append kept failing past the point where its object could be reclaimed by GC."""
 

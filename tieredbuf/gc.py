@@ -5,7 +5,9 @@ A data object is deleted only if all hold:
 * it is not referenced by the current manifest snapshot;
 * its ULID time is older than the oldest referenced object's ULID time (so an
   object uploaded but not yet enqueued is kept) -- skipped when the queue is empty;
-* its ULID time is older than the grace period;
+* its ULID time is older than the grace period -- the buffer's (root section 6, the
+  one every writer reads); an explicit ``grace`` is honoured only when it is longer,
+  so GC never uses a shorter grace than writers assume;
 * its key matches ``data/<ULID>.batch|.qseg`` (anything else is left alone).
 
 "Referenced" means reachable from the current root: the GC walks the whole
@@ -51,6 +53,10 @@ class GcReport:
     groups_deleted: int = 0
     kept_young: int = 0
     kept_newer_than_oldest: int = 0
+    grace_ms: int = 0
+    """The grace period this pass used."""
+    grace_override_ignored: bool = False
+    """An explicit grace shorter than the buffer's was asked for (the buffer's was used)."""
     dry_run: bool = False
     deleted_keys: list[str] = field(default_factory=list)
 
@@ -116,9 +122,9 @@ def select_group_garbage(
     return out
 
 
-def reachable(buf: Any) -> tuple[list[str], set[str]]:
+def reachable(buf: Any, snap: Any = None) -> tuple[list[str], set[str]]:
     """(data locations of every linked entry in order, keys of every linked tree node)."""
-    snap = buf.snapshot()
+    snap = buf.snapshot() if snap is None else snap
     nodes = NodeStore(buf.store, cache_nodes=4)
     seen: set[str] = set()
 
@@ -129,6 +135,23 @@ def reachable(buf: Any) -> tuple[list[str], set[str]]:
     locations = [e.location for e in tree.iter_from(snap.root, snap.root.linked_first, load)]
     _walk_refs(snap.root.refs, load)
     return locations, seen
+
+
+def effective_grace(root_ms: int | None, asked: timedelta | None, cfg: GcConfig,
+                    report: GcReport) -> timedelta:
+    """The grace period a pass uses: the root's, or a longer explicit one (see run_once)."""
+    if root_ms is None:
+        grace = cfg.gc_grace_period if asked is None else asked
+    else:
+        grace = timedelta(milliseconds=root_ms)
+        if asked is not None and asked > grace:
+            grace = asked
+        elif asked is not None and asked < grace:
+            report.grace_override_ignored = True
+            log.warning("gc: grace %s is shorter than the buffer's %s; using the buffer's "
+                        "(Buffer.set_gc_grace_period changes it)", asked, grace)
+    report.grace_ms = grace // timedelta(milliseconds=1)
+    return grace
 
 
 def _walk_refs(refs: tuple[ft.Ref, ...] | list[ft.Ref], load: Any) -> None:
@@ -162,14 +185,24 @@ def run_once(
     config: GcConfig | None = None,
     now_ms: int | None = None,
 ) -> GcReport:
-    """One GC pass over ``buf`` (a :class:`tieredbuf.Buffer`)."""
+    """One GC pass over ``buf`` (a :class:`tieredbuf.Buffer`).
+
+    The grace period is the buffer's (its root's section 6, which writers read too).
+    ``grace`` overrides it only when longer: a shorter one is ignored (logged, and
+    ``report.grace_override_ignored``), since writers re-upload only objects older
+    than half the *buffer's* grace and a shorter GC grace could delete an object a
+    writer is about to enqueue.  To shorten it, set the buffer's
+    (``Buffer.set_gc_grace_period``).  A root without the section (written only by an
+    older tieredbuf) uses ``grace``, else ``config.gc_grace_period``, as before.
+    """
     cfg = config or GcConfig()
-    grace = cfg.gc_grace_period if grace is None else grace
     report = GcReport(dry_run=dry_run)
     # Snapshot (and walk) first, list second: an object enqueued after the snapshot
     # was uploaded before it, and is protected by the oldest-entry and grace rules; a
     # group linked after it is younger than the writers' link deadline (< grace).
-    locations, linked_nodes = reachable(buf)
+    snap = buf.snapshot()
+    grace = effective_grace(snap.gc_grace_ms, grace, cfg, report)
+    locations, linked_nodes = reachable(buf, snap)
     referenced = set(locations)
     oldest: int | None = None
     for loc in locations[:1]:

@@ -28,7 +28,7 @@ from tieredbuf.config import RetryConfig
 from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, stop_on
-from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,13 @@ class Publisher:
         self.stats.incr("bytes_uploaded", len(p.body))
         self.stats.incr("upload_ns", time.perf_counter_ns() - started)
 
-    def _check_fresh(self, group: Sequence[Pending]) -> None:
+    def _check_fresh(self, group: Sequence[Pending], snap: Snapshot) -> None:
+        # the root's grace period when it records one (GC reads the same), else our config
+        root_grace = snap.gc_grace_ms
+        max_age = self.max_age_ms if root_grace is None else root_grace // 2
         now = self.clock_ms()
         stale = [
-            p for p in group if p.ulid is not None and now - p.ulid.milliseconds > self.max_age_ms
+            p for p in group if p.ulid is not None and now - p.ulid.milliseconds > max_age
         ]
         if stale:
             raise _Stale(stale)
@@ -164,7 +167,8 @@ class Publisher:
                 with stop_on(self.stop):
                     return self.queue.append(
                         entries, self.producer_id, group[-1].producer_seq,
-                        before_write=lambda: self._check_fresh(group), producer_seqs=seqs,
+                        before_write=lambda snap: self._check_fresh(group, snap),
+                        producer_seqs=seqs,
                     )
             except _Stale as s:
                 for p in s.stale:

@@ -132,3 +132,27 @@ def test_I7_mutated_manifests_decode_or_raise_corrupt(cut: int, flip: int, bit: 
         list(m.iter_entries(m.open_manifest(bytes(data), obj="q")))
     except CorruptError as e:
         assert e.obj == "q"
+
+
+def test_golden_buffer_section_layout_and_checks() -> None:
+    """Section 6: buffer id (16 bytes), created_ms i64, gc_grace_ms u64; exactly 32 bytes."""
+    bid = bytes(range(16))
+    info = m.BufferInfo(bid, 1_800_000_000_000, 600_000)
+    raw = m.encode_manifest(b"", m.Footer(0, 0, 0, 2), {}, None, buffer=info)
+    body = bid + struct.pack("<qQ", 1_800_000_000_000, 600_000)
+    sections = struct.pack("<HI", 6, 32) + body
+    assert raw == sections + struct.pack("<I", len(sections)) + b"TBX2" + struct.pack(
+        "<IQQH", 0, 0, 0, 2)
+    assert m.open_manifest(raw).buffer == info
+    for bad in (body[:31], body + b"\x00"):  # short, or a trailing byte
+        s = struct.pack("<HI", 6, len(bad)) + bad
+        with pytest.raises(CorruptError):
+            m.open_manifest(s + struct.pack("<I", len(s)) + b"TBX2"
+                            + struct.pack("<IQQH", 0, 0, 0, 2))
+    huge = bid + struct.pack("<qQ", 0, 1 << 63)
+    s = struct.pack("<HI", 6, 32) + huge
+    with pytest.raises(CorruptError, match="gc_grace_ms"):
+        m.open_manifest(s + struct.pack("<I", len(s)) + b"TBX2" + struct.pack("<IQQH", 0, 0, 0, 2))
+    # the flat (RFC-style) helpers refuse a root with the section: they would drop it
+    with pytest.raises(ValueError, match="tree root"):
+        m.append(m.open_manifest(raw), [], {})

@@ -18,7 +18,9 @@ puts an extension block between them::
 Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner,
 3 = tree (head, first retained sequence, group references; see format/tree.py),
 4 = entry stats (object size and ingestion time per root entry), 5 = retention policy
-(authoritative for every writer; absent = never set, i.e. no retention).
+(authoritative for every writer; absent = never set, i.e. no retention), 6 = buffer
+(identity, creation time and GC grace period; added by the first write that finds it
+missing, then kept as found by every writer).
 Unknown tags are refused (they carry semantics a writer would drop).  Appending
 never decodes existing entries: the entry region is copied as bytes.
 See docs/format.md.
@@ -43,13 +45,15 @@ TAG_OWNER = 2
 TAG_TREE = 3
 TAG_STATS = 4
 TAG_RETENTION = 5
-KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION)
+TAG_BUFFER = 6
+KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION, TAG_BUFFER)
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
 _SECTION = struct.Struct("<HI")
 _WATERMARK = struct.Struct("<QQq")
 _RETENTION = struct.Struct("<BQQ")
+_BUFFER = struct.Struct("<16sqQ")
 RETAIN_AGE = 0x01
 RETAIN_BYTES = 0x02
 MAX_LOCATION = 0xFFFF
@@ -142,6 +146,45 @@ def decode_retention(body: Reader) -> RetentionPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class BufferInfo:
+    """Section 6: who this buffer is and the grace period GC and every writer use.
+
+    ``buffer_id`` (a binary ULID) is made once, by the write that creates the root or
+    first finds the section missing; a buffer deleted and created again gets a new
+    one, so a reader holding an old position can tell (a Spark checkpoint, a stage).
+    ``gc_grace_ms`` is the buffer's GC grace period: GC never deletes an unreferenced
+    object younger than it, and writers re-upload (copy) any object older than half of
+    it before enqueueing it, so the two can never disagree.
+    """
+
+    buffer_id: bytes
+    created_ms: int
+    gc_grace_ms: int
+
+    def __post_init__(self) -> None:
+        if len(self.buffer_id) != 16:
+            raise ValueError(f"buffer id must be 16 bytes, got {len(self.buffer_id)}")
+        if not -(1 << 63) <= self.created_ms < 1 << 63:
+            raise ValueError(f"created_ms out of range: {self.created_ms}")
+        if not 0 <= self.gc_grace_ms < 1 << 63:
+            raise ValueError(f"gc_grace_ms must be in [0, 2**63), got {self.gc_grace_ms}")
+
+
+def encode_buffer(b: BufferInfo) -> bytes:
+    return _BUFFER.pack(b.buffer_id, b.created_ms, b.gc_grace_ms)
+
+
+def decode_buffer(body: Reader) -> BufferInfo:
+    at = body.pos
+    body.need(_BUFFER.size, "buffer section")
+    bid, created, grace = _BUFFER.unpack_from(body.buf, body.pos)
+    body.pos += _BUFFER.size
+    if grace >= 1 << 63:
+        raise body.fail(f"bad gc_grace_ms {grace}", at)
+    return BufferInfo(bytes(bid), created, grace)
+
+
+@dataclass(frozen=True, slots=True)
 class Footer:
     entry_count: int
     next_sequence: int
@@ -169,6 +212,8 @@ class ManifestView:
     """Raw body of section 4 (decoded by :mod:`tieredbuf.format.tree`)."""
     retention: RetentionPolicy | None = None
     """Section 5; None when the root has never had a retention policy."""
+    buffer: BufferInfo | None = None
+    """Section 6; None in a root no writer of this version has written yet."""
 
     @property
     def entries_bytes(self) -> memoryview:
@@ -210,6 +255,7 @@ def _encode_ext(
     tree: bytes | None = None,
     stats: bytes | None = None,
     retention: RetentionPolicy | None = None,
+    buffer: BufferInfo | None = None,
 ) -> bytes:
     sections: list[bytes] = []
     if watermarks:
@@ -226,7 +272,9 @@ def _encode_ext(
         o = owner.encode("utf-8")
         sections.append(_SECTION.pack(TAG_OWNER, len(o)) + o)
     ret = None if retention is None else encode_retention(retention)
-    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret)):
+    buf = None if buffer is None else encode_buffer(buffer)
+    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret),
+                       (TAG_BUFFER, buf)):
         if body_ is not None:
             sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
@@ -241,6 +289,7 @@ class _Ext:
     tree: bytes | None = None
     stats: bytes | None = None
     retention: RetentionPolicy | None = None
+    buffer: BufferInfo | None = None
 
 
 def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
@@ -286,6 +335,8 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
             ext.stats = bytes(body.take(n, "stats section"))
         elif tag == TAG_RETENTION:
             ext.retention = decode_retention(body)
+        elif tag == TAG_BUFFER:
+            ext.buffer = decode_buffer(body)
         else:
             raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
         if body.remaining():
@@ -310,7 +361,7 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
         return ManifestView(raw, footer, ext_end, obj=obj)
     x = _parse_ext(memoryview(raw), ext_end, obj)
     return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats,
-                        x.retention)
+                        x.retention, x.buffer)
 
 
 def empty_manifest() -> ManifestView:
@@ -372,15 +423,17 @@ def encode_manifest(
     tree: bytes | None = None,
     stats: bytes | None = None,
     retention: RetentionPolicy | None = None,
+    buffer: BufferInfo | None = None,
 ) -> bytes:
     """Assemble a v2 manifest from an entry region and its metadata."""
     f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
-    ext = _encode_ext(watermarks, owner, tree, stats, retention)
+    ext = _encode_ext(watermarks, owner, tree, stats, retention, buffer)
     return b"".join((entries_region, ext, encode_footer(f)))
 
 
 def _flat_only(view: ManifestView) -> None:
-    if view.tree is not None or view.stats is not None or view.retention is not None:
+    if (view.tree is not None or view.stats is not None or view.retention is not None
+            or view.buffer is not None):
         raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
@@ -406,7 +459,7 @@ def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     f = view.footer
     return encode_manifest(
         view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
-        view.watermarks, owner, view.tree, view.stats, view.retention,
+        view.watermarks, owner, view.tree, view.stats, view.retention, view.buffer,
     )
 
 

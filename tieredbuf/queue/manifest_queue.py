@@ -24,12 +24,18 @@ changes it by CAS; a writer whose ``TreeConfig`` sets retention seeds the root's
 policy in its first write *only when the root has never had one*; a root policy
 that disagrees with a writer's config wins (the writer logs it and counts
 ``retention_config_ignored``).
+
+So is the buffer section (6: buffer id, creation time, GC grace period): the first
+write that finds it missing adds it (a fresh ULID, the default grace period), every
+later write keeps it as found, and only :meth:`ManifestQueue.set_gc_grace_period`
+changes the grace period.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -38,14 +44,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
-from tieredbuf.config import RetryConfig, TreeConfig
+from ulid import ULID
+
+from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig, TreeConfig
 from tieredbuf.errors import (
+    BufferNotFoundError,
     ConfigError,
     ConflictError,
     FencedError,
     ObjectNotFoundError,
     OutcomeUnknownError,
     PermanentStoreError,
+    ProducerIdReusedError,
     StoreError,
     TieredBufError,
 )
@@ -106,6 +116,28 @@ class Snapshot:
     def retention(self) -> fm.RetentionPolicy | None:
         """The root's retention policy (None: never set, no retention)."""
         return self.root.retention
+
+    @property
+    def exists(self) -> bool:
+        """False when there is no root at all (nothing was ever written here)."""
+        return self.etag is not None
+
+    @property
+    def buffer(self) -> fm.BufferInfo | None:
+        """Section 6 (None: no writer of this version has written the root yet)."""
+        return self.root.buffer
+
+    @property
+    def buffer_id(self) -> str | None:
+        """The buffer's id as a ULID string (None: not recorded yet)."""
+        b = self.root.buffer
+        return None if b is None else str(ULID.from_bytes(b.buffer_id))
+
+    @property
+    def gc_grace_ms(self) -> int | None:
+        """The buffer's GC grace period in ms (None: the root does not record one)."""
+        b = self.root.buffer
+        return None if b is None else b.gc_grace_ms
 
     def entries(self) -> list[fm.ManifestEntry]:
         """The queued entries (head .. tail), in order; reads group objects as needed."""
@@ -244,8 +276,10 @@ class ManifestQueue:
         producer_id: str,
         last_producer_seq: int,
         *,
-        before_write: Callable[[], None] | None = None,
+        before_write: Callable[[Snapshot], None] | None = None,
         producer_seqs: Sequence[int] | None = None,
+        create: bool = True,
+        strict: bool = False,
     ) -> list[int | None]:
         """Append ``new`` exactly once; returns the sequence given to each entry.
 
@@ -254,8 +288,14 @@ class ManifestQueue:
         1 + i``.  Entries whose number the manifest's watermark already covers landed
         earlier (a retry after an unknown outcome, or a restart) and are not appended
         again; their sequence is known when the whole group landed together, else
-        ``None``.  ``before_write`` runs before every write and may raise to abort (GC
-        grace race).
+        ``None``.  ``before_write`` runs before every write, with the snapshot the write
+        will CAS against, and may raise to abort (GC grace race: the snapshot carries
+        the buffer's grace period).  ``create=False``: raise BufferNotFoundError instead
+        of creating a buffer where none exists.  ``strict=True``: only this very group
+        can have covered its numbers -- a watermark that covers some of them without
+        ending exactly at ``last_producer_seq``, or that is past it, belongs to another
+        writer using the same producer id, and ProducerIdReusedError is raised instead
+        of skipping the entries as already appended.
         """
         n = len(new)
         if n == 0:
@@ -264,9 +304,13 @@ class ManifestQueue:
         attempt = 0
         while True:
             snap = self._read_retrying(attempt)
+            if not create and not snap.exists:
+                raise BufferNotFoundError(self.store.url)
             view = snap.view
             wm = view.watermarks.get(producer_id)
             done = 0 if wm is None else bisect.bisect_right(pseqs, wm.producer_seq)
+            if strict and wm is not None and done and wm.producer_seq != pseqs[-1]:
+                raise ProducerIdReusedError(producer_id, wm.producer_seq, pseqs[-1])
             if done == n:
                 assert wm is not None
                 if attempt:
@@ -276,7 +320,7 @@ class ManifestQueue:
                     return list(range(last - n + 1, last + 1))
                 return self._landed(snap, new, pseqs, wm)
             if before_write is not None:
-                before_write()
+                before_write(snap)
             todo = new[done:]
             now = self.clock_ms()
             wms = fm.prune_watermarks(view.watermarks, now, self.watermark_ttl_ms, WATERMARK_CAP)
@@ -316,15 +360,19 @@ class ManifestQueue:
 
     # --- consumer operations ---------------------------------------------------
 
-    def initialize(self, owner: str) -> int:
+    def initialize(self, owner: str, *, create: bool = True) -> int:
         """Bump the epoch (fencing every older consumer); returns the new epoch.
 
         ``owner`` must be unique to this call: it is how a retry recognises its own bump.
+        ``create=False``: raise BufferNotFoundError where no buffer exists, instead of
+        creating one.
         """
         attempt = 0
         target: int | None = None
         while True:
             snap = self._read_retrying(attempt)
+            if not create and not snap.exists:
+                raise BufferNotFoundError(self.store.url)
             if target is not None and snap.view.owner == owner and snap.footer.epoch == target:
                 return target
             target = snap.footer.epoch + 1
@@ -388,19 +436,58 @@ class ManifestQueue:
             snap = self._read_retrying(attempt)
             if snap.root.retention == want:
                 return want
-            draft = snap.root.copy()
+            draft = self._draft(snap)
             draft.retention = want
             if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
                 self.stats.incr("retention_sets")
                 return want
             attempt += 1
 
+    def set_gc_grace_period(self, grace: timedelta, *, force: bool = False) -> timedelta:
+        """Store the buffer's GC grace period in the root (one CAS; idempotent).
+
+        GC never deletes an unreferenced object younger than it and writers re-upload any
+        object older than half of it before enqueueing it; both read it from the root, so
+        they cannot disagree.  A grace shorter than twice the tree's ``link_deadline``
+        would let GC delete a group node a writer is about to link: refused unless
+        ``force`` (tests, or a buffer with no concurrent writers).
+        """
+        if not isinstance(grace, timedelta) or grace < timedelta(0):
+            raise ConfigError(f"gc grace period must be a timedelta >= 0, got {grace!r}")
+        if not force and grace < 2 * self.tree.link_deadline:
+            raise ConfigError(
+                f"gc grace period {grace} is shorter than twice the tree's link deadline "
+                f"({self.tree.link_deadline}): GC could delete what a writer is linking; "
+                "pass force=True only when no writer runs concurrently"
+            )
+        want = grace // timedelta(milliseconds=1)
+        attempt = 0
+        while True:
+            snap = self._read_retrying(attempt)
+            if snap.gc_grace_ms == want:
+                return grace
+            draft = self._draft(snap)
+            assert draft.buffer is not None
+            draft.buffer = dataclasses.replace(draft.buffer, gc_grace_ms=want)
+            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
+                self.stats.incr("grace_sets")
+                return grace
+            attempt += 1
+
     # --- tree maintenance inside a CAS attempt ----------------------------------
 
     def _draft(self, snap: Snapshot) -> tree.Root:
-        """A copy of the root to change; seeds the retention policy from our TreeConfig only
-        when the root has never had one (the root's stored policy is authoritative)."""
+        """A copy of the root to change; adds the buffer section when the root lacks one
+        (a fresh buffer id, the default grace period), and seeds the retention policy from
+        our TreeConfig only when the root has never had one (the root's stored policy is
+        authoritative)."""
         draft = snap.root.copy()
+        if draft.buffer is None:
+            now = self.clock_ms()
+            draft.buffer = fm.BufferInfo(
+                ULID.from_timestamp(now / 1000).bytes, now,
+                DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1),
+            )
         mine = self._config_retention
         if mine is None:
             return draft

@@ -94,6 +94,7 @@ class Root:
         "_refs_total",
         "_stats",
         "_stats_raw",
+        "buffer",
         "epoch",
         "head",
         "low",
@@ -111,7 +112,8 @@ class Root:
     def __init__(self, region: bytes | memoryview, n_entries: int, next_seq: int, epoch: int,
                  watermarks: dict[str, fm.Watermark], owner: str | None, low: int, head: int,
                  refs_raw: bytes, stats_raw: bytes, version: int = fm.V2,
-                 obj: str | None = None, retention: fm.RetentionPolicy | None = None) -> None:
+                 obj: str | None = None, retention: fm.RetentionPolicy | None = None,
+                 buffer: fm.BufferInfo | None = None) -> None:
         self.region = region
         self.n_entries = n_entries
         self.next_seq = next_seq
@@ -124,6 +126,8 @@ class Root:
         self.obj = obj
         self.retention = retention
         """Section 5: the buffer's retention policy (None: never set, no retention)."""
+        self.buffer = buffer
+        """Section 6: the buffer's id, creation time and GC grace (None: not written yet)."""
         self.nodes_written: list[tuple[int, int]] = []
         """(level, first_seq) of each node written while building this draft."""
         self._refs: list[ft.Ref] | None = None
@@ -236,7 +240,7 @@ class Root:
     def copy(self) -> Root:
         c = Root(self.region, self.n_entries, self.next_seq, self.epoch, dict(self.watermarks),
                  self.owner, self.low, self.head, b"", b"", self.version, self.obj,
-                 self.retention)
+                 self.retention, self.buffer)
         c._refs_raw, c._stats_raw, c._refs_total = self._refs_raw, self._stats_raw, self._refs_total
         c._refs = None if self._refs is None else list(self._refs)
         c._stats = None if self._stats is None else list(self._stats)
@@ -251,7 +255,8 @@ class Root:
         footer = fm.Footer(self.n_entries, self.next_seq, self.epoch, fm.V2)
         return fm.encode_manifest(self.region, footer, self.watermarks, self.owner,
                                   ft.encode_tree_raw(self.low, self.head, self.refs_raw),
-                                  ft.encode_stats_raw(self.stats_raw), self.retention)
+                                  ft.encode_stats_raw(self.stats_raw), self.retention,
+                                  self.buffer)
 
 
 def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
@@ -276,7 +281,7 @@ def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
                                    for e in fm.iter_entries(view)])
     root = Root(view.entries_bytes, f.entry_count, f.next_sequence, f.epoch,
                 dict(view.watermarks), view.owner, low, head, refs_raw, stats_raw, f.version,
-                view.obj, view.retention)
+                view.obj, view.retention, view.buffer)
     if root.n_refs and root.ref_at(-1).last + 1 != root.entries_first:
         raise CorruptError(fm.WHAT, view.obj, 0, "refs and root entries are not contiguous")
     if not root.linked_first <= low <= head <= f.next_sequence:

@@ -233,7 +233,7 @@ def publish(
     buf = shared_buffer(wo.url, wo.store)
     max_age = wo.gc_grace_ms // 2
 
-    def check() -> None:
+    def check(_snap: object) -> None:
         now = _now_ms()
         for key, _, _ in objs:
             ulid = keys.parse_data_key(key)
