@@ -18,8 +18,9 @@ from tieredbuf.errors import ConfigError
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.spark import arrow as ta
+from tieredbuf.spark import executor as ex
 from tieredbuf.spark import options as opt
-from tieredbuf.spark import reader as rd
+from tieredbuf.spark import plan as pl
 
 MiB = 1 << 20
 
@@ -74,10 +75,11 @@ def _fill(buf: tieredbuf.Buffer, n: int, known_size: bool) -> list[list[bytes]]:
     return out
 
 
-def _plan(url: str, **options: str) -> list[rd.ObjectPartition]:
+def _plan(url: str, **options: str) -> list[ex.ObjectPartition]:
     ro = opt.parse_read_options({"path": url, **options})
-    sized = tieredbuf.open(url).snapshot().sized_entries()
-    return rd.plan([e for e, _ in sized], 0, 1 << 62, ro, {e.sequence: n for e, n in sized})
+    buf = ex.shared_buffer(url, ())
+    snap = buf.snapshot()
+    return pl.plan_range(buf, snap, 0, 1 << 62, ro)
 
 
 def test_plan_packs_objects_with_sizes_from_the_manifest(
@@ -87,7 +89,7 @@ def test_plan_packs_objects_with_sizes_from_the_manifest(
     buf = tieredbuf.open(url)
     produced = _fill(buf, 10, known_size=True)
     assert all(n > 0 for _, n in buf.snapshot().sized_entries())
-    store = rd.shared_buffer(url, ()).store
+    store = ex.shared_buffer(url, ()).store
     monkeypatch.setattr(store, "head", lambda *a: pytest.fail(f"HEAD {a}"))
     parts = _plan(url, minPartitions="3")
     assert len(parts) == 3
@@ -97,7 +99,7 @@ def test_plan_packs_objects_with_sizes_from_the_manifest(
 
     ro = opt.parse_read_options({"path": url})
     got = [tuple(r.values()) for p in parts
-           for b in rd.read_partition(ro, ta.records_schema(), p)
+           for b in ex.read_partition(ro, ta.records_schema(), p)
            for r in pa.Table.from_batches([b]).select(["sequence", "index", "value"]).to_pylist()]
     want = [(s, i, v) for s, recs in enumerate(produced) for i, v in enumerate(recs)]
     assert got == want
@@ -108,7 +110,7 @@ def test_plan_heads_objects_whose_size_is_not_recorded(
 ) -> None:
     url = f"file://{tmp_path}/buf"
     _fill(tieredbuf.open(url), 6, known_size=False)
-    store = rd.shared_buffer(url, ()).store
+    store = ex.shared_buffer(url, ()).store
     heads: list[Any] = []
     real = store.head
 

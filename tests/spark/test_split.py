@@ -13,8 +13,9 @@ import tieredbuf
 from tests.spark.util import append_bundles
 from tieredbuf.errors import ConfigError
 from tieredbuf.spark import arrow as ta
+from tieredbuf.spark import executor as ex
 from tieredbuf.spark import options as opt
-from tieredbuf.spark import reader as rd
+from tieredbuf.spark import plan as pl
 
 
 def _buffer(tmp_path: Path) -> tuple[str, tieredbuf.Buffer]:
@@ -37,18 +38,18 @@ def _schema() -> pa.Schema:
 
 def test_plan_and_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url, buf = _buffer(tmp_path)
-    entries = buf.snapshot().entries()
+    entries = [(e, 0) for e in buf.snapshot().entries()]
     ro = opt.parse_read_options({"path": url, "slot": "0", "splitStreamsBytes": "300"})
-    parts = rd.plan(entries, 0, 10, ro)
+    parts = pl.object_partitions(buf.store, entries, ro)
     split = [p for p in parts if p.streams is not None]
     assert {p.ref.sequence for p in split} == {0} and len(split) >= 2
     assert [p.streams is None for p in parts if p.ref.sequence == 1] == [True]
     sids = [sl.stream.stream_id for p in split for sl in p.streams or ()]
     assert len(sids) == len(set(sids)) == 6  # every stream of slot 0 exactly once
     whole = opt.parse_read_options({"path": url, "slot": "0", "splitStreamsBytes": "0"})
-    assert [p.streams for p in rd.plan(entries, 0, 10, whole)] == [None, None]
+    assert [p.streams for p in pl.object_partitions(buf.store, entries, whole)] == [None, None]
 
-    store = rd.shared_buffer(ro.url, ro.store).store
+    store = ex.shared_buffer(ro.url, ro.store).store
     calls: list[tuple[Any, ...]] = []
     real_range = store.get_range
 
@@ -61,13 +62,14 @@ def test_plan_and_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     got = []
     for p in split:
         calls.clear()
-        got += pa.Table.from_batches(list(rd.read_partition(ro, _schema(), p))).to_pylist()
+        got += pa.Table.from_batches(list(ex.read_partition(ro, _schema(), p))).to_pylist()
         assert calls == [("range", sl.stream.byte_offset,
                           sl.stream.byte_offset + sl.stream.byte_length)
                          for sl in p.streams or ()]
     monkeypatch.undo()
     expected = pa.Table.from_batches(
-        list(rd.read_partition(whole, _schema(), rd.plan(entries, 0, 1, whole)[0]))
+        list(ex.read_partition(whole, _schema(),
+                               pl.object_partitions(buf.store, entries[:1], whole)[0]))
     ).to_pylist()
     key = lambda r: (r["_bundle"], r["a"])  # noqa: E731
     assert sorted(got, key=key) == sorted(expected, key=key)

@@ -512,6 +512,38 @@ def find_sequence(root: Root, seq: int, load: Load) -> fm.ManifestEntry | None:
         refs = node.refs
 
 
+def find_end_before(root: Root, t: int, load: Load) -> int:
+    """1 + the last linked sequence whose entry time (its newest record) is < ``t``;
+    ``linked_first`` when there is none.  One GET per level below the root.
+
+    Every entry past it has its newest record at or after ``t`` (late entries included:
+    this is not a bisection over append order but a search for the *last* old one,
+    through the refs' ``min_time_ms``)."""
+    for j in range(root.n_entries - 1, -1, -1):
+        if root.stat_at(j).time_ms < t:
+            return root.entries_first + j + 1
+    for r in reversed(root.refs):
+        if r.min_time_ms < t:
+            return _last_before(r, t, load) + 1
+    return root.linked_first
+
+
+def _last_before(r: ft.Ref, t: int, load: Load) -> int:
+    while True:
+        node = load(r)
+        if node.level == 0:
+            for j in range(node.count - 1, -1, -1):
+                if node.stats[j].time_ms < t:
+                    return node.first + j
+            break
+        child = next((c for c in reversed(node.refs) if c.min_time_ms < t), None)
+        if child is None:
+            break
+        r = child
+    raise CorruptError(ft.WHAT_NODE, None, 0, f"ref {r.first}..{r.last} has min_time_ms "
+                       f"{r.min_time_ms} but no entry older than {t}")
+
+
 def find_time(root: Root, t: int, load: Load) -> int:
     """First linked sequence with ingestion time >= ``t`` (next_seq if none); one GET per level."""
     i = first_at_or_after_time([r.max_time_ms for r in root.refs], t)

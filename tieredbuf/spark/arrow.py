@@ -212,30 +212,45 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> list[pa.Array]:
     return out
 
 
+def in_window(ts_ms: int, lo_ms: int | None, hi_ms: int | None) -> bool:
+    """``lo_ms <= ts_ms < hi_ms`` (an absent bound is open)."""
+    return (lo_ms is None or ts_ms >= lo_ms) and (hi_ms is None or ts_ms < hi_ms)
+
+
 def bundle_batches(
-    data: bytes, ref: ObjectRef, slot: int, schema: pa.Schema
+    data: bytes, ref: ObjectRef, slot: int, schema: pa.Schema,
+    ts_from_ms: int | None = None, ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of ``slot`` in one ``.qseg`` object, cast to ``schema`` (which ends with
-    ``_sequence`` and ``_bundle``; Spark may have pruned other columns)."""
+    ``_sequence`` and ``_bundle``; Spark may have pruned other columns).  A bundle is
+    one record for time windows: kept when its ingestion time is in
+    ``[ts_from_ms, ts_to_ms)``."""
     from tieredbuf.format.segment import SegmentReader
 
     seq = check_long(ref.sequence)
     reader = SegmentReader(data, obj=ref.location)
     for i, b in enumerate(reader.bundles(slots=[slot])):
         batch = b.slots.get(slot)
-        if batch is not None:
+        if batch is not None and in_window(b.ingestion_ts_nanos // 1_000_000, ts_from_ms,
+                                           ts_to_ms):
             yield from _bundle_rows(batch, seq, i, schema)
 
 
 def stream_bundle_batches(
     chunks: Sequence[pa.RecordBatch], bundles: Sequence[int], ref: ObjectRef,
-    schema: pa.Schema,
+    schema: pa.Schema, times_ms: Sequence[int] = (), ts_from_ms: int | None = None,
+    ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of the chunks of one stream of a ``.qseg`` object (one stream holds one
-    slot); ``bundles[i]`` is the index of the bundle chunk ``i`` belongs to."""
+    slot); ``bundles[i]`` is the index of the bundle chunk ``i`` belongs to and
+    ``times_ms[i]`` that bundle's ingestion time (for time windows)."""
     seq = check_long(ref.sequence)
-    for batch, i in zip(chunks, bundles, strict=True):
-        yield from _bundle_rows(batch, seq, i, schema)
+    windowed = ts_from_ms is not None or ts_to_ms is not None
+    if windowed and len(times_ms) != len(bundles):
+        raise ValueError("a time window needs every chunk's bundle time")
+    for j, (batch, i) in enumerate(zip(chunks, bundles, strict=True)):
+        if not windowed or in_window(times_ms[j], ts_from_ms, ts_to_ms):
+            yield from _bundle_rows(batch, seq, i, schema)
 
 
 def _bundle_rows(

@@ -1,4 +1,4 @@
-"""Options of the ``tieredbuf`` Spark source and sink, and the offset-range decisions.
+"""Options of the ``tieredbuf`` Spark source and sink, and the packing rule.
 
 Pure functions only (no Spark, no I/O), so they are tested without a session.
 Spark hands options over with lower-cased keys (a case-insensitive dict); every
@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tieredbuf.errors import ConfigError, DataLossError
-from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.errors import ConfigError
 
 MAX_LONG = (1 << 63) - 1
 """Spark's ``long``: sequences above it cannot be represented in a row."""
@@ -311,101 +310,12 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
 # --- offset ranges -------------------------------------------------------------------
 
 
-def entry_times(e: ManifestEntry) -> tuple[int, int] | None:
-    """(min, max) ingestion_time_ms of an entry's metadata, None if it carries none."""
-    if not e.metadata:
-        return None
-    ts = [m.ingestion_time_ms for m in e.metadata]
-    return min(ts), max(ts)
-
-
-def first_at_or_after(entries: Sequence[ManifestEntry], ts_ms: int, default: int) -> int:
-    """Sequence of the first entry holding a record ingested at or after ``ts_ms``."""
-    for e in entries:
-        t = entry_times(e)
-        if t is not None and t[1] >= ts_ms:
-            return e.sequence
-    return default
-
-
-def first_from(entries: Sequence[ManifestEntry], ts_ms: int, default: int) -> int:
-    """Exclusive end for ``endingTimestamp``: the first entry whose every record is at
-    or after ``ts_ms`` (rows inside straddling entries are filtered per record)."""
-    for e in entries:
-        t = entry_times(e)
-        if t is not None and t[0] >= ts_ms:
-            return e.sequence
-    return default
-
-
-def resolve_start(
-    bound: str | int | None, ts_ms: int | None, entries: Sequence[ManifestEntry],
-    first: int, nxt: int, *, default: str,
-) -> int:
-    if ts_ms is not None:
-        return first_at_or_after(entries, ts_ms, nxt)
-    b = default if bound is None else bound
-    if b == EARLIEST:
-        return first
-    if b == LATEST:
-        return nxt
-    assert isinstance(b, int)
-    return b
-
-
-def resolve_end(
-    bound: str | int | None, ts_ms: int | None, entries: Sequence[ManifestEntry], nxt: int
-) -> int:
-    if ts_ms is not None:
-        return first_from(entries, ts_ms, nxt)
-    if bound is None or bound == LATEST:
-        return nxt
-    if bound == EARLIEST:
-        raise ConfigError("endingOffsets cannot be 'earliest'")
-    assert isinstance(bound, int)
-    return min(bound, nxt)
-
-
-def check_data_loss(start: int, first: int, fail_on_data_loss: bool) -> int:
-    """The start to use when ``start`` may already be dequeued (RFC: gone for good)."""
-    if start >= first:
-        return start
-    if fail_on_data_loss:
-        raise DataLossError(
-            f"sequences {start}..{first - 1} were already dequeued (the queue now starts at "
-            f"{first}); set failOnDataLoss=false to skip them"
-        )
-    return first
-
-
 def check_long(seq: int) -> int:
     if seq > MAX_LONG:
         raise ConfigError(
             f"sequence {seq} exceeds Spark's long (2^63-1); this buffer cannot be read by Spark"
         )
     return seq
-
-
-def admit(
-    start: int, end: int, max_offsets: int | None, max_bytes: int | None,
-    size_of: Any = None,
-) -> int:
-    """End offset admitted by the read limits (always at least one sequence when any).
-
-    ``max_offsets`` counts sequences (data objects, as Kafka's counts offsets);
-    ``max_bytes`` counts object bytes, ``size_of(seq)`` giving each object's size.
-    """
-    if end <= start:
-        return start
-    stop = end if max_offsets is None else min(end, start + max_offsets)
-    if max_bytes is None:
-        return stop
-    total = 0
-    for s in range(start, stop):
-        total += size_of(s)
-        if total > max_bytes and s > start:
-            return s
-    return stop
 
 
 def pack(sizes: Sequence[int], max_bytes: int, min_partitions: int,

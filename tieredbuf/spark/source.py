@@ -68,19 +68,18 @@ class TieredBufDataSource(DataSource):
         ro = opt.parse_read_options(self.options)
         if ro.slot is None:
             return records_struct()
+        from tieredbuf.spark import plan
         from tieredbuf.spark.bundles import slot_schemas
-        from tieredbuf.spark.reader import batch_range, shared_buffer
+        from tieredbuf.spark.executor import shared_buffer
 
         buf = shared_buffer(ro.url, ro.store)
-        snap = buf.snapshot()
-        entries = snap.entries()
-        f = snap.footer
+        snap = plan.read_snapshot(buf)
         if ro.ending is None and ro.ending_ts is None and ro.starting is None \
                 and ro.starting_ts is None:
-            start, end = f.first_sequence, f.next_sequence
+            start, end = snap.low, snap.root.next_seq
         else:
-            start, end = batch_range(ro, entries, f.first_sequence, f.next_sequence)
-        schemas = slot_schemas(buf.store, [e for e in entries if start <= e.sequence < end],
+            start, end = plan.batch_range(buf, snap, ro)
+        schemas = slot_schemas(buf.store, [e for e, _ in plan.collect(snap, start, end)],
                                ro.slot)
         if not schemas:
             raise ConfigError(
@@ -100,7 +99,7 @@ class TieredBufDataSource(DataSource):
         return BatchReader(ro, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from tieredbuf.spark.reader import StreamReader
+        from tieredbuf.spark.stream import StreamReader
 
         ro = opt.parse_read_options(self.options)
         if ro.ending is not None or ro.ending_ts is not None:

@@ -40,8 +40,8 @@ from tieredbuf.config import Compression
 from tieredbuf.errors import AlreadyExistsError, ConfigError, ObjectNotFoundError
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
+from tieredbuf.spark.executor import shared_buffer
 from tieredbuf.spark.options import WriteOptions
-from tieredbuf.spark.reader import shared_buffer
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,219 @@
+"""Structured Streaming reads of the ``tieredbuf`` source.
+
+Offsets are ``{"sequence": next, "buffer": "<buffer id>", "from": start}``:
+``sequence`` is where the micro-batch ends (exclusive), ``buffer`` the id of the
+buffer it was read from (root section 6; absent for roots that have none yet) and
+``from`` where the micro-batch started.  Spark keeps them in its offset log, so:
+
+* ``startingOffsets`` / ``startingTimestamp`` only choose where the *first*
+  micro-batch starts; the position they resolved to is stored with that batch (its
+  ``from``), so a re-run after a restart reads the same range, and after that every
+  record is delivered, whatever its ingestion time (late records included: Kafka's
+  semantics).  No time filter is applied to streaming micro-batches.
+* A checkpoint whose offsets name another buffer id (the buffer was deleted and
+  created again), or a buffer whose next sequence is below the checkpoint's offset,
+  fails the query: its positions mean nothing here (the Kafka source fails on offset
+  regressions the same way).
+* A start below the first sequence the buffer keeps (dequeued, or unlinked by
+  retention) fails the query, or with ``failOnDataLoss=false`` is skipped; the
+  skipped sequences are logged and counted in the progress's ``latestOffset``
+  (``lostSequences``): pyspark 4.3's Python source has no custom-metrics hook.
+
+Each trigger reads the root once (one GET) and lists only the objects of its
+micro-batch through the tree (:mod:`tieredbuf.spark.plan`): its cost does not grow
+with the backlog.  With ``consumer`` the query is the queue's fenced consumer
+(:mod:`tieredbuf.spark.consumer_mode`): Spark calls ``commit(end)`` only after the
+micro-batch ending at ``end`` is in its commit log -- in fact one micro-batch late,
+when it plans the next one -- so nothing is dequeued while Spark may still need it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+import tieredbuf
+from tieredbuf.errors import DataLossError
+from tieredbuf.queue.manifest_queue import Snapshot
+from tieredbuf.spark import options as opt
+from tieredbuf.spark import plan
+from tieredbuf.spark.consumer_mode import QueueConsumer
+from tieredbuf.spark.executor import ObjectPartition, arrow_schema, read_partition, shared_buffer
+
+log = logging.getLogger(__name__)
+
+
+def _seq(offset: dict[str, Any]) -> int:
+    return int(offset["sequence"])
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("tieredbuf")``.
+
+    Spark also builds (and pickles to executors) a copy of this reader only to call
+    :meth:`read`; so nothing happens in ``__init__``: the buffer is opened and the
+    consumer initialized on first use by the driver's offset calls.
+    """
+
+    def __init__(self, ro: opt.ReadOptions, schema: StructType) -> None:
+        self.ro = ro
+        self.schema = schema
+        self._snap: Snapshot | None = None
+        self._target: int | None = None
+        self._consumer: QueueConsumer | None = None
+        self.lost_sequences = 0
+        """Sequences skipped because they were gone (failOnDataLoss=false)."""
+        self._lost_through = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ro": self.ro, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["ro"], state["schema"])  # type: ignore[misc]
+
+    # --- driver side -----------------------------------------------------------------
+
+    def _buf(self) -> tieredbuf.Buffer:
+        return shared_buffer(self.ro.url, self.ro.store)
+
+    def _queue_consumer(self) -> QueueConsumer | None:
+        if self.ro.consumer is not None and self._consumer is None:
+            self._consumer = QueueConsumer(self._buf(), self.ro.consumer)
+        return self._consumer
+
+    def _read(self) -> Snapshot:
+        """One root read (BufferNotFoundError where there is none); fenced in consumer
+        mode."""
+        consumer = self._queue_consumer()
+        if consumer is not None:
+            consumer.start()  # before the read: never fence ourselves with our own bump
+        snap = plan.read_snapshot(self._buf())
+        if consumer is not None:
+            consumer.check(snap)
+        self._snap = snap
+        return snap
+
+    def _offset(self, snap: Snapshot, seq: int, start: int | None = None) -> dict[str, Any]:
+        off: dict[str, Any] = {"sequence": opt.check_long(seq)}
+        if snap.buffer_id is not None:
+            off["buffer"] = snap.buffer_id
+        if start is not None:
+            off["from"] = start
+        return off
+
+    def _same_buffer(self, off: dict[str, Any], snap: Snapshot) -> None:
+        """Fail when the checkpoint's offset cannot belong to this buffer."""
+        bid = off.get("buffer")
+        if bid is not None and snap.buffer_id != bid:
+            raise DataLossError(
+                f"the checkpoint's offsets are of buffer {bid}, but the buffer at "
+                f"{self.ro.url} is {snap.buffer_id or 'an older-format one'} (deleted and "
+                "created again?): its sequences are not the checkpoint's; start a new "
+                "checkpoint"
+            )
+        if _seq(off) > snap.root.next_seq:
+            raise DataLossError(
+                f"the checkpoint's offset {_seq(off)} is past the end of the buffer at "
+                f"{self.ro.url} (next sequence {snap.root.next_seq}): the buffer was "
+                "recreated or rolled back; start a new checkpoint"
+            )
+
+    def _floor(self, start: int, snap: Snapshot) -> int:
+        """``start``, or the first kept sequence when it is gone (failOnDataLoss=false:
+        counted once)."""
+        first = plan.lost_floor(start, snap.low, self.ro)
+        if first > start:
+            new = max(0, first - max(start, self._lost_through + 1))
+            self.lost_sequences += new
+            self._lost_through = max(self._lost_through, first - 1)
+        return first
+
+    def initialOffset(self) -> dict[str, Any]:
+        snap = self._read()
+        if self.ro.starting_ts is not None:
+            start = plan.time_start(snap, self.ro.starting_ts, self.ro)
+        else:
+            start = self._floor(plan.resolve_bound(self.ro.starting, snap, opt.EARLIEST), snap)
+        start = min(start, snap.root.next_seq)
+        log.info("tieredbuf stream on %s starts at sequence %d", self.ro.url, start)
+        return self._offset(snap, start)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._read().root.next_seq
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.ro.max_offsets is not None:
+            return ReadMaxFiles(self.ro.max_offsets)
+        if self.ro.max_bytes is not None:
+            return ReadMaxBytes(self.ro.max_bytes)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        snap = self._read()
+        self._same_buffer(start, snap)
+        s = plan.lost_floor(_seq(start), snap.low, self.ro)
+        nxt = snap.root.next_seq
+        end = nxt if self._target is None else min(nxt, self._target)
+        if end <= s:
+            return start
+        if isinstance(limit, ReadMaxFiles):
+            end = min(end, s + limit.max_files)
+        elif isinstance(limit, ReadMaxRows):
+            # not a limit this source sets (it cannot count rows without reading them);
+            # an object holds at least one row, so this many objects is an upper bound
+            end = min(end, s + limit.max_rows)
+        elif isinstance(limit, ReadMaxBytes):
+            end = plan.admit_bytes(self._buf().store, snap, s, end, limit.max_bytes)
+        if end <= _seq(start):
+            return start
+        return self._offset(snap, end, _seq(start))
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        snap = self._snap if self._snap is not None else self._read()
+        off = self._offset(snap, snap.root.next_seq)
+        off["lostSequences"] = self.lost_sequences
+        return off
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        s, e = int(end.get("from", _seq(start))), _seq(end)
+        if e <= s:
+            return []
+        snap = self._snap
+        if snap is None or e > snap.root.next_seq:
+            snap = self._read()
+        self._same_buffer(end, snap)
+        first = self._floor(s, snap)
+        sized, lost, snap = plan.collect_fresh(self._buf(), snap, first, e, self.ro)
+        if lost:
+            self._floor(first, snap)
+        return plan.object_partitions(self._buf().store, sized, self.ro)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark is done with everything before ``end``: in consumer mode, dequeue it
+        (fenced by our epoch)."""
+        consumer = self._queue_consumer()
+        if consumer is not None and _seq(end) > 0:
+            consumer.commit(_seq(end) - 1)
+
+    def stop(self) -> None:
+        pass
+
+    # --- executor side -----------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ObjectPartition):
+            return iter(())  # Spark's stand-in InputPartition(None) for an empty plan
+        return read_partition(self.ro, arrow_schema(self.schema), partition)
