@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -63,4 +69,66 @@ def consume_all(buf: tieredbuf.Buffer) -> list[tuple[int, list[bytes]]]:
             out.append((b.sequence, b.entries))
     finally:
         c.close()
+    return out
+
+
+LATE_WORKER = Path(__file__).with_name("late_worker.py")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def after(t_ms: int, timeout_s: float = 5.0) -> int:
+    """Wait until the wall clock is past ``t_ms`` (ingestion times are ms); returns now."""
+    deadline = time.monotonic() + timeout_s
+    while (now := now_ms()) <= t_ms:
+        assert time.monotonic() < deadline, "the clock did not move"
+        time.sleep(0.001)
+    return now
+
+
+def kill_after_local_acks(url: str, stage: Path, tag: str, n: int) -> list[bytes]:
+    """A staged producer process acks ``n`` records LOCAL and is killed with SIGKILL
+    before any of them reached the store; returns the acked records."""
+    proc = subprocess.Popen([sys.executable, str(LATE_WORKER), url, str(stage), tag, str(n)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acked = []
+    for line in proc.stdout:
+        if line.startswith("ACK "):
+            acked.append(line[4:].strip().encode())
+        if line.strip() == "DONE":
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+    assert len(acked) == n
+    return acked
+
+
+def drain_stage(buf: tieredbuf.Buffer, stage: Path) -> None:
+    """``tieredbuf drain``: recover the dead producer's WAL and append it, now."""
+    from tieredbuf.staged import drain, stage_producer_ids
+
+    (pid,) = stage_producer_ids(stage)
+    drain(buf, stage, pid)
+
+
+def record_times(buf: tieredbuf.Buffer) -> dict[bytes, int]:
+    """Every record of the buffer's ``.batch`` objects and its ingestion time."""
+    from tieredbuf.format.batch import decode_batch
+
+    out = {}
+    for e in buf.snapshot().iter_from(0):
+        if not e.location.endswith(".batch"):
+            continue
+        items = sorted(e.metadata, key=lambda m: m.start_index)
+        for i, r in enumerate(decode_batch(buf.read_object(e))):
+            mine = [m for m in items if m.start_index <= i]
+            out[r] = mine[-1].ingestion_time_ms
     return out
