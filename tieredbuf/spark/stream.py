@@ -164,7 +164,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         snap = self._read()
         self._same_buffer(start, snap)
-        s = plan.lost_floor(_seq(start), snap.low, self.ro)
+        s = self._floor(_seq(start), snap)
         nxt = snap.root.next_seq
         end = nxt if self._target is None else min(nxt, self._target)
         if end <= s:
