@@ -10,6 +10,7 @@ from tieredbuf.errors import (
     FencedError,
     OutcomeUnknownError,
     PreconditionFailedError,
+    ProducerIdReusedError,
 )
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import MANIFEST_KEY
@@ -82,6 +83,40 @@ def test_I2_a_regrouped_retry_appends_only_what_did_not_land() -> None:
     seqs = q.append([_e("s1"), _e("s2"), _e("s3")], "exporter", 3)
     assert seqs == [None, None, 2]
     assert [e.location for e in q.read().entries()] == ["s1", "s2", "s3"]
+
+
+def test_I2_append_once_without_a_watermark_recognises_its_own_landing() -> None:
+    """The Spark sink's batch jobs without a producer id: no watermark is written (one
+    per job used to evict other producers' after 16,384 jobs); a retry after a lost
+    response finds its first entry's location at the sequence it wrote."""
+    store = FaultInjectingStore(open_store("memory://"))
+    q = _queue(store)
+    other = _queue(store.inner)
+    q.append([_e("seed")], "other", 1)
+
+    def lost_response(key: str) -> Exception:
+        other.append([_e("rival")], "rival", 1)
+        return OutcomeUnknownError("connection reset by peer")
+
+    store.arm("put", key=MANIFEST_KEY, when="after", error=lost_response, times=1)
+    assert q.append_once([_e("x"), _e("y")]) == [1, 2]
+    assert [e.location for e in q.read().entries()] == ["seed", "x", "y", "rival"]
+    assert set(q.read().view.watermarks) == {"other", "rival"}
+    store.arm("put", key=MANIFEST_KEY, when="before", error=PreconditionFailedError, times=2)
+    assert q.append_once([_e("z")]) == [4]  # a conflict that did not land is retried
+    assert [e.location for e in q.read().entries()][-1:] == ["z"]
+
+
+def test_I2_append_strict_refuses_a_watermark_it_did_not_write() -> None:
+    q = _queue(open_store("memory://"))
+    q.append([_e("a"), _e("b")], "sink", 20)
+    assert q.append([_e("a2")], "sink", 20, strict=True) == [1]  # its own retry: landed
+    with pytest.raises(ProducerIdReusedError, match="'sink'"):
+        q.append([_e("c")], "sink", 10, strict=True)  # below: another writer
+    with pytest.raises(ProducerIdReusedError):
+        q.append([_e("c"), _e("d")], "sink", 21, strict=True)  # 20 inside 20..21
+    assert q.append([_e("e")], "sink", 30, strict=True) == [2]
+    assert [e.location for e in q.read().entries()] == ["a", "b", "e"]
 
 
 def test_I2_a_conflict_that_did_not_land_is_retried() -> None:

@@ -128,7 +128,7 @@ def test_stream_available_now_exactly_once_across_runs(
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     name = unique("c")
     q = _stream(spark, url, store, out, ckpt, consumer=name)
-    q.awaitTermination(120)
+    assert q.awaitTermination(120)
     assert q.exception() is None
     first = sorted(rows(spark.read.parquet(str(out)).select("sequence", "index")))
     assert first == [(s, j) for s in range(3) for j in range(5)]
@@ -136,7 +136,7 @@ def test_stream_available_now_exactly_once_across_runs(
     for s in range(3, 5):
         append_records(buf, [[b"a%d-%d" % (s, j) for j in range(5)]], ts_ms=1000)
     q = _stream(spark, url, store, out, ckpt, consumer=name)
-    q.awaitTermination(120)
+    assert q.awaitTermination(120)
     assert q.exception() is None
     got = sorted(rows(spark.read.parquet(str(out)).select("sequence", "index")))
     assert got == [(s, j) for s in range(5) for j in range(5)]  # each exactly once
@@ -155,13 +155,13 @@ def test_admission_control_splits_backlog(
     for _ in range(7):
         append_records(buf, [[b"x" * 100] * 10], ts_ms=1000)
     q = _stream(spark, url, store, tmp_path / "o1", tmp_path / "c1", maxOffsetsPerTrigger=2)
-    q.awaitTermination(120)
+    assert q.awaitTermination(120)
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert sizes == [20, 20, 20, 10]
     size = buf.store.head(buf.entries()[0].location).size
     q = _stream(spark, url, store, tmp_path / "o2", tmp_path / "c2",
                 maxBytesPerTrigger=3 * size)
-    q.awaitTermination(120)
+    assert q.awaitTermination(120)
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert sizes == [30, 30, 10]
     assert spark.read.parquet(str(tmp_path / "o2")).count() == 70
@@ -198,7 +198,10 @@ def test_sink_output_is_consumable(
     url, store = buffer_url
     buf = tieredbuf.open(url, **store)
     df = spark.createDataFrame([(f"v{i}",) for i in range(100)], "value string").repartition(3)
-    df.write.format("tieredbuf").options(**spark_options(store)).mode("append").save(url)
+    with pytest.raises(Exception, match="createBuffer"):  # never creates one by accident
+        df.write.format("tieredbuf").options(**spark_options(store)).mode("append").save(url)
+    df.write.format("tieredbuf").options(**spark_options(store)).option("createBuffer", "true") \
+        .mode("append").save(url)
     entries = buf.entries()
     assert len(entries) == 3
     got = consume_all(buf)
@@ -215,7 +218,7 @@ def test_sink_output_is_consumable(
          .writeStream.format("tieredbuf").options(**spark_options(store))
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
          .start(url))
-    q.awaitTermination(120)
+    assert q.awaitTermination(120)
     assert q.exception() is None
     got = consume_all(buf)
     streamed = sorted(r for s, recs in got if s >= 3 for r in recs)
@@ -246,7 +249,7 @@ def test_bundles_read_back_with_representative_schema(
     # The sink writes a non-`value` schema as bundles; they read back the same way.
     out = url + "-out" if url.startswith("file") else url.replace("/buf", "/out")
     df.select("a", "s").write.format("tieredbuf").options(**spark_options(store)) \
-        .mode("append").save(out)
+        .option("createBuffer", "true").mode("append").save(out)
     back = _reader(spark, store, slot=0).load(out)
     assert [f.name for f in back.schema.fields] == ["a", "s", "_sequence", "_bundle"]
     assert sorted(rows(back.select("a", "s"))) == sorted(rows(df.select("a", "s")))
@@ -298,6 +301,6 @@ def test_large_segments_split_by_stream_read_rows_exactly_once(
              .option("slot", "0").option("splitStreamsBytes", "1").load(url)
              .writeStream.format("memory").queryName(name).option("checkpointLocation", ck)
              .trigger(availableNow=True).start())
-        q.awaitTermination(120)
+        assert q.awaitTermination(120)
         assert q.exception() is None
         assert sorted(rows(spark.table(name)), key=repr) == sorted(expected, key=repr)

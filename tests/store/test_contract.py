@@ -135,6 +135,17 @@ def test_list_prefix_returns_only_that_prefix(store: Store) -> None:
     assert sizes == {k: len(k) for k in sizes} and len(sizes) == 5
 
 
+def test_copy_to_a_fresh_key_inside_the_store(store: Store) -> None:
+    body = bytes(range(256)) * 40
+    store.put("data/src", body, mode="create")
+    store.copy("data/src", "data/dst")
+    assert store.get("data/dst").data == body
+    assert store.delete_many(["data/src"]) == []  # the copy does not depend on the source
+    assert store.get("data/dst").data == body
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.copy("data/src", "data/other")
+
+
 def test_delete_many_is_idempotent(store: Store) -> None:
     for k in ["d/1", "d/2", "d/3"]:
         store.put(k, b"x")

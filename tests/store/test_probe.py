@@ -59,6 +59,9 @@ class IgnoresModes:
     ) -> str:
         return self.put(key, b"".join(chunks), mode=mode)
 
+    def copy(self, src: str, dst: str) -> None:
+        self.put(dst, self.get(src).data)
+
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         return self._inner.list(prefix)
 

@@ -335,6 +335,54 @@ class ManifestQueue:
                 return [None] * done + list(range(first, first + len(todo)))
             attempt += 1
 
+    def append_once(
+        self,
+        new: Sequence[fm.NewEntry],
+        *,
+        before_write: Callable[[Snapshot], None] | None = None,
+        create: bool = True,
+    ) -> list[int]:
+        """Append ``new`` exactly once in one CAS, without a producer watermark.
+
+        For appends made once (a Spark batch job without a producer id): every entry's
+        location must be unique (a fresh ULID key).  After a failed write the queue is
+        re-read and the write recognised by its first entry's location at the sequence
+        it was given; a write whose entries were unlinked since (dequeued and dropped)
+        cannot be told apart and raises OutcomeUnknownError.  ``before_write`` and
+        ``create`` as in :meth:`append`.
+        """
+        n = len(new)
+        if n == 0:
+            return []
+        tried: list[int] = []
+        attempt = 0
+        while True:
+            snap = self._read_retrying(attempt)
+            if not create and not snap.exists:
+                raise BufferNotFoundError(self.store.url)
+            for first in tried:
+                if first >= snap.root.next_seq:
+                    continue
+                if first < snap.root.linked_first:
+                    raise OutcomeUnknownError(
+                        f"an append of {new[0].location} may have landed at sequence {first}, "
+                        "which is no longer linked: cannot tell")
+                got = tree.find_sequence(snap.root, first, self.nodes.load)
+                if got is not None and got.location == new[0].location:
+                    self.stats.incr("deduplicated_appends")
+                    return list(range(first, first + n))
+            if before_write is not None:
+                before_write(snap)
+            now = self.clock_ms()
+            draft = self._draft(snap)
+            first = tree.append_entries(draft, new, now)
+            tried.append(first)
+            if self._attempt(snap, partial(self._finish, draft, now), attempt):
+                self.stats.incr("appends")
+                self.stats.incr("entries_appended", n)
+                return list(range(first, first + n))
+            attempt += 1
+
     def _landed(self, snap: Snapshot, new: Sequence[fm.NewEntry], pseqs: Sequence[int],
                 wm: fm.Watermark) -> list[int | None]:
         """Sequences of a group whose explicit numbers all landed already.

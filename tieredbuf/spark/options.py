@@ -19,6 +19,14 @@ from tieredbuf.errors import ConfigError
 MAX_LONG = (1 << 63) - 1
 """Spark's ``long``: sequences above it cannot be represented in a row."""
 
+STRIDE = 1 << 20
+"""Producer sequence numbers the sink reserves per commit: at most this many objects per
+job or micro-batch.  A commit's last number is ``(version + 1) * STRIDE``, so a retry of
+the same commit is recognised however many objects it carries."""
+
+MAX_VERSION = MAX_LONG // STRIDE - 1
+"""``batchVersion`` / micro-batch ids above this do not fit a producer number."""
+
 SPLIT_STREAMS_BYTES = 64 << 20
 """Default ``splitStreamsBytes``: bundle reads split ``.qseg`` objects larger than this
 by stream."""
@@ -64,8 +72,14 @@ READ_OPTIONS = frozenset({
     "splitstreamsbytes", "maxpartitionbytes", "minpartitions",
 })
 WRITE_OPTIONS = frozenset({
-    "path", "slot", "producerid", "maxobjectbytes", "compression", "gcgraceperiodseconds",
+    "path", "slot", "producerid", "batchversion", "maxobjectbytes", "compression",
+    "createbuffer",
 })
+_REMOVED_OPTIONS = {
+    "gcgraceperiodseconds": "the GC grace period is the buffer's own (in its manifest "
+    "root; Buffer.set_gc_grace_period or `tieredbuf grace URL DURATION`), so the sink and "
+    "GC cannot disagree",
+}
 
 
 def _get(options: Mapping[str, Any], name: str) -> Any:
@@ -99,6 +113,9 @@ SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
 def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) -> None:
     """Refuse option names we do not know: a typo must not silently read everything."""
+    for k in options:
+        if k.lower() in _REMOVED_OPTIONS:
+            raise ConfigError(f"option {k} is no longer supported: {_REMOVED_OPTIONS[k.lower()]}")
     unknown = sorted(
         k for k in options
         if k.lower() not in known | SPARK_OPTIONS and k.lower() not in _STORE_KEYS
@@ -275,9 +292,11 @@ class WriteOptions:
     store: tuple[tuple[str, Any], ...]
     slot: int
     producer_id: str | None
+    batch_version: int | None
+    """Batch writes with ``producerId``: this write's version (Delta's txnVersion)."""
     max_object_bytes: int
     zstd: bool
-    gc_grace_ms: int
+    create_buffer: bool
 
     def store_kwargs(self) -> dict[str, Any]:
         return dict(self.store)
@@ -289,21 +308,27 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     if comp not in ("none", "zstd"):
         raise ConfigError(f"option compression must be none or zstd, got {comp!r}")
     pid = _get(options, "producerId")
+    version = _get(options, "batchVersion")
     wo = WriteOptions(
         url=buffer_url(options),
         store=tuple(sorted(store_options(options).items())),
         slot=_int("slot", _get(options, "slot") or 0),
         producer_id=None if pid in (None, "") else str(pid),
+        batch_version=None if version in (None, "") else _int("batchVersion", version),
         max_object_bytes=_int("maxObjectBytes", _get(options, "maxObjectBytes") or 64 << 20),
         zstd=comp == "zstd",
-        gc_grace_ms=int(
-            _float("gcGracePeriodSeconds", _get(options, "gcGracePeriodSeconds") or 600) * 1000
-        ),
+        create_buffer=_bool("createBuffer", _get(options, "createBuffer"), False),
     )
     if wo.max_object_bytes <= 0:
         raise ConfigError("option maxObjectBytes must be > 0")
     if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
         raise ConfigError("option producerId must be at most 200 bytes")
+    if wo.batch_version is not None and not 0 <= wo.batch_version < MAX_VERSION:
+        raise ConfigError(f"option batchVersion must be in 0..{MAX_VERSION - 1}, got "
+                          f"{wo.batch_version}")
+    if wo.batch_version is not None and wo.producer_id is None:
+        raise ConfigError("option batchVersion needs producerId (the pair is what makes a "
+                          "batch write idempotent, like Delta's txnAppId / txnVersion)")
     return wo
 
 

@@ -103,6 +103,13 @@ class Store(Protocol):
         """Write a large object from chunks (multipart on S3); returns the new etag."""
         ...
 
+    def copy(self, src: str, dst: str) -> None:
+        """Copy object ``src`` to the new key ``dst`` inside the store, without the bytes
+        passing through this process where the backend can (S3 CopyObject; a hard link
+        on a local directory).  ``dst`` must be a fresh key (a new ULID): S3 has no
+        conditional copy.  A missing ``src`` raises ObjectNotFoundError."""
+        ...
+
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         """Every object whose key starts with ``prefix`` (order not guaranteed)."""
         ...

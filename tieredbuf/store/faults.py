@@ -22,7 +22,8 @@ from tieredbuf.errors import ConflictError, ObjectNotFoundError
 from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
 
 Op = Literal[
-    "get", "get_range", "get_suffix", "head", "put", "put_multipart", "list", "delete_many"
+    "get", "get_range", "get_suffix", "head", "put", "put_multipart", "copy", "list",
+    "delete_many"
 ]
 OPS: tuple[Op, ...] = (
     "get",
@@ -31,6 +32,7 @@ OPS: tuple[Op, ...] = (
     "head",
     "put",
     "put_multipart",
+    "copy",
     "list",
     "delete_many",
 )
@@ -180,6 +182,9 @@ class FaultInjectingStore:
             mode=mode,
         )
 
+    def copy(self, src: str, dst: str) -> None:
+        self._run("copy", dst, lambda: self._inner.copy(src, dst))
+
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         return iter(self._run("list", prefix, lambda: list(self._inner.list(prefix))))
 
@@ -273,6 +278,10 @@ class CountingStore:
                 yield c
 
         return self._inner.put_multipart(key, counted(), mode=mode)
+
+    def copy(self, src: str, dst: str) -> None:
+        self._count("copy")
+        self._inner.copy(src, dst)
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         self._count("list")

@@ -346,6 +346,28 @@ class LocalDirStore:
     ) -> str:
         return self._put_chunks(key, chunks, mode)
 
+    def copy(self, src: str, dst: str) -> None:
+        """A hard link (objects are immutable), or a byte copy where links are refused;
+        create-if-absent, the directory fsynced."""
+        spath, dpath = self._path(src), self._path(dst)
+        if not os.path.isfile(spath):
+            raise ObjectNotFoundError(src)
+        self._ensure_dir(os.path.dirname(dpath))
+        try:
+            with self._locked():
+                if os.path.lexists(dpath):
+                    raise AlreadyExistsError(dst)
+                os.link(spath, dpath)
+                fsync_dir(os.path.dirname(dpath))
+            return
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(src) from e
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
+                               errno.EXDEV):
+                raise StoreError(f"cannot copy {src} to {dst}: {e}") from e
+        self.put(dst, self.get(src).data, mode="create")
+
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         paths = [(k, self._path(k)) for k in keys]
         failures: builtins.list[tuple[str, Exception]] = []

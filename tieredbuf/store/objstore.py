@@ -381,6 +381,16 @@ class ObjStore:
             raise OutcomeUnknownError(f"the store acknowledged {key} without an etag")
         return str(etag)
 
+    def copy(self, src: str, dst: str) -> None:
+        check_key(src)
+        check_key(dst)
+        try:
+            # server-side (S3 CopyObject, up to 5 GiB); dst is a fresh ULID key, so the
+            # unconditional copy cannot replace anything (S3 has no conditional copy)
+            obs.copy(self._inner, src, dst, overwrite=True)
+        except Exception as e:
+            raise map_error(e, src, write=True) from e
+
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         keys = [check_key(k) for k in keys]
         if not keys:
