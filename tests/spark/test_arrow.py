@@ -131,3 +131,29 @@ def test_pandas_is_a_version_pyspark_supports() -> None:
 
     require_minimum_pandas_version()
     assert int(pandas.__version__.split(".")[0]) < 3
+
+
+def test_repeated_columns_past_int32_offsets_are_cut_not_wrapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``location`` (and ``metadata``) repeat one value per record in ``binary``/``string``
+    arrays, whose offsets are int32: past 2 GiB they wrapped.  The rows are now cut into
+    batches whose repeated columns fit (the limit lowered here to see it without 2 GiB)."""
+    from tieredbuf.format.batch import encode_batch
+    from tieredbuf.format.manifest import MetadataItem
+
+    with pytest.raises(ValueError, match="int32"):
+        ta.repeat_value(b"x" * 1024, (1 << 31) // 1024 + 1, pa.string())
+    monkeypatch.setattr(ta, "MAX_BINARY_BYTES", 100)
+    loc = "data/01ARZ3NDEKTSV4RRFFQ69G5FAV.batch"  # 36 bytes: two records per batch
+    items = (MetadataItem(1, 5, b"p" * 20), MetadataItem(4, 6, b"q"))
+    ref = ta.ObjectRef(9, loc, items)
+    records = [b"r%d" % i for i in range(7)]
+    batches = list(ta.records_batches(encode_batch(records), ref, ta.records_schema()))
+    assert len(batches) == 4
+    assert all(len(b.column("location").buffers()[2]) <= 100 for b in batches)
+    got = pa.Table.from_batches(batches).to_pylist()
+    assert [r["value"] for r in got] == records
+    assert [r["index"] for r in got] == list(range(7))
+    assert [r["metadata"] for r in got] == [None] + [b"p" * 20] * 3 + [b"q"] * 3
+    assert {r["location"] for r in got} == {loc}

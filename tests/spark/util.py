@@ -132,3 +132,18 @@ def record_times(buf: tieredbuf.Buffer) -> dict[bytes, int]:
             mine = [m for m in items if m.start_index <= i]
             out[r] = mine[-1].ingestion_time_ms
     return out
+
+
+def bulk_fill(buf: tieredbuf.Buffer, n: int, m: int, t0_ms: int = 1_800_000_000_000) -> None:
+    """``n`` entries (fake 1 MiB objects, entry i ingested at ``t0_ms + i``) written as
+    ``n`` single appends with branching factor ``m`` would leave the tree, in one pass
+    (bench/tree.py's bulk path): for planning tests, which never read the objects."""
+    from tieredbuf.format.manifest import NewEntry as _New
+    from tieredbuf.queue import tree
+
+    entries = [_New(keys.data_key(ULID.from_timestamp((t0_ms + i) / 1000)),
+                    (MetadataItem(0, t0_ms + i, b""),), 1 << 20) for i in range(n)]
+    root = buf.queue.read().root.copy()
+    tree.append_entries(root, entries, t0_ms)
+    tree.rebalance(root, m, buf.queue.nodes.put)
+    buf.store.put(keys.MANIFEST_KEY, root.encode(), mode="overwrite")

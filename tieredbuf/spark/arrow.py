@@ -52,6 +52,11 @@ def records_schema() -> pa.Schema:
     ])
 
 
+MAX_BINARY_BYTES = (1 << 31) - 1
+"""A ``binary``/``string`` array's offsets are int32 (Spark wants those types, not the
+large ones): an object's rows are cut into row ranges whose repeated columns fit."""
+
+
 def records_batches(
     data: bytes, ref: ObjectRef, schema: pa.Schema,
     ts_from_ms: int | None = None, ts_to_ms: int | None = None,
@@ -62,58 +67,77 @@ def records_batches(
     if n == 0:
         return
     seq = check_long(ref.sequence)
-    metadata, ingestion = _metadata_columns(ref.metadata, n)
-    batch = pa.RecordBatch.from_arrays(
-        [
-            values,
-            metadata,
-            pa.array(np.full(n, seq, dtype=np.int64)),
-            pa.array(np.arange(n, dtype=np.int32)),
-            ingestion,
-            repeat_value(ref.location.encode(), n, pa.string()),
-        ],
-        schema=records_schema(),
-    )
-    if ts_from_ms is not None or ts_to_ms is not None:
-        keep = _time_mask(ingestion, ts_from_ms, ts_to_ms)
-        batch = batch.filter(keep)
-    yield from _project(batch, schema)
+    md = sorted(ref.metadata, key=lambda m: m.start_index)
+    which, lead = _item_of_record(md, n)
+    loc = ref.location.encode()
+    widest = max([len(loc), *(len(m.payload) for m in md), 1])
+    step = max(1, MAX_BINARY_BYTES // widest)
+    for off in range(0, n, step):
+        k = min(step, n - off)
+        metadata, ingestion = _metadata_columns(md, which[off : off + k], max(0, lead - off))
+        batch = pa.RecordBatch.from_arrays(
+            [
+                values.slice(off, k),
+                metadata,
+                pa.array(np.full(k, seq, dtype=np.int64)),
+                pa.array(np.arange(off, off + k, dtype=np.int32)),
+                ingestion,
+                repeat_value(loc, k, pa.string()),
+            ],
+            schema=records_schema(),
+        )
+        if ts_from_ms is not None or ts_to_ms is not None:
+            batch = batch.filter(_time_mask(ingestion, ts_from_ms, ts_to_ms))
+        yield from _project(batch, schema)
 
 
 def repeat_value(value: bytes, n: int, t: pa.DataType) -> pa.Array:
     """``value`` ``n`` times as a ``binary``/``string`` array, built from two buffers."""
+    if len(value) * n > MAX_BINARY_BYTES:
+        raise ValueError(f"{n} x {len(value)} bytes do not fit one {t} array (int32 offsets)")
     offsets = np.arange(n + 1, dtype=np.int64) * len(value)
     return pa.Array.from_buffers(
         t, n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(value * n)]
     )
 
 
-def _metadata_columns(
-    items: Sequence[MetadataItem], n: int
-) -> tuple[pa.Array, pa.Array]:
-    """Per-record ``metadata`` and ``ingestion_time``: each item covers the records from
-    its start index to the next item's (records before the first item get nulls)."""
-    ts_type = pa.timestamp("us", tz="UTC")
-    md = sorted(items, key=lambda m: m.start_index)
+def _item_of_record(md: Sequence[MetadataItem], n: int) -> tuple[np.ndarray, int]:
+    """For each record, the index of the metadata item covering it (items sorted by start
+    index; each covers the records up to the next one's start), and how many leading
+    records no item covers."""
     if not md:
-        return pa.nulls(n, pa.binary()), pa.nulls(n, ts_type)
-    if len(md) == 1 and md[0].start_index <= 0:
-        m = md[0]
-        return (repeat_value(m.payload, n, pa.binary()),
-                pa.array(np.full(n, m.ingestion_time_ms * 1000, dtype=np.int64), ts_type))
+        return np.zeros(n, dtype=np.int64), n
     starts = np.clip(np.array([m.start_index for m in md], dtype=np.int64), 0, n)
     runs = np.diff(np.append(starts, n))
-    which = np.repeat(np.arange(len(md), dtype=np.int64), runs)
     lead = int(starts[0])
-    if lead:  # records before the first item: null metadata
-        mask = np.zeros(n, dtype=bool)
+    which = np.concatenate([np.zeros(lead, np.int64),
+                            np.repeat(np.arange(len(md), dtype=np.int64), runs)])
+    return which, lead
+
+
+def _metadata_columns(
+    md: Sequence[MetadataItem], which: np.ndarray, lead: int
+) -> tuple[pa.Array, pa.Array]:
+    """Per-record ``metadata`` and ``ingestion_time`` of the records ``which`` indexes
+    (the first ``lead`` of them before any item: nulls)."""
+    ts_type = pa.timestamp("us", tz="UTC")
+    k = len(which)
+    lead = min(lead, k)
+    if not md or lead == k:
+        return pa.nulls(k, pa.binary()), pa.nulls(k, ts_type)
+    if len(md) == 1 and not lead:
+        m = md[0]
+        return (repeat_value(m.payload, k, pa.binary()),
+                pa.array(np.full(k, m.ingestion_time_ms * 1000, dtype=np.int64), ts_type))
+    if lead:
+        mask = np.zeros(k, dtype=bool)
         mask[:lead] = True
-        which = pa.array(np.concatenate([np.zeros(lead, np.int64), which]), mask=mask)
+        idx = pa.array(which, mask=mask)
     else:
-        which = pa.array(which)
-    metadata = pa.array([m.payload for m in md], pa.binary()).take(which)
+        idx = pa.array(which)
+    metadata = pa.array([m.payload for m in md], pa.binary()).take(idx)
     times_us = np.array([m.ingestion_time_ms for m in md], dtype=np.int64) * 1000
-    return metadata, pa.array(times_us, ts_type).take(which)
+    return metadata, pa.array(times_us, ts_type).take(idx)
 
 
 def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:

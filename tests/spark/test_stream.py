@@ -1,0 +1,123 @@
+"""Streaming planning and fencing, driver side, without a SparkSession.
+
+A trigger reads the root once and loads only the tree nodes on its micro-batch's
+path: its request count does not grow with the backlog (exact counts, I6's reader
+side).  Each batch task gets only its own partition.  A fenced query cannot dequeue
+(I4).  ``maxOffsetsPerTrigger`` is a limit on objects, given to Spark as one.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadMaxFiles
+
+import tieredbuf
+from tests.spark.util import append_records, bulk_fill
+from tieredbuf.errors import FencedError
+from tieredbuf.queue import tree
+from tieredbuf.spark import executor as ex
+from tieredbuf.spark import options as opt
+from tieredbuf.spark.reader import BatchReader
+from tieredbuf.spark.source import records_struct
+from tieredbuf.spark.stream import StreamReader
+from tieredbuf.store import open_store
+from tieredbuf.store.faults import CountingStore
+
+
+def _reader(url: str, **options: str) -> StreamReader:
+    return StreamReader(opt.parse_read_options({"path": url, **options}), records_struct())
+
+
+def _counted(url: str) -> CountingStore:
+    """The store every reader in this process uses for ``url``, counting requests."""
+    store = CountingStore(open_store(url))
+    ex._buffers[(url, ())] = tieredbuf.Buffer(store)
+    return store
+
+
+def _path_nodes(buf: tieredbuf.Buffer, seq: int) -> int:
+    """Tree nodes between the root and entry ``seq`` (0: it is in the root)."""
+    root = buf.snapshot().root
+    if seq >= root.entries_first:
+        return 0
+    refs, depth = root.refs, 0
+    while True:
+        node = buf.snapshot().nodes.load(refs[tree.ref_index(refs, seq)])
+        depth += 1
+        if node.level == 0:
+            return depth
+        refs = list(node.refs)
+
+
+@pytest.mark.parametrize("n", [40, 1_000])
+def test_a_trigger_costs_the_root_and_its_batchs_path_whatever_the_backlog(
+    tmp_path: Path, n: int
+) -> None:
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    bulk_fill(buf, n, m=4)
+    start = (n // 2) // 4 * 4  # a consumer half-way through; 3 objects of one group
+    depth = _path_nodes(buf, start)
+    assert depth == {40: 2, 1_000: 3}[n]
+    store = _counted(url)
+    r = _reader(url, maxOffsetsPerTrigger="3", startingOffsets=str(start))
+    offset = r.initialOffset()
+    assert store.counts["get"] == 1 and store.counts["head"] == 0
+    store.reset()
+    end = r.latestOffset(offset, r.getDefaultReadLimit())
+    parts = r.partitions(offset, end)
+    assert [ref.sequence for p in parts for ref in p.refs] == [start, start + 1, start + 2]
+    # one root read, then the nodes on the batch's path (no dict of every entry, no HEAD)
+    assert store.counts["get"] == 1 + depth and store.counts["head"] == 0
+    assert store.counts["get_range"] == store.counts["get_suffix"] == 0
+    store.reset()
+    nxt = r.latestOffset(end, r.getDefaultReadLimit())
+    r.partitions(end, nxt)  # the next group: its node only, the others are cached
+    assert store.counts["get"] == 2
+
+
+def test_each_batch_task_gets_only_its_own_partition(tmp_path: Path) -> None:
+    sizes = []
+    for n in (20, 20_000):
+        url = f"file://{tmp_path}/b{n:05d}"
+        bulk_fill(tieredbuf.open(url), n, m=1024)
+        ro = opt.parse_read_options({"path": url, "maxPartitionBytes": "0"})
+        reader = BatchReader(ro, records_struct())
+        assert len(reader.partitions()) == n
+        sizes.append(len(pickle.dumps(reader)))  # what Spark ships with every task
+    assert abs(sizes[0] - sizes[1]) < 8 and sizes[1] < 4096  # not 20 000 partitions
+
+
+def test_maxOffsetsPerTrigger_is_given_to_spark_as_a_file_limit(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/buf"
+    for _ in range(5):
+        append_records(tieredbuf.open(url), [[b"a", b"b"]], ts_ms=1000)
+    r = _reader(url, maxOffsetsPerTrigger="2")
+    assert r.getDefaultReadLimit() == ReadMaxFiles(2)
+    start = r.initialOffset()
+    assert r.latestOffset(start, ReadMaxFiles(2))["sequence"] == 2
+
+
+def test_I4_a_fenced_query_cannot_dequeue(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    for s in range(4):
+        append_records(buf, [[b"%d" % s]], ts_ms=1000)
+    a = _reader(url, consumer="etl")
+    a_start = a.initialOffset()
+    a_end = a.latestOffset(a_start, a.getDefaultReadLimit())
+    a.partitions(a_start, a_end)
+    b = _reader(url, consumer="etl")  # a second run of the query: fences the first
+    b_start = b.initialOffset()
+    before = buf.snapshot().etag
+    with pytest.raises(FencedError):
+        a.commit(a_end)
+    with pytest.raises(FencedError):
+        a.latestOffset(a_end, a.getDefaultReadLimit())
+    assert buf.snapshot().etag == before and buf.snapshot().head == 0
+    b_end = b.latestOffset(b_start, b.getDefaultReadLimit())
+    b.commit(b_end)
+    assert buf.snapshot().head == 4
