@@ -14,6 +14,14 @@ an in-RAM Python server, so that measures moto more than tieredbuf).
 ``--split-streams N`` (N > 0) also reads one large ``.qseg`` object whose slot has N
 streams (of about ``rows * value_bytes / N`` bytes each) as bundles, whole
 (``splitStreamsBytes=0``) and split by stream (one partition per stream).
+``--planning`` times only the streaming planning row (no Spark session): the driver's
+work per trigger -- latestOffset + partitions for a micro-batch of
+``--planning-batch`` objects, read from half-way through the backlog -- at 1 k, 100 k
+and 1 M queued entries (``--planning-sizes``), each buffer built through
+bench/tree.py's bulk path (no 1 M CAS round trips; the objects themselves are never
+read, so they are not written).  Beside it, in the same run, the full scan of every
+queued entry that each trigger did before (``snapshot().sized_entries()`` into a
+dict), and each trigger's exact request counts.  The full run includes the row.
 Prints the figures and writes JSON to bench/results/.
 """
 
@@ -211,6 +219,96 @@ def _latency(spark: Any, url: str, store: dict[str, Any], n: int, work: Path) ->
     }
 
 
+def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[str, Any]:
+    """Driver time per streaming trigger, against the backlog (see the module docstring).
+
+    All buffers are built first; then the triggers run round-robin across the sizes (one
+    trigger of each size per round), so a shared host's load falls on every size alike."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tree as tree_bench  # bench/tree.py: the same bulk path
+
+    import tieredbuf
+    from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.spark import executor
+    from tieredbuf.spark import options as opt
+    from tieredbuf.spark.source import records_struct
+    from tieredbuf.spark.stream import StreamReader
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import CountingStore
+
+    if any(n // 2 < batch * (triggers + 1) for n in sizes):
+        raise SystemExit("--planning-batch x --planning-triggers must fit in half the backlog")
+    runs: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        url = f"file://{work}/plan-{n}"
+        store = open_store(url)
+        t0 = time.perf_counter()
+        tree_bench.bulk_tree(store, ManifestQueue(store), n)
+        counting = CountingStore(store)
+        executor._buffers[(url, ())] = tieredbuf.Buffer(counting)
+        ro = opt.parse_read_options({"path": url, "maxOffsetsPerTrigger": str(batch),
+                                     "startingOffsets": str(n // 2)})
+        reader = StreamReader(ro, records_struct())
+        runs[n] = {"store": store, "counting": counting, "reader": reader,
+                   "offset": reader.initialOffset(), "build_s": time.perf_counter() - t0,
+                   "wall": [], "cpu": [], "requests": [],
+                   "root_bytes": len(store.get("queue/manifest").data)}
+
+    def trigger(r: dict[str, Any]) -> None:
+        reader, counting = r["reader"], r["counting"]
+        counting.reset()
+        c, t = time.thread_time(), time.perf_counter()
+        end = reader.latestOffset(r["offset"], reader.getDefaultReadLimit())
+        parts = reader.partitions(r["offset"], end)
+        r["wall"].append((time.perf_counter() - t) * 1000)
+        r["cpu"].append((time.thread_time() - c) * 1000)
+        r["requests"].append(counting.counts["get"] + counting.counts["head"])
+        assert sum(len(p.refs) for p in parts) == batch
+        r["offset"] = end
+
+    for r in runs.values():
+        trigger(r)  # the first trigger of each loads its path's nodes (reported as cold)
+    cold = {n: (r["wall"].pop(), r["cpu"].pop(), r["requests"].pop()) for n, r in runs.items()}
+    for _ in range(triggers):
+        for r in runs.values():
+            trigger(r)
+    rows = []
+    for n, r in runs.items():
+        full = []
+        for _ in range(3):
+            t = time.perf_counter()
+            entries = {e.sequence: (e, size) for e, size in
+                       tieredbuf.Buffer(r["store"]).snapshot().sized_entries()}
+            full.append((time.perf_counter() - t) * 1000)
+            assert len(entries) == n
+        rows.append({
+            "queued": n, "build_s": round(r["build_s"], 1), "root_bytes": r["root_bytes"],
+            "trigger_ms": {"p50": round(statistics.median(r["wall"]), 3),
+                           "min": round(min(r["wall"]), 3), "max": round(max(r["wall"]), 3)},
+            "trigger_cpu_ms_p50": round(statistics.median(r["cpu"]), 3),
+            "requests_per_trigger": {"min": min(r["requests"]), "max": max(r["requests"])},
+            "first_trigger": {"ms": round(cold[n][0], 3), "requests": cold[n][2]},
+            "main_full_scan_ms": round(min(full), 1),
+        })
+        print(f"planning: {n:>9} queued (root {r['root_bytes']} B): trigger p50 "
+              f"{statistics.median(r['wall']):7.3f} ms, cpu {statistics.median(r['cpu']):7.3f}"
+              f" ms, requests {min(r['requests'])}-{max(r['requests'])} (first: "
+              f"{cold[n][2]}); main's full scan {min(full):9.1f} ms", flush=True)
+    lo, hi = rows[0], rows[-1]
+    return {
+        "note": f"driver time of latestOffset + partitions per trigger ({batch} objects per "
+                f"micro-batch, maxOffsetsPerTrigger), {triggers} triggers per size from half-"
+                "way through the backlog, sizes interleaved, local directory; "
+                "main_full_scan_ms: the dict of every queued entry each trigger built before",
+        "rows": rows,
+        "ratio_largest_over_smallest_p50": round(hi["trigger_ms"]["p50"]
+                                                 / lo["trigger_ms"]["p50"], 3),
+        "ratio_largest_over_smallest_cpu_p50": round(hi["trigger_cpu_ms_p50"]
+                                                     / lo["trigger_cpu_ms_p50"], 3),
+        "goal": "largest within 1.5x of smallest",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -223,7 +321,22 @@ def main() -> None:
                     help="records of varied length (the decoder walks the length prefixes)")
     ap.add_argument("--split-streams", type=int, default=0,
                     help="also time a bundle read of one .qseg with this many streams")
+    ap.add_argument("--planning", action="store_true",
+                    help="only the streaming planning row (no Spark session)")
+    ap.add_argument("--planning-sizes", default="1000,100000,1000000")
+    ap.add_argument("--planning-batch", type=int, default=16)
+    ap.add_argument("--planning-triggers", type=int, default=30)
     args = ap.parse_args()
+    sizes = [int(x) for x in args.planning_sizes.split(",")]
+    if args.planning:
+        with tempfile.TemporaryDirectory(prefix="tb-plan-") as tmp:
+            planning = _planning(Path(tmp), sizes, args.planning_batch, args.planning_triggers)
+        result = {"bench": "spark_planning",
+                  "machine": {**machine_info(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+                  "streaming_planning": planning}
+        print(json.dumps(result, indent=2))
+        print(f"wrote {write_json('spark_planning', result)}")
+        return
 
     work = Path(tempfile.mkdtemp(prefix="tb-bench-"))
     parquet = str(work / "parquet")  # Spark's Parquet reader on local disk, always
@@ -295,6 +408,8 @@ def main() -> None:
             },
             "streaming_latency": latency,
             "bundles_split_by_stream": split,
+            "streaming_planning": _planning(work, sizes, args.planning_batch,
+                                            args.planning_triggers),
         }
         spark.stop()
     print(json.dumps(result, indent=2))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -74,9 +75,13 @@ def iter_sized(root: tree.Root, start: int, load: tree.Load) -> Iterator[Sized]:
     lazily: finding ``start`` costs one bisection per level, and only what the caller
     consumes is decoded (a node is loaded when the walk reaches it)."""
     if start < root.entries_first and root.n_refs:
-        refs = root.refs
-        for r in refs[_ref_index(refs, start):]:
-            yield from _iter_node(r, start, load)
+        # bisect the raw REFs one unpack at a time: decoding all of them (up to 2M + N/M^3)
+        # on every trigger would make a trigger's CPU grow with the backlog; each node
+        # loaded is still checked against the REF that led to it (NodeStore.load, I7)
+        n = root.n_refs
+        first = bisect.bisect_left(range(n), start, key=lambda i: root.ref_at(i).last)
+        for i in range(first, n):
+            yield from _iter_node(root.ref_at(i), start, load)
     yield from _iter_view(root.entries_view(), start, root.stat_at)
 
 
@@ -101,12 +106,31 @@ def _iter_view(view: fm.ManifestView, start: int,
     k = max(0, start - first)
     if k >= count:
         return
-    off = fm.skip_entries(view, k)
+    off = _skip(view, k)
     rest = fm.ManifestView(bytes(view.raw[off : view.entries_end]),
                            fm.Footer(count - k, view.footer.next_sequence, 0, fm.V2),
                            view.entries_end - off, obj=view.obj)
     for e in fm.iter_entries(rest):
         yield e, stat(e.sequence - first).size
+
+
+_U32 = struct.Struct("<I")
+
+
+def _skip(view: fm.ManifestView, k: int) -> int:
+    """Byte offset of entry ``k``: :func:`fm.skip_entries` without a checked read per
+    length (a trigger skips up to M entries of a group to reach its position); bad
+    lengths fall back to it, which names the byte that is wrong (I7)."""
+    raw, pos, end = view.raw, 0, view.entries_end
+    unpack = _U32.unpack_from
+    try:
+        for _ in range(k):
+            pos += 4 + unpack(raw, pos)[0]
+    except struct.error:
+        pos = end + 1
+    if pos > end:
+        return fm.skip_entries(view, k)  # raises CorruptError
+    return pos
 
 
 def collect(snap: Snapshot, start: int, end: int) -> list[Sized]:
