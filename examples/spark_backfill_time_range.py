@@ -1,50 +1,65 @@
-"""Batch backfill: read one time range of a tieredbuf buffer and write it to Parquet.
+"""Batch backfill: read a tieredbuf buffer day by day and write each day to Parquet.
 
     python examples/spark_backfill_time_range.py s3://bucket/prefix /data/backfill \
-        --from 2026-11-22T00:00:00 --to 2026-11-23T00:00:00 [--endpoint http://...]
+        --from 2026-11-20 --days 3 [--endpoint http://...]
 
-The range is resolved through the queue manifest (each entry's metadata ingestion
-times), so only the data objects that overlap it are read, one Spark task per object;
-records inside straddling objects are filtered by their own ingestion time.  A plain
-batch read never dequeues anything.
+Each day is one batch read of ``[day, next day)`` by ingestion time.  Adjacent windows
+return every record exactly once, in the window of its own ingestion time, even
+records appended late with an older time (a producer's stage drained hours later, a
+skewed clock): a window ends after the last object still holding a record before its
+end, and records are filtered one by one (docs/spark.md, "Time windows").  The
+windows are found through the manifest tree; only the data objects that hold records
+of the day are read.  A plain batch read never dequeues anything.  Re-running a day
+replaces its Parquet partition.
 """
 
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import SparkSession
 
 import tieredbuf.spark
 
 
+def _ms(d: date) -> str:
+    return str(int(datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp() * 1000))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("buffer")
     ap.add_argument("out")
-    ap.add_argument("--from", dest="start", required=True, help="ISO-8601 or epoch ms")
-    ap.add_argument("--to", dest="end", required=True, help="ISO-8601 or epoch ms (exclusive)")
+    ap.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD (UTC)")
+    ap.add_argument("--days", type=int, default=1)
     ap.add_argument("--endpoint")
     ap.add_argument("--region", default="us-east-1")
     args = ap.parse_args()
 
     spark = SparkSession.builder.appName("tieredbuf-backfill").getOrCreate()
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     tieredbuf.spark.register(spark)
-    reader = (
-        spark.read.format("tieredbuf")
-        .option("region", args.region)
-        .option("startingTimestamp", args.start)
-        .option("endingTimestamp", args.end)
-        .option("failOnDataLoss", "false")  # part of the range may be dequeued already
-    )
-    if args.endpoint:  # an http:// endpoint implies plain HTTP
-        reader = reader.option("endpoint", args.endpoint)
-    df = reader.load(args.buffer)
-    df.selectExpr(
-        "CAST(value AS STRING) AS value", "sequence", "index", "ingestion_time",
-        "to_date(ingestion_time) AS day",
-    ).write.mode("overwrite").partitionBy("day").parquet(args.out)
-    print(f"backfilled {spark.read.parquet(args.out).count()} records into {args.out}")
+    first = date.fromisoformat(args.start)
+    for i in range(args.days):
+        day = first + timedelta(days=i)
+        reader = (
+            spark.read.format("tieredbuf")
+            .option("startingTimestamp", _ms(day))
+            .option("endingTimestamp", _ms(day + timedelta(days=1)))
+            .option("failOnDataLoss", "false")  # the oldest days may be gone already
+        )
+        if args.buffer.startswith("s3://"):
+            reader = reader.option("region", args.region)
+        if args.endpoint:  # an http:// endpoint implies plain HTTP
+            reader = reader.option("endpoint", args.endpoint)
+        df = reader.load(args.buffer).selectExpr(
+            "CAST(value AS STRING) AS value", "sequence", "index", "ingestion_time",
+            "to_date(ingestion_time) AS day",
+        )
+        df.write.mode("overwrite").partitionBy("day").parquet(args.out)
+        n = spark.read.parquet(args.out).where(f"day = '{day}'").count()
+        print(f"{day}: {n} records")
 
 
 if __name__ == "__main__":

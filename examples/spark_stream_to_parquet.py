@@ -35,10 +35,11 @@ def main() -> None:
 
     reader = (
         spark.readStream.format("tieredbuf")
-        .option("region", args.region)
         .option("consumer", args.consumer)
         .option("maxOffsetsPerTrigger", args.max_objects_per_trigger)
     )
+    if args.buffer.startswith("s3://"):
+        reader = reader.option("region", args.region)
     if args.endpoint:  # an http:// endpoint implies plain HTTP
         reader = reader.option("endpoint", args.endpoint)
     records = reader.load(args.buffer).selectExpr(
