@@ -334,8 +334,7 @@ def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
         raise tieredbuf.BufferNotFoundError(buf.url)
     if args.duration is not None:
         buf.set_gc_grace_period(args.duration, force=args.force)
-    grace = buf.gc_grace_period
-    out.write(f"{'unset (GC uses --grace or 10m)' if grace is None else grace}\n")
+    out.write(f"{buf.gc_grace_period}\n")  # None: an older root (GC: --grace, else 10m)
     return EXIT_OK
 
 
@@ -514,9 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
     g.add_argument("url")
-    g.add_argument("--grace", type=parse_duration, default=None,
-                   help="the buffer's grace period (root) unless longer; shorten it with "
-                        "`tieredbuf grace URL DURATION`")
+    g.add_argument("--grace", type=parse_duration, help="honoured if longer than the buffer's")
     g.add_argument("--dry-run", action="store_true")
     g.add_argument("--json", action="store_true")
     g.add_argument("--metrics-file", help="write Prometheus metrics here (node_exporter textfile)")
@@ -527,8 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     gr = sub.add_parser("grace", help="show or set the buffer's GC grace period (in its root)")
     gr.add_argument("url")
     gr.add_argument("duration", nargs="?", type=parse_duration)
-    gr.add_argument("--force", action="store_true",
-                    help="allow a grace under twice the tree's link deadline (4m)")
+    gr.add_argument("--force", action="store_true", help="allow one under 2 x link deadline")
     _store_args(gr)
     gr.set_defaults(fn=cmd_grace)
 

@@ -129,15 +129,12 @@ class Snapshot:
 
     @property
     def buffer_id(self) -> str | None:
-        """The buffer's id as a ULID string (None: not recorded yet)."""
         b = self.root.buffer
         return None if b is None else str(ULID.from_bytes(b.buffer_id))
 
     @property
     def gc_grace_ms(self) -> int | None:
-        """The buffer's GC grace period in ms (None: the root does not record one)."""
-        b = self.root.buffer
-        return None if b is None else b.gc_grace_ms
+        return None if self.root.buffer is None else self.root.buffer.gc_grace_ms
 
     def entries(self) -> list[fm.ManifestEntry]:
         """The queued entries (head .. tail), in order; reads group objects as needed."""
@@ -492,14 +489,9 @@ class ManifestQueue:
             attempt += 1
 
     def set_gc_grace_period(self, grace: timedelta, *, force: bool = False) -> timedelta:
-        """Store the buffer's GC grace period in the root (one CAS; idempotent).
-
-        GC never deletes an unreferenced object younger than it and writers re-upload any
-        object older than half of it before enqueueing it; both read it from the root, so
-        they cannot disagree.  A grace shorter than twice the tree's ``link_deadline``
-        would let GC delete a group node a writer is about to link: refused unless
-        ``force`` (tests, or a buffer with no concurrent writers).
-        """
+        """Store the buffer's GC grace period in the root (one CAS; idempotent); GC and
+        writers read it there.  Under twice the tree's ``link_deadline`` GC could delete a
+        group node a writer is about to link: refused unless ``force``."""
         if not isinstance(grace, timedelta) or grace < timedelta(0):
             raise ConfigError(f"gc grace period must be a timedelta >= 0, got {grace!r}")
         if not force and grace < 2 * self.tree.link_deadline:

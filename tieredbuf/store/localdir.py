@@ -365,7 +365,7 @@ class LocalDirStore:
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
                                errno.EXDEV):
-                raise StoreError(f"cannot copy {src} to {dst}: {e}") from e
+                raise os_error(e, f"cannot copy {src} to {dst}") from e
         self.put(dst, self.get(src).data, mode="create")
 
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
