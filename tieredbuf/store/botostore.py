@@ -259,6 +259,15 @@ class BotoS3Store:
         # One PUT (S3 takes up to 5 GiB): this client serves forked children only.
         return self.put(key, b"".join(chunks), mode=mode)
 
+    def copy(self, src: str, dst: str) -> None:
+        check_key(src)
+        check_key(dst)
+        try:  # server-side CopyObject; dst is a fresh key (S3 has no conditional copy)
+            self._c().copy_object(Bucket=self._s.bucket, Key=self._key(dst),
+                                  CopySource={"Bucket": self._s.bucket, "Key": self._key(src)})
+        except Exception as e:
+            raise self._error(e, src, write=True) from e
+
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         keys = [check_key(k) for k in keys]
         failures: builtins.list[tuple[str, Exception]] = []

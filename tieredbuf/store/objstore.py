@@ -384,12 +384,16 @@ class ObjStore:
     def copy(self, src: str, dst: str) -> None:
         check_key(src)
         check_key(dst)
+        alt = self._alt()
+        if alt is not None:
+            alt.copy(src, dst)
+            return
         try:
             # server-side (S3 CopyObject, up to 5 GiB); dst is a fresh ULID key, so the
             # unconditional copy cannot replace anything (S3 has no conditional copy)
             obs.copy(self._inner, src, dst, overwrite=True)
         except Exception as e:
-            raise map_error(e, src, write=True) from e
+            raise self._error(e, src, write=True) from e
 
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         keys = [check_key(k) for k in keys]
