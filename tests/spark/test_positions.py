@@ -199,6 +199,7 @@ def test_offsets_of_another_buffer_fail(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # test_offsets_of_another_buffer_fail holds the rule in the quick run
 def test_a_recreated_buffer_fails_the_query(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)
