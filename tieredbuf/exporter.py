@@ -248,7 +248,7 @@ class Exporter:
         suffix = keys.SEGMENT_SUFFIX if kind == "qseg" else keys.BATCH_SUFFIX
         pending, good = [], []
         for seg in segs:
-            body = seg.path.read_bytes()
+            body = self.stage.read_segment(seg)
             why = verify(seg, body)
             if why is not None:  # never upload bad bytes (I7); say loudly what is lost
                 dest = self.stage.quarantine(seg, why)

@@ -15,6 +15,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, WalFullError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
+from tieredbuf.stage._fs import FileSystem
 from tieredbuf.stage.wal import ACTIVE_NAME, CURSOR_NAME, NEW_NAME, WalWriter
 
 CFG = b"\x07" * 16
@@ -61,31 +62,27 @@ def test_I1_append_ack_completes_after_fdatasync_and_survives_reopen(
 def test_flush_interval_zero_returns_done_and_concurrent_appenders_share_syncs(
     tmp_path: Path,
 ) -> None:
-    w = _open(tmp_path, flush_interval=timedelta(0))
     calls = 0
-    real = os.fdatasync
 
-    def counting(fd: int) -> None:
-        nonlocal calls
-        calls += 1
-        real(fd)
+    class CountingFs(FileSystem):
+        def fdatasync(self, fd: int) -> None:  # type: ignore[override]
+            nonlocal calls
+            calls += 1
+            os.fdatasync(fd)
 
-    os.fdatasync = counting  # type: ignore[assignment]
-    try:
-        results: list[bool] = []
+    w = WalWriter(tmp_path, CFG, WalConfig(flush_interval=timedelta(0)), fs=CountingFs())
+    results: list[bool] = []
 
-        def worker(k: int) -> None:
-            for i in range(25):
-                a = w.append(_entry(k * 100 + i))
-                results.append(a.durable.done())
+    def worker(k: int) -> None:
+        for i in range(25):
+            a = w.append(_entry(k * 100 + i))
+            results.append(a.durable.done())
 
-        ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        os.fdatasync = real  # type: ignore[assignment]
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
     assert all(results) and len(results) == 200
     assert 1 <= calls <= 200
     w.close()

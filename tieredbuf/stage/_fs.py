@@ -1,9 +1,20 @@
-"""Small durable-file helpers: the only place the stage spells out fsync ordering."""
+"""Every operating-system call the stage makes, in one place: the durable-file helpers
+(the only place the stage spells out fsync ordering) and the primitives under them.
+
+The stage never calls ``os`` or ``Path`` I/O directly.  Each stage component
+(``Stage``, ``WalWriter``, ``SegmentDir``) takes a :class:`FileSystem` when it is built
+(``current()`` by default: the real one) and calls only it.  A test can put a simulated
+file layer there (``tests/stage/simfs.py``: power cuts that keep only what an fsync
+covered, injected ENOSPC / EIO) and run the real stage code on it; a component keeps the
+layer it was built with, so threads of a stage abandoned after a simulated power cut can
+never touch the next one's files.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import threading
 import time
@@ -13,67 +24,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from tieredbuf.fsutil import fsync_dir
+__all__ = ["FileSystem", "IoGate", "current", "fsync_dir", "installed", "read_if_exists",
+           "write_all", "write_atomic", "write_durable", "zero_file"]
 
-__all__ = ["IoGate", "fsync_dir", "read_if_exists", "write_all", "write_atomic",
-           "write_durable", "zero_file"]
+Buffers = Iterable[bytes | memoryview | pa.Buffer]
 
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (AttributeError, ValueError, OSError):
     _IOV_MAX = 16
-
-
-def write_all(fd: int, parts: Iterable[bytes | memoryview | pa.Buffer]) -> int:
-    """Write every part with as few ``writev`` calls as IOV_MAX allows (handles short
-    writes); returns the byte count.  Parts are 1-byte-item buffers (``len`` is their
-    size).  One ``os.write`` per part cost ~7x more at 1 KiB records."""
-    todo: list[bytes | memoryview | pa.Buffer] = list(parts)
-    total = 0
-    i = 0
-    while i < len(todo):
-        chunk = todo[i : i + _IOV_MAX]
-        n = os.writev(fd, chunk)
-        total += n
-        if n == sum(map(len, chunk)):
-            i += len(chunk)
-            continue
-        while n >= len(todo[i]):  # a short write: skip what was written, resume mid-part
-            n -= len(todo[i])
-            i += 1
-        todo[i] = memoryview(todo[i])[n:]
-    return total
-
-
-def write_durable(
-    path: Path, parts: Iterable[bytes | memoryview | pa.Buffer], mode: int = 0o644
-) -> int:
-    """Create (or truncate) ``path`` with ``parts`` and fdatasync it (no rename)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        n = write_all(fd, parts)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    return n
-
-
-def write_atomic(
-    path: Path, parts: Iterable[bytes | memoryview | pa.Buffer], mode: int = 0o644
-) -> int:
-    """tmp -> fdatasync -> rename -> directory fsync: readers see the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    n = write_durable(tmp, parts, mode)
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
-    return n
-
-
-def read_if_exists(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
 
 
 def _libc(name: str, argtypes: list[Any]) -> Callable[..., None] | None:
@@ -97,6 +56,206 @@ def _libc(name: str, argtypes: list[Any]) -> Callable[..., None] | None:
 _SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
 _sync_file_range = _libc("sync_file_range",
                          [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+_FALLOC_FL_ZERO_RANGE = 0x10
+_fallocate = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+
+
+class FileSystem:
+    """The real operating system.
+
+    Primitives are the ``os`` functions themselves (no extra Python frame on the
+    append path); the compound helpers below are written on the primitives only, so a
+    simulated layer that overrides the primitives runs the stage's real ordering of
+    writes, fdatasyncs, renames and directory fsyncs.
+    """
+
+    open = staticmethod(os.open)
+    close = staticmethod(os.close)
+    writev = staticmethod(os.writev)
+    fdatasync = staticmethod(os.fdatasync)
+    fsync = staticmethod(os.fsync)
+    ftruncate = staticmethod(os.ftruncate)
+    lseek = staticmethod(os.lseek)
+    fchmod = staticmethod(os.fchmod)
+    chmod = staticmethod(os.chmod)
+    rename = staticmethod(os.rename)
+
+    def unlink(self, path: Path, missing_ok: bool = False) -> None:
+        path.unlink(missing_ok=missing_ok)
+
+    def mkdir(self, path: Path) -> bool:
+        """Create one directory; False if it already exists."""
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            return False
+        return True
+
+    def listdir(self, path: Path) -> list[str]:
+        return os.listdir(path)
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def file_size(self, path: Path) -> int:
+        return path.stat().st_size
+
+    def read_bytes(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+    def lock(self, path: Path) -> int:
+        """Open ``path`` and take an exclusive ``flock`` on it (BlockingIOError if
+        another open file description holds it); returns the fd."""
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @property
+    def can_write_back(self) -> bool:
+        return _sync_file_range is not None
+
+    def write_back(self, fd: int, offset: int, length: int) -> None:
+        """Start writing ``fd``'s dirty pages [offset, offset + length) to the disk and
+        wait for it (``sync_file_range``).  NOT a durability barrier: no metadata, no
+        disk cache flush; only an fdatasync/fsync makes bytes durable."""
+        if _sync_file_range is not None:
+            _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_FLAGS)
+
+    def zero_range(self, fd: int, offset: int, length: int) -> None:
+        """``fallocate(FALLOC_FL_ZERO_RANGE)``: zeros, blocks kept allocated (not
+        durable until an fsync).  OSError(EOPNOTSUPP) where unsupported."""
+        if _fallocate is None:
+            raise OSError(errno.EOPNOTSUPP, "fallocate unavailable")
+        _fallocate(fd, _FALLOC_FL_ZERO_RANGE, offset, length)
+
+    # --- compound helpers (primitives only) ----------------------------------------
+
+    def write_all(self, fd: int, parts: Buffers) -> int:
+        """Write every part with as few ``writev`` calls as IOV_MAX allows (handles
+        short writes); returns the byte count.  Parts are 1-byte-item buffers (``len``
+        is their size).  One ``os.write`` per part cost ~7x more at 1 KiB records."""
+        todo: list[bytes | memoryview | pa.Buffer] = list(parts)
+        writev = self.writev
+        total = 0
+        i = 0
+        while i < len(todo):
+            chunk = todo[i : i + _IOV_MAX]
+            n = writev(fd, chunk)
+            total += n
+            if n == sum(map(len, chunk)):
+                i += len(chunk)
+                continue
+            while n >= len(todo[i]):  # a short write: skip what was written, resume mid-part
+                n -= len(todo[i])
+                i += 1
+            todo[i] = memoryview(todo[i])[n:]
+        return total
+
+    def write_durable(self, path: Path, parts: Buffers, mode: int = 0o644) -> int:
+        """Create (or truncate) ``path`` with ``parts`` and fdatasync it (no rename)."""
+        fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            n = self.write_all(fd, parts)
+            self.fdatasync(fd)
+        finally:
+            self.close(fd)
+        return n
+
+    def write_atomic(self, path: Path, parts: Buffers, mode: int = 0o644) -> int:
+        """tmp -> fdatasync -> rename -> directory fsync: readers see the old or the new
+        file, and after the directory fsync the new one survives a power cut."""
+        tmp = path.with_name(path.name + ".tmp")
+        n = self.write_durable(tmp, parts, mode)
+        self.rename(tmp, path)
+        self.fsync_dir(path.parent)
+        return n
+
+    def read_if_exists(self, path: Path) -> bytes | None:
+        try:
+            return self.read_bytes(path)
+        except FileNotFoundError:
+            return None
+
+    def fsync_dir(self, path: Path) -> None:
+        """fsync a directory, so a create, rename or unlink inside it survives a crash."""
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+    def makedirs(self, path: Path) -> None:
+        """``mkdir -p``."""
+        if self.exists(path):
+            return
+        if path.parent != path:
+            self.makedirs(path.parent)
+        self.mkdir(path)
+
+    def zero_file(self, path: Path, size: int) -> None:
+        """Zero ``path``'s bytes [0, size) without freeing its blocks, durably (fsync:
+        the extent change is metadata).  Raises OSError where unsupported."""
+        fd = self.open(path, os.O_WRONLY)
+        try:
+            self.zero_range(fd, 0, size)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+
+_current: FileSystem = FileSystem()
+
+
+def current() -> FileSystem:
+    """The file layer new stage components use (the real one unless a test installed
+    another)."""
+    return _current
+
+
+@contextlib.contextmanager
+def installed(fs: FileSystem) -> Iterator[FileSystem]:
+    """Tests: stage components built inside this block use ``fs``."""
+    global _current
+    before, _current = _current, fs
+    try:
+        yield fs
+    finally:
+        _current = before
+
+
+# module-level shorthands on the current layer (tests and tools)
+
+
+def write_all(fd: int, parts: Buffers) -> int:
+    return _current.write_all(fd, parts)
+
+
+def write_durable(path: Path, parts: Buffers, mode: int = 0o644) -> int:
+    return _current.write_durable(path, parts, mode)
+
+
+def write_atomic(path: Path, parts: Buffers, mode: int = 0o644) -> int:
+    return _current.write_atomic(path, parts, mode)
+
+
+def read_if_exists(path: Path) -> bytes | None:
+    return _current.read_if_exists(path)
+
+
+def fsync_dir(path: Path) -> None:
+    _current.fsync_dir(path)
+
+
+def zero_file(path: Path, size: int) -> None:
+    _current.zero_file(path, size)
 
 
 class IoGate:
@@ -142,32 +301,13 @@ class IoGate:
                     return
                 self._cond.wait(left)
 
-    def write_back(self, fd: int, size: int) -> None:
+    def write_back(self, fd: int, size: int, fs: FileSystem | None = None) -> None:
         """Write ``fd``'s dirty pages [0, size) to the disk between WAL rounds (not
         durable yet: the caller's fdatasync still follows).  A no-op without
         ``sync_file_range`` (the fdatasync then writes everything at once)."""
-        if _sync_file_range is None:
+        fs = fs or _current
+        if not fs.can_write_back:
             return
         for off in range(0, size, self.chunk):
             self._wait_idle()
-            _sync_file_range(fd, off, min(self.chunk, size - off), _SYNC_FILE_RANGE_FLAGS)
-
-
-_FALLOC_FL_ZERO_RANGE = 0x10
-
-
-_fallocate = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
-
-
-def zero_file(path: Path, size: int) -> None:
-    """Zero ``path``'s bytes [0, size) without freeing its blocks
-    (``FALLOC_FL_ZERO_RANGE``), durably (fsync: the extent change is metadata).
-    Raises OSError where unsupported."""
-    if _fallocate is None:
-        raise OSError(95, "fallocate unavailable")
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        _fallocate(fd, _FALLOC_FL_ZERO_RANGE, 0, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fs.write_back(fd, off, min(self.chunk, size - off))

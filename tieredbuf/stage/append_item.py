@@ -7,7 +7,6 @@ reuses the body's record block instead of laying the records out again.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ from tieredbuf import keys
 from tieredbuf.config import Compression
 from tieredbuf.errors import StageLockedError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import read_if_exists, write_atomic
+from tieredbuf.stage._fs import FileSystem
 
 PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -43,26 +42,24 @@ class BundleOrRecords:
         return wal_fmt.frame_entry(seq, ts, self.entry)
 
 
-def lock_stage(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def lock_stage(fs: FileSystem, path: Path) -> int | None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = fs.lock(path)
     except BlockingIOError as e:
-        os.close(fd)
         raise StageLockedError(f"{path.parent} is locked by another process") from e
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    fs.ftruncate(fd, 0)
+    fs.write_all(fd, [f"{os.getpid()}\n".encode()])
     return fd
 
 
-def default_producer_id(root: Path) -> str:
+def default_producer_id(fs: FileSystem, root: Path) -> str:
     """The id kept in ``<staging_dir>/producer.id`` (a new ULID the first time)."""
     p = root / keys.STAGE_ID_NAME
-    raw = read_if_exists(p)
+    raw = fs.read_if_exists(p)
     if raw is not None and PRODUCER_ID_RE.match(raw.decode(errors="replace").strip()):
         return raw.decode().strip()
     pid = str(ULID())
-    write_atomic(p, [pid.encode() + b"\n"])
+    fs.write_atomic(p, [pid.encode() + b"\n"])
     return pid
 
 

@@ -56,7 +56,8 @@ from tieredbuf.format.segment import (
     SegmentBuilder,
     SegmentBundle,
 )
-from tieredbuf.stage._fs import IoGate, fsync_dir, write_all, write_durable
+from tieredbuf.stage import _fs
+from tieredbuf.stage._fs import FileSystem, IoGate
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +283,9 @@ class SegmentDir:
     max_spares = 2
 
     def __init__(self, path: Path, compression: Compression = Compression.NONE,
-                 gate: IoGate | None = None) -> None:
+                 gate: IoGate | None = None, fs: FileSystem | None = None) -> None:
         self.path = path
+        self.fs = fs = fs or _fs.current()
         self.compression = compression
         self.gate = gate
         """If set, segment bytes go to the disk between WAL sync rounds (IoGate)."""
@@ -295,7 +297,7 @@ class SegmentDir:
         self._spare_jobs = 0
         """Releases turning a segment into a spare right now."""
         self._next_spare = 0
-        path.mkdir(parents=True, exist_ok=True)
+        fs.makedirs(path)
 
     def spare_bytes(self) -> int:
         with self._spare_lock:
@@ -306,7 +308,7 @@ class SegmentDir:
         with self._spare_lock:
             spares, self._spares = self._spares, []
         for p, _ in spares:
-            p.unlink(missing_ok=True)
+            self.fs.unlink(p, missing_ok=True)
         return sum(n for _, n in spares)
 
     def _reuse_spare(self, tmp: Path) -> bool:
@@ -315,13 +317,14 @@ class SegmentDir:
             if not self._spares:
                 return False
             spare, _ = self._spares.pop()
+        fs = self.fs
         try:
-            os.rename(spare, tmp)
-            os.chmod(tmp, 0o640)
+            fs.rename(spare, tmp)
+            fs.chmod(tmp, 0o640)
         except OSError as e:
             log.warning("segment spare %s unusable (%s); creating a new file", spare, e)
-            spare.unlink(missing_ok=True)
-            tmp.unlink(missing_ok=True)
+            fs.unlink(spare, missing_ok=True)
+            fs.unlink(tmp, missing_ok=True)
             return False
         return True
 
@@ -364,29 +367,30 @@ class SegmentDir:
         final = self.path / f"{ulid}.{acc.kind}"
         tmp = final.with_name(final.name + ".tmp")
         reused = self._reuse_spare(tmp)
-        fd = os.open(tmp, os.O_WRONLY | (0 if reused else os.O_CREAT | os.O_EXCL), 0o640)
+        fs = self.fs
+        fd = fs.open(tmp, os.O_WRONLY | (0 if reused else os.O_CREAT | os.O_EXCL), 0o640)
         try:
-            size = write_all(fd, parts)
+            size = fs.write_all(fd, parts)
             if reused:  # drop the old segment's tail (before the fdatasync)
-                os.ftruncate(fd, size)
+                fs.ftruncate(fd, size)
             parts.clear()
             if written is not None:
                 written()
             if self.gate is not None:
-                self.gate.write_back(fd, size)
-            os.fdatasync(fd)
-            os.fchmod(fd, 0o440)
+                self.gate.write_back(fd, size, fs)
+            fs.fdatasync(fd)
+            fs.fchmod(fd, 0o440)
         finally:
-            os.close(fd)
+            fs.close(fd)
         seg = SealedSegment(
             final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
             items, entry_count, record_count, time.time_ns() // 1_000_000, crc,
         )
         side_tmp = seg.sidecar_path.with_name(seg.sidecar_path.name + ".tmp")
         try:
-            write_durable(side_tmp, [json.dumps(_to_json(seg)).encode()])
+            fs.write_durable(side_tmp, [json.dumps(_to_json(seg)).encode()])
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            fs.unlink(tmp, missing_ok=True)
             raise
         return PreparedSegment(seg, tmp, side_tmp)
 
@@ -395,62 +399,70 @@ class SegmentDir:
         the module doc).  Commit prepared segments in seal order: the exporter relies
         on it."""
         seg = prep.segment
-        os.rename(prep.sidecar_tmp, seg.sidecar_path)
-        os.rename(prep.tmp, seg.path)
-        fsync_dir(self.path)
+        self.fs.rename(prep.sidecar_tmp, seg.sidecar_path)
+        self.fs.rename(prep.tmp, seg.path)
+        self.fs.fsync_dir(self.path)
         return seg
 
-    @staticmethod
-    def discard(prep: PreparedSegment) -> None:
+    def discard(self, prep: PreparedSegment) -> None:
         """Best effort: remove a prepared segment's temp files (load() does it anyway)."""
-        prep.tmp.unlink(missing_ok=True)
-        prep.sidecar_tmp.unlink(missing_ok=True)
+        self.fs.unlink(prep.tmp, missing_ok=True)
+        self.fs.unlink(prep.sidecar_tmp, missing_ok=True)
+
+    def read(self, seg: SealedSegment) -> bytes:
+        """A sealed segment's bytes."""
+        return self.fs.read_bytes(seg.path)
 
     def load(self, verify_crc: bool = True) -> list[SealedSegment]:
         """Sealed segments on disk, in seal order; cleans up what a crash left and
         quarantines segments whose CRC does not match (:meth:`quarantine`)."""
+        fs = self.fs
         out: list[SealedSegment] = []
-        names = {p.name for p in self.path.iterdir()}
+        names = set(fs.listdir(self.path))
         changed = False
         for name in sorted(names):
             p = self.path / name
             if name.endswith(".tmp") or name.startswith(SPARE_PREFIX):
-                p.unlink()
+                fs.unlink(p)
                 changed = True
             elif name.endswith(SIDECAR_SUFFIX):
                 if name[: -len(SIDECAR_SUFFIX)] not in names:
-                    p.unlink()  # crash before the segment rename, or mid-release
+                    fs.unlink(p)  # crash before the segment rename, or mid-release
                     changed = True
             elif name.endswith((f".{QSEG}", f".{BATCH}")):
                 side = p.with_name(name + SIDECAR_SUFFIX)
                 if side.name not in names:
                     log.error("segment %s has no sidecar; quarantined as .orphan", p)
-                    p.rename(p.with_name(name + ".orphan"))
+                    fs.rename(p, p.with_name(name + ".orphan"))
                     changed = True
                     continue
                 try:
-                    seg = _from_json(p, json.loads(side.read_bytes()))
+                    seg = _from_json(p, json.loads(fs.read_bytes(side)), fs.file_size(p))
                 except (ValueError, KeyError, TypeError) as e:
                     log.error("segment %s has an unreadable sidecar (%s); quarantined", p, e)
-                    p.rename(p.with_name(name + ".orphan"))
+                    fs.rename(p, p.with_name(name + ".orphan"))
                     changed = True
                     continue
-                if verify_crc and (why := verify(seg)) is not None:
+                if verify_crc and (why := verify(seg, fs.read_bytes(p))) is not None:
                     self.quarantine(seg, why, fsync=False)
                     changed = True
                     continue
                 out.append(seg)
         if changed:
-            fsync_dir(self.path)
+            fs.fsync_dir(self.path)
         return out
 
     def quarantined(self) -> list[SealedSegment]:
         """Every quarantined (corrupt) segment still in the directory, from its sidecar."""
         out = []
-        for side in sorted(self.path.glob(f"*{CORRUPT_SUFFIX}{SIDECAR_SUFFIX}")):
+        fs = self.fs
+        for name in sorted(fs.listdir(self.path)):
+            if not name.endswith(CORRUPT_SUFFIX + SIDECAR_SUFFIX):
+                continue
+            side = self.path / name
             seg_path = side.with_name(side.name[: -len(SIDECAR_SUFFIX)])
             try:
-                out.append(_from_json(seg_path, json.loads(side.read_bytes()), check_size=False))
+                out.append(_from_json(seg_path, json.loads(fs.read_bytes(side)), None))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.error("quarantined segment %s: unreadable sidecar (%s)", side, e)
         return out
@@ -461,10 +473,10 @@ class SegmentDir:
         from the stage's view; its sequences stay known through the sidecar."""
         dest = seg.path.with_name(seg.path.name + CORRUPT_SUFFIX)
         side_dest = dest.with_name(dest.name + SIDECAR_SUFFIX)
-        os.rename(seg.sidecar_path, side_dest)
-        os.rename(seg.path, dest)
+        self.fs.rename(seg.sidecar_path, side_dest)
+        self.fs.rename(seg.path, dest)
         if fsync:
-            fsync_dir(self.path)
+            self.fs.fsync_dir(self.path)
         log.error(
             "sealed segment %s is corrupt (%s): quarantined as %s, never uploaded; its "
             "sequences %s are LOST unless the WAL still held them (docs/failure-modes.md)",
@@ -482,16 +494,17 @@ class SegmentDir:
                 self._next_spare += 1
                 self._spare_jobs += 1
         job = spare is not None
+        fs = self.fs
         try:
             if spare is not None:
                 try:
-                    os.rename(seg.path, spare)
+                    fs.rename(seg.path, spare)
                 except FileNotFoundError:
                     spare = None
             else:
-                seg.path.unlink(missing_ok=True)
-            seg.sidecar_path.unlink(missing_ok=True)
-            fsync_dir(self.path)  # the segment's name is gone before a spare is reused
+                fs.unlink(seg.path, missing_ok=True)
+            fs.unlink(seg.sidecar_path, missing_ok=True)
+            fs.fsync_dir(self.path)  # the segment's name is gone before a spare is reused
             if spare is not None:
                 with self._spare_lock:
                     self._spares.append((spare, seg.size))
@@ -520,11 +533,12 @@ def _to_json(seg: SealedSegment) -> dict[str, Any]:
     }
 
 
-def _from_json(path: Path, d: dict[str, Any], check_size: bool = True) -> SealedSegment:
+def _from_json(path: Path, d: dict[str, Any], size: int | None) -> SealedSegment:
+    """``size``: the segment file's (checked against the sidecar), None: not checked."""
     if d["version"] != SIDECAR_VERSION:
         raise ValueError(f"unknown sidecar version {d['version']}")
-    if check_size and path.stat().st_size != d["size"]:
-        raise ValueError(f"size {path.stat().st_size} != recorded {d['size']}")
+    if size is not None and size != d["size"]:
+        raise ValueError(f"size {size} != recorded {d['size']}")
     return SealedSegment(
         path, d["kind"], d["ulid"], int(d["size"]),
         tuple((int(a), int(b)) for a, b in d["sequences"]),

@@ -45,7 +45,8 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import IoGate, read_if_exists, write_atomic
+from tieredbuf.stage import _fs
+from tieredbuf.stage._fs import FileSystem, IoGate
 from tieredbuf.stage.append_item import (
     PRODUCER_ID_RE,
     BundleOrRecords,
@@ -100,17 +101,19 @@ class Stage:
 
     def __init__(
         self, staging_dir: str | os.PathLike[str], producer_id: str | None = None,
-        config: StageConfig | None = None,
+        config: StageConfig | None = None, *, fs: FileSystem | None = None,
     ) -> None:
         self.config = config or StageConfig()
+        self._fs = fs = fs or _fs.current()
+        """Every file operation goes through this (stage/_fs.py)."""
         root = Path(staging_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        self.producer_id = producer_id or default_producer_id(root)
+        fs.makedirs(root)
+        self.producer_id = producer_id or default_producer_id(fs, root)
         if not PRODUCER_ID_RE.match(self.producer_id):
             raise StageError(f"producer_id must match [A-Za-z0-9_-]{{1,64}}: {self.producer_id!r}")
         self.path = root / self.producer_id
-        self.path.mkdir(exist_ok=True)
-        self._lock_fd = lock_stage(self.path / keys.STAGE_LOCK_NAME)
+        fs.makedirs(self.path)
+        self._lock_fd = lock_stage(fs, self.path / keys.STAGE_LOCK_NAME)
         try:
             self._init_state()
             self._recover()
@@ -153,7 +156,7 @@ class Stage:
         self._gate = IoGate()
         self._segments = SegmentDir(
             self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression,
-            self._gate,
+            self._gate, self._fs,
         )
         self._wal: WalWriter | None = None
 
@@ -170,7 +173,7 @@ class Stage:
         next_seq = max((hi + 1 for s in bad for _, hi in s.sequences), default=0)
         next_seq = max(next_seq, max((hi + 1 for _, hi in covered), default=0))
         seq_path = self.path / SEQUENCE_NAME
-        raw = read_if_exists(seq_path)
+        raw = self._fs.read_if_exists(seq_path)
         if raw is not None:
             try:
                 next_seq = max(next_seq, cursor_fmt.decode_sequence(raw, str(seq_path)))
@@ -178,9 +181,9 @@ class Stage:
                 log.warning("ignoring sequence sidecar: %s", e)
         wal_dir = self.path / keys.WAL_DIR_NAME
         use_wal = self.config.durability == "wal"
-        if use_wal or (wal_dir.exists() and any(wal_dir.iterdir())):
+        if use_wal or (self._fs.exists(wal_dir) and self._fs.listdir(wal_dir)):
             wal = WalWriter(wal_dir, wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT), self.config.wal,
-                            self._gate)
+                            self._gate, self._fs)
             if wal.recovery.max_sequence is not None:
                 next_seq = max(next_seq, wal.recovery.max_sequence + 1)
             self._wal = wal
@@ -504,7 +507,7 @@ class Stage:
             if through is not None and self._seq_persisted > through:
                 return
             nxt = self._next_seq
-            write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
+            self._fs.write_atomic(self.path / SEQUENCE_NAME, [cursor_fmt.encode_sequence(nxt)])
             self._seq_persisted = max(self._seq_persisted, nxt)
 
     def _add_sealed(self, seg: SealedSegment) -> None:
@@ -563,6 +566,10 @@ class Stage:
         out = [s for k in ("batch", "qseg") if (s := self._seal(k)) is not None]
         self._wait_committed()  # and the background seals already under way
         return out
+
+    def read_segment(self, segment: SealedSegment) -> bytes:
+        """A sealed segment's bytes (for the exporter)."""
+        return self._segments.read(segment)
 
     def sealed_segments(self) -> list[SealedSegment]:
         """Sealed segments not yet released, oldest first."""
@@ -635,7 +642,7 @@ class Stage:
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            self._fs.close(self._lock_fd)
             self._lock_fd = None
 
 

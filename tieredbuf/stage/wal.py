@@ -53,7 +53,8 @@ from typing import Any
 from tieredbuf.config import WalConfig
 from tieredbuf.errors import ClosedError, StageError, WalFullError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import IoGate, fsync_dir, write_all, zero_file
+from tieredbuf.stage import _fs
+from tieredbuf.stage._fs import FileSystem, IoGate, zero_file
 from tieredbuf.stage.wal_recovery import (
     ACTIVE_NAME,
     CURSOR_NAME,
@@ -112,8 +113,9 @@ class WalWriter:
     """Purged files kept (zeroed) for reuse by the next rotation; 0 unlinks them."""
 
     def __init__(self, directory: Path, cfg_hash: bytes, config: WalConfig,
-                 gate: IoGate | None = None) -> None:
+                 gate: IoGate | None = None, fs: FileSystem | None = None) -> None:
         self.dir = directory
+        self._fs = fs = fs or _fs.current()
         self._gate = gate
         """Marks sync rounds so segment write-back yields to them (stage/_fs.IoGate)."""
         self.config = config
@@ -137,7 +139,7 @@ class WalWriter:
         """Group-commit fdatasyncs done (metrics; updated under the file's sync lock)."""
         self.fsync_ns = 0
         """Nanoseconds spent in them."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        fs.makedirs(self.dir)
         self._rotated: list[WalSpan] = []
         self._spares: list[tuple[Path, int]] = []
         """(path, size) of zeroed purged files ready for reuse (under the lock)."""
@@ -146,13 +148,13 @@ class WalWriter:
         self._next_free = 0
         self.recycled = 0
         """Rotations that reused a spare (metrics)."""
-        rec = recover(directory, cfg_hash, config)
+        rec = recover(fs, directory, cfg_hash, config)
         self._scans: deque[tuple[Path, wal_fmt.ScanResult, int]] = rec.scans
         """The newest files' recovery scans, for the first replay (bounded, I8)."""
         self._rotated = rec.spans[:-1]
         self._active_span = rec.spans[-1]
-        self._active = _OpenFile(os.open(self._active_span.path, os.O_WRONLY))
-        os.lseek(self._active.fd, 0, os.SEEK_END)
+        self._active = _OpenFile(fs.open(self._active_span.path, os.O_WRONLY))
+        fs.lseek(self._active.fd, 0, os.SEEK_END)
         self._cursor = rec.cursor
         self._next_rotation = max((s.rotation_id or 0 for s in self._rotated), default=0) + 1
         self.recovery: WalRecovery = rec.recovery
@@ -178,7 +180,7 @@ class WalWriter:
             spans = [*self._rotated, self._active_span]
             scans = {p: r for p, r, _ in self._scans}
             self._scans.clear()  # one replay uses them; later ones read the files
-        yield from replay_spans(spans, scans, pos, self._cfg_hash)
+        yield from replay_spans(self._fs, spans, scans, pos, self._cfg_hash)
 
     # --- appending ------------------------------------------------------------------
 
@@ -208,7 +210,7 @@ class WalWriter:
     def _drop_spares_locked(self) -> None:
         spares, self._spares = self._spares, []
         for p, _ in spares:
-            p.unlink(missing_ok=True)
+            self._fs.unlink(p, missing_ok=True)
 
     def file_count(self) -> int:
         with self._lock:
@@ -234,7 +236,7 @@ class WalWriter:
             done = self._make_room(n)
             start = self._written
             try:
-                written = write_all(self._active.fd, parts)
+                written = self._fs.write_all(self._active.fd, parts)
             except OSError as e:
                 self._undo_partial_write(start)
                 raise StageError(f"WAL write failed: {e}") from e
@@ -253,8 +255,8 @@ class WalWriter:
         """A failed write must not leave half an entry for the next one to follow."""
         off = self._active_span.header_size + start - self._active_span.start
         try:
-            os.ftruncate(self._active.fd, off)
-            os.lseek(self._active.fd, off, os.SEEK_SET)
+            self._fs.ftruncate(self._active.fd, off)
+            self._fs.lseek(self._active.fd, off, os.SEEK_SET)
         except OSError as e:
             self._failed = e
 
@@ -305,7 +307,8 @@ class WalWriter:
         self._next_rotation += 1
         span = self._active_span
         target = self.dir / f"{ACTIVE_NAME}.{rid}"
-        os.rename(span.path, target)
+        fs = self._fs
+        fs.rename(span.path, target)
         span.path, span.rotation_id = target, rid
         self._rotated.append(span)
         tmp = self.dir / NEW_NAME
@@ -315,16 +318,16 @@ class WalWriter:
             # a zeroed spare: header at 0, entries overwrite zeros (see module doc)
             spare, _ = self._spares.pop()
             try:
-                os.rename(spare, tmp)
+                fs.rename(spare, tmp)
                 recycled = True
             except OSError as e:
                 log.warning("WAL spare %s unusable (%s); creating a new file", spare, e)
         flags = os.O_WRONLY | os.O_CREAT | (0 if recycled else os.O_TRUNC)
-        fd = os.open(tmp, flags, 0o644)
+        fd = fs.open(tmp, flags, 0o644)
         try:
-            write_all(fd, [header])
+            fs.write_all(fd, [header])
         except OSError as e:
-            os.close(fd)
+            fs.close(fd)
             self._failed = e
             raise StageError(f"WAL rotation failed: {e}") from e
         self.recycled += recycled
@@ -359,18 +362,19 @@ class WalWriter:
         ``old_durable`` runs once the old file's fdatasync returned: its entries are
         durable then, whatever happens to the renames (a crash leaves the old file
         under its old or its rotated name, and recovery reads either)."""
+        fs = self._fs
         with rot.old.sync_lock:
             if not rot.old.closed:
                 if rot.old.recycled:  # only the newest file may end in zeros
-                    os.ftruncate(rot.old.fd, rot.old_size)
-                os.fdatasync(rot.old.fd)
-                os.close(rot.old.fd)
+                    fs.ftruncate(rot.old.fd, rot.old_size)
+                fs.fdatasync(rot.old.fd)
+                fs.close(rot.old.fd)
                 rot.old.closed = True
         if old_durable is not None:
             old_durable()
-        os.fdatasync(rot.new.fd)
-        os.rename(rot.tmp, self.dir / ACTIVE_NAME)
-        fsync_dir(self.dir)
+        fs.fdatasync(rot.new.fd)
+        fs.rename(rot.tmp, self.dir / ACTIVE_NAME)
+        fs.fsync_dir(self.dir)
 
     def _pop_durable(self) -> list[tuple[Future[Any], object]]:
         done = []
@@ -408,7 +412,7 @@ class WalWriter:
                     else:
                         with f.sync_lock:
                             if not f.closed:  # a rotation already synced a closed file
-                                os.fdatasync(f.fd)
+                                self._fs.fdatasync(f.fd)
                 self.fsync_ns += time.perf_counter_ns() - t0
                 self.fsyncs += 1
             except OSError as e:
@@ -508,12 +512,12 @@ class WalWriter:
                 self._spare_jobs += keep
             try:
                 for p in gone[keep:]:
-                    p.unlink(missing_ok=True)
+                    self._fs.unlink(p, missing_ok=True)
                 renamed = [r for p in gone[:keep] if (r := self._rename_spare(p)) is not None]
                 if gone:
                     # the renames (and unlinks) are durable before any zeroing: a crash
                     # must never leave a zeroed file under a WAL file's name
-                    fsync_dir(self.dir)
+                    self._fs.fsync_dir(self.dir)
                 for spare, size in renamed:
                     self._zero_spare(spare, size)
             finally:
@@ -527,8 +531,8 @@ class WalWriter:
             self._next_free += 1
         spare = self.dir / f"{FREE_PREFIX}{k}"
         try:
-            size = path.stat().st_size
-            os.rename(path, spare)
+            size = self._fs.file_size(path)
+            self._fs.rename(path, spare)
         except FileNotFoundError:
             return None
         return spare, size
@@ -537,14 +541,14 @@ class WalWriter:
         """Outside the lock: zero a renamed spare durably and offer it to the next
         rotation (or unlink it where zeroing is unsupported)."""
         try:
-            zero_file(spare, size)
+            self._fs.zero_file(spare, size)
         except OSError as e:
             log.debug("WAL: cannot zero %s (%s); unlinking it", spare, e)
-            spare.unlink(missing_ok=True)
+            self._fs.unlink(spare, missing_ok=True)
             return
         with self._lock:
             if self._closing:
-                spare.unlink(missing_ok=True)
+                self._fs.unlink(spare, missing_ok=True)
             else:
                 self._spares.append((spare, size))
 
@@ -569,7 +573,7 @@ class WalWriter:
         return freed
 
     def _write_cursor(self, position: int) -> None:
-        write_cursor(self.dir, position)
+        write_cursor(self._fs, self.dir, position)
 
     def _purge_locked(self, unlink: bool = True) -> list[Path]:
         keep: list[WalSpan] = []
@@ -580,7 +584,7 @@ class WalWriter:
         paths = [s.path for s in gone]
         if unlink:
             for p in paths:
-                p.unlink(missing_ok=True)
+                self._fs.unlink(p, missing_ok=True)
         return paths
 
     # --- shutdown -------------------------------------------------------------------
@@ -603,13 +607,13 @@ class WalWriter:
         a = self._active
         if a.recycled and not a.closed and self._failed is None:
             try:  # drop the zero tail so a clean reopen finds no torn bytes
-                os.ftruncate(a.fd, self._active_span.file_size)
-                os.fdatasync(a.fd)
+                self._fs.ftruncate(a.fd, self._active_span.file_size)
+                self._fs.fdatasync(a.fd)
             except OSError as e:
                 log.warning("WAL: cannot truncate %s at close: %s", self._active_span.path, e)
         files = [self._active] + ([self._rotation.old] if self._rotation is not None else [])
         for f in files:
             with f.sync_lock:
                 if not f.closed:
-                    os.close(f.fd)
+                    self._fs.close(f.fd)
                     f.closed = True

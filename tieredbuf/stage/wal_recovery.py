@@ -21,7 +21,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import fsync_dir, read_if_exists, write_all, write_atomic
+from tieredbuf.stage._fs import FileSystem
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +75,24 @@ class Recovered:
     """The newest files' scans (path, result, bytes read), kept for replay."""
 
 
-def recover(directory: Path, cfg_hash: bytes, config: WalConfig) -> Recovered:
+def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig) -> Recovered:
     """Scan and repair ``directory``'s WAL files (see the module doc)."""
     tmp = directory / (CURSOR_NAME + ".tmp")
-    if tmp.exists():  # crash between sidecar tmp and rename: the live one stands
-        tmp.unlink()
-    cursor, status = read_cursor(directory)
+    if fs.exists(tmp):  # crash between sidecar tmp and rename: the live one stands
+        fs.unlink(tmp)
+    cursor, status = read_cursor(fs, directory)
     # spares are not WAL files: their zeroing may not have finished before a crash
-    for p in directory.iterdir():
-        if _FREE_RE.match(p.name):
-            p.unlink()
+    names = fs.listdir(directory)
+    for name in names:
+        if _FREE_RE.match(name):
+            fs.unlink(directory / name)
     rotated = sorted(
-        (int(m.group(1)), p) for p in directory.iterdir()
-        if (m := _ROTATED_RE.match(p.name))
+        (int(m.group(1)), directory / name) for name in names
+        if (m := _ROTATED_RE.match(name))
     )
     paths: list[tuple[int | None, Path]] = [(rid, p) for rid, p in rotated]
     active = directory / ACTIVE_NAME
-    if active.exists():
+    if ACTIVE_NAME in names:
         paths.append((None, active))
     spans: list[WalSpan] = []
     torn = corrupt = 0
@@ -102,7 +103,7 @@ def recover(directory: Path, cfg_hash: bytes, config: WalConfig) -> Recovered:
     scans: deque[tuple[Path, wal_fmt.ScanResult, int]] = deque()
     kept = 0
     for i, (rid, path) in enumerate(paths):
-        data = path.read_bytes()
+        data = fs.read_bytes(path)
         res = wal_fmt.scan(data, str(path), cfg_hash)
         scans.append((path, res, len(data)))
         kept += len(data)
@@ -122,7 +123,7 @@ def recover(directory: Path, cfg_hash: bytes, config: WalConfig) -> Recovered:
                           len(data) - res.good_end, res.error)
             else:
                 torn += len(data) - res.good_end
-            truncate(path, res.good_end)
+            truncate(fs, path, res.good_end)
         for e in res.entries:
             if e.entry_type != wal_fmt.ENTRY_CHECKPOINT:
                 max_seq = e.sequence if max_seq is None else max(max_seq, e.sequence)
@@ -146,21 +147,21 @@ def recover(directory: Path, cfg_hash: bytes, config: WalConfig) -> Recovered:
         cursor = spans[0].start if spans else 0
     if not spans or spans[-1].rotation_id is not None:
         # first open, or a crash between rotating and creating the new active file
-        spans.append(create_active(directory, cfg_hash, max(end, cursor)))
+        spans.append(create_active(fs, directory, cfg_hash, max(end, cursor)))
     else:
-        fd = os.open(spans[-1].path, os.O_RDONLY)
+        fd = fs.open(spans[-1].path, os.O_RDONLY)
         try:
-            os.fdatasync(fd)
+            fs.fdatasync(fd)
         finally:
-            os.close(fd)
+            fs.close(fd)
     if status != "ok":
-        write_cursor(directory, cursor)
+        write_cursor(fs, directory, cursor)
     return Recovered(WalRecovery(status, torn, corrupt, max_seq), spans, cursor, scans)
 
 
-def read_cursor(directory: Path) -> tuple[int | None, str]:
+def read_cursor(fs: FileSystem, directory: Path) -> tuple[int | None, str]:
     path = directory / CURSOR_NAME
-    raw = read_if_exists(path)
+    raw = fs.read_if_exists(path)
     if raw is None:
         return None, "missing"
     try:
@@ -170,37 +171,38 @@ def read_cursor(directory: Path) -> tuple[int | None, str]:
         return None, "corrupt"
 
 
-def truncate(path: Path, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
+def truncate(fs: FileSystem, path: Path, size: int) -> None:
+    fd = fs.open(path, os.O_WRONLY)
     try:
-        os.ftruncate(fd, size)
-        os.fdatasync(fd)
+        fs.ftruncate(fd, size)
+        fs.fdatasync(fd)
     finally:
-        os.close(fd)
+        fs.close(fd)
 
 
-def create_active(directory: Path, cfg_hash: bytes, start: int) -> WalSpan:
+def create_active(fs: FileSystem, directory: Path, cfg_hash: bytes, start: int) -> WalSpan:
     """Create ``quiver.wal`` (header only) durably, via ``quiver.wal.new``."""
     path = directory / ACTIVE_NAME
     header = wal_fmt.encode_header(cfg_hash, start)
     tmp = path.with_name(NEW_NAME)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        write_all(fd, [header])
-        os.fdatasync(fd)
+        fs.write_all(fd, [header])
+        fs.fdatasync(fd)
     finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    fsync_dir(directory)
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(directory)
     return WalSpan(path, None, start, start, len(header))
 
 
-def write_cursor(directory: Path, position: int) -> None:
-    write_atomic(directory / CURSOR_NAME, [cursor_fmt.encode_cursor(position)])
+def write_cursor(fs: FileSystem, directory: Path, position: int) -> None:
+    fs.write_atomic(directory / CURSOR_NAME, [cursor_fmt.encode_cursor(position)])
 
 
 def replay_spans(
-    spans: list[WalSpan], scans: dict[Path, wal_fmt.ScanResult], pos: int, cfg_hash: bytes,
+    fs: FileSystem, spans: list[WalSpan], scans: dict[Path, wal_fmt.ScanResult], pos: int,
+    cfg_hash: bytes,
 ) -> Iterator[tuple[wal_fmt.WalEntry, int, int]]:
     """(entry, start, end) for every entry at or after ``pos``, one file at a time;
     ``scans``: recovery's scans by path, used (and popped) for the files they cover."""
@@ -212,7 +214,7 @@ def replay_spans(
             # recovery's scan of this very file (truncated to good_end)
             header, entries = res.header, res.entries
         else:
-            data = span.path.read_bytes()[: span.file_size]
+            data = fs.read_bytes(span.path)[: span.file_size]
             header, entries = wal_fmt.decode_wal(data, str(span.path), cfg_hash)
         for e, (s, t) in zip(entries, wal_fmt.iter_positions(header, entries), strict=True):
             if s >= pos:
