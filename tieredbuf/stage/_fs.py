@@ -193,12 +193,14 @@ class FileSystem:
             self.close(fd)
 
     def makedirs(self, path: Path) -> None:
-        """``mkdir -p``."""
+        """``mkdir -p`` whose new entries survive a power cut: the parent of every
+        directory created here is fsynced (a directory entry is durable only then)."""
         if self.exists(path):
             return
         if path.parent != path:
             self.makedirs(path.parent)
-        self.mkdir(path)
+        if self.mkdir(path):
+            self.fsync_dir(path.parent)
 
     def zero_file(self, path: Path, size: int) -> None:
         """Zero ``path``'s bytes [0, size) without freeing its blocks, durably (fsync:

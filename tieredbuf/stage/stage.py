@@ -153,6 +153,9 @@ class Stage:
         self._entries: OrderedDict[int, list[int]] = OrderedDict()
         self._sealed: OrderedDict[str, SealedSegment] = OrderedDict()
         self._sealed_bytes = 0
+        self._released: list[SealedSegment] = []
+        """Exported segments kept until the cursor passes their entries (release())."""
+        self._released_bytes = 0
         self._gate = IoGate()
         self._segments = SegmentDir(
             self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression,
@@ -365,7 +368,7 @@ class Stage:
         return sum(a.nbytes for a in (self._records, self._bundles) if a is not None)
 
     def _disk_bytes(self) -> int:
-        return (self._sealed_bytes + self._segments.spare_bytes()
+        return (self._sealed_bytes + self._released_bytes + self._segments.spare_bytes()
                 + (self._wal.disk_bytes() if self._wal is not None else 0))
 
     # --- sealing --------------------------------------------------------------------
@@ -491,6 +494,7 @@ class Stage:
         self._wal.advance_cursor(pos)
         with self._lock:
             self._cond.notify_all()
+        self._delete_passed()
 
     def _write_sequence(self, through: int | None = None) -> None:
         """Persist the next sequence before anything carrying sequences is deleted
@@ -577,11 +581,27 @@ class Stage:
             return list(self._sealed.values())
 
     def release(self, segment: SealedSegment) -> None:
-        """The exporter has uploaded ``segment``: delete it.  Its WAL entries are already
-        behind the cursor (Quiver: truncation depends on segment durability only)."""
+        """The exporter has appended ``segment`` to the queue: delete it -- at once if
+        the WAL cursor has passed its entries, else once it has.
+
+        Until the cursor passes a segment's entries its sidecar is what keeps them from
+        being replayed after a crash: replayed, they could be sealed together with later
+        entries into a segment whose append number the manifest's watermark does not
+        cover, i.e. exported twice (I2).  The cursor stops at the first entry not yet in
+        a sealed segment -- e.g. one in the other kind's open segment -- and moves only
+        after a seal's commit, so an exporter can get there first.  A segment kept that
+        way is exported again after a crash, and the watermark recognises it."""
         with self._lock:
             if not self._forget_sealed(segment):
                 raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
+            wal = self._wal
+            if wal is not None and segment.wal_end is not None and wal.cursor < segment.wal_end:
+                self._released.append(segment)
+                self._released_bytes += segment.size
+                return
+        self._delete_released(segment)
+
+    def _delete_released(self, segment: SealedSegment) -> None:
         self._write_sequence(segment.last_sequence)
         self._segments.delete(segment)
         with self._cond:
@@ -605,6 +625,23 @@ class Stage:
         disk: each is data loss an operator must look at."""
         return self._segments.quarantined()
 
+    def _delete_passed(self) -> None:
+        """Delete the released segments whose entries the (durable) cursor has passed."""
+        wal = self._wal
+        if wal is None:
+            return
+        with self._lock:
+            if not self._released:
+                return
+            cursor = wal.cursor
+            due = [s for s in self._released if s.wal_end is not None and s.wal_end <= cursor]
+            if not due:
+                return
+            self._released = [s for s in self._released if s not in due]
+            self._released_bytes -= sum(s.size for s in due)
+        for seg in due:
+            self._delete_released(seg)
+
     def wal_sync_stats(self) -> tuple[int, int]:
         """(group-commit fdatasyncs, nanoseconds spent in them) of the WAL (metrics)."""
         wal = self._wal
@@ -624,6 +661,7 @@ class Stage:
                 return
         if self._failed is None:
             self.seal_all()
+            self._advance_cursor()  # and delete the released segments it passes
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -373,6 +373,10 @@ class WalWriter:
         if old_durable is not None:
             old_durable()
         fs.fdatasync(rot.new.fd)
+        # the old file's rename to quiver.wal.N must be durable before the new file
+        # takes its name: were only the second rename to survive a power cut, the old
+        # file -- acknowledged entries -- would have no name left
+        fs.fsync_dir(self.dir)
         fs.rename(rot.tmp, self.dir / ACTIVE_NAME)
         fs.fsync_dir(self.dir)
 

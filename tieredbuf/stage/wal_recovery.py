@@ -9,6 +9,7 @@ left none.  See docs/format-local.md.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -113,8 +114,10 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
             assert res.error is not None
             last = i == len(paths) - 1
             status_i = res.status
-            if status_i == "corrupt" and last and torn_before_zeros(data, res.good_end):
-                status_i = "torn"  # a recycled file's torn frame, then its zeros
+            if status_i == "corrupt" and last and (
+                torn_before_zeros(data, res.good_end) or never_written(data, res.good_end)
+            ):
+                status_i = "torn"  # a recycled file's zeros, or a write a power cut lost
             if status_i == "corrupt" or not last:
                 if config.corrupt_policy == "fail":
                     raise res.error
@@ -128,15 +131,23 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
             if e.entry_type != wal_fmt.ENTRY_CHECKPOINT:
                 max_seq = e.sequence if max_seq is None else max(max_seq, e.sequence)
         h = res.header
-        span = WalSpan(path, rid, h.wal_position_start,
-                       h.wal_position_start + res.good_end - h.header_size, h.header_size)
-        if spans and spans[-1].end != span.start:
+        spans.append(WalSpan(path, rid, h.wal_position_start,
+                             h.wal_position_start + res.good_end - h.header_size,
+                             h.header_size))
+    spans, purged = _finish_purge(fs, directory, spans, cursor)
+    for prev, span in itertools.pairwise(spans):
+        if prev.end != span.start:
             raise CorruptError(
-                wal_fmt.WHAT, str(path), 30,
+                wal_fmt.WHAT, str(span.path), 30,
                 f"wal_position_start {span.start} does not continue the previous file's "
-                f"end {spans[-1].end} (a WAL file is missing)",
+                f"end {prev.end} (a WAL file is missing)",
             )
-        spans.append(span)
+    if purged and cursor is not None and spans and cursor < spans[0].start:
+        raise CorruptError(
+            wal_fmt.WHAT, str(spans[0].path), 30,
+            f"the cursor {cursor} precedes the oldest WAL file left ({spans[0].start}) "
+            "(a WAL file is missing)",
+        )
     end = spans[-1].end if spans else 0
     if cursor is not None and cursor > end:
         status, cursor = "past_end", end
@@ -157,6 +168,22 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
     if status != "ok":
         write_cursor(fs, directory, cursor)
     return Recovered(WalRecovery(status, torn, corrupt, max_seq), spans, cursor, scans)
+
+
+def _finish_purge(fs: FileSystem, directory: Path, spans: list[WalSpan],
+                  cursor: int | None) -> tuple[list[WalSpan], bool]:
+    """Delete rotated files wholly behind the cursor: a purge (renames to spares and
+    unlinks, one directory fsync for all) interrupted by a power cut can leave any
+    subset of them, so they may not be contiguous any more; they hold nothing needed."""
+    if cursor is None:
+        return spans, False
+    stale = [s for s in spans if s.rotation_id is not None and s.end <= cursor]
+    if not stale:
+        return spans, False
+    for s in stale:
+        fs.unlink(s.path, missing_ok=True)
+    fs.fsync_dir(directory)
+    return [s for s in spans if s not in stale], True
 
 
 def read_cursor(fs: FileSystem, directory: Path) -> tuple[int | None, str]:
@@ -231,3 +258,32 @@ def torn_before_zeros(data: bytes, off: int) -> bool:
         return True
     n = int.from_bytes(data[off : off + 4], "little")
     return off + 4 + n + 4 >= nz
+
+
+SECTOR = 512
+"""The smallest unit a disk writes atomically (a power cut tears writes only here)."""
+
+
+def never_written(data: bytes, off: int) -> bool:
+    """The newest file's damaged frame at ``off`` was (partly) never written, so it and
+    everything after it lies past the file's last completed fdatasync: nothing there was
+    acknowledged.  A power cut keeps any subset of the writes made since that fdatasync
+    (the page cache writes pages back, and the disk persists sectors, in any order), so
+    an unsynced tail can hold a lost write -- zeros -- followed by a write that was kept.
+
+    Its signature: a zero ``entry_len`` (the WAL never writes one), or a frame that is
+    zero from a sector boundary to its end (a write torn at a sector: its end, the CRC,
+    is missing; a written CRC is non-zero but for 2^-32).  Bit rot in acknowledged data
+    shows neither, so it stays ``corrupt`` (I7).  Not covered: a frame with a lost
+    sector in its middle and its end kept; the stage then refuses to open, naming file
+    and offset (``corrupt_policy='truncate'`` lets an operator accept the cut there).
+    """
+    if off + 4 > len(data):
+        return True
+    n = int.from_bytes(data[off : off + 4], "little")
+    if n == 0:
+        return True
+    end = min(off + 4 + n + 4, len(data))
+    last_nz = off + len(data[off:end].rstrip(b"\0"))
+    boundary = -(-last_nz // SECTOR) * SECTOR
+    return boundary < end
