@@ -189,6 +189,16 @@ def _shut(stage: Stage | None, exporter: Exporter | None) -> None:
             stage.close()
 
 
+def _drain_while_powered(exporter: Exporter, disk: SimFs) -> None:
+    """Drain, unless the power goes first (the exporter then retries until stopped)."""
+    while not disk.dead:
+        try:
+            exporter.drain(timeout=0.05)
+            return
+        except TimeoutError:
+            continue
+
+
 def _segment_records(stage: Stage) -> list[str]:
     out: list[str] = []
     for seg in stage.sealed_segments():
@@ -268,7 +278,7 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
                     if buf else None
                 stage.seal_all()
                 if exporter is not None:
-                    exporter.drain(timeout=30)
+                    _drain_while_powered(exporter, disk)
             disk.cut()
             _shut(stage, exporter)
             traces.append(list(disk.trace))
