@@ -246,6 +246,29 @@ class StageLockedError(StageError):
     """Another process holds the staging directory's lock."""
 
 
+class DiskError(StageError):
+    """A disk operation of the stage failed.  The write that raised it (or whose
+    future carries it) was NOT acknowledged LOCAL -- though, like an outcome-unknown
+    store write, its record may still reach the queue (its bytes may have reached the
+    disk, or a segment); nothing acknowledged earlier is affected.  The stage retries
+    on its own: appends work again once the disk does (docs/failure-modes.md)."""
+
+    def __init__(self, message: str, errno: int | None = None, path: str | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+
+
+class DiskFullError(DiskError):
+    """The stage's disk is full (ENOSPC, EDQUOT)."""
+
+
+class DiskIOError(DiskError):
+    """Any other failed disk operation (EIO above all: after a failed fdatasync the
+    page cache cannot be trusted, so the stage never retries one on the same data)."""
+
+
 # --- local tier: WAL / segments (issue 3) ---------------------------------------
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageConfig, WalConfig
-from tieredbuf.errors import ClosedError, ConfigError
+from tieredbuf.errors import ClosedError, ConfigError, DiskError
 from tieredbuf.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
 from tieredbuf.forks import ForkGuard
 from tieredbuf.handles import Durability, WriteHandle, WriteOutcome
@@ -107,6 +107,10 @@ class StagedProducer:
                 "sealed_segments_pending": len(self.stage.sealed_segments()),
                 "export_failing": int(self.exporter.error is not None),
                 "quarantined_segments": len(self.stage.quarantined())}
+
+    def disk_fault(self) -> DiskError | None:
+        """The stage's current disk error (None while its disk works): readiness."""
+        return self.stage.disk_fault()
 
     def _check_open(self) -> None:
         """Writes are accepted while the store fails (permanently or not): they are LOCAL

@@ -30,6 +30,7 @@ interleaving.  A failure report names the seed, the cut and the last operations.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import random
 import threading
@@ -47,6 +48,7 @@ import pyarrow as pa
 import tieredbuf
 from tests.stage.simfs import SimFs
 from tieredbuf.config import RetryConfig, SegmentConfig, StageConfig, WalConfig
+from tieredbuf.errors import DiskError
 from tieredbuf.exporter import Exporter
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
@@ -136,7 +138,9 @@ class _Writers:
     """Writer threads appending until the power goes (or ``limit`` each)."""
 
     def __init__(self, rng: random.Random, n: int = 2, limit: int = 400,
-                 bundle_share: float = 0.2) -> None:
+                 bundle_share: float = 0.2, sim: SimFs | None = None) -> None:
+        self._sim = sim
+        """With injected faults: a DiskError only skips that record, until the cut."""
         self.acked: set[str] = set()
         self.produced: set[str] = set()
         self._lock = threading.Lock()
@@ -171,6 +175,10 @@ class _Writers:
                     fut = stage.append_bundle(_bundle(rec))
                 else:
                     fut = stage.append_records([rec.encode()], f"m{t}".encode())
+            except DiskError:
+                if self._sim is None or self._sim.dead:
+                    return
+                continue  # an injected fault: this record is not acked; go on
             except Exception:
                 return  # the power is off (or the stage closed): stop writing
             fut.add_done_callback(lambda f, rec=rec: self._acked(rec, f))
@@ -237,7 +245,7 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             recovery_cuts: int | None = None, max_ops: int = 900,
             real_dir: Path | None = None,
             patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-            ) -> CutResult:
+            faults: int = 0) -> CutResult:
     """One power cut (and its recovery cuts); see the module doc.  ``patch``: a context
     manager active while the stage runs before the first cut (the broken twins)."""
     rng = random.Random(seed)
@@ -246,6 +254,7 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
     rec_cuts = rng.choice([0, 0, 1, 2]) if recovery_cuts is None else recovery_cuts
     cut_at = rng.randint(1, max_ops)
     desc = (f"{'export' if export else 'stage'} cut at op {cut_at}, mode {mode}, "
+            f"{faults} injected fault(s), "
             f"{rec_cuts} recovery cut(s), flush {cfg.wal.flush_interval.total_seconds()}s, "
             f"rotate {cfg.wal.rotation_target}, seal {cfg.segment.target_size}")
     buf = tieredbuf.open(f"memory://pc-{uuid.uuid4().hex}") if export else None
@@ -256,10 +265,16 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
     try:
         with patch() if patch is not None else contextlib.nullcontext():
             sim.arm(cut_at)
-            writers = _Writers(rng)
+            for _ in range(faults):  # ENOSPC / EIO here and there before the cut
+                sim.fail(rng.choice(["writev", "fdatasync", "rename", "fsync_dir", "open",
+                                     "ftruncate", "unlink", "*"]),
+                         rng.choice([errno.ENOSPC, errno.EIO]),
+                         rng.choice(["/wal/", "/segments/", ""]),
+                         times=rng.randint(1, 4), after=rng.randint(0, 300))
+            writers = _Writers(rng, sim=sim if faults else None)
             stage: Stage | None = None
             exporter: Exporter | None = None
-            with contextlib.suppress(OSError):  # the power may go while it is created
+            with contextlib.suppress(Exception):  # the power may go while it is created
                 stage = _open_stage(sim, cfg)
             if stage is not None:
                 if buf is not None:

@@ -24,8 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["FileSystem", "IoGate", "current", "fsync_dir", "installed", "read_if_exists",
-           "write_all", "write_atomic", "write_durable", "zero_file"]
+from tieredbuf.errors import DiskError, DiskFullError, DiskIOError
+
+__all__ = ["FileSystem", "IoGate", "current", "disk_error", "fsync_dir", "installed",
+           "read_if_exists", "write_all", "write_atomic", "write_durable", "zero_file"]
 
 Buffers = Iterable[bytes | memoryview | pa.Buffer]
 
@@ -313,3 +315,13 @@ class IoGate:
         for off in range(0, size, self.chunk):
             self._wait_idle()
             fs.write_back(fd, off, min(self.chunk, size - off))
+
+
+def disk_error(e: OSError, what: str, path: object = None) -> DiskError:
+    """The typed stage error for a failed disk operation (DiskFullError for ENOSPC and
+    EDQUOT, DiskIOError for the rest), with errno and path."""
+    where = path if path is not None else e.filename
+    cls = DiskFullError if e.errno in (errno.ENOSPC, errno.EDQUOT) else DiskIOError
+    text = e.strerror or str(e)
+    return cls(f"{what} failed: {text}" + (f" ({where})" if where is not None else ""),
+               e.errno, None if where is None else str(where))

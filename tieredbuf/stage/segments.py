@@ -32,6 +32,7 @@ so none is ever reused.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -69,6 +70,14 @@ SIDECAR_SUFFIX = ".json"
 SIDECAR_VERSION = 1
 CORRUPT_SUFFIX = ".corrupt"
 """A quarantined segment: ``<ULID>.<kind>.corrupt`` (and ``.corrupt.json``)."""
+
+
+class CommitNotDurable(OSError):
+    """A segment's renames happened but the directory fsync failed (SegmentDir.commit)."""
+
+    def __init__(self, e: OSError, segment: SealedSegment) -> None:
+        super().__init__(e.errno, e.strerror, e.filename)
+        self.segment = segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,18 +379,23 @@ class SegmentDir:
         fs = self.fs
         fd = fs.open(tmp, os.O_WRONLY | (0 if reused else os.O_CREAT | os.O_EXCL), 0o640)
         try:
-            size = fs.write_all(fd, parts)
-            if reused:  # drop the old segment's tail (before the fdatasync)
-                fs.ftruncate(fd, size)
-            parts.clear()
-            if written is not None:
-                written()
-            if self.gate is not None:
-                self.gate.write_back(fd, size, fs)
-            fs.fdatasync(fd)
-            fs.fchmod(fd, 0o440)
-        finally:
-            fs.close(fd)
+            try:
+                size = fs.write_all(fd, parts)
+                if reused:  # drop the old segment's tail (before the fdatasync)
+                    fs.ftruncate(fd, size)
+                parts.clear()
+                if written is not None:
+                    written()
+                if self.gate is not None:
+                    self.gate.write_back(fd, size, fs)
+                fs.fdatasync(fd)
+                fs.fchmod(fd, 0o440)
+            finally:
+                fs.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk needs the space back
+                fs.unlink(tmp, missing_ok=True)
+            raise
         seg = SealedSegment(
             final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
             items, entry_count, record_count, time.time_ns() // 1_000_000, crc,
@@ -397,12 +411,28 @@ class SegmentDir:
     def commit(self, prep: PreparedSegment) -> SealedSegment:
         """Rename the sidecar, then the segment, into place; one directory fsync (see
         the module doc).  Commit prepared segments in seal order: the exporter relies
-        on it."""
+        on it.  A failed rename raises OSError and leaves no segment (a sidecar left
+        alone is ignored by recovery).  A failed directory fsync raises
+        CommitNotDurable: the segment is in place, its names not known to survive a
+        power cut until a later directory fsync returns."""
         seg = prep.segment
-        self.fs.rename(prep.sidecar_tmp, seg.sidecar_path)
-        self.fs.rename(prep.tmp, seg.path)
-        self.fs.fsync_dir(self.path)
+        fs = self.fs
+        fs.rename(prep.sidecar_tmp, seg.sidecar_path)
+        try:
+            fs.rename(prep.tmp, seg.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                fs.unlink(seg.sidecar_path)
+            raise
+        try:
+            fs.fsync_dir(self.path)
+        except OSError as e:
+            raise CommitNotDurable(e, seg) from e
         return seg
+
+    def sync(self) -> None:
+        """fsync the directory: every rename and unlink in it so far is durable."""
+        self.fs.fsync_dir(self.path)
 
     def discard(self, prep: PreparedSegment) -> None:
         """Best effort: remove a prepared segment's temp files (load() does it anyway)."""

@@ -40,13 +40,14 @@ from tieredbuf.errors import (
     BackpressureError,
     ClosedError,
     CorruptError,
+    DiskError,
     StageError,
     WalFullError,
 )
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
 from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate
+from tieredbuf.stage._fs import FileSystem, IoGate, disk_error
 from tieredbuf.stage.append_item import (
     PRODUCER_ID_RE,
     BundleOrRecords,
@@ -58,6 +59,7 @@ from tieredbuf.stage.append_item import (
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,
+    CommitNotDurable,
     PreparedSegment,
     RecordsAccumulator,
     SealedSegment,
@@ -117,8 +119,12 @@ class Stage:
         try:
             self._init_state()
             self._recover()
-        except BaseException:
+        except BaseException as e:
+            if self._wal is not None:  # its flusher thread and files
+                self._wal.close()
             self._release_lock()
+            if isinstance(e, OSError):
+                raise disk_error(e, "opening the stage", self.path) from e
             raise
         self._maint = [
             threading.Thread(target=self._maintain, name=f"stage-sealer-{i}", daemon=True)
@@ -140,6 +146,22 @@ class Stage:
         self._replay_frontier: int | None = None
         self._closed = False
         self._failed: BaseException | None = None
+        """A seal failed for a reason that is not the disk (a bug): the stage stops."""
+        self._seal_fault: DiskError | None = None
+        """wal durability: a seal failed on a disk error.  Appends are refused with it
+        (typed) until a sealer re-seals everything after the cursor from the WAL."""
+        self._seal_gen = 0
+        """Bumped at each seal fault: seals taken before it must not commit."""
+        self._reseal_delay = 0.0
+        self._reseal_at = 0.0
+        self._resealing = False
+        self._uncertain: list[SealedSegment] = []
+        """Segments whose commit's directory fsync failed (wal durability): in place,
+        taken as sealed once a later directory fsync returns (_reseal)."""
+        self._faults: dict[str, DiskError] = {}
+        """The last disk error of a cursor update ("cursor"), a release ("release") or a
+        segment_only seal ("seal"), each cleared by its next success (disk_fault())."""
+        self._wal: WalWriter | None = None
         self.stats = StageStats()
         self._records: RecordsAccumulator | None = None
         self._bundles: BundleAccumulator | None = None
@@ -161,7 +183,6 @@ class Stage:
             self.path / keys.SEGMENTS_DIR_NAME, self.config.segment.records_compression,
             self._gate, self._fs,
         )
-        self._wal: WalWriter | None = None
 
     # --- recovery -------------------------------------------------------------------
 
@@ -227,7 +248,7 @@ class Stage:
                 full = acc.nbytes >= self.config.segment.target_size
             if full:
                 self._seal(acc.kind)
-        self.seal_all()
+        self._seal_all()
         with self._lock:
             self._replay_frontier = None
         self._advance_cursor()
@@ -329,11 +350,19 @@ class Stage:
             # wake-ups in a 1 s run at 64 KiB) that starved the sealer of the GIL
             self._seal_requested |= want
             self._cond.notify_all()
-        if reason == "disk" and self._segments.drop_spares() > 0:
+        if reason != "disk":
             return
-        if reason == "disk" and self._wal is not None and self._wal.reclaim() > 0:
+        try:
+            self._relieve_disk()
+        except OSError as e:
+            raise disk_error(e, "freeing stage disk space", self.path) from e
+
+    def _relieve_disk(self) -> None:
+        if self._segments.drop_spares() > 0:
             return
-        if reason == "disk" and self.config.size_cap_policy == "drop_oldest" and self._sealed:
+        if self._wal is not None and self._wal.reclaim() > 0:
+            return
+        if self.config.size_cap_policy == "drop_oldest" and self._sealed:
             seg = next(iter(self._sealed.values()))
             self._write_sequence(seg.last_sequence)
             self._forget_sealed(seg)
@@ -351,6 +380,8 @@ class Stage:
             raise ClosedError("stage is closed")
         if self._failed is not None:
             raise StageError(f"stage failed: {self._failed}")
+        if self._seal_fault is not None:
+            raise self._seal_fault
 
     def _records_acc(self) -> RecordsAccumulator:
         if self._records is None:
@@ -394,7 +425,7 @@ class Stage:
         self._sealing_bytes += nbytes
         ticket = self._seal_tickets
         self._seal_tickets += 1
-        return _SealJob(acc, ticket, self._segments.next_ulid(), nbytes)
+        return _SealJob(acc, ticket, self._segments.next_ulid(), nbytes, gen=self._seal_gen)
 
     def _seal_written(self, job: _SealJob) -> None:
         """The segment's bytes are in its temp file (page cache): drop the accumulator's
@@ -432,6 +463,9 @@ class Stage:
         try:
             if err is None and self._failed is not None:
                 err = StageError(f"an earlier seal failed: {self._failed}")
+            if err is None and job.gen != self._seal_gen:
+                err = StageError("an earlier seal failed on a disk error; this one is "
+                                 "sealed again from the WAL")
             if err is not None:
                 raise err
             assert prep is not None
@@ -439,19 +473,42 @@ class Stage:
             # hold its sequences; release() and drop_oldest persist it before deleting
             seg = self._segments.commit(prep)
         except BaseException as e:
+            uncertain = e.segment if isinstance(e, CommitNotDurable) else None
+            if isinstance(e, OSError):
+                e = disk_error(e, "sealing a segment", self._segments.path)
+            if uncertain is not None and self._wal is None:  # undo, best effort
+                with contextlib.suppress(OSError):
+                    self._segments.fs.unlink(uncertain.sidecar_path, missing_ok=True)
+                    self._segments.fs.unlink(uncertain.path, missing_ok=True)
+                uncertain = None
             with self._lock:
-                if self._failed is None:
-                    self._failed = e
+                if uncertain is not None:  # in place, names maybe not durable: _reseal
+                    self._uncertain.append(uncertain)
+                if not isinstance(e, DiskError):
+                    if self._failed is None and job.gen == self._seal_gen:
+                        self._failed = e
+                elif self._wal is not None:
+                    # its entries are durable in the WAL: refuse appends until a sealer
+                    # has sealed everything after the cursor again (_reseal)
+                    self._seal_fault = e
+                    self._seal_gen += 1
+                    self._reseal_delay = min(2.0, max(0.05, 2 * self._reseal_delay))
+                    self._reseal_at = time.monotonic() + self._reseal_delay
+                else:
+                    self._faults["seal"] = e  # segment_only: those appends fail (below)
                 self._unaccount(job)
                 self._committed_tickets += 1
                 self._cond.notify_all()
             if prep is not None:  # best effort; recovery deletes .tmp files anyway
-                self._segments.discard(prep)
+                with contextlib.suppress(OSError):
+                    self._segments.discard(prep)
             for f, _ in acc.futures:
-                f.set_exception(StageError(f"sealing failed: {e}"))
-            raise
+                f.set_exception(e if isinstance(e, DiskError)
+                                else StageError(f"sealing failed: {e}"))
+            raise e from None
         with self._lock:
             self._unaccount(job)
+            self._faults.pop("seal", None)
             self.stats.segments_sealed += 1
             self._add_sealed(seg)
             for seq in acc.seqs:
@@ -491,8 +548,17 @@ class Stage:
                 pos = self._replay_frontier
             else:
                 pos = self._wal.end
-        self._wal.advance_cursor(pos)
+        try:
+            self._wal.advance_cursor(pos)
+        except DiskError as e:
+            # the cursor stays where it was (safe: more is replayed after a crash, and
+            # sidecars keep sealed entries from being replayed); the next seal retries
+            log.warning("WAL cursor not advanced: %s", e)
+            with self._lock:
+                self._faults["cursor"] = e
+            return
         with self._lock:
+            self._faults.pop("cursor", None)
             self._cond.notify_all()
         self._delete_passed()
 
@@ -533,8 +599,15 @@ class Stage:
                 due: list[str] = []
                 jobs: list[_SealJob] = []
                 wait: float | None = None
+                reseal = False
                 while not self._closed and self._failed is None:
                     now = time.monotonic()
+                    if self._seal_fault is not None:  # wait, then one thread re-seals
+                        if not self._resealing and now >= self._reseal_at:
+                            self._resealing = reseal = True
+                            break
+                        self._cond.wait(None if self._resealing else self._reseal_at - now)
+                        continue
                     due = sorted(self._seal_requested)
                     for kind, acc in (("batch", self._records), ("qseg", self._bundles)):
                         if acc is None or kind in due:
@@ -551,25 +624,91 @@ class Stage:
                         break
                     self._cond.wait(wait)
                     wait = None
-                if not jobs:
+                if not jobs and not reseal:
                     return
+            if reseal:
+                self._reseal()
+                continue
             for i, job in enumerate(jobs):
                 try:
                     self._run_seal(job)
-                except BaseException:
-                    log.exception("sealing %s failed", job.acc.kind)
+                except BaseException as e:
+                    if isinstance(e, DiskError):
+                        log.warning("sealing %s failed: %s", job.acc.kind, e)
+                    else:
+                        log.exception("sealing %s failed", job.acc.kind)
                     for rest in jobs[i + 1:]:  # taken: their tickets must still pass
                         with contextlib.suppress(BaseException):
                             self._run_seal(rest)
-                    return
+                    break
+
+    def _reseal(self) -> None:
+        """After a seal failed on a disk error (``wal`` durability): once every seal
+        taken before has committed or failed, drop the open segments and seal
+        everything after the cursor again from the WAL -- what recovery does at open,
+        skipping the sequences sealed segments hold.  Appends are refused meanwhile (so
+        this is bounded); they resume when it succeeds, or it is tried again later."""
+        wal = self._wal
+        assert wal is not None
+        try:
+            self._wait_committed()
+            if self._uncertain:  # their renames are durable once this returns
+                self._segments.sync()
+                with self._lock:
+                    for seg in self._uncertain:
+                        self._add_sealed(seg)
+                    self._uncertain.clear()
+            with self._lock:
+                self._records = self._bundles = None
+                self._seal_requested.clear()
+                self._entries.clear()
+                covered = [r for seg in (*self._sealed.values(), *self._released)
+                           for r in seg.sequences]
+            self._replay(wal, covered)
+        except (DiskError, OSError) as e:
+            err = e if isinstance(e, DiskError) else disk_error(e, "re-sealing", self.path)
+            log.warning("re-sealing from the WAL failed (will retry): %s", err)
+            with self._cond:
+                self._replay_frontier = None
+                self._seal_fault = err
+                self._reseal_delay = min(2.0, max(0.05, 2 * self._reseal_delay))
+                self._reseal_at = time.monotonic() + self._reseal_delay
+        except BaseException as e:
+            log.exception("re-sealing from the WAL failed")
+            with self._cond:
+                self._failed = e
+        else:
+            log.warning("stage sealing again after a disk error (%s)", self._seal_fault)
+            with self._cond:
+                self._seal_fault = None
+                self._reseal_delay = 0.0
+        finally:
+            with self._cond:
+                self._resealing = False
+                self._cond.notify_all()
 
     # --- public surface -------------------------------------------------------------
 
     def seal_all(self) -> list[SealedSegment]:
-        """Seal every open segment now (explicit finalize)."""
+        """Seal every open segment now (explicit finalize).  Raises the DiskError the
+        stage is recovering from, if any (disk_fault())."""
+        if self._seal_fault is not None:
+            raise self._seal_fault
+        return self._seal_all()
+
+    def _seal_all(self) -> list[SealedSegment]:
         out = [s for k in ("batch", "qseg") if (s := self._seal(k)) is not None]
         self._wait_committed()  # and the background seals already under way
         return out
+
+    def disk_fault(self) -> DiskError | None:
+        """The disk error the stage is living with right now (appends refused or
+        failing, a cursor or a delete not done), or None: what readiness reports."""
+        wal = self._wal
+        with self._lock:
+            faults = [self._seal_fault, wal.fault if wal is not None else None,
+                      *self._faults.values()]
+        return next((f for f in faults if f is not None), None)
 
     def read_segment(self, segment: SealedSegment) -> bytes:
         """A sealed segment's bytes (for the exporter)."""
@@ -602,9 +741,22 @@ class Stage:
         self._delete_released(segment)
 
     def _delete_released(self, segment: SealedSegment) -> None:
-        self._write_sequence(segment.last_sequence)
-        self._segments.delete(segment)
+        """Delete an exported segment; on a disk error keep it (it is in the queue: a
+        re-export after a crash is recognised) and try again after the next seal."""
+        try:
+            self._write_sequence(segment.last_sequence)
+            self._segments.delete(segment)
+        except OSError as e:
+            err = disk_error(e, "deleting an exported segment", segment.path)
+            log.warning("%s; kept for now", err)
+            with self._cond:
+                self._faults["release"] = err
+                if all(s.ulid != segment.ulid for s in self._released):
+                    self._released.insert(0, segment)
+                    self._released_bytes += segment.size
+            return
         with self._cond:
+            self._faults.pop("release", None)
             self._cond.notify_all()
 
     def quarantine(self, segment: SealedSegment, why: str) -> Path:
@@ -655,13 +807,21 @@ class Stage:
             return self._disk_bytes()
 
     def close(self) -> None:
-        """Seal open segments, sync and close the WAL, release the lock."""
+        """Seal open segments, sync and close the WAL, release the lock.  On a failing
+        disk it still stops every thread, closes every file and releases the lock,
+        then raises the DiskError: what could not be sealed stays in the WAL for the
+        next open (or ``tieredbuf drain``)."""
         with self._cond:
             if self._closed:
                 return
+        err: DiskError | None = None
         if self._failed is None:
-            self.seal_all()
-            self._advance_cursor()  # and delete the released segments it passes
+            try:
+                self.seal_all()
+                self._advance_cursor()  # and delete the released segments it passes
+            except DiskError as e:
+                err = e
+                log.warning("stage %s closed without sealing everything: %s", self.path, e)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -669,8 +829,11 @@ class Stage:
             t.join()
         if self._wal is not None:
             self._wal.close()
-        self._segments.drop_spares()
+        with contextlib.suppress(OSError):
+            self._segments.drop_spares()
         self._release_lock()
+        if err is not None:
+            raise err
 
     def __enter__(self) -> Stage:
         return self
@@ -680,7 +843,8 @@ class Stage:
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
-            self._fs.close(self._lock_fd)
+            with contextlib.suppress(OSError):
+                self._fs.close(self._lock_fd)
             self._lock_fd = None
 
 
@@ -691,4 +855,6 @@ class _SealJob:
     ulid: ULID
     nbytes: int
     """The accumulator's size when taken (counted in _sealing_bytes, then _written_bytes)."""
+    gen: int = 0
+    """The stage's seal generation when taken (a seal fault makes it stale)."""
     written: bool = False

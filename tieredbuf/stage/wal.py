@@ -37,6 +37,7 @@ file truncates it to its last entry.  See docs/format-local.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -51,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from tieredbuf.config import WalConfig
-from tieredbuf.errors import ClosedError, StageError, WalFullError
+from tieredbuf.errors import ClosedError, DiskError, WalFullError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate, zero_file
+from tieredbuf.stage import _fs, wal_repair
+from tieredbuf.stage._fs import FileSystem, IoGate, disk_error, zero_file
 from tieredbuf.stage.wal_recovery import (
     ACTIVE_NAME,
     CURSOR_NAME,
@@ -125,7 +126,19 @@ class WalWriter:
         self._cond = threading.Condition(self._lock)
         self._cursor_lock = threading.Lock()
         self._pending: deque[tuple[int, Future[Any], object]] = deque()
-        self._failed: BaseException | None = None
+        self._frames: deque[tuple[int, Sequence[bytes | memoryview]]] = deque()
+        """(end, parts) of every frame written but not yet durable, oldest first: what
+        a repair writes again (stage/wal_repair.py).  Bounded by one group commit."""
+        self._broken: DiskError | None = None
+        """A write or fdatasync failed and the repair has not succeeded yet."""
+        self._broken_at: WalSpan | None = None
+        """The committed file the repair cuts back to the durable position."""
+        self._epoch = 0
+        """Bumped when the WAL breaks: a sync round begun before must not ack."""
+        self.last_error: DiskError | None = None
+        """The last disk error, cleared by the next successful write (readiness)."""
+        self._resolve_later: list[tuple[Future[Any], object]] = []
+        """Acks (or failures) decided under the lock, to resolve after releasing it."""
         self._closing = False
         self._syncing = False
         self._round_lock = threading.Lock()
@@ -197,6 +210,11 @@ class WalWriter:
     def durable_end(self) -> int:
         return self._durable
 
+    @property
+    def fault(self) -> DiskError | None:
+        """The disk error the WAL is living with (broken, or the last write failed)."""
+        return self._broken or self.last_error
+
     def disk_bytes(self) -> int:
         with self._lock:
             return self._disk_bytes()
@@ -229,42 +247,127 @@ class WalWriter:
         -- one Future per append instead of two chained ones."""
         n = sum(len(p) for p in parts)
         fut: Future[Any] = Future() if future is None else future
-        with self._lock:
-            self._check_usable()
-            if self._scans:  # appending: recovery's scans are stale (and only memory)
-                self._scans.clear()
-            done = self._make_room(n)
-            start = self._written
-            try:
-                written = self._fs.write_all(self._active.fd, parts)
-            except OSError as e:
-                self._undo_partial_write(start)
-                raise StageError(f"WAL write failed: {e}") from e
-            assert written == n
-            self._written += n
-            self._active_span.end += n
-            end = self._written
-            self._pending.append((end, fut, end if result is None else result(start, end)))
-            self._cond.notify_all()
-        self._resolve(done)
+        done: list[tuple[Future[Any], object]] = []
+        try:
+            with self._lock:
+                try:
+                    start, end = self._append_locked(parts, n, fut, result)
+                finally:
+                    done, self._resolve_later = self._resolve_later, []
+        finally:
+            self._resolve(done)
         if wait:
             self.wait_durable(end)
         return WalAppend(start, end, fut)
 
-    def _undo_partial_write(self, start: int) -> None:
-        """A failed write must not leave half an entry for the next one to follow."""
+    def _append_locked(self, parts: Sequence[bytes | memoryview], n: int, fut: Future[Any],
+                       result: Callable[[int, int], object] | None) -> tuple[int, int]:
+        if self._closing:
+            raise ClosedError("WAL is closed")
+        if self._broken is not None:
+            self._resolve_later += self._repair_locked()
+        if self._scans:  # appending: recovery's scans are stale (and only memory)
+            self._scans.clear()
+        try:
+            self._resolve_later += self._make_room(n)
+        except OSError as e:  # a purge's unlink, or a spare's
+            raise disk_error(e, "WAL purge", self.dir) from e
+        start = self._written
+        try:
+            written = self._fs.write_all(self._active.fd, parts)
+        except OSError as e:
+            err = disk_error(e, "WAL write", self._active_span.path)
+            self.last_error = err
+            self._undo_partial_write(start, err)
+            raise err from e
+        assert written == n
+        self._written += n
+        self._active_span.end += n
+        end = self._written
+        self._pending.append((end, fut, end if result is None else result(start, end)))
+        self._frames.append((end, parts))
+        self.last_error = None
+        self._cond.notify_all()
+        return start, end
+
+    def _undo_partial_write(self, start: int, err: DiskError) -> None:
+        """A failed write must not leave half an entry for the next one to follow: cut
+        it off, or (if even that fails) break and repair (stage/wal_repair.py)."""
         off = self._active_span.header_size + start - self._active_span.start
         try:
             self._fs.ftruncate(self._active.fd, off)
             self._fs.lseek(self._active.fd, off, os.SEEK_SET)
-        except OSError as e:
-            self._failed = e
+        except OSError:
+            self._break_locked(err)
 
-    def _check_usable(self) -> None:
+    # --- failure and repair (stage/wal_repair.py) -----------------------------------
+
+    def _break_locked(self, err: DiskError) -> None:
+        """Under the lock: a write or fdatasync failed.  Stop trusting the open files
+        (a sync round already under way will not ack), note the file to cut back."""
+        self.last_error = err
+        if self._broken is None:
+            self._broken_at = wal_repair.holder_of(
+                [*self._rotated, self._active_span], self._durable)
+        self._broken = err
+        self._epoch += 1
+        rot, self._rotation = self._rotation, None
+        self._rotating = False
+        for f in [self._active] + ([rot.old] if rot is not None else []):
+            with f.sync_lock:
+                if not f.closed:
+                    with contextlib.suppress(OSError):
+                        self._fs.close(f.fd)
+                    f.closed = True
+        self._cond.notify_all()
+
+    def _repair_locked(self) -> list[tuple[Future[Any], object]]:
+        """Under the lock: cut the durable file back, write the unacknowledged frames
+        again into a new active file, and ack them; raises the typed DiskError (and
+        stays broken) if the disk still fails."""
+        assert self._broken is not None
+        holder = self._broken_at
+        rid = self._next_rotation
+        frames = [p for _, parts in self._frames for p in parts]
+        try:
+            fd, span = wal_repair.rewrite(self._fs, self.dir, self._cfg_hash, holder,
+                                          self._durable, frames,
+                                          self.dir / f"{ACTIVE_NAME}.{rid}", rid)
+        except OSError as e:
+            self._broken = self.last_error = disk_error(e, "WAL repair", self.dir)
+            raise self._broken from e
+        finally:
+            if holder is not None and holder.rotation_id == rid:  # renamed just now
+                self._next_rotation += 1
+        assert span.end == self._written, (span, self._written)
+        if holder is not None and holder.rotation_id is not None and all(
+                s is not holder for s in self._rotated):
+            # the holder was the active file (or one a rotation renamed, then broke):
+            # a rotated file now; until this point it was still _active_span only
+            self._rotated.append(holder)
+        log.warning("WAL repaired after %s: %d unacknowledged bytes rewritten to a new %s",
+                    self._broken, span.end - span.start, ACTIVE_NAME)
+        self._rotated = [s for s in self._rotated if s.path.name != NEW_NAME]
+        self._active, self._active_span = _OpenFile(fd), span
+        self._broken = self._broken_at = self.last_error = None
+        self._durable = self._written
+        return self._pop_durable()
+
+    def _fail_locked(self, err: DiskError) -> list[tuple[Future[Any], object]]:
+        """Under the lock: break, try the repair at once; if the disk still fails, the
+        appends waiting for their fdatasync fail with the typed error."""
+        self._break_locked(err)
+        try:
+            return self._repair_locked()
+        except DiskError as e:
+            failed = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+            return [(fut, e) for _, fut, _ in failed]
+
+    def _check_open(self) -> None:
         if self._closing:
             raise ClosedError("WAL is closed")
-        if self._failed is not None:
-            raise StageError(f"WAL failed earlier and cannot be trusted: {self._failed}")
 
     def _make_room(self, n: int) -> list[tuple[Future[Any], object]]:
         cfg = self.config
@@ -300,17 +403,22 @@ class WalWriter:
         """Under the lock: retire the active file and start a fresh one; the syncs are
         left to the next sync round (see _Rotation).  A rotation still pending is
         committed first (inline: this is the rare path of a file filled within one
-        flush interval, or a reclaim at a cap)."""
-        done = self._settle_rotation()
+        flush interval, or a reclaim at a cap).  Acks it decides go to
+        ``_resolve_later`` (the caller resolves them after releasing the lock)."""
+        self._resolve_later += self._settle_rotation()
         old = self._active
         rid = self._next_rotation
         self._next_rotation += 1
         span = self._active_span
         target = self.dir / f"{ACTIVE_NAME}.{rid}"
         fs = self._fs
-        fs.rename(span.path, target)
+        try:
+            fs.rename(span.path, target)
+        except OSError as e:  # nothing changed
+            self._next_rotation -= 1
+            self.last_error = disk_error(e, "WAL rotation", span.path)
+            raise self.last_error from e
         span.path, span.rotation_id = target, rid
-        self._rotated.append(span)
         tmp = self.dir / NEW_NAME
         header = wal_fmt.encode_header(self._cfg_hash, self._written)
         recycled = False
@@ -323,25 +431,31 @@ class WalWriter:
             except OSError as e:
                 log.warning("WAL spare %s unusable (%s); creating a new file", spare, e)
         flags = os.O_WRONLY | os.O_CREAT | (0 if recycled else os.O_TRUNC)
-        fd = fs.open(tmp, flags, 0o644)
         try:
-            fs.write_all(fd, [header])
-        except OSError as e:
-            fs.close(fd)
-            self._failed = e
-            raise StageError(f"WAL rotation failed: {e}") from e
+            fd = fs.open(tmp, flags, 0o644)
+            try:
+                fs.write_all(fd, [header])
+            except OSError:
+                fs.close(fd)
+                raise
+        except OSError as e:  # the old file is renamed, no new one: repair makes one
+            self._fail_pending_and_raise(disk_error(e, "WAL rotation", tmp))
+            return []  # repaired at once: the repair made the new active file
+        self._rotated.append(span)
         self.recycled += recycled
         self._active_span = WalSpan(tmp, None, self._written, self._written, len(header))
         self._active = _OpenFile(fd, recycled=recycled)
         self._rotation = _Rotation(old, span.file_size, self._active, self._active_span, tmp)
-        return done
+        return []
 
     def _settle_rotation(self) -> list[tuple[Future[Any], object]]:
         """Under the lock: make sure no rotation is pending (wait for a sync round that
         is committing one; commit an unclaimed one here)."""
         while self._rotating:
             self._cond.wait()
-        self._check_usable()
+        self._check_open()
+        if self._broken is not None:
+            raise self._broken
         rot, self._rotation = self._rotation, None
         if rot is None:
             return []
@@ -349,8 +463,8 @@ class WalWriter:
             self._commit_rotation(rot)
         except OSError as e:
             self._rotation = rot
-            self._failed = e
-            raise StageError(f"WAL rotation failed: {e}") from e
+            self._fail_pending_and_raise(disk_error(e, "WAL rotation", self.dir))
+            return []  # repaired at once
         rot.span.path = self.dir / ACTIVE_NAME
         self._durable = self._written
         return self._pop_durable()
@@ -380,27 +494,42 @@ class WalWriter:
         fs.rename(rot.tmp, self.dir / ACTIVE_NAME)
         fs.fsync_dir(self.dir)
 
+    def _fail_pending_and_raise(self, err: DiskError) -> None:
+        """Under the lock, in an append: break and try the repair; raise ``err`` if it
+        failed (the appends waiting for their fdatasync fail with it too).  The caller
+        resolves ``_resolve_later`` after releasing the lock."""
+        self._resolve_later += self._fail_locked(err)
+        if self._broken is not None:
+            raise err
+
     def _pop_durable(self) -> list[tuple[Future[Any], object]]:
         done = []
         while self._pending and self._pending[0][0] <= self._durable:
             _, fut, value = self._pending.popleft()
             done.append((fut, value))
+        while self._frames and self._frames[0][0] <= self._durable:
+            self._frames.popleft()
         self._cond.notify_all()
         return done
 
     @staticmethod
     def _resolve(done: list[tuple[Future[Any], object]]) -> None:
         for fut, value in done:
-            fut.set_result(value)
+            if isinstance(value, DiskError):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
 
     # --- durability -----------------------------------------------------------------
 
     def _sync_round(self) -> None:
         with self._round_lock:
             with self._lock:
+                if self._broken is not None:
+                    return  # nothing to sync until a repair (an append) succeeds
                 rot, self._rotation = self._rotation, None
                 self._rotating = rot is not None
-                f, target = self._active, self._written
+                f, target, epoch = self._active, self._written, self._epoch
                 if rot is None and target <= self._durable:
                     return
             try:
@@ -411,8 +540,8 @@ class WalWriter:
                         # the old file's entries are acked as soon as it is synced (a
                         # rotation round makes three syncs: measured 150-190 ms against
                         # 60-80 for a plain round at 64 KiB records)
-                        self._commit_rotation(rot, functools.partial(self._acked_to,
-                                                                     rot.span.start))
+                        self._commit_rotation(rot, functools.partial(
+                            self._acked_to, rot.span.start, epoch))
                     else:
                         with f.sync_lock:
                             if not f.closed:  # a rotation already synced a closed file
@@ -421,11 +550,13 @@ class WalWriter:
                 self.fsyncs += 1
             except OSError as e:
                 with self._lock:
-                    if rot is not None:
+                    if rot is not None and self._epoch == epoch:
                         self._rotation, self._rotating = rot, False
                 self._fail(e)
                 return
             with self._lock:
+                if self._epoch != epoch:  # broken meanwhile: the repair acks these
+                    return
                 if rot is not None:
                     rot.span.path = self.dir / ACTIVE_NAME
                     self._rotating = False
@@ -434,23 +565,22 @@ class WalWriter:
                 done = self._pop_durable()
         self._resolve(done)
 
-    def _acked_to(self, position: int) -> None:
+    def _acked_to(self, position: int, epoch: int) -> None:
         """Every byte before ``position`` is durable: resolve those appends."""
         with self._lock:
+            if self._epoch != epoch:
+                return
             self._durable = max(self._durable, position)
             done = self._pop_durable()
         self._resolve(done)
 
-    def _fail(self, e: BaseException) -> None:
-        """fdatasync failed: after EIO the page cache cannot be trusted (fsyncgate), so
-        every pending and future append fails."""
+    def _fail(self, e: OSError) -> None:
+        """An fdatasync (or a rotation's rename / directory fsync) failed: after a failed
+        fdatasync the page cache cannot be trusted (fsyncgate), so the data is never
+        synced again to be acked; the WAL repairs instead (stage/wal_repair.py)."""
         with self._lock:
-            self._failed = e
-            pending = list(self._pending)
-            self._pending.clear()
-            self._cond.notify_all()
-        for _, fut, _ in pending:
-            fut.set_exception(StageError(f"WAL fdatasync failed: {e}"))
+            done = self._fail_locked(disk_error(e, "WAL fdatasync", self._active_span.path))
+        self._resolve(done)
 
     def wait_durable(self, end: int) -> None:
         """With ``flush_interval == 0``: sync (or join a sync in progress) until ``end``
@@ -464,8 +594,8 @@ class WalWriter:
             with self._cond:
                 if self._durable >= end:
                     return
-                if self._failed is not None:
-                    raise StageError(f"WAL fdatasync failed: {self._failed}")
+                if self._broken is not None:
+                    raise self._broken
                 if self._syncing:
                     self._cond.wait()
                     continue
@@ -481,9 +611,11 @@ class WalWriter:
         stop = self._stop
         while True:
             with self._cond:
-                while not self._closing and self._durable >= self._written:
+                while not self._closing and (self._broken is not None
+                                             or self._durable >= self._written):
                     self._cond.wait()
-                if self._failed is not None or (self._closing and self._durable >= self._written):
+                if self._closing and (self._broken is not None
+                                      or self._durable >= self._written):
                     return
                 delay = self._last_sync + self._interval - time.monotonic()
                 closing = self._closing
@@ -502,6 +634,12 @@ class WalWriter:
     def advance_cursor(self, position: int) -> None:
         """Persist ``position`` as the earliest WAL data still needed, then delete
         rotated files that lie wholly before it.  Never moves backwards."""
+        try:
+            self._advance_cursor(position)
+        except OSError as e:
+            raise disk_error(e, "WAL cursor update or purge", self.dir) from e
+
+    def _advance_cursor(self, position: int) -> None:
         with self._cursor_lock:
             with self._lock:
                 position = min(position, self._written)
@@ -548,7 +686,8 @@ class WalWriter:
             self._fs.zero_file(spare, size)
         except OSError as e:
             log.debug("WAL: cannot zero %s (%s); unlinking it", spare, e)
-            self._fs.unlink(spare, missing_ok=True)
+            with contextlib.suppress(OSError):  # recovery deletes spares anyway
+                self._fs.unlink(spare, missing_ok=True)
             return
         with self._lock:
             if self._closing:
@@ -559,22 +698,29 @@ class WalWriter:
     def reclaim(self) -> int:
         """Under disk pressure: if the cursor has passed part of the active file, rotate
         it so the covered part can be deleted, then purge.  Returns bytes freed."""
-        with self._lock:
-            before = self._disk_bytes()
-            active = self._active_span
-            self._purge_locked()
-            self._drop_spares_locked()
-            if (
-                self._cursor > active.start
-                and len(self._rotated) + 2 <= self.config.max_rotated_files
-            ):
-                done = self._rotate()
-                self._purge_locked()
-            else:
-                done = []
-            freed = before - self._disk_bytes()
-        self._resolve(done)
-        return freed
+        done: list[tuple[Future[Any], object]] = []
+        try:
+            with self._lock:
+                try:
+                    if self._broken is not None:
+                        return 0
+                    before = self._disk_bytes()
+                    active = self._active_span
+                    self._purge_locked()
+                    self._drop_spares_locked()
+                    if (
+                        self._cursor > active.start
+                        and len(self._rotated) + 2 <= self.config.max_rotated_files
+                    ):
+                        self._resolve_later += self._rotate()
+                        self._purge_locked()
+                    return before - self._disk_bytes()
+                except OSError as e:
+                    raise disk_error(e, "WAL purge", self.dir) from e
+                finally:
+                    done, self._resolve_later = self._resolve_later, []
+        finally:
+            self._resolve(done)
 
     def _write_cursor(self, position: int) -> None:
         write_cursor(self._fs, self.dir, position)
@@ -594,22 +740,27 @@ class WalWriter:
     # --- shutdown -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync what was written, stop the flusher, close the file."""
+        """Sync what was written, stop the flusher, close the file.  On a failing disk
+        it still stops and closes everything (the appends it could not make durable
+        fail with the typed error; recovery deals with the files at the next open)."""
         with self._cond:
             if self._closing:
                 return
-        if self._failed is None:
-            self.sync()
+        if self._broken is None:
+            try:
+                self.sync()
+            except DiskError as e:
+                log.warning("WAL: closing with unsynced appends: %s", e)
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join()
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):
             self._drop_spares_locked()
         a = self._active
-        if a.recycled and not a.closed and self._failed is None:
+        if a.recycled and not a.closed and self._broken is None:
             try:  # drop the zero tail so a clean reopen finds no torn bytes
                 self._fs.ftruncate(a.fd, self._active_span.file_size)
                 self._fs.fdatasync(a.fd)
@@ -619,5 +770,12 @@ class WalWriter:
         for f in files:
             with f.sync_lock:
                 if not f.closed:
-                    self._fs.close(f.fd)
+                    with contextlib.suppress(OSError):
+                        self._fs.close(f.fd)
                     f.closed = True
+        with self._lock:
+            left = [(fut, ClosedError("WAL closed before this append was durable"))
+                    for _, fut, _ in self._pending]
+            self._pending.clear()
+        for fut, err in left:
+            fut.set_exception(err)

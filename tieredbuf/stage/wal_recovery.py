@@ -241,7 +241,13 @@ def replay_spans(
             # recovery's scan of this very file (truncated to good_end)
             header, entries = res.header, res.entries
         else:
-            data = fs.read_bytes(span.path)[: span.file_size]
+            try:
+                data = fs.read_bytes(span.path)[: span.file_size]
+            except FileNotFoundError:
+                if span.path.name != NEW_NAME:
+                    raise
+                # a sync round committed the rotation meanwhile: the same file, renamed
+                data = fs.read_bytes(span.path.with_name(ACTIVE_NAME))[: span.file_size]
             header, entries = wal_fmt.decode_wal(data, str(span.path), cfg_hash)
         for e, (s, t) in zip(entries, wal_fmt.iter_positions(header, entries), strict=True):
             if s >= pos:
