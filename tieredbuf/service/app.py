@@ -4,7 +4,8 @@
     GET  /healthz      200 while the producer works; 500 with the reason while a permanent
                        store error stops its exports (credentials, access, bucket) or a
                        corrupt staged segment is quarantined
-    GET  /readyz       200 while accepting writes; 503 while starting or draining
+    GET  /readyz       200 while accepting writes; 503 while starting, draining, or while
+                       the stage's disk is failing (DiskFullError / DiskIOError)
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
 Blocking work (parsing, staging) runs on a thread pool; waiting for durability
@@ -32,7 +33,7 @@ from prometheus_client import (
 
 import tieredbuf
 from tieredbuf import metrics
-from tieredbuf.errors import BackpressureError, ClosedError, TieredBufError
+from tieredbuf.errors import BackpressureError, ClosedError, DiskError, TieredBufError
 from tieredbuf.handles import Durability, WriteHandle
 from tieredbuf.service import bodies
 from tieredbuf.service.config import ServiceConfig
@@ -138,6 +139,9 @@ async def produce(request: web.Request) -> web.Response:
                            **{"Retry-After": str(state.config.retry_after_s)})
     except ClosedError:
         return _json_error(503, "draining", **{"Retry-After": str(state.config.retry_after_s)})
+    except DiskError as e:  # not stored; the stage recovers when its disk does
+        return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}",
+                           **{"Retry-After": str(state.config.retry_after_s)})
     try:
         await _durable(handle, level, state.config.remote_timeout_s)
         outcome = handle.wait(level, timeout=0)
@@ -148,6 +152,10 @@ async def produce(request: web.Request) -> web.Response:
              "status": 504, "durability": reached.name.lower() if reached else None, **counts},
             status=504,
         )
+    except DiskError as e:  # not LOCAL: the stage's disk failed (it may still land)
+        log.error("write failed: %s", e)
+        return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}",
+                           **{"Retry-After": str(state.config.retry_after_s)})
     except TieredBufError as e:
         log.error("write failed: %s", e)
         return _json_error(500, f"{type(e).__name__}: {e}")
@@ -190,8 +198,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.ready and not state.draining:
+    fault = state.producer.disk_fault() if state.producer is not None else None
+    if state.ready and not state.draining and fault is None:
         return web.json_response({"status": "ready", "worker": state.index})
+    if fault is not None:  # the stage's disk is failing: writes fail until it recovers
+        return _json_error(503, f"stage disk failing: {type(fault).__name__}: {fault}")
     return _json_error(503, "draining" if state.draining else "starting")
 
 
