@@ -552,7 +552,7 @@ class WalWriter:
                 with self._lock:
                     if rot is not None and self._epoch == epoch:
                         self._rotation, self._rotating = rot, False
-                self._fail(e)
+                self._fail(e, epoch)
                 return
             with self._lock:
                 if self._epoch != epoch:  # broken meanwhile: the repair acks these
@@ -574,11 +574,15 @@ class WalWriter:
             done = self._pop_durable()
         self._resolve(done)
 
-    def _fail(self, e: OSError) -> None:
+    def _fail(self, e: OSError, epoch: int | None = None) -> None:
         """An fdatasync (or a rotation's rename / directory fsync) failed: after a failed
         fdatasync the page cache cannot be trusted (fsyncgate), so the data is never
-        synced again to be acked; the WAL repairs instead (stage/wal_repair.py)."""
+        synced again to be acked; the WAL repairs instead (stage/wal_repair.py).
+        ``epoch``: the round's; if the WAL broke (and maybe was repaired) since, this
+        round's files are already out of use and its error is moot."""
         with self._lock:
+            if epoch is not None and epoch != self._epoch:
+                return
             done = self._fail_locked(disk_error(e, "WAL fdatasync", self._active_span.path))
         self._resolve(done)
 
