@@ -7,7 +7,8 @@ fdatasyncs the same data again to acknowledge it.  Instead it *repairs*:
 
 1. The committed file that holds the durable position D (everything before D was
    acknowledged after an fdatasync that returned) is truncated to D and fdatasynced:
-   the region whose state is unknown is cut off.  If it is the active file it becomes
+   the region whose state is unknown is cut off (and a recycled file's zero tail,
+   whose truncation may not have been made durable).  If it is the active file it becomes
    ``quiver.wal.N``.  An uncommitted ``quiver.wal.new`` is deleted.
 2. Every frame written since D but not acknowledged -- the writer keeps their buffers
    until their fdatasync returns -- is written again into a fresh file whose header
@@ -50,9 +51,11 @@ def rewrite(fs: FileSystem, directory: Path, cfg_hash: bytes, holder: WalSpan | 
     """Steps 1 and 2 above (I/O only; ``holder`` is updated in place as each step
     lands).  Returns the new active file's fd (positioned at its end) and span."""
     if holder is not None and fs.exists(holder.path):  # (a purge may have taken it)
-        if holder.end > durable:
-            truncate(fs, holder.path, holder.header_size + durable - holder.start)
-            holder.end = durable
+        # always: besides unsynced frames, the file may end in a partial write, or in
+        # the zeros of a recycled file whose truncation (a rotation's) never became
+        # durable -- a rotated file must end at its last entry
+        truncate(fs, holder.path, holder.header_size + durable - holder.start)
+        holder.end = durable
         if holder.rotation_id is None:  # the active file becomes quiver.wal.N
             fs.rename(holder.path, rotated_path)
             holder.path, holder.rotation_id = rotated_path, rotation_id
