@@ -1,5 +1,7 @@
-"""The WAL writer: append, group commit, rotation, purge, cursor sidecar.  Opening a
-WAL (file names, recovery scan, replay) is in stage/wal_recovery.py.
+"""The WAL writer: append, group commit, rotation.  Opening a WAL (file names,
+recovery scan, replay) is in stage/wal_recovery.py; the cursor and purge in
+stage/wal_purge.py; what happens after a failed write or fdatasync (the repair) in
+stage/wal_repair.py.
 
 Files under ``<stage>/wal/`` (seed 001)::
 
@@ -21,8 +23,9 @@ Rotation holds the lock only for two renames' worth of work: the old file is ren
 ``quiver.wal.N`` and appends continue into a new file created as ``quiver.wal.new``
 (header written, not yet synced).  The next sync round -- the flusher, or the appender
 itself with ``flush_interval == 0`` -- fdatasyncs the old file and acks its entries,
-then fdatasyncs the new one, renames it ``quiver.wal`` and fsyncs the directory, all
-outside the lock; entries in the new file are acknowledged only after that.  A crash
+then fdatasyncs the new one, fsyncs the directory (the old file's rename first),
+renames it ``quiver.wal`` and fsyncs the directory again, all outside the lock;
+entries in the new file are acknowledged only after that.  A crash
 before the rename leaves ``quiver.wal.N`` (or the old ``quiver.wal``) without the new
 file, which recovery repairs by creating the active file at the end of the last one
 (the unacknowledged ``.new`` file is discarded).
@@ -47,15 +50,16 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tieredbuf.config import WalConfig
 from tieredbuf.errors import ClosedError, DiskError, WalFullError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage import _fs, wal_repair
+from tieredbuf.stage import _fs
 from tieredbuf.stage._fs import FileSystem, IoGate, disk_error, zero_file
+from tieredbuf.stage.wal_purge import WalPurgeMixin
 from tieredbuf.stage.wal_recovery import (
     ACTIVE_NAME,
     CURSOR_NAME,
@@ -65,8 +69,8 @@ from tieredbuf.stage.wal_recovery import (
     WalSpan,
     recover,
     replay_spans,
-    write_cursor,
 )
+from tieredbuf.stage.wal_repair import OpenFile, WalRepairMixin
 
 __all__ = ["ACTIVE_NAME", "CURSOR_NAME", "FREE_PREFIX", "NEW_NAME", "WalAppend",
            "WalRecovery", "WalWriter", "zero_file"]
@@ -74,24 +78,15 @@ __all__ = ["ACTIVE_NAME", "CURSOR_NAME", "FREE_PREFIX", "NEW_NAME", "WalAppend",
 log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
-class _OpenFile:
-    fd: int
-    sync_lock: threading.Lock = field(default_factory=threading.Lock)
-    closed: bool = False
-    recycled: bool = False
-    """A reused spare: zeros (allocated blocks) may follow the last entry."""
-
-
-@dataclass(slots=True)
 class _Rotation:
     """A rotation begun under the lock (the old file renamed ``quiver.wal.N``, appends
     going to a fresh ``quiver.wal.new``) whose fdatasyncs, rename to ``quiver.wal`` and
     directory fsync are still to do -- outside the lock, by the next sync round."""
 
-    old: _OpenFile
+    old: OpenFile
     old_size: int
     """The old file's size up to its last entry (a recycled one is truncated to it)."""
-    new: _OpenFile
+    new: OpenFile
     span: WalSpan
     """The new active file's span (its path is the temp name until committed)."""
     tmp: Path
@@ -107,7 +102,7 @@ class WalAppend:
     """Resolves to ``end``, or to what the appender's ``result`` made of (start, end)."""
 
 
-class WalWriter:
+class WalWriter(WalRepairMixin, WalPurgeMixin):
     """One per-core WAL.  Thread-safe; opening it runs recovery."""
 
     max_spares = 1
@@ -166,7 +161,7 @@ class WalWriter:
         """The newest files' recovery scans, for the first replay (bounded, I8)."""
         self._rotated = rec.spans[:-1]
         self._active_span = rec.spans[-1]
-        self._active = _OpenFile(fs.open(self._active_span.path, os.O_WRONLY))
+        self._active = OpenFile(fs.open(self._active_span.path, os.O_WRONLY))
         fs.lseek(self._active.fd, 0, os.SEEK_END)
         self._cursor = rec.cursor
         self._next_rotation = max((s.rotation_id or 0 for s in self._rotated), default=0) + 1
@@ -300,71 +295,6 @@ class WalWriter:
         except OSError:
             self._break_locked(err)
 
-    # --- failure and repair (stage/wal_repair.py) -----------------------------------
-
-    def _break_locked(self, err: DiskError) -> None:
-        """Under the lock: a write or fdatasync failed.  Stop trusting the open files
-        (a sync round already under way will not ack), note the file to cut back."""
-        self.last_error = err
-        if self._broken is None:
-            self._broken_at = wal_repair.holder_of(
-                [*self._rotated, self._active_span], self._durable)
-        self._broken = err
-        self._epoch += 1
-        rot, self._rotation = self._rotation, None
-        self._rotating = False
-        for f in [self._active] + ([rot.old] if rot is not None else []):
-            with f.sync_lock:
-                if not f.closed:
-                    with contextlib.suppress(OSError):
-                        self._fs.close(f.fd)
-                    f.closed = True
-        self._cond.notify_all()
-
-    def _repair_locked(self) -> list[tuple[Future[Any], object]]:
-        """Under the lock: cut the durable file back, write the unacknowledged frames
-        again into a new active file, and ack them; raises the typed DiskError (and
-        stays broken) if the disk still fails."""
-        assert self._broken is not None
-        holder = self._broken_at
-        rid = self._next_rotation
-        frames = [p for _, parts in self._frames for p in parts]
-        try:
-            fd, span = wal_repair.rewrite(self._fs, self.dir, self._cfg_hash, holder,
-                                          self._durable, frames,
-                                          self.dir / f"{ACTIVE_NAME}.{rid}", rid)
-        except OSError as e:
-            self._broken = self.last_error = disk_error(e, "WAL repair", self.dir)
-            raise self._broken from e
-        finally:
-            if holder is not None and holder.rotation_id == rid:  # renamed just now
-                self._next_rotation += 1
-        assert span.end == self._written, (span, self._written)
-        if holder is not None and holder.rotation_id is not None and all(
-                s is not holder for s in self._rotated):
-            # the holder was the active file (or one a rotation renamed, then broke):
-            # a rotated file now; until this point it was still _active_span only
-            self._rotated.append(holder)
-        log.warning("WAL repaired after %s: %d unacknowledged bytes rewritten to a new %s",
-                    self._broken, span.end - span.start, ACTIVE_NAME)
-        self._rotated = [s for s in self._rotated if s.path.name != NEW_NAME]
-        self._active, self._active_span = _OpenFile(fd), span
-        self._broken = self._broken_at = self.last_error = None
-        self._durable = self._written
-        return self._pop_durable()
-
-    def _fail_locked(self, err: DiskError) -> list[tuple[Future[Any], object]]:
-        """Under the lock: break, try the repair at once; if the disk still fails, the
-        appends waiting for their fdatasync fail with the typed error."""
-        self._break_locked(err)
-        try:
-            return self._repair_locked()
-        except DiskError as e:
-            failed = list(self._pending)
-            self._pending.clear()
-            self._cond.notify_all()
-            return [(fut, e) for _, fut, _ in failed]
-
     def _check_open(self) -> None:
         if self._closing:
             raise ClosedError("WAL is closed")
@@ -444,7 +374,7 @@ class WalWriter:
         self._rotated.append(span)
         self.recycled += recycled
         self._active_span = WalSpan(tmp, None, self._written, self._written, len(header))
-        self._active = _OpenFile(fd, recycled=recycled)
+        self._active = OpenFile(fd, recycled=recycled)
         self._rotation = _Rotation(old, span.file_size, self._active, self._active_span, tmp)
         return []
 
@@ -493,14 +423,6 @@ class WalWriter:
         fs.fsync_dir(self.dir)
         fs.rename(rot.tmp, self.dir / ACTIVE_NAME)
         fs.fsync_dir(self.dir)
-
-    def _fail_pending_and_raise(self, err: DiskError) -> None:
-        """Under the lock, in an append: break and try the repair; raise ``err`` if it
-        failed (the appends waiting for their fdatasync fail with it too).  The caller
-        resolves ``_resolve_later`` after releasing the lock."""
-        self._resolve_later += self._fail_locked(err)
-        if self._broken is not None:
-            raise err
 
     def _pop_durable(self) -> list[tuple[Future[Any], object]]:
         done = []
@@ -574,18 +496,6 @@ class WalWriter:
             done = self._pop_durable()
         self._resolve(done)
 
-    def _fail(self, e: OSError, epoch: int | None = None) -> None:
-        """An fdatasync (or a rotation's rename / directory fsync) failed: after a failed
-        fdatasync the page cache cannot be trusted (fsyncgate), so the data is never
-        synced again to be acked; the WAL repairs instead (stage/wal_repair.py).
-        ``epoch``: the round's; if the WAL broke (and maybe was repaired) since, this
-        round's files are already out of use and its error is moot."""
-        with self._lock:
-            if epoch is not None and epoch != self._epoch:
-                return
-            done = self._fail_locked(disk_error(e, "WAL fdatasync", self._active_span.path))
-        self._resolve(done)
-
     def wait_durable(self, end: int) -> None:
         """With ``flush_interval == 0``: sync (or join a sync in progress) until ``end``
         is durable.  With a flusher thread this returns at once (use the futures)."""
@@ -632,114 +542,6 @@ class WalWriter:
         self._wait_durable(self._written)
         if self._rotation is not None:
             self._sync_round()
-
-    # --- cursor and purge -----------------------------------------------------------
-
-    def advance_cursor(self, position: int) -> None:
-        """Persist ``position`` as the earliest WAL data still needed, then delete
-        rotated files that lie wholly before it.  Never moves backwards."""
-        try:
-            self._advance_cursor(position)
-        except OSError as e:
-            raise disk_error(e, "WAL cursor update or purge", self.dir) from e
-
-    def _advance_cursor(self, position: int) -> None:
-        with self._cursor_lock:
-            with self._lock:
-                position = min(position, self._written)
-                if position <= self._cursor:
-                    return
-            self._write_cursor(position)
-            with self._lock:
-                self._cursor = position
-                gone = self._purge_locked(unlink=False)
-                keep = max(0, self.max_spares - len(self._spares) - self._spare_jobs)
-                keep = 0 if self._closing else min(keep, len(gone))
-                self._spare_jobs += keep
-            try:
-                for p in gone[keep:]:
-                    self._fs.unlink(p, missing_ok=True)
-                renamed = [r for p in gone[:keep] if (r := self._rename_spare(p)) is not None]
-                if gone:
-                    # the renames (and unlinks) are durable before any zeroing: a crash
-                    # must never leave a zeroed file under a WAL file's name
-                    self._fs.fsync_dir(self.dir)
-                for spare, size in renamed:
-                    self._zero_spare(spare, size)
-            finally:
-                with self._lock:
-                    self._spare_jobs -= keep
-
-    def _rename_spare(self, path: Path) -> tuple[Path, int] | None:
-        """Outside the lock: rename a purged file ``quiver.wal.free.<K>``."""
-        with self._lock:
-            k = self._next_free
-            self._next_free += 1
-        spare = self.dir / f"{FREE_PREFIX}{k}"
-        try:
-            size = self._fs.file_size(path)
-            self._fs.rename(path, spare)
-        except FileNotFoundError:
-            return None
-        return spare, size
-
-    def _zero_spare(self, spare: Path, size: int) -> None:
-        """Outside the lock: zero a renamed spare durably and offer it to the next
-        rotation (or unlink it where zeroing is unsupported)."""
-        try:
-            self._fs.zero_file(spare, size)
-        except OSError as e:
-            log.debug("WAL: cannot zero %s (%s); unlinking it", spare, e)
-            with contextlib.suppress(OSError):  # recovery deletes spares anyway
-                self._fs.unlink(spare, missing_ok=True)
-            return
-        with self._lock:
-            if self._closing:
-                self._fs.unlink(spare, missing_ok=True)
-            else:
-                self._spares.append((spare, size))
-
-    def reclaim(self) -> int:
-        """Under disk pressure: if the cursor has passed part of the active file, rotate
-        it so the covered part can be deleted, then purge.  Returns bytes freed."""
-        done: list[tuple[Future[Any], object]] = []
-        try:
-            with self._lock:
-                try:
-                    if self._broken is not None:
-                        return 0
-                    before = self._disk_bytes()
-                    active = self._active_span
-                    self._purge_locked()
-                    self._drop_spares_locked()
-                    if (
-                        self._cursor > active.start
-                        and len(self._rotated) + 2 <= self.config.max_rotated_files
-                    ):
-                        self._resolve_later += self._rotate()
-                        self._purge_locked()
-                    return before - self._disk_bytes()
-                except OSError as e:
-                    raise disk_error(e, "WAL purge", self.dir) from e
-                finally:
-                    done, self._resolve_later = self._resolve_later, []
-        finally:
-            self._resolve(done)
-
-    def _write_cursor(self, position: int) -> None:
-        write_cursor(self._fs, self.dir, position)
-
-    def _purge_locked(self, unlink: bool = True) -> list[Path]:
-        keep: list[WalSpan] = []
-        gone: list[WalSpan] = []
-        for s in self._rotated:
-            (gone if s.end <= self._cursor else keep).append(s)
-        self._rotated = keep
-        paths = [s.path for s in gone]
-        if unlink:
-            for p in paths:
-                self._fs.unlink(p, missing_ok=True)
-        return paths
 
     # --- shutdown -------------------------------------------------------------------
 
