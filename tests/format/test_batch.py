@@ -66,6 +66,134 @@ def test_I7_unknown_compression_and_corrupt_zstd_are_named() -> None:
         decode_batch(b"garbage!" + b"\x01\x01\x00\x00\x00\x01\x00")
 
 
+# --- zstd record blocks: every shape RFC 8878 allows (frames written by hand) -----------
+
+_RECORDS = [b"hello", b"", b"world!"]
+_BLOCK = b"".join(struct.pack("<I", len(r)) + r for r in _RECORDS)
+_ZSTD_FOOTER = b"\x01" + struct.pack("<I", len(_RECORDS)) + b"\x01\x00"
+
+
+def _raw_frame(data: bytes, *, content_size: bool = False, checksum: bool = False) -> bytes:
+    """One zstd frame holding ``data`` as a single raw block, byte by byte (RFC 8878
+    3.1.1): magic, Frame_Header_Descriptor, Window_Descriptor (1 KiB), optional
+    Frame_Content_Size (8 bytes), Block_Header (Last_Block=1, Block_Type=0 raw,
+    Block_Size), the bytes, optional Content_Checksum (low 4 bytes of XXH64: zstandard
+    computes it, since a checksum is not something to hand-write)."""
+    assert len(data) <= 1024
+    fhd = (0xC0 if content_size else 0) | (0x04 if checksum else 0)
+    head = b"\x28\xb5\x2f\xfd" + bytes([fhd, 0x00])
+    if content_size:
+        head += struct.pack("<Q", len(data))
+    block = struct.pack("<I", 1 | (len(data) << 3))[:3] + data
+    frame = head + block
+    if checksum:
+        real = zstandard.ZstdCompressor(write_checksum=True, write_content_size=False)
+        frame += real.compress(data)[-4:]
+    return frame
+
+
+def test_golden_zstd_frame_without_content_size_is_accepted() -> None:
+    """A streaming encoder cannot know the size up front: its frame header leaves
+    Frame_Content_Size out (zstandard reports 2**64 - 1).  Such a block decodes."""
+    frame = _raw_frame(_BLOCK)
+    assert zstandard.get_frame_parameters(frame).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    assert decode_batch(frame + _ZSTD_FOOTER) == _RECORDS
+
+
+def test_a_real_streaming_encoders_block_is_accepted() -> None:
+    import io
+
+    sink = io.BytesIO()
+    with zstandard.ZstdCompressor(level=3).stream_writer(sink, closefd=False) as w:
+        for r in _RECORDS:  # written piece by piece, as a streaming producer would
+            w.write(struct.pack("<I", len(r)))
+            w.write(r)
+    block = sink.getvalue()
+    assert zstandard.get_frame_parameters(block).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    assert decode_batch(block + _ZSTD_FOOTER) == _RECORDS
+
+
+def test_golden_several_frames_and_a_skippable_frame_are_one_block() -> None:
+    """RFC 8878: a zstd stream is frames one after another; skippable frames (magic
+    0x184D2A5?) carry no content.  The record block is the frames' contents joined, so a
+    record may even straddle two frames."""
+    cut = 7  # inside record 0's data
+    skippable = struct.pack("<II", 0x184D2A53, 3) + b"xyz"
+    data = (
+        _raw_frame(_BLOCK[:cut], content_size=True)
+        + skippable
+        + _raw_frame(_BLOCK[cut:], checksum=True)
+    ) + _ZSTD_FOOTER
+    assert decode_batch(data) == _RECORDS
+    two = zstandard.ZstdCompressor(level=3)
+    data = two.compress(_BLOCK[:cut]) + two.compress(_BLOCK[cut:]) + _ZSTD_FOOTER
+    assert decode_batch(data) == _RECORDS
+
+
+def test_golden_rle_block_frame_is_accepted() -> None:
+    # one record of 600 x "a": [len][RLE block of 600 bytes of 0x61]
+    rle = struct.pack("<I", 1 | (1 << 1) | (600 << 3))[:3] + b"a"
+    frames = (
+        _raw_frame(struct.pack("<I", 600), content_size=True)
+        + b"\x28\xb5\x2f\xfd\x00\x00" + rle
+    )
+    data = frames + b"\x01" + struct.pack("<I", 1) + b"\x01\x00"
+    assert decode_batch(data) == [b"a" * 600]
+
+
+@pytest.mark.parametrize(
+    ("name", "block", "offset", "match"),
+    [
+        ("empty block", b"", 0, "no frame"),
+        ("not zstd", b"garbage!", 0, "not a zstd frame"),
+        ("second frame not zstd", _raw_frame(_BLOCK) + b"garbage!", len(_raw_frame(_BLOCK)),
+         "not a zstd frame"),
+        ("trailing partial frame", _raw_frame(_BLOCK) + b"\x28\xb5", len(_raw_frame(_BLOCK)),
+         "trailing bytes"),
+        ("frame cut short", _raw_frame(_BLOCK)[:-3], 0, "runs past the block"),
+        ("skippable frame cut short", struct.pack("<II", 0x184D2A50, 99) + b"abc", 0,
+         "runs past the block"),
+        ("reserved block type", b"\x28\xb5\x2f\xfd\x00\x00" + bytes([0x07, 0, 0]), 6,
+         "reserved type"),
+        ("dictionary frame", b"\x28\xb5\x2f\xfd\x01\x00\x07" + bytes([0x01, 0, 0]), 0,
+         "dictionary 7"),
+        ("bad checksum", _raw_frame(_BLOCK, checksum=True)[:-1] + b"\x00", 0, "zstd frame"),
+        ("declared size is a lie", _raw_frame(_BLOCK, content_size=True)[:6]
+         + struct.pack("<Q", len(_BLOCK) + 1) + _raw_frame(_BLOCK, content_size=True)[14:], 0,
+         "zstd frame"),
+    ],
+)
+def test_I7_bad_zstd_blocks_are_named_at_the_frame(
+    name: str, block: bytes, offset: int, match: str
+) -> None:
+    with pytest.raises(CorruptError, match=match) as e:
+        decode_batch(block + _ZSTD_FOOTER, obj="data/Z.batch")
+    assert e.value.obj == "data/Z.batch" and e.value.offset == offset, name
+
+
+def test_I7_zstd_frame_declaring_more_than_the_cap_is_refused_before_decoding() -> None:
+    huge = b"\x28\xb5\x2f\xfd\xc0\x00" + struct.pack("<Q", (1 << 31) + 1)
+    huge += struct.pack("<I", 1 | (1 << 1) | (16 << 3))[:3] + b"a"
+    with pytest.raises(CorruptError, match="declares 2147483649 bytes") as e:
+        decode_batch(_raw_frame(_BLOCK) + huge + _ZSTD_FOOTER)
+    assert e.value.offset == len(_raw_frame(_BLOCK))
+
+
+def test_I7_unsized_zstd_frames_are_cut_off_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap (2 GiB) bounds the sum over frames, including frames that do not say
+    their size; a smaller cap stands in for it here so the test allocates little."""
+    import tieredbuf.format.batch as fb
+
+    monkeypatch.setattr(fb, "MAX_DECOMPRESSED", 4096)
+    big = zstandard.ZstdCompressor(write_content_size=False).compress(b"\x00" * 100_000)
+    with pytest.raises(CorruptError, match="inflates past 4096") as e:
+        decode_batch(_raw_frame(_BLOCK) + big + _ZSTD_FOOTER)
+    assert e.value.offset == len(_raw_frame(_BLOCK))
+    sized = zstandard.ZstdCompressor().compress(b"\x00" * 4090)
+    with pytest.raises(CorruptError, match="declares 4090 bytes"):
+        decode_batch(_raw_frame(_BLOCK) + sized + _ZSTD_FOOTER)
+
+
 def test_I7_trailing_garbage_is_rejected() -> None:
     good = encode_batch([b"ab"])
     bad = good[:-7] + b"zz" + good[-7:]

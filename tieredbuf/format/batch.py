@@ -2,7 +2,7 @@
 
 ::
 
-    record block (optionally zstd level 3 as one unit):
+    record block (zstd: tieredbuf writes one level-3 frame, reads any RFC 8878 frames):
         record i: [len: u32 LE][data]
     footer (7 bytes, never compressed):
         compression_type : u8      0x00 none, 0x01 zstd
@@ -113,23 +113,117 @@ def decode_batch(data: bytes | memoryview, obj: str | None = None) -> list[bytes
     return out
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE_MAGIC, _SKIPPABLE_MASK = 0x184D2A50, 0xFFFFFFF0
+_BLOCK_HEAD = 3
+_BLOCK_RLE, _BLOCK_RESERVED = 1, 3
+
+
 def _decompress(block: bytes | memoryview, obj: str | None) -> bytes:
-    try:
-        params = zstandard.get_frame_parameters(bytes(block[:18]))
-        if params.content_size > MAX_DECOMPRESSED:
-            raise CorruptError(
-                "data batch", obj, 0, f"zstd content size {params.content_size} too large"
-            )
-        d = zstandard.ZstdDecompressor()
-        if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
-            out: bytes = d.stream_reader(bytes(block)).read(MAX_DECOMPRESSED + 1)
-            if len(out) > MAX_DECOMPRESSED:
-                raise CorruptError("data batch", obj, 0, "zstd frame inflates past the cap")
-            return out
-        result: bytes = d.decompress(block, max_output_size=MAX_DECOMPRESSED)
-        return result
-    except zstandard.ZstdError as e:
-        raise CorruptError("data batch", obj, 0, f"zstd: {e}") from e
+    """The record block of a zstd batch, frame by frame (RFC 8878: a zstd stream is a
+    sequence of frames; skippable frames are skipped).
+
+    A frame that declares its content size is decoded in one call once the running total
+    is known to stay under :data:`MAX_DECOMPRESSED`; a frame without one (a streaming
+    encoder's) is fed to a streaming decompressor one zstd block at a time, so the
+    output never runs more than one block (128 KiB) past the cap before it is refused.
+    Every error names the offset of the frame (or block) it is about (I7)."""
+    view = memoryview(block)
+    out: list[bytes] = []
+    total = 0
+    if not len(view):
+        raise CorruptError("data batch", obj, 0, "zstd block holds no frame")
+    for start, blocks, content_size, end in _zstd_frames(view, obj):
+        if blocks is None:
+            continue  # skippable frame
+        try:
+            if content_size != zstandard.CONTENTSIZE_UNKNOWN:
+                if total + content_size > MAX_DECOMPRESSED:
+                    raise CorruptError(
+                        "data batch", obj, start,
+                        f"zstd frame declares {content_size} bytes: the block would "
+                        f"exceed {MAX_DECOMPRESSED}",
+                    )
+                piece: bytes = zstandard.ZstdDecompressor().decompress(view[start:end])
+                if len(piece) != content_size:
+                    raise CorruptError("data batch", obj, start,
+                                       f"zstd frame gave {len(piece)} of {content_size} bytes")
+                out.append(piece)
+                total += len(piece)
+                continue
+            dobj = zstandard.ZstdDecompressor().decompressobj()
+            at = start
+            for cut in blocks:
+                piece = dobj.decompress(view[at:cut])
+                at = cut
+                total += len(piece)
+                if total > MAX_DECOMPRESSED:
+                    raise CorruptError("data batch", obj, start,
+                                       f"zstd frame inflates past {MAX_DECOMPRESSED} bytes")
+                out.append(piece)
+            if not dobj.eof:
+                raise CorruptError("data batch", obj, start, "zstd frame does not end")
+        except zstandard.ZstdError as e:
+            raise CorruptError("data batch", obj, start, f"zstd frame: {e}") from e
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+def _zstd_frames(
+    view: memoryview, obj: str | None
+) -> list[tuple[int, list[int] | None, int, int]]:
+    """``(start, block_ends, content_size, end)`` of every frame in ``view``, from the
+    frame and block headers alone (``block_ends`` is None for a skippable frame).  A frame
+    that runs past the block, a reserved block type or a trailing partial frame is
+    refused with the offset where it starts."""
+    frames: list[tuple[int, list[int] | None, int, int]] = []
+    pos, n = 0, len(view)
+    while pos < n:
+        if n - pos < 8:
+            raise CorruptError("data batch", obj, pos,
+                               f"{n - pos} trailing bytes cannot hold a zstd frame")
+        (magic,) = _LEN.unpack_from(view, pos)
+        if magic & _SKIPPABLE_MASK == _SKIPPABLE_MAGIC:
+            (size,) = _LEN.unpack_from(view, pos + 4)
+            if size > n - pos - 8:
+                raise CorruptError("data batch", obj, pos,
+                                   f"skippable zstd frame of {size} bytes runs past the block")
+            frames.append((pos, None, 0, pos + 8 + size))
+            pos += 8 + size
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise CorruptError("data batch", obj, pos, f"not a zstd frame (magic {magic:#010x})")
+        head = bytes(view[pos : pos + 18])
+        try:
+            params = zstandard.get_frame_parameters(head)
+            at = pos + zstandard.frame_header_size(head)
+        except zstandard.ZstdError as e:
+            raise CorruptError("data batch", obj, pos, f"zstd frame header: {e}") from e
+        if params.dict_id:
+            raise CorruptError("data batch", obj, pos,
+                               f"zstd frame needs dictionary {params.dict_id}")
+        ends: list[int] = []
+        while True:
+            if n - at < _BLOCK_HEAD:
+                raise CorruptError("data batch", obj, pos, "zstd frame runs past the block")
+            word = view[at] | view[at + 1] << 8 | view[at + 2] << 16
+            last, kind, size = word & 1, (word >> 1) & 3, word >> 3
+            if kind == _BLOCK_RESERVED:
+                raise CorruptError("data batch", obj, at, "zstd block of reserved type 3")
+            at += _BLOCK_HEAD + (1 if kind == _BLOCK_RLE else size)
+            if at > n:
+                raise CorruptError("data batch", obj, pos, "zstd frame runs past the block")
+            ends.append(at)
+            if last:
+                break
+        if params.has_checksum:
+            at += 4
+            if at > n:
+                raise CorruptError("data batch", obj, pos,
+                                   "zstd frame checksum runs past the block")
+            ends[-1] = at
+        frames.append((pos, ends, params.content_size, at))
+        pos = at
+    return frames
 
 
 # Above this size the vectorised decoder falls back to decode_batch (int32 offsets).
