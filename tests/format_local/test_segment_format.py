@@ -1,4 +1,4 @@
-"""The .qseg segment: golden footer/trailer bytes from seed 001's layout, round trips
+"""The .qseg segment: golden footer/trailer bytes from Quiver's layout, round trips
 (schema drift, dictionary key types, slot hydration, zero-copy), and I7."""
 
 from __future__ import annotations

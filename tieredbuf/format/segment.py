@@ -1,4 +1,4 @@
-"""Quiver segment (``.qseg``) format (seed 001).  Pure codec: no I/O.
+"""Quiver segment (``.qseg``) format (otel-arrow's Quiver).  Pure codec: no I/O.
 
 ::
 
@@ -9,6 +9,7 @@
     batch manifest       Arrow IPC stream: bundle_index u32, slot_refs
                          list<struct<slot_id u16, stream_id u32, chunk_index u32>>,
                          plus (tieredbuf) ingestion_ts_nanos i64, sequence u64
+                         (read: also Quiver's two columns, see read_section)
     footer v1 (34 B)     version u16, stream_count u32, bundle_count u32,
                          directory_offset u64, directory_length u32,
                          manifest_offset u64, manifest_length u32
@@ -67,11 +68,13 @@ MANIFEST_SCHEMA = pa.schema([
 
 @dataclass(frozen=True, slots=True)
 class SegmentBundle:
-    """One RecordBundle: slot id -> batch, with its ingestion time and per-core sequence."""
+    """One RecordBundle: slot id -> batch, with its ingestion time and per-core sequence
+    (None for both when read from a segment whose manifest has only Quiver's two
+    columns; tieredbuf always writes them)."""
 
     slots: Mapping[int, pa.RecordBatch]
-    ingestion_ts_nanos: int
-    sequence: int
+    ingestion_ts_nanos: int | None
+    sequence: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,8 @@ class SegmentBuilder:
         return len(self._manifest)
 
     def add(self, bundle: SegmentBundle) -> None:
+        if bundle.ingestion_ts_nanos is None or bundle.sequence is None:
+            raise ValueError("a written bundle needs its ingestion time and sequence")
         refs: list[tuple[int, int, int]] = []
         for slot in sorted(bundle.slots):
             if not 0 <= slot < MAX_SLOTS:
@@ -275,6 +280,21 @@ def _manifest_batch(
 
 # --- decoding -------------------------------------------------------------------
 
+MANIFEST_FORMS: dict[tuple[str, ...], str] = {
+    ("bundle_index", "slot_refs"): "Quiver",
+    ("bundle_index", "item_count", "slot_refs"): "otel-arrow Quiver with item counts",
+    ("bundle_index", "slot_refs", "ingestion_ts_nanos", "sequence"): "tieredbuf",
+}
+"""The batch manifest column sets a reader accepts, by column names in order: the
+spec's two columns, otel-arrow's writer's optional ``item_count`` (read and ignored),
+and the richer form tieredbuf writes."""
+_MANIFEST_TYPES: dict[str, pa.DataType] = {f.name: f.type for f in MANIFEST_SCHEMA}
+_MANIFEST_TYPES["item_count"] = pa.uint64()
+_IPC_FILE_MAGIC = b"ARROW1"
+
+RefRows = list[tuple[tuple[tuple[int, int, int], ...], int | None, int | None]]
+"""Batch manifest rows: ``((slot, stream_id, chunk_index), ...), ts, sequence``."""
+
 
 def _has_nulls(arr: pa.Array) -> bool:
     if arr.null_count:
@@ -284,6 +304,100 @@ def _has_nulls(arr: pa.Array) -> bool:
     if isinstance(arr, pa.StructArray):
         return any(_has_nulls(arr.field(i)) for i in range(arr.type.num_fields))
     return False
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal types, ignoring nullability and a list's item field name (Quiver declares
+    every field non-nullable; pyarrow's defaults are nullable)."""
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return _same_type(a.value_type, b.value_type)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return a.num_fields == b.num_fields and all(
+            a.field(i).name == b.field(i).name and _same_type(a.field(i).type, b.field(i).type)
+            for i in range(a.num_fields)
+        )
+    return bool(a.equals(b))
+
+
+def _schema_ok(name: str, schema: pa.Schema) -> bool:
+    if name == "stream directory":
+        expected = [(f.name, f.type) for f in DIRECTORY_SCHEMA]
+    elif tuple(schema.names) in MANIFEST_FORMS:
+        expected = [(n, _MANIFEST_TYPES[n]) for n in schema.names]
+    else:
+        return False
+    return len(schema) == len(expected) and all(
+        f.name == n and _same_type(f.type, t) for f, (n, t) in zip(schema, expected, strict=True)
+    )
+
+
+def read_section(
+    buf: pa.Buffer, off: int, obj: str | None, name: str, rows: int
+) -> pa.RecordBatch:
+    """The stream directory or batch manifest held in ``buf`` (which starts at segment
+    offset ``off``): one Arrow IPC batch -- the IPC stream format tieredbuf writes, or the
+    IPC file format (the spec says only "Arrow IPC"; otel-arrow's writer uses files) --
+    fully validated before any value is read, with ``rows`` rows, no nulls, and a
+    schema the spec allows (nullable or not).  CorruptError naming ``obj`` and ``off``."""
+    try:
+        if bytes(memoryview(buf)[:6]) == _IPC_FILE_MAGIC:
+            f = pa.ipc.open_file(buf)
+            batches = [f.get_batch(i) for i in range(f.num_record_batches)]
+        else:
+            batches = list(pa.ipc.open_stream(buf))
+        for b in batches:
+            b.validate(full=True)  # offsets checked before any value is touched
+        ok = (
+            len(batches) == 1 and _schema_ok(name, batches[0].schema)
+            and batches[0].num_rows == rows
+            and not any(_has_nulls(c) for c in batches[0].columns)
+        )
+    except Exception as e:  # any failure decoding untrusted Arrow bytes (I7)
+        raise CorruptError(WHAT, obj, off, f"{name}: {describe_error(e)}") from e
+    if not ok:
+        raise CorruptError(WHAT, obj, off,
+                           f"{name}: schema, row count or nulls disagree with the footer")
+    return batches[0]
+
+
+def directory_rows(b: pa.RecordBatch, off: int, obj: str | None) -> tuple[StreamInfo, ...]:
+    """The directory's rows; each stream must lie before the directory (at ``off``)."""
+    cols = [b.column(f.name).to_pylist() for f in DIRECTORY_SCHEMA]
+    out = []
+    for i, row in enumerate(zip(*cols, strict=True)):
+        info = StreamInfo(*row)
+        if info.stream_id != i or info.byte_offset + info.byte_length > off:
+            raise CorruptError(WHAT, obj, off, f"stream directory row {i} is inconsistent")
+        out.append(info)
+    return tuple(out)
+
+
+def manifest_rows(
+    b: pa.RecordBatch, streams: Sequence[StreamInfo], off: int, obj: str | None
+) -> RefRows:
+    """The manifest's rows, each ref checked against the directory (``off``: where the
+    manifest starts, named in errors)."""
+    names = b.schema.names
+    idx = b.column("bundle_index").to_pylist()
+    refs = b.column("slot_refs").to_pylist()
+    rich = "sequence" in names
+    tss = b.column("ingestion_ts_nanos").to_pylist() if rich else [None] * b.num_rows
+    seqs = b.column("sequence").to_pylist() if rich else [None] * b.num_rows
+    out: RefRows = []
+    for i in range(b.num_rows):
+        if idx[i] != i:
+            raise CorruptError(WHAT, obj, off, f"batch manifest row {i} is inconsistent")
+        rr = []
+        for r in refs[i]:
+            sid, slot, chunk = r["stream_id"], r["slot_id"], r["chunk_index"]
+            if (
+                sid >= len(streams) or streams[sid].slot_id != slot
+                or chunk >= streams[sid].chunk_count
+            ):
+                raise CorruptError(WHAT, obj, off, f"bundle {i} refers to a missing stream chunk")
+            rr.append((slot, sid, chunk))
+        out.append((tuple(rr), tss[i], seqs[i]))
+    return out
 
 
 class SegmentReader:
@@ -325,68 +439,20 @@ class SegmentReader:
         )
         self.stream_count = stream_count
         self.bundle_count = bundle_count
-        self.streams = self._read_directory(dir_off, dir_len, f_at)
-        self._manifest = self._read_manifest(man_off, man_len, f_at)
+        d = self._section(dir_off, dir_len, f_at, "stream directory", stream_count)
+        self.streams = directory_rows(d, dir_off, obj)
+        m = self._section(man_off, man_len, f_at, "batch manifest", bundle_count)
+        self._manifest = manifest_rows(m, self.streams, man_off, obj)
         self._files: dict[int, pa.ipc.RecordBatchFileReader] = {}
 
     def _fail(self, offset: int, detail: str) -> CorruptError:
         return CorruptError(WHAT, self.obj, offset, detail)
 
-    def _section(
-        self, off: int, length: int, limit: int, name: str, schema: pa.Schema, rows: int
-    ) -> pa.RecordBatch:
+    def _section(self, off: int, length: int, limit: int, name: str, rows: int
+                 ) -> pa.RecordBatch:
         if off + length > limit:
             raise self._fail(off, f"{name} [{off}, {off + length}) runs past {limit}")
-        try:
-            batches = list(pa.ipc.open_stream(self.buf.slice(off, length)))
-            for b in batches:
-                b.validate(full=True)  # offsets checked before any value is touched
-            ok = (
-                len(batches) == 1 and batches[0].schema.equals(schema)
-                and batches[0].num_rows == rows
-                and not any(_has_nulls(c) for c in batches[0].columns)
-            )
-        except Exception as e:  # any failure decoding untrusted Arrow bytes (I7)
-            raise self._fail(off, f"{name}: {describe_error(e)}") from e
-        if not ok:
-            raise self._fail(off, f"{name}: schema, row count or nulls disagree with the footer")
-        return batches[0]
-
-    def _read_directory(self, off: int, length: int, limit: int) -> tuple[StreamInfo, ...]:
-        b = self._section(
-            off, length, limit, "stream directory", DIRECTORY_SCHEMA, self.stream_count
-        )
-        cols = [b.column(i).to_pylist() for i in range(b.num_columns)]
-        out = []
-        for i, row in enumerate(zip(*cols, strict=True)):
-            info = StreamInfo(*row)
-            if info.stream_id != i or info.byte_offset + info.byte_length > off:
-                raise self._fail(off, f"stream directory row {i} is inconsistent")
-            out.append(info)
-        return tuple(out)
-
-    def _read_manifest(
-        self, off: int, length: int, limit: int
-    ) -> list[tuple[list[tuple[int, int, int]], int, int]]:
-        b = self._section(
-            off, length, limit, "batch manifest", MANIFEST_SCHEMA, self.bundle_count
-        )
-        out = []
-        idx, refs, tss, seqs = (b.column(i).to_pylist() for i in range(4))
-        for i in range(b.num_rows):
-            if idx[i] != i:
-                raise self._fail(off, f"batch manifest row {i} is inconsistent")
-            rr = []
-            for r in refs[i]:
-                sid, slot, chunk = r["stream_id"], r["slot_id"], r["chunk_index"]
-                if (
-                    sid >= len(self.streams) or self.streams[sid].slot_id != slot
-                    or chunk >= self.streams[sid].chunk_count
-                ):
-                    raise self._fail(off, f"bundle {i} refers to a missing stream chunk")
-                rr.append((slot, sid, chunk))
-            out.append((rr, tss[i], seqs[i]))
-        return out
+        return read_section(self.buf.slice(off, length), off, self.obj, name, rows)
 
     def _file(self, sid: int) -> pa.ipc.RecordBatchFileReader:
         f = self._files.get(sid)

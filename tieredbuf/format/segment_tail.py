@@ -1,6 +1,6 @@
 """The tail of a Quiver segment alone: footer, stream directory and batch manifest
-parsed from a suffix GET, and single streams decoded from ranged GETs (seed 001; the
-layout is in :mod:`tieredbuf.format.segment`).  Pure codec: no I/O."""
+parsed from a suffix GET, and single streams decoded from ranged GETs (otel-arrow's
+Quiver; the layout is in :mod:`tieredbuf.format.segment`).  Pure codec: no I/O."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from tieredbuf.format.segment import (
     _FOOTER,
     _TRAILER_HEAD,
     _U32,
-    DIRECTORY_SCHEMA,
     FOOTER_V1_SIZE,
-    MANIFEST_SCHEMA,
     SEGMENT_MAGIC,
     SEGMENT_VERSION,
     TRAILER_SIZE,
     WHAT,
     StreamInfo,
-    _has_nulls,
+    directory_rows,
+    manifest_rows,
+    read_section,
 )
 from tieredbuf.format.wal import describe_error, schema_fingerprint
 
@@ -35,11 +35,12 @@ _I32 = struct.Struct("<i")
 
 @dataclass(frozen=True, slots=True)
 class TailBundle:
-    """One batch manifest row: its ``(slot, stream_id, chunk_index)`` refs."""
+    """One batch manifest row: its ``(slot, stream_id, chunk_index)`` refs (ingestion
+    time and sequence are None when the manifest has only Quiver's two columns)."""
 
     refs: tuple[tuple[int, int, int], ...]
-    ingestion_ts_nanos: int
-    sequence: int
+    ingestion_ts_nanos: int | None
+    sequence: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,25 +113,6 @@ def segment_tail_size(tail: bytes | memoryview, obj: str | None = None,
     return size - min(dir_off, man_off)
 
 
-def _tail_section(view: memoryview, base: int, off: int, length: int, obj: str | None,
-                  name: str, schema: pa.Schema, rows: int) -> pa.RecordBatch:
-    try:
-        batches = list(pa.ipc.open_stream(pa.py_buffer(view[off - base: off - base + length])))
-        for b in batches:
-            b.validate(full=True)
-        ok = (
-            len(batches) == 1 and batches[0].schema.equals(schema)
-            and batches[0].num_rows == rows
-            and not any(_has_nulls(c) for c in batches[0].columns)
-        )
-    except Exception as e:  # any failure decoding untrusted Arrow bytes (I7)
-        raise CorruptError(WHAT, obj, off, f"{name}: {describe_error(e)}") from e
-    if not ok:
-        raise CorruptError(WHAT, obj, off,
-                           f"{name}: schema, row count or nulls disagree with the footer")
-    return batches[0]
-
-
 def parse_segment_tail(tail: bytes | memoryview, obj: str | None = None,
                        file_size: int | None = None) -> SegmentTail:
     """The stream directory and batch manifest of a segment, from its last bytes only
@@ -146,34 +128,13 @@ def parse_segment_tail(tail: bytes | memoryview, obj: str | None = None,
     if min(dir_off, man_off) < base:
         raise CorruptError(WHAT, obj, max(base, 0),
                            f"tail of {len(view)} bytes misses the sections before {base}")
-    d = _tail_section(view, base, dir_off, dir_len, obj, "stream directory",
-                      DIRECTORY_SCHEMA, scount)
-    streams = []
-    for i, row in enumerate(zip(*(d.column(j).to_pylist() for j in range(d.num_columns)),
-                                strict=True)):
-        info = StreamInfo(*row)
-        if info.stream_id != i or info.byte_offset + info.byte_length > dir_off:
-            raise CorruptError(WHAT, obj, dir_off, f"stream directory row {i} is inconsistent")
-        streams.append(info)
-    m = _tail_section(view, base, man_off, man_len, obj, "batch manifest",
-                      MANIFEST_SCHEMA, bcount)
-    idx, refs, tss, seqs = (m.column(j).to_pylist() for j in range(4))
-    bundles = []
-    for i in range(m.num_rows):
-        if idx[i] != i:
-            raise CorruptError(WHAT, obj, man_off, f"batch manifest row {i} is inconsistent")
-        rr = []
-        for r in refs[i]:
-            sid, slot, chunk = r["stream_id"], r["slot_id"], r["chunk_index"]
-            if (
-                sid >= len(streams) or streams[sid].slot_id != slot
-                or chunk >= streams[sid].chunk_count
-            ):
-                raise CorruptError(WHAT, obj, man_off,
-                                   f"bundle {i} refers to a missing stream chunk")
-            rr.append((slot, sid, chunk))
-        bundles.append(TailBundle(tuple(rr), tss[i], seqs[i]))
-    return SegmentTail(size, min(dir_off, man_off), tuple(streams), tuple(bundles), obj)
+    d = read_section(pa.py_buffer(view[dir_off - base: dir_off - base + dir_len]), dir_off,
+                     obj, "stream directory", scount)
+    streams = directory_rows(d, dir_off, obj)
+    m = read_section(pa.py_buffer(view[man_off - base: man_off - base + man_len]), man_off,
+                     obj, "batch manifest", bcount)
+    bundles = [TailBundle(*row) for row in manifest_rows(m, streams, man_off, obj)]
+    return SegmentTail(size, min(dir_off, man_off), streams, tuple(bundles), obj)
 
 
 def chunk_bundles(tail: SegmentTail, stream_id: int, obj: str | None = None) -> tuple[int, ...]:
