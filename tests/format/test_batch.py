@@ -10,6 +10,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fuzzing import FUZZ, bits, cuts, damage, decoded_or_named, flips
 from tieredbuf.config import Compression
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format.batch import decode_batch, encode_batch
@@ -201,25 +202,64 @@ def test_I7_trailing_garbage_is_rejected() -> None:
         decode_batch(bad)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    records=st.lists(st.binary(max_size=40), max_size=8),
-    zstd=st.booleans(),
-    cut=st.integers(min_value=0, max_value=10_000),
-    flip=st.integers(min_value=0, max_value=10_000),
-)
-def test_I7_truncated_or_flipped_batches_decode_or_raise_corrupt(
-    records: list[bytes], zstd: bool, cut: int, flip: int
+records_st = st.lists(st.binary(max_size=40), max_size=8)
+
+
+@FUZZ
+@given(records=records_st, zstd=st.booleans(), cut=cuts, flip=flips, bit=bits)
+def test_I7_damaged_batches_decode_to_what_the_encoder_writes_or_name_the_offset(
+    records: list[bytes], zstd: bool, cut: int, flip: int, bit: int
 ) -> None:
-    data = bytearray(encode_batch(records, Compression.ZSTD if zstd else Compression.NONE))
-    assert decode_batch(bytes(data)) == records
-    mutated = bytearray(data[: cut % (len(data) + 1)])
-    if mutated:
-        mutated[flip % len(mutated)] ^= 0x5A
-    try:
-        decode_batch(bytes(mutated), obj="o")
-    except CorruptError as e:
-        assert e.obj == "o"
+    comp = Compression.ZSTD if zstd else Compression.NONE
+    data = encode_batch(records, comp)
+    assert decode_batch(data) == records
+    bad = damage(data, cut, flip, bit)
+    got = decoded_or_named(lambda b: decode_batch(b, obj="o"), bad, "o")
+    if got is None:
+        return
+    if bad[-7] == Compression.NONE:
+        assert encode_batch(got) == bad, "an uncompressed batch has one encoding"
+    else:
+        assert bad[-7] == Compression.ZSTD
+        assert decode_batch(encode_batch(got, Compression.ZSTD)) == got
+    from tieredbuf.format.batch import decode_batch_arrow
+
+    assert decode_batch_arrow(bad, obj="o").to_pylist() == got
+
+
+@st.composite
+def _zstd_shapes(draw: st.DrawFn) -> tuple[list[bytes], bytes]:
+    """Records, and a record block split into frames of every shape zstd allows."""
+    records = draw(st.lists(st.binary(max_size=300), max_size=10))
+    block = b"".join(struct.pack("<I", len(r)) + r for r in records)
+    cuts_ = sorted(draw(st.lists(st.integers(0, len(block)), max_size=3)))
+    frames = []
+    for lo, hi in zip([0, *cuts_], [*cuts_, len(block)], strict=True):
+        size, check = draw(st.booleans()), draw(st.booleans())
+        enc = zstandard.ZstdCompressor(level=draw(st.integers(1, 5)), write_checksum=check,
+                                       write_content_size=size)
+        if draw(st.booleans()):
+            frames.append(enc.compress(block[lo:hi]))
+        else:
+            obj = enc.compressobj()  # streaming: no content size in the header
+            frames.append(obj.compress(block[lo:hi]) + obj.flush())
+        if draw(st.booleans()):
+            junk = draw(st.binary(max_size=8))
+            frames.append(struct.pack("<II", 0x184D2A50 | draw(st.integers(0, 15)), len(junk))
+                          + junk)
+    return records, b"".join(frames) + b"\x01" + struct.pack("<IH", len(records), 1)
+
+
+@FUZZ
+@given(_zstd_shapes())
+def test_zstd_blocks_of_any_frame_shape_decode_to_their_records(
+    shape: tuple[list[bytes], bytes],
+) -> None:
+    from tieredbuf.format.batch import decode_batch_arrow
+
+    records, data = shape
+    assert decode_batch(data) == records
+    assert decode_batch_arrow(data).to_pylist() == records
 
 
 @settings(max_examples=200, deadline=None)
@@ -254,9 +294,10 @@ def _assert_arrow_agrees(data: bytes, flip: int) -> None:
     except CorruptError as e:
         expected = e
     if isinstance(expected, CorruptError):
+        assert 0 <= expected.offset <= len(mutated)
         with pytest.raises(CorruptError) as got:
             decode_batch_arrow(bytes(mutated), obj="o")
-        assert got.value.obj == "o"
+        assert got.value.obj == "o" and 0 <= got.value.offset <= len(mutated)
     else:
         assert decode_batch_arrow(bytes(mutated), obj="o").to_pylist() == expected
 

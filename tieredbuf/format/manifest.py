@@ -310,19 +310,29 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
     watermarks = ext.watermarks
     last_tag = 0
     while r.remaining():
-        at = r.pos
+        at = r.pos - start
         tag = r.u16("section tag")
         if tag <= last_tag and tag in KNOWN_TAGS:
             raise CorruptError(WHAT, obj, start + at, f"section {tag} out of order or repeated")
         last_tag = tag
         n = r.u32("section length")
-        body = Reader(r.take(n, "section body"), WHAT, obj)
+        body_at = r.pos
+        r.take(n, "section body")
+        body = Reader(raw, WHAT, obj, body_at, body_at + n)  # offsets stay absolute
         if tag == TAG_WATERMARKS:
             count = body.u32("watermark count")
             if count * (1 + _WATERMARK.size) > body.remaining():
-                raise CorruptError(WHAT, obj, at, f"watermark count {count} cannot fit")
+                raise CorruptError(WHAT, obj, start + at, f"watermark count {count} cannot fit")
+            last_pid: str | None = None
             for _ in range(count):
+                pid_at = body.pos
                 pid = _utf8(body, body.u8("producer id length"), "producer id")
+                if last_pid is not None and pid <= last_pid:
+                    # the writer sorts them: a repeat or a swap is damage, and reading
+                    # it would drop or reorder a producer's exactly-once watermark (I2)
+                    raise CorruptError(WHAT, obj, pid_at,
+                                       f"producer id {pid!r} out of order or repeated")
+                last_pid = pid
                 body.need(_WATERMARK.size, "watermark")
                 pseq, last, upd = _WATERMARK.unpack_from(body.buf, body.pos)
                 body.pos += _WATERMARK.size
@@ -376,7 +386,8 @@ def iter_entries(view: ManifestView) -> Iterator[ManifestEntry]:
     for i in range(view.footer.entry_count):
         at = r.pos
         n = r.u32(f"entry {i} length")
-        e = Reader(r.take(n, f"entry {i}"), WHAT, view.obj)
+        r.take(n, f"entry {i}")
+        e = Reader(view.raw, WHAT, view.obj, at + 4, at + 4 + n)  # offsets stay absolute
         seq = e.u64("sequence")
         if seq != expected:
             raise CorruptError(WHAT, view.obj, at + 4, f"sequence {seq}, expected {expected}")
