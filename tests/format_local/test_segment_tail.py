@@ -1,6 +1,7 @@
 """The .qseg tail parsed from ranged reads (parse_segment_tail and friends): it agrees
-with SegmentReader on golden bytes, needs at most two suffix GETs, and any truncation
-or bit flip of the bytes it reads gives CorruptError (I7), never another exception."""
+with SegmentReader on golden, generated and damaged bytes, needs at most two suffix
+GETs, and damage it cannot tell from data (no CRC covers a ranged read) is read exactly
+as the whole-object reader reads it; everything else is CorruptError (I7)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.format_local.test_fuzz import segment_bundles
+from tests.fuzzing import FUZZ
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format import segment as seg
 from tieredbuf.format import segment_tail as segt
@@ -122,10 +125,28 @@ def test_bad_tails_are_named() -> None:
         segt.decode_stream(body, dataclasses.replace(s0, chunk_count=9), "s")
 
 
-def _parse_all(tail: bytes) -> None:
-    t = segt.parse_segment_tail(tail, "s")
+def _parse_all(tail: bytes, file_size: int | None = None) -> segt.SegmentTail:
+    t = segt.parse_segment_tail(tail, "s", file_size)
     every = segt.bundles_by_stream(t)
     assert every == {s.stream_id: t.stream_bundles(s.stream_id) for s in t.streams}
+    return t
+
+
+def _agrees_with_the_reader(data: bytes) -> None:
+    """parse_segment_tail (the ranged-read path) and SegmentReader without its CRC check
+    (the whole-object path) read the same bytes the same way: both name damage, or both
+    give the same directory and the same bundle refs."""
+    try:
+        r = seg.SegmentReader(data, "s", verify_crc=False)
+    except CorruptError as e:
+        assert 0 <= e.offset <= len(data)
+        with pytest.raises(CorruptError) as te:
+            segt.parse_segment_tail(data, "s", len(data))
+        assert 0 <= te.value.offset <= len(data), te.value
+        return
+    t = _parse_all(data, len(data))
+    assert t.streams == r.streams
+    assert [(b.refs, b.ingestion_ts_nanos, b.sequence) for b in t.bundles] == r._manifest
 
 
 @_SETTINGS
@@ -139,29 +160,45 @@ def test_tail_truncation_is_always_corrupt(n: int) -> None:
 
 @_SETTINGS
 @given(st.integers(min_value=0, max_value=TAIL_N - 1), st.integers(min_value=0, max_value=7))
-def test_tail_bit_flip_is_corrupt_or_consistent(i: int, bit: int) -> None:
-    """No CRC covers a ranged read: a flip either raises CorruptError or yields a tail
-    that is still self-consistent (every chunk in exactly one bundle)."""
-    data = bytearray(SEG[-TAIL_N:])
-    data[i] ^= 1 << bit
-    try:
-        need = segt.segment_tail_size(bytes(data), "s")
-        if need > len(data):
-            return  # the caller would fetch more: the next parse would see other bytes
-        _parse_all(bytes(data))
-    except CorruptError as e:
-        assert e.obj == "s"
+def test_tail_bit_flip_is_named_or_read_as_the_whole_object_reader_reads_it(
+    i: int, bit: int
+) -> None:
+    """No CRC covers a ranged read: a flip in the tail either raises CorruptError or
+    yields exactly what the whole-object reader makes of the same bytes."""
+    data = bytearray(SEG)
+    data[len(SEG) - TAIL_N + i] ^= 1 << bit
+    _agrees_with_the_reader(bytes(data))
+
+
+@FUZZ
+@given(segment_bundles)
+def test_generated_segments_tail_agrees_with_the_reader(
+    bundles: list[SegmentBundle],
+) -> None:
+    data = seg.encode_segment(bundles)
+    _agrees_with_the_reader(data)
+    need = segt.segment_tail_size(data[-max(64, len(data) // 2):])
+    assert segt.parse_segment_tail(data[-need:], "s") == _parse_all(data, len(data))
 
 
 @_SETTINGS
-@given(st.integers(min_value=0, max_value=len(SEG) - 1), st.integers(min_value=0, max_value=7))
-def test_stream_bit_flip_is_corrupt_or_decodes(i: int, bit: int) -> None:
+@given(st.integers(min_value=0, max_value=len(SEG) - TAIL_N - 1),
+       st.integers(min_value=0, max_value=7))
+def test_stream_bit_flip_is_named_or_decodes_as_the_whole_object_reader_does(
+    i: int, bit: int
+) -> None:
+    """A flip in the stream data region: a ranged stream read names it inside the
+    stream, or decodes the chunks exactly as the whole-object reader does."""
     data = bytearray(SEG)
     data[i] ^= 1 << bit
+    r = seg.SegmentReader(bytes(data), "s", verify_crc=False)  # the tail is untouched
     for s in READER.streams:
         body = bytes(data[s.byte_offset: s.byte_offset + s.byte_length])
         try:
             segt.parse_stream_schema(body, s, "s")
-            segt.decode_stream(body, s, "s")
+            got = segt.decode_stream(body, s, "s")
         except CorruptError as e:
-            assert e.obj == "s"
+            assert e.obj == "s" and s.byte_offset <= e.offset < s.byte_offset + s.byte_length
+            continue
+        whole = [r._chunk(s.stream_id, c) for c in range(s.chunk_count)]
+        assert [b.to_pylist() for b in got] == [b.to_pylist() for b in whole]

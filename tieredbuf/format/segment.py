@@ -384,6 +384,7 @@ def manifest_rows(
     tss = b.column("ingestion_ts_nanos").to_pylist() if rich else [None] * b.num_rows
     seqs = b.column("sequence").to_pylist() if rich else [None] * b.num_rows
     out: RefRows = []
+    used = [0] * len(streams)
     for i in range(b.num_rows):
         if idx[i] != i:
             raise CorruptError(WHAT, obj, off, f"batch manifest row {i} is inconsistent")
@@ -396,7 +397,13 @@ def manifest_rows(
             ):
                 raise CorruptError(WHAT, obj, off, f"bundle {i} refers to a missing stream chunk")
             rr.append((slot, sid, chunk))
+            used[sid] += 1
         out.append((tuple(rr), tss[i], seqs[i]))
+    for sid, s in enumerate(streams):
+        # a writer puts every chunk in exactly one bundle (chunk indexes follow arrival)
+        if used[sid] != s.chunk_count:
+            raise CorruptError(WHAT, obj, off, f"stream {sid} has {s.chunk_count} chunks, "
+                               f"the manifest refers to {used[sid]}")
     return out
 
 
@@ -439,19 +446,19 @@ class SegmentReader:
         )
         self.stream_count = stream_count
         self.bundle_count = bundle_count
-        d = self._section(dir_off, dir_len, f_at, "stream directory", stream_count)
+        d = self._section(dir_off, dir_len, f_at, 10, "stream directory", stream_count)
         self.streams = directory_rows(d, dir_off, obj)
-        m = self._section(man_off, man_len, f_at, "batch manifest", bundle_count)
+        m = self._section(man_off, man_len, f_at, 22, "batch manifest", bundle_count)
         self._manifest = manifest_rows(m, self.streams, man_off, obj)
         self._files: dict[int, pa.ipc.RecordBatchFileReader] = {}
 
     def _fail(self, offset: int, detail: str) -> CorruptError:
         return CorruptError(WHAT, self.obj, offset, detail)
 
-    def _section(self, off: int, length: int, limit: int, name: str, rows: int
-                 ) -> pa.RecordBatch:
-        if off + length > limit:
-            raise self._fail(off, f"{name} [{off}, {off + length}) runs past {limit}")
+    def _section(self, off: int, length: int, f_at: int, field_at: int, name: str,
+                 rows: int) -> pa.RecordBatch:
+        if off + length > f_at:  # named at the footer field that says so
+            raise self._fail(f_at + field_at, f"{name} [{off}, {off + length}) runs past {f_at}")
         return read_section(self.buf.slice(off, length), off, self.obj, name, rows)
 
     def _file(self, sid: int) -> pa.ipc.RecordBatchFileReader:

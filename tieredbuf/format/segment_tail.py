@@ -67,22 +67,27 @@ def _tail_footer(tail: bytes | memoryview, obj: str | None,
     f_at and the offsets absolute in the segment."""
     view = memoryview(tail)
     n = len(view)
+    # Until the footer is read, an offset is absolute when file_size is known, else
+    # negative: counted from the end of the segment (-16 is the trailer's first byte).
+    end = 0 if file_size is None else file_size
     if n < TRAILER_SIZE + FOOTER_V1_SIZE:
-        raise CorruptError(WHAT, obj, 0, f"truncated: {n} bytes cannot hold footer and trailer")
+        raise CorruptError(WHAT, obj, max(end - n, 0) if file_size is not None else -n,
+                           f"truncated: {n} bytes cannot hold footer and trailer")
     t_rel = n - TRAILER_SIZE
     footer_size, magic = _TRAILER_HEAD.unpack_from(view, t_rel)
     if magic != SEGMENT_MAGIC:
-        raise CorruptError(WHAT, obj, -TRAILER_SIZE + 4, f"bad trailer magic {magic!r}")
+        raise CorruptError(WHAT, obj, end - TRAILER_SIZE + 4, f"bad trailer magic {magic!r}")
     if not 2 <= footer_size <= t_rel:
-        raise CorruptError(WHAT, obj, -TRAILER_SIZE, f"footer_size {footer_size} out of range")
+        raise CorruptError(WHAT, obj, end - TRAILER_SIZE,
+                           f"footer_size {footer_size} out of range")
     f_rel = t_rel - footer_size
     (version,) = struct.unpack_from("<H", view, f_rel)
     if version != SEGMENT_VERSION:
         raise UnsupportedVersionError(
-            WHAT, obj, -TRAILER_SIZE - footer_size, f"unknown footer version {version}"
+            WHAT, obj, end - TRAILER_SIZE - footer_size, f"unknown footer version {version}"
         )
     if footer_size < FOOTER_V1_SIZE:
-        raise CorruptError(WHAT, obj, -TRAILER_SIZE,
+        raise CorruptError(WHAT, obj, end - TRAILER_SIZE,
                            f"footer_size {footer_size} < {FOOTER_V1_SIZE}")
     (_, scount, bcount, dir_off, dir_len, man_off, man_len) = _FOOTER.unpack_from(view, f_rel)
     if file_size is None:
@@ -93,10 +98,11 @@ def _tail_footer(tail: bytes | memoryview, obj: str | None,
         f_at = size - TRAILER_SIZE - footer_size
         if f_at < 0:
             raise CorruptError(WHAT, obj, 0, f"file_size {size} cannot hold the footer")
-    for name, off, length in (("stream directory", dir_off, dir_len),
-                              ("batch manifest", man_off, man_len)):
-        if off + length > f_at:
-            raise CorruptError(WHAT, obj, off, f"{name} [{off}, {off + length}) runs past {f_at}")
+    for name, off, length, field_at in (("stream directory", dir_off, dir_len, 10),
+                                        ("batch manifest", man_off, man_len, 22)):
+        if off + length > f_at:  # named at the footer field that says so
+            raise CorruptError(WHAT, obj, f_at + field_at,
+                               f"{name} [{off}, {off + length}) runs past {f_at}")
     return size, f_at, scount, bcount, dir_off, dir_len, man_off, man_len
 
 

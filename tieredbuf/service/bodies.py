@@ -87,19 +87,30 @@ def parse_length_prefixed(body: bytes) -> Records:
 def parse_arrow_stream(body: bytes) -> Bundle:
     import pyarrow as pa
 
+    from tieredbuf.format.wal import describe_error
+
     if not body:
         raise BadBody("empty Arrow stream")
     try:
-        with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
+        source = pa.BufferReader(pa.py_buffer(body))
+        with pa.ipc.open_stream(source) as reader:
             batches = list(reader)
-        if not batches:
-            raise BadBody("the Arrow stream holds no record batches")
+        for b in batches:  # every batch, before anything reads its values (concat does)
+            b.validate(full=True)
+        end = source.tell()
+    except Exception as e:  # any failure decoding untrusted Arrow bytes
+        raise BadBody(f"corrupt Arrow IPC stream: {describe_error(e)}") from None
+    if end != len(body):
+        # e.g. two streams sent back to back: the reader stops at the first one's
+        # end-of-stream marker, and staging only that would drop the rest silently
+        raise BadBody(f"{len(body) - end} bytes after the Arrow stream's end at byte {end}")
+    if not batches:
+        raise BadBody("the Arrow stream holds no record batches")
+    try:
         batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-        batch.validate(full=True)
-    except (pa.ArrowException, OSError, ValueError) as e:
-        if isinstance(e, BadBody):
-            raise
-        raise BadBody(f"corrupt Arrow IPC stream: {e}") from None
+    except Exception as e:
+        raise BadBody(f"the Arrow stream's batches do not concatenate: {describe_error(e)}"
+                      ) from None
     return Bundle(batch, len(batches))
 
 
