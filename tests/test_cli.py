@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -121,11 +122,22 @@ def test_inspect_shows_depth_tree_levels_epoch_and_oldest_age(tmp_path: Path) ->
     url = f"file://{tmp_path}/b"
     src = tmp_path / "in.txt"
     src.write_text("".join(f"r{i}\n" for i in range(30)))
+    t0_ms = time.time_ns() // 1_000_000
     _run("produce", url, str(src), "--batch", "10", "--flush-interval", "1ms")
+    buf = tieredbuf.open(url)
+    snap = buf.snapshot()
+    entries = list(snap.iter_from(snap.head))
+    oldest = min(md.ingestion_time_ms for md in entries[0].metadata)  # the head entry
+    before_ms = time.time_ns() // 1_000_000
     info = json.loads(_run("inspect", url, "--json")[1])
-    assert info["depth"] >= 1 and info["tree_levels"] >= 1
-    assert info["tree"]["root_entries"] >= 1 and info["epoch"] == 0
-    assert info["oldest_age_s"] >= 0 and info["missing_objects"] == 0
+    after_ms = time.time_ns() // 1_000_000
+    assert info["depth"] == len(entries) >= 1 and info["tree_levels"] == 1
+    assert info["tree"] == {"root_entries": len(entries)} and info["epoch"] == 0
+    assert info["stored_objects"] == len(entries) and info["missing_objects"] == 0
+    # the oldest record's age as inspect saw it: between the two clock reads around it
+    assert t0_ms <= oldest
+    assert (before_ms - oldest) / 1000 - 0.001 <= info["oldest_age_s"]
+    assert info["oldest_age_s"] <= (after_ms - oldest) / 1000 + 0.001
     quick = json.loads(_run("inspect", url, "--json", "--quick")[1])
     assert "missing_objects" not in quick and quick["depth"] == info["depth"]
     code, text = _run("inspect", url)

@@ -27,6 +27,10 @@ def _scrape_until(srv: Server, ok: Callable[[dict[str, float]], bool],
         time.sleep(0.1)  # polling the metrics endpoint against a deadline
 
 
+def _files(stage: Path, pattern: str) -> int:
+    return sum(p.stat().st_size for p in stage.glob(pattern) if p.is_file())
+
+
 def test_metrics_endpoint_after_a_run_has_the_key_series(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:
@@ -35,27 +39,59 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
         dur = "remote" if i % 2 else "local"
         r = srv.post(ndjson([{"i": i, "j": j} for j in range(5)]), NDJSON, dur)
         assert r.status == 200
+    sent = sum(len(ndjson([{"i": i, "j": j}])) - 1 + 4 for i in range(10) for j in range(5))
     assert srv.post(b"nope", "text/plain").status == 415
-    m = _scrape_until(srv, lambda m: m.get("tieredbuf_producer_records_in_total") == 50
-                      and m.get("tieredbuf_segments_exported_total", 0) >= 1)
+    wal_glob = "worker-*/*/wal/quiver.wal*"
+
+    def settled(m: dict[str, float]) -> bool:
+        """Every record in, every sealed segment exported and appended, the buffer
+        gauges caught up (they re-read the manifest at most every 5 s), the WAL gauge
+        mirrored."""
+        return (
+            m.get("tieredbuf_producer_records_in_total") == 50
+            and m.get("tieredbuf_stage_sealed_segments") == 0
+            and m.get("tieredbuf_segments_sealed_total")
+            == m.get("tieredbuf_segments_exported_total")
+            == m.get("tieredbuf_manifest_entries_appended_total")
+            == m.get("tieredbuf_queue_depth")
+            and m.get("tieredbuf_exported_bytes_total") == m.get("tieredbuf_queue_bytes")
+            and m.get("tieredbuf_stage_disk_bytes", 0)
+            >= _files(srv.stage, wal_glob) - _files(srv.stage, "worker-*/*/wal/*.cursor")
+        )
+
+    m = _scrape_until(srv, settled, timeout=60)
+    assert settled(m), m
     assert m["tieredbuf_producer_records_in_total"] == 50, "summed over both workers"
-    assert m["tieredbuf_producer_bytes_in_total"] > 50 * 10
+    # records plus their u32 framing, plus the stage's fixed 64-byte estimate of each
+    # call's entry framing (what the stage caps count; stage/append_item.py)
+    assert m["tieredbuf_producer_bytes_in_total"] == sent + 10 * 64
     assert m["tieredbuf_http_requests_total{code=200,route=/v1/produce}"] == 10
     assert m["tieredbuf_http_requests_total{code=415,route=/v1/produce}"] == 1
     assert m["tieredbuf_http_request_duration_seconds_count{durability=remote}"] == 5
     assert m["tieredbuf_http_request_duration_seconds_count{durability=local}"] == 5
     assert m["tieredbuf_wal_fsyncs_total"] >= 1
     assert 0 < m["tieredbuf_wal_fsync_seconds_total"] < 60
-    assert m["tieredbuf_segments_sealed_total"] >= m["tieredbuf_segments_exported_total"] >= 1
-    assert m["tieredbuf_uploads_total"] >= 1 and m["tieredbuf_upload_seconds_total"] > 0
-    assert m["tieredbuf_uploaded_bytes_total"] > 0
-    assert m["tieredbuf_manifest_appends_total"] >= 1
-    assert m["tieredbuf_manifest_cas_conflicts_total"] >= 0
-    assert m["tieredbuf_queue_depth"] >= 1 and m["tieredbuf_queue_bytes"] > 0
-    assert m["tieredbuf_queue_tree_levels"] >= 1
+    # five remote requests each waited for an export: at least one segment per worker
+    # that took one; every exported segment is one queue entry and one upload
+    assert m["tieredbuf_segments_exported_total"] >= 1
+    assert m["tieredbuf_uploads_total"] == m["tieredbuf_segments_exported_total"]
+    assert m["tieredbuf_uploaded_bytes_total"] == m["tieredbuf_exported_bytes_total"] > 0
+    assert m["tieredbuf_upload_seconds_total"] > 0
+    # the exporter commits a pass's segments in one CAS: appends <= entries
+    assert 1 <= m["tieredbuf_manifest_appends_total"] <= m["tieredbuf_segments_exported_total"]
+    # a local directory never answers "outcome unknown" or a transient error, so every
+    # manifest retry is a CAS lost to the other worker
+    assert m["tieredbuf_manifest_unknown_outcomes_total"] == 0
+    assert m["tieredbuf_manifest_transient_errors_total"] == 0
+    assert m["tieredbuf_manifest_retries_total"] == m["tieredbuf_manifest_cas_conflicts_total"]
+    assert m["tieredbuf_queue_tree_levels"] == 1, "a handful of entries stay in the root"
     assert m["tieredbuf_service_backpressure_rejections_total"] == 0
     assert m["tieredbuf_dropped_records_total"] == 0
-    assert m["tieredbuf_stage_disk_bytes"] >= 0
+    # WAL plus sealed segments: no rotation happened, so at least each worker's WAL file
+    # (every request is in it), and no more than every byte the stages hold
+    stage_bytes = sum(p.stat().st_size for p in srv.stage.glob("worker-*/**/*") if p.is_file())
+    assert m["tieredbuf_stage_disk_bytes"] >= sent
+    assert m["tieredbuf_stage_disk_bytes"] <= stage_bytes
     assert srv.terminate() == 0
 
 
@@ -81,7 +117,13 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     consumer.initialize()
     depth = get("tieredbuf_queue_depth")
     assert get("tieredbuf_consumer_lag_sequences") == depth
-    assert get("tieredbuf_consumer_lag_seconds") >= 0
+    # the age of the oldest unacked entry: its earliest metadata time, seen from "now"
+    snap = buf.snapshot()
+    oldest = min(md.ingestion_time_ms for md in next(iter(snap.iter_from(snap.head))).metadata)
+    before_ms = time.time_ns() // 1_000_000
+    lag = get("tieredbuf_consumer_lag_seconds")
+    after_ms = time.time_ns() // 1_000_000
+    assert (before_ms - oldest) / 1000 <= lag <= (after_ms - oldest) / 1000
     b = consumer.next_batch()
     assert b is not None
     consumer.ack(b.sequence)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -62,30 +63,51 @@ def test_I1_append_ack_completes_after_fdatasync_and_survives_reopen(
 def test_flush_interval_zero_returns_done_and_concurrent_appenders_share_syncs(
     tmp_path: Path,
 ) -> None:
-    calls = 0
+    """Group commit with flush_interval=0: the first appender's fdatasync is held until
+    the seven others have written their entries and are waiting; the second sync then
+    covers all seven.  Exactly two fdatasyncs for eight appends, every append durable
+    when it returns."""
+    calls: list[int] = []
+    syncing = threading.Event()
+    box: list[WalWriter] = []
+    entry = b"".join(_entry(0))
 
     class CountingFs(FileSystem):
         def fdatasync(self, fd: int) -> None:  # type: ignore[override]
-            nonlocal calls
-            calls += 1
+            if not box:  # the WAL's own syncs while it opens
+                os.fdatasync(fd)
+                return
+            w = box[0]
+            calls.append(w.end)  # what the sync covers, at most: every byte written so far
+            if len(calls) == 1:  # hold the first sync until the 7 others have written
+                syncing.set()
+                deadline = time.monotonic() + 30
+                while w.end < base + 8 * len(entry):
+                    assert time.monotonic() < deadline, "the other appenders never wrote"
+                    time.sleep(0.001)  # polling the writer's end offset against a deadline
             os.fdatasync(fd)
 
     w = WalWriter(tmp_path, CFG, WalConfig(flush_interval=timedelta(0)), fs=CountingFs())
+    box.append(w)
+    base = w.end
     results: list[bool] = []
 
     def worker(k: int) -> None:
-        for i in range(25):
-            a = w.append(_entry(k * 100 + i))
-            results.append(a.durable.done())
+        if k:  # append only once appender 0's sync (covering its entry alone) runs
+            assert syncing.wait(30)
+        a = w.append(_entry(k))
+        results.append(a.durable.done() and a.durable.result() == a.end)
 
     ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
     for t in ts:
         t.start()
     for t in ts:
-        t.join()
-    assert all(results) and len(results) == 200
-    assert 1 <= calls <= 200
+        t.join(60)
+    assert results == [True] * 8
+    assert len(calls) == 2, f"{len(calls)} fdatasyncs for 8 concurrent appends: {calls}"
+    assert w.fsyncs == 2 and w.durable_end == base + 8 * len(entry)
     w.close()
+    assert sorted(_seqs(_open(tmp_path))) == list(range(8))
 
 
 def test_rotation_keeps_positions_stable_and_purge_deletes_covered_files(tmp_path: Path) -> None:
