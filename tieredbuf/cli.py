@@ -9,6 +9,7 @@
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
+                                         [--token-file F] [--tls-cert C --tls-key K] [--insecure]
 
 Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run;
 drain: a live producer holds a stage); 2 bad usage or configuration (a wrong URL or
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 import tieredbuf
 from tieredbuf import gc as gc_mod
 from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.redact import redact
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -445,9 +447,15 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_PARTIAL if busy else EXIT_OK
 
 
+def _abspath(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.service.auth import TokenSet, check_exposure
     from tieredbuf.service.config import ServiceConfig
     from tieredbuf.service.supervisor import serve
+    from tieredbuf.service.worker import tls_context
 
     store: dict[str, Any] = _s3_opts(args) if args.url.startswith("s3://") else {}
     producer: dict[str, Any] = {}
@@ -470,7 +478,15 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         remote_timeout_s=args.remote_timeout.total_seconds(),
         shutdown_timeout_s=args.shutdown_timeout.total_seconds(),
         drain_timeout_s=args.drain_timeout.total_seconds(),
+        token_file=_abspath(args.token_file), protect_metrics=args.protect_metrics,
+        protect_health=args.protect_health, tls_cert=_abspath(args.tls_cert),
+        tls_key=_abspath(args.tls_key), insecure=args.insecure,
     )
+    # what the workers will load, checked once here: a bad token file, certificate or
+    # an exposed port without tokens is exit 2 before anything binds
+    tokens = TokenSet.from_config(config.token_file)
+    tls_context(config)
+    check_exposure(config.host, tokens, config.insecure, config.tls_cert is not None)
     return serve(config, out)
 
 
@@ -561,6 +577,20 @@ def build_parser() -> argparse.ArgumentParser:
     g2.add_argument("--segment-size", type=parse_size, help="seal at this size (default 32MiB)")
     g2.add_argument("--size-cap", type=parse_size, help="stage disk cap (default 16GiB)")
     g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"))
+    g3 = sv.add_argument_group(
+        "security (see docs/operations.md: securing the service)",
+        "Tokens: --token-file, or $TIEREDBUF_SERVICE_TOKENS (comma-separated).  A host "
+        "other than loopback needs tokens unless --insecure.")
+    g3.add_argument("--token-file", help="bearer tokens, one per line; re-read when it "
+                    "changes and on SIGHUP (rotation without a restart)")
+    g3.add_argument("--protect-metrics", action="store_true",
+                    help="require a token on /metrics too")
+    g3.add_argument("--protect-health", action="store_true",
+                    help="require a token on /healthz and /readyz too")
+    g3.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS")
+    g3.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    g3.add_argument("--insecure", action="store_true",
+                    help="allow a non-loopback --host without tokens")
     _store_args(sv)
     sv.set_defaults(fn=cmd_serve)
     return p
@@ -568,22 +598,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _StderrLog(logging.Handler):
     """tieredbuf's warnings as ``tieredbuf: ...`` lines on the current stderr (retries of
-    a store that is down, once per interval).  Errors that are also raised to the
-    command are skipped: main() prints those once."""
+    a store that is down, once per interval), redacted (:mod:`tieredbuf.redact`).
+    Errors that are also raised to the command are skipped: main() prints those once."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "tb_raised", False):
             return
         try:
-            sys.stderr.write(f"tieredbuf: {record.getMessage()}\n")
+            sys.stderr.write(redact(f"tieredbuf: {record.getMessage()}\n"))
         except Exception:
             self.handleError(record)
 
 
 def _log_to_stderr() -> None:
+    """WARNING and up (``TIEREDBUF_LOG_LEVEL`` to change) from tieredbuf's loggers."""
     logger = logging.getLogger("tieredbuf")
     if not any(isinstance(h, _StderrLog) for h in logger.handlers):
-        logger.addHandler(_StderrLog(logging.WARNING))
+        level = os.environ.get("TIEREDBUF_LOG_LEVEL", "").upper()
+        if level not in logging.getLevelNamesMapping():
+            level = ""
+        logger.addHandler(_StderrLog(level or logging.WARNING))
+        if level:
+            logger.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -593,17 +629,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         code: int = args.fn(args, out or sys.stdout)
         return code
     except ConfigError as e:
-        print(f"tieredbuf: configuration error: {_one_line(e)}", file=sys.stderr)
+        print(redact(f"tieredbuf: configuration error: {_one_line(e)}"), file=sys.stderr)
         return EXIT_USAGE
     except TieredBufError as e:
-        print(f"tieredbuf: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        print(redact(f"tieredbuf: {type(e).__name__}: {_one_line(e)}"), file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:
         if type(e).__module__.split(".")[0] != "obstore":
             raise
         from tieredbuf.store.objstore import short
 
-        print(f"tieredbuf: store error: {short(e)}", file=sys.stderr)
+        print(redact(f"tieredbuf: store error: {short(e)}"), file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -149,6 +149,11 @@ S3_CREDENTIAL_ENV: tuple[str, ...] = (
 )
 
 
+SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
+"""S3 options (and their ``AWS_*`` variables) whose values never appear in any output
+(errors, logs, HTTP answers, inspect, metrics): see :mod:`tieredbuf.redact`."""
+
+
 def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
     """Fill S3 options missing from ``options`` from the standard AWS environment."""
     out = dict(options)

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -33,12 +34,25 @@ class Server:
     log: Path
     stage: Path
     _stopped: bool = field(default=False)
+    token: str | None = None
+    """Sent as ``Authorization: Bearer`` unless a request says otherwise."""
+    tls: ssl.SSLContext | None = None
+    """The client context for an HTTPS server (trusting its test certificate)."""
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout: float = 30.0) -> Response:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                headers: dict[str, str] | None = None, timeout: float = 30.0,
+                auth: bool = True) -> Response:
+        headers = dict(headers or {})
+        if auth and self.token and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn: http.client.HTTPConnection
+        if self.tls is not None:
+            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout,
+                                               context=self.tls)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            conn.request(method, path, body=body, headers=headers)
             r = conn.getresponse()
             return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
         finally:
@@ -83,7 +97,8 @@ class Server:
 
 
 def start_server(url: str, tmp: Path, *args: str, workers: int = 1,
-                 env: dict[str, str] | None = None) -> Server:
+                 env: dict[str, str] | None = None, token: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> Server:
     stage = tmp / "stage"
     log = tmp / f"server-{time.monotonic_ns()}.log"
     cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
@@ -97,7 +112,9 @@ def start_server(url: str, tmp: Path, *args: str, workers: int = 1,
         proc.kill()
         proc.wait()
         raise AssertionError(f"no listening line: {line!r}\n{log.read_text()}")
-    port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
-    server = Server(proc, port, log, stage)
+    scheme = "https" if tls is not None else "http"
+    assert f"listening on {scheme}://" in line, line
+    port = int(line.split("://", 1)[1].split()[0].rsplit(":", 1)[1])
+    server = Server(proc, port, log, stage, token=token, tls=tls)
     server.wait_ready()
     return server

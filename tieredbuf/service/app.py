@@ -8,6 +8,9 @@
                        the stage's disk is failing (DiskFullError / DiskIOError)
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
+With tokens configured, every route but ServiceConfig.open_paths needs
+``Authorization: Bearer <token>`` (service/auth.py: 401 without, 403 wrong).
+
 Blocking work (parsing, staging) runs on a thread pool; waiting for durability
 does not hold a thread: the write handle's callback wakes the request's future.
 """
@@ -35,7 +38,8 @@ import tieredbuf
 from tieredbuf import metrics
 from tieredbuf.errors import BackpressureError, ClosedError, DiskError, TieredBufError
 from tieredbuf.handles import Durability, WriteHandle
-from tieredbuf.service import bodies
+from tieredbuf.redact import redact
+from tieredbuf.service import auth, bodies
 from tieredbuf.service.config import ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -158,7 +162,7 @@ async def produce(request: web.Request) -> web.Response:
                            **{"Retry-After": str(state.config.retry_after_s)})
     except TieredBufError as e:
         log.error("write failed: %s", e)
-        return _json_error(500, f"{type(e).__name__}: {e}")
+        return _json_error(500, redact(f"{type(e).__name__}: {e}"))
     LATENCY.labels(name).observe(time.perf_counter() - t0)
     out: dict[str, Any] = {"durability": name, **counts, "producer": state.producer.producer_id}
     if level == Durability.REMOTE:
@@ -304,8 +308,13 @@ async def _seal_on_shutdown(app: web.Application) -> None:
         await asyncio.get_running_loop().run_in_executor(state.pool, state.producer.stage.seal_all)
 
 
-def build_app(config: ServiceConfig, index: int) -> web.Application:
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[count_requests])
+def build_app(config: ServiceConfig, index: int,
+              tokens: auth.TokenSet | None = None) -> web.Application:
+    """The worker's application; with ``tokens``, bearer authentication (service/auth.py)
+    on every route but ``config.open_paths``."""
+    guard = [auth.middleware(tokens, config.open_paths)] if tokens is not None else []
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[count_requests, *guard])
     app[STATE] = WorkerState(config, index, pool=ThreadPoolExecutor(
         config.threads, thread_name_prefix="tb-http"))
     app.router.add_post("/v1/produce", produce)

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tieredbuf.config import SECRET_OPTIONS
 from tieredbuf.errors import ConfigError
 
 DURATION_OPTIONS = frozenset({"flush_interval", "max_open_duration", "backpressure_timeout"})
@@ -37,6 +38,18 @@ class ServiceConfig:
     """On SIGTERM: how long sealing and exporting the stage may take (the rest stays staged)."""
     threads: int = 16
     """Threads per worker for parsing and staging (blocking work off the event loop)."""
+    token_file: str | None = None
+    """Bearer tokens, one per line (re-read on change and on SIGHUP); without it, tokens
+    come from ``$TIEREDBUF_SERVICE_TOKENS``; with neither, no authentication."""
+    protect_metrics: bool = False
+    """Require a token on ``/metrics`` too (``/v1/produce`` always needs one)."""
+    protect_health: bool = False
+    """Require a token on ``/healthz`` and ``/readyz`` too."""
+    tls_cert: str | None = None
+    """PEM certificate chain: serve HTTPS (with :attr:`tls_key`)."""
+    tls_key: str | None = None
+    insecure: bool = False
+    """Allow a non-loopback host without tokens (explicit opt-out; see check_exposure)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -49,6 +62,27 @@ class ServiceConfig:
                      "drain_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        secret = sorted(set(self.store_options) & set(SECRET_OPTIONS))
+        if secret:
+            # the config travels to the workers on their command line, visible in ps
+            raise ConfigError(f"pass {', '.join(secret)} in the AWS_* environment, not as "
+                              "service options")
+
+    @property
+    def open_paths(self) -> frozenset[str]:
+        """Paths answered without a token."""
+        paths = set()
+        if not self.protect_metrics:
+            paths.add("/metrics")
+        if not self.protect_health:
+            paths |= {"/healthz", "/readyz"}
+        return frozenset(paths)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
 
     def worker_stage(self, index: int) -> Path:
         """Worker ``index``'s staging directory: its producer id lives inside, stable."""

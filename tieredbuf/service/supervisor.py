@@ -3,7 +3,8 @@
 The supervisor stays small (it never imports aiohttp): it binds the listening socket,
 starts ``N`` workers that all accept on it (the kernel spreads connections), restarts
 a worker that dies (its stage is recovered by the new one: same directory, same
-producer id), and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
+producer id), passes SIGHUP on (the workers reload the token file and the TLS
+certificate), and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
 each has sealed and exported its stage.
 
 Metrics: prometheus_client's multiprocess mode.  ``PROMETHEUS_MULTIPROC_DIR`` (default
@@ -75,6 +76,15 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    workers: list[_Worker] = []
+
+    def on_hup(signum: int, frame: object) -> None:
+        # SIGHUP: the workers re-read the token file and the TLS certificate
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGHUP)
+
+    signal.signal(signal.SIGHUP, on_hup)
 
     payload = config.to_json()
 
@@ -85,8 +95,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
             pass_fds=(sock.fileno(),), env=env, start_new_session=True,
         )
 
-    workers = [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
-    print(f"tieredbuf serve: listening on http://{host}:{port} with {config.workers} "
+    workers += [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
+    print(f"tieredbuf serve: listening on {config.scheme}://{host}:{port} with {config.workers} "
           f"worker(s), staging under {config.staging_dir}", file=out, flush=True)
     code = 0
     try:

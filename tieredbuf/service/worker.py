@@ -6,6 +6,7 @@ The supervisor binds the listening socket and passes it down; every worker accep
 on it.  SIGTERM (or SIGINT, or the supervisor dying) stops accepting, lets in-flight
 requests finish, seals and exports the stage, then exits: 0 when the stage is empty,
 1 when the drain timed out (the rest stays staged, LOCAL, for the next start).
+SIGHUP re-reads the token file and the TLS certificate.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 
 from aiohttp import web
 
+from tieredbuf import redact
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.service.app import build_app
+from tieredbuf.service.auth import TokenSet
 from tieredbuf.service.config import ServiceConfig
 
 log = logging.getLogger("tieredbuf.service")
@@ -34,8 +38,44 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+def tls_context(config: ServiceConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (TLS 1.2 or later), or None without --tls-cert."""
+    if config.tls_cert is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_cert_chain(ctx, config)
+    return ctx
+
+
+def load_cert_chain(ctx: ssl.SSLContext, config: ServiceConfig) -> None:
+    assert config.tls_cert is not None
+    try:
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load --tls-cert {config.tls_cert} / --tls-key "
+                          f"{config.tls_key}: {type(e).__name__}: {e.strerror or e}") from None
+
+
+def _reload(tokens: TokenSet | None, ctx: ssl.SSLContext | None, config: ServiceConfig,
+            index: int) -> None:
+    """SIGHUP: re-read the token file and the certificate chain (new connections use
+    the new certificate; a failure keeps the old one)."""
+    log.info("worker %d: SIGHUP, reloading tokens and certificate", index)
+    if tokens is not None:
+        tokens.reload()
+    if ctx is not None:
+        try:
+            load_cert_chain(ctx, config)
+        except ConfigError as e:
+            log.error("worker %d: certificate not reloaded, keeping the current one: %s",
+                      index, e)
+
+
 async def run_worker(config: ServiceConfig, sock: socket.socket, index: int) -> int:
-    app = build_app(config, index)
+    tokens = TokenSet.from_config(config.token_file)
+    ctx = tls_context(config)
+    app = build_app(config, index, tokens)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.shutdown_timeout_s)
     await runner.setup()
@@ -43,7 +83,8 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int) -> 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    site = web.SockSite(runner, sock)
+    loop.add_signal_handler(signal.SIGHUP, _reload, tokens, ctx, config, index)
+    site = web.SockSite(runner, sock, ssl_context=ctx)
     await site.start()
     watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
     await stop.wait()
@@ -57,10 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     config = ServiceConfig.from_json(args[0])
     fd, index = int(args[1]), int(args[2])
-    logging.basicConfig(
-        level=os.environ.get("TIEREDBUF_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s",
-    )
+    redact.install(os.environ.get("TIEREDBUF_LOG_LEVEL", "INFO"),
+                   f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     sock = socket.socket(fileno=fd)
     try:
         return asyncio.run(run_worker(config, sock, index))

@@ -14,7 +14,13 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tieredbuf.config import S3_CREDENTIAL_ENV, S3_OPTION_ENV, store_options_from_env
+from tieredbuf import redact
+from tieredbuf.config import (
+    S3_CREDENTIAL_ENV,
+    S3_OPTION_ENV,
+    SECRET_OPTIONS,
+    store_options_from_env,
+)
 from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode, Store
 from tieredbuf.store.botostore import S3Settings
@@ -160,6 +166,8 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     if "//" in prefix or any(p in (".", "..") for p in prefix.split("/")):
         raise ConfigError(f"S3 URL {url!r} has an invalid prefix {prefix!r}")
     opts = store_options_from_env(options)
+    # from here on, no error, log line or HTTP answer of this process shows them
+    redact.register(*(opts.get(k) for k in SECRET_OPTIONS))
 
     config: dict[str, Any] = {}
     for name in ("endpoint", "region", "access_key_id", "secret_access_key", "session_token"):
@@ -221,8 +229,10 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
             client_options=client,  # type: ignore[arg-type]
             retry_config=retry,  # type: ignore[arg-type]
         )
-    except Exception as e:
-        raise ConfigError(f"cannot configure S3 store for {url!r}: {short(e)}") from e
+    except Exception as e:  # obstore's text may dump the configuration: redacted
+        raise ConfigError(
+            f"cannot configure S3 store for {url!r}: {redact.redact(short(e))}"
+        ) from redact.redacted_copy(e)
     settings = S3Settings(bucket, prefix, dict(config), dict(client), dict(retry),
                           instance_metadata)
     target = (endpoint or "aws", bucket)

@@ -27,6 +27,8 @@ from tieredbuf.errors import (
     OutcomeUnknownError,
     StoreError,
 )
+from tieredbuf.redact import redacted_copy as redacted
+from tieredbuf.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 from tieredbuf.store.errmap import Facts, classify, is_metadata_uri
@@ -147,8 +149,8 @@ class BotoS3Store:
         return f"{self._s.prefix}/{key}" if self._s.prefix else key
 
     def _error(self, e: BaseException, key: str, *, write: bool) -> Exception:
-        return classify(botocore_facts(e), key, write=write, bucket=self._s.bucket,
-                        where=self._s.endpoint)
+        return scrub(classify(botocore_facts(e), key, write=write, bucket=self._s.bucket,
+                              where=self._s.endpoint))
 
     @staticmethod
     def _status(e: BaseException) -> int | None:
@@ -166,7 +168,7 @@ class BotoS3Store:
             r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key))
             data = r["Body"].read()
         except Exception as e:
-            raise self._error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from redacted(e)
         etag = r.get("ETag")
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
@@ -180,7 +182,7 @@ class BotoS3Store:
         except Exception as e:
             if self._status(e) == 416:
                 return b"", True
-            raise self._error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from redacted(e)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_key(key)
@@ -207,8 +209,8 @@ class BotoS3Store:
             r = self._c().head_object(Bucket=self._s.bucket, Key=self._key(key))
         except Exception as e:
             if self._status(e) == 404:
-                raise ObjectNotFoundError(key) from e
-            raise self._error(e, key, write=False) from e
+                raise ObjectNotFoundError(key) from redacted(e)
+            raise self._error(e, key, write=False) from redacted(e)
         return ObjectMeta(key, int(r["ContentLength"]), r.get("ETag"), r.get("LastModified"))
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
@@ -224,7 +226,7 @@ class BotoS3Store:
                     yield ObjectMeta(o["Key"][cut:], int(o["Size"]), o.get("ETag"),
                                      o.get("LastModified"))
         except Exception as e:
-            raise self._error(e, prefix, write=False) from e
+            raise self._error(e, prefix, write=False) from redacted(e)
 
     # --- writes -----------------------------------------------------------------
 
@@ -246,8 +248,8 @@ class BotoS3Store:
                 # as obstore reports them: create-if-absent found the key, or a 409
                 # ConditionalRequestConflict on If-Match (another writer won)
                 raise AlreadyExistsError(key, f"object already exists (or CAS conflict): "
-                                              f"{key}") from e
-            raise self._error(e, key, write=True) from e
+                                              f"{key}") from redacted(e)
+            raise self._error(e, key, write=True) from redacted(e)
         etag = r.get("ETag")
         if etag is None:
             raise OutcomeUnknownError(f"the store acknowledged {key} without an etag")
@@ -288,7 +290,7 @@ class BotoS3Store:
                 k = err.get("Key", "")[cut:]
                 facts = Facts(status=None, code=err.get("Code"), message=err.get("Message"),
                               method="DeleteObjects")
-                failures.append((k, classify(facts, k, write=True, bucket=self._s.bucket)))
+                failures.append((k, scrub(classify(facts, k, write=True, bucket=self._s.bucket))))
         return failures
 
     def close(self) -> None:

@@ -34,6 +34,8 @@ from tieredbuf.errors import (
     OutcomeUnknownError,
     StoreError,
 )
+from tieredbuf.redact import redacted_copy as redacted
+from tieredbuf.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
@@ -141,8 +143,10 @@ def map_error(
     where: str | None = None,
 ) -> Exception:
     """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``
-    (see :func:`tieredbuf.store.errmap.classify`)."""
-    return classify(obstore_facts(e), key, write=write, bucket=bucket, where=where)
+    (see :func:`tieredbuf.store.errmap.classify`), its message redacted (a server's
+    answer may quote the request's credentials: :mod:`tieredbuf.redact`).  Callers
+    chain it to :func:`redacted` (``e``), never to ``e``."""
+    return scrub(classify(obstore_facts(e), key, write=write, bucket=bucket, where=where))
 
 
 def _obstore_mode(mode: PutMode) -> Any:
@@ -232,7 +236,7 @@ class ObjStore:
         except Exception as le:
             err = self._error(le, key, write=False)
             if isinstance(err, BucketNotFoundError):
-                raise err from e
+                raise err from redacted(e)
             return
         self._bucket_seen = True
 
@@ -248,7 +252,7 @@ class ObjStore:
             data = bytes(r.bytes())
             etag = r.meta["e_tag"]
         except Exception as e:
-            raise self._error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from redacted(e)
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
         return GetResult(data=data, etag=etag)
@@ -269,7 +273,7 @@ class ObjStore:
                 return b""
             if _not_partial(e):
                 return self.get(key).data[start:end]
-            raise self._error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from redacted(e)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)
@@ -289,7 +293,7 @@ class ObjStore:
                 return b""  # an empty object
             if _not_partial(e):
                 return self.get(key).data[-length:]
-            raise self._error(e, key, write=False) from e
+            raise self._error(e, key, write=False) from redacted(e)
 
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
@@ -302,7 +306,7 @@ class ObjStore:
             err = self._error(e, key, write=False)
             if isinstance(err, ObjectNotFoundError):
                 self._check_bucket(key, e)
-            raise err from e
+            raise err from redacted(e)
         self._bucket_seen = True
         return meta
 
@@ -321,7 +325,7 @@ class ObjStore:
                     if m["path"].startswith(prefix):
                         yield _meta(m)
         except Exception as e:
-            raise self._error(e, prefix, write=False) from e
+            raise self._error(e, prefix, write=False) from redacted(e)
 
     # --- writes -----------------------------------------------------------------
 
@@ -343,7 +347,7 @@ class ObjStore:
         try:
             r = obs.put(self._inner, key, data, mode=om, use_multipart=False)
         except Exception as e:
-            raise self._error(e, key, write=True) from e
+            raise self._error(e, key, write=True) from redacted(e)
         self._bucket_seen = True
         return self._etag_of(r, key)
 
@@ -370,7 +374,7 @@ class ObjStore:
                 # obstore 0.12.1 has no conditional multipart: one conditional PUT.
                 r = obs.put(self._inner, key, b"".join(chunks), mode=om, use_multipart=False)
         except Exception as e:
-            raise self._error(e, key, write=True) from e
+            raise self._error(e, key, write=True) from redacted(e)
         self._bucket_seen = True
         return self._etag_of(r, key)
 
