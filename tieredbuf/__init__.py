@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from tieredbuf import errors
+from tieredbuf import errors, gc
 from tieredbuf.buffer import Buffer, open
 from tieredbuf.config import (
     Compression,
@@ -60,5 +60,6 @@ __all__ = [
     "WriteHandle",
     "WriteOutcome",
     "errors",
+    "gc",
     "open",
 ]

@@ -52,6 +52,10 @@ def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ("s3://bucket/p", {"endpint": "http://x"}, "unknown option.*endpint"),
         ("s3://bucket/p", {"allow_http": "maybe"}, "allow_http"),
         ("s3://bucket/p", {"endpoint": "127.0.0.1:9000"}, "http:// or https://"),
+        ("s3://bucket/p", {"endpoint": "http://[::1"}, "not a valid URL"),  # obstore panics
+        ("s3://bucket/p", {"endpoint": "http://host:99999"}, "not a valid URL"),
+        ("s3://bucket/p", {"endpoint": "http://"}, "names no host"),
+        ("s3://bucket/p", {"endpoint": "http://user:pw@host"}, "credentials"),
         ("s3://bucket/p", {"timeout": -1}, "timeout"),
         ("s3://bucket/p", {"max_retries": -1}, "max_retries"),
         ("s3://bucket/p", {"chunk_size": 1024}, "chunk_size"),

@@ -151,6 +151,25 @@ def _as_duration(name: str, value: Any) -> timedelta:
     return d
 
 
+def _check_endpoint(endpoint: str) -> None:
+    """An http(s) URL with a host (obstore panics on some malformed ones, e.g. an
+    unclosed IPv6 bracket, instead of raising)."""
+    if not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
+    try:
+        parts = urlsplit(endpoint)
+        _ = parts.port  # raises on a port that is not a number in range
+    except ValueError as e:
+        raise ConfigError(f"endpoint {endpoint!r} is not a valid URL: {e}") from None
+    if not parts.hostname:
+        raise ConfigError(f"endpoint {endpoint!r} names no host")
+    if parts.username or parts.password:  # not echoed: the URL holds a secret
+        raise ConfigError("the endpoint URL must not carry credentials: use "
+                          "access_key_id / secret_access_key or the AWS_* environment")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"endpoint {endpoint!r} must not carry a query or a fragment")
+
+
 def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store:
     from obstore.store import S3Store
 
@@ -177,8 +196,8 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
                 raise ConfigError(f"option {name} must be a string, got {value!r}")
             config[name] = value
     endpoint = config.get("endpoint")
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
+    if endpoint is not None:
+        _check_endpoint(endpoint)
     skip_signature = _as_bool("skip_signature", opts.get("skip_signature", False))
     if skip_signature:
         config["skip_signature"] = True
