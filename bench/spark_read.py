@@ -1,7 +1,7 @@
 """Spark read throughput of the tieredbuf source vs Spark's Parquet reader, and the
 streaming produce -> Spark end-to-end latency.
 
-    /work/venv/bin/python bench/spark_read.py [--rows 2000000] [--value-bytes 100]
+    python bench/spark_read.py [--rows 2000000] [--value-bytes 100]
         [--objects 16] [--s3] [--varied] [--latency-records 30] [--split-streams 8]
 
 Both reads scan the same rows (tieredbuf's record schema, written once to Parquet

@@ -1,8 +1,9 @@
 """Frozen, validated configuration records.
 
-Defaults are the seeds' defaults: RFC 0001 for the producer / consumer / GC,
-Quiver for the local tier.  Durations are ``timedelta``, sizes are ints (bytes).
-Environment variables are read only in :func:`store_options_from_env`.
+Defaults are the specifications' defaults: OpenData RFC 0001 for the producer /
+consumer / GC, otel-arrow's Quiver for the local tier.  Durations are ``timedelta``,
+sizes are ints (bytes).  The ``AWS_*`` variables are read only in
+:func:`store_options_from_env`.
 """
 
 from __future__ import annotations

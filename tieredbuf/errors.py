@@ -269,7 +269,7 @@ class DiskIOError(DiskError):
     page cache cannot be trusted, so the stage never retries one on the same data)."""
 
 
-# --- local tier: WAL / segments (issue 3) ---------------------------------------
+# --- local tier: WAL / segments --------------------------------------------------
 
 
 class ConfigHashMismatchError(UnsupportedVersionError):

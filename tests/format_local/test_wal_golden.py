@@ -1,5 +1,6 @@
 """Golden bytes for the WAL header, entries and cursor sidecar, written by hand from
-seed 001's layout text (struct.pack here, never the encoder), and I7 for the decoders."""
+Quiver's layout (docs/format-local.md; struct.pack here, never the encoder), and I7 for
+the decoders."""
 
 from __future__ import annotations
 

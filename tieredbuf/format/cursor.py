@@ -1,4 +1,4 @@
-"""Quiver cursor sidecar (``wal/quiver.wal.cursor``, seed 001), plus a same-shaped
+"""Quiver cursor sidecar (``wal/quiver.wal.cursor``, docs/format-local.md), plus a same-shaped
 sequence sidecar tieredbuf uses to keep the per-core sequence monotonic across
 cleanup and restart (Quiver issue #4024).
 

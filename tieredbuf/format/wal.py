@@ -1,4 +1,5 @@
-"""Quiver WAL byte layout (seed 001), plus one tieredbuf entry type for opaque records.
+"""Quiver WAL byte layout (otel-arrow's Quiver; docs/format-local.md), plus one tieredbuf
+entry type for opaque records.
 
 Pure codec: bytes in, values out, typed errors; no I/O.  Everything is little-endian.
 
@@ -121,8 +122,8 @@ def decode_header(
 
 
 def segment_cfg_hash(layout_contract: bytes) -> bytes:
-    """128-bit digest of the adapter-owned layout contract (BLAKE2b-128; the seed's
-    'e.g. truncated BLAKE3' is not in the standard library)."""
+    """128-bit digest of the adapter-owned layout contract (BLAKE2b-128: Quiver suggests
+    a truncated BLAKE3, which is not in the standard library)."""
     return hashlib.blake2b(layout_contract, digest_size=CFG_HASH_SIZE).digest()
 
 

@@ -204,7 +204,7 @@ def spark_compatible(t: pa.DataType) -> pa.DataType:
 
 def unify(schemas: Sequence[pa.Schema]) -> pa.Schema:
     """The representative schema of a slot: union of columns (first-seen order), each
-    at the widest compatible type (Quiver's DataFusion reading, seed 001)."""
+    at the widest compatible type (as Quiver's DataFusion reader does)."""
     if not schemas:
         return pa.schema([])
     plain = [pa.schema([f.with_type(_undict(f.type)) for f in s]) for s in schemas]

@@ -3,7 +3,7 @@ recovery scan, replay) is in stage/wal_recovery.py; the cursor and purge in
 stage/wal_purge.py; what happens after a failed write or fdatasync (the repair) in
 stage/wal_repair.py.
 
-Files under ``<stage>/wal/`` (seed 001)::
+Files under ``<stage>/wal/`` (Quiver's layout, docs/format-local.md)::
 
     quiver.wal             active file (38-byte header, then entries)
     quiver.wal.<N>         rotated siblings, N a rotation id; deleted once the cursor

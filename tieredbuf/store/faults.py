@@ -4,7 +4,7 @@
 ``when="after"`` performs the real operation and then raises, so the caller sees an
 error although the write landed.  With ``error=PreconditionFailedError`` (If-Match) or
 ``AlreadyExistsError`` (create) this is exactly obstore retrying a PUT that had
-already succeeded and meeting its own write (DESIGN.md, I2); with
+already succeeded and meeting its own write (invariant I2, docs/invariants.md); with
 ``OutcomeUnknownError`` it is a timeout / connection reset after the PUT.
 ``when="before"`` raises without touching the inner store.
 """

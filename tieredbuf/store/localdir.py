@@ -1,7 +1,7 @@
 """The Store contract on a local (or shared POSIX) directory, in plain Python.
 
-Not obstore's LocalStore: it cannot replace-if-match and acknowledges from the page
-cache without fsync (DESIGN.md, "Facts").  Here:
+Not obstore's LocalStore: it cannot replace-if-match (no compare-and-swap) and
+acknowledges a write from the page cache, without fsync.  Here:
 
 * a key ``a/b/c`` is the file ``<root>/a/b/c``; parents are created and fsynced;
 * every write goes to a temp file ``.tieredbuf-tmp-*`` in the target's directory,
