@@ -32,6 +32,26 @@ from tieredbuf.service.config import ServiceConfig
 
 log = logging.getLogger("tieredbuf.service")
 
+_WORKER_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+WORKER_BOOT = (
+    "import signal, sys\n"
+    "early = []\n"
+    "for s in (signal.SIGTERM, signal.SIGINT):\n"
+    "    signal.signal(s, lambda n, f: early.append(n))\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, "
+    "signal.SIGHUP})\n"
+    "from tieredbuf.service.worker import main\n"
+    "sys.exit(main(sys.argv[1:], early))\n"
+)
+"""How a worker is started.  It is forked with SIGTERM, SIGINT and SIGHUP blocked (the
+mask survives exec), and unblocks them only once its handlers are in place, before
+anything heavy is imported: a stop signal that arrives while the worker is still
+starting (interpreter start-up, imports, stage recovery) is held, then recorded, and
+the worker drains and exits cleanly instead of dying half-way of -SIGTERM.  A SIGHUP
+before it serves is dropped (it reads the newest tokens as it starts).  The supervisor
+never imports the worker module (nor aiohttp), so the bootstrap lives here."""
+
 FAST_FAILURE_S = 5.0
 """A worker that exits non-zero sooner than this after its start failed to start."""
 MAX_FAST_FAILURES = 3
@@ -89,11 +109,14 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     payload = config.to_json()
 
     def start(index: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tieredbuf.service.worker", payload,
-             str(sock.fileno()), str(index)],
-            pass_fds=(sock.fileno(),), env=env, start_new_session=True,
-        )
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
+        try:  # the child inherits the blocked mask; ours is restored at once
+            return subprocess.Popen(
+                [sys.executable, "-c", WORKER_BOOT, payload, str(sock.fileno()), str(index)],
+                pass_fds=(sock.fileno(),), env=env, start_new_session=True,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     workers += [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
     print(f"tieredbuf serve: listening on {config.scheme}://{host}:{port} with {config.workers} "

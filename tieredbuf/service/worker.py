@@ -1,5 +1,6 @@
 """A worker process of ``tieredbuf serve``: one event loop, one staged producer.
 
+    python -c <supervisor.WORKER_BOOT> CONFIG_JSON LISTEN_FD INDEX
     python -m tieredbuf.service.worker CONFIG_JSON LISTEN_FD INDEX
 
 The supervisor binds the listening socket and passes it down; every worker accepts
@@ -72,7 +73,10 @@ def _reload(tokens: TokenSet | None, ctx: ssl.SSLContext | None, config: Service
                       index, e)
 
 
-async def run_worker(config: ServiceConfig, sock: socket.socket, index: int) -> int:
+async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
+                     early: list[int] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or ``early`` holds one caught before the loop ran),
+    then drain."""
     tokens = TokenSet.from_config(config.token_file)
     ctx = tls_context(config)
     app = build_app(config, index, tokens)
@@ -84,8 +88,11 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, _reload, tokens, ctx, config, index)
-    site = web.SockSite(runner, sock, ssl_context=ctx)
-    await site.start()
+    if early:  # stopped while starting: drain what the stage holds, serve nothing
+        log.info("worker %d: stopped while starting", index)
+        stop.set()
+    else:
+        await web.SockSite(runner, sock, ssl_context=ctx).start()
     watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
     await stop.wait()
     watcher.cancel()
@@ -94,7 +101,7 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int) -> 
     return 1 if app.get("drain_incomplete") else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     config = ServiceConfig.from_json(args[0])
     fd, index = int(args[1]), int(args[2])
@@ -102,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     sock = socket.socket(fileno=fd)
     try:
-        return asyncio.run(run_worker(config, sock, index))
+        return asyncio.run(run_worker(config, sock, index, early))
     except ConfigError as e:
         log.error("configuration error: %s", e)
         return 2
