@@ -1,5 +1,13 @@
+"""Object key names: round trips, and the parsers GC deletes by accept only what writers
+make."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
 from ulid import ULID
 
+from tests.fuzzing import FUZZ
 from tieredbuf import keys
 
 
@@ -20,3 +28,23 @@ def test_group_key_sorts_by_first_sequence() -> None:
     assert a < b
     parsed = keys.parse_group_key(b)
     assert parsed is not None and parsed[0] == 40 and parsed[2] == "kgroup"
+
+
+@FUZZ
+@given(st.binary(min_size=16, max_size=16), st.sampled_from(keys.DATA_SUFFIXES),
+       st.integers(0, 10**20 - 1), st.sampled_from(keys.GROUP_KINDS), st.text(max_size=60))
+def test_key_parsers_round_trip_and_accept_only_the_names_writers_make(
+    raw: bytes, suffix: str, first: int, kind: str, junk: str
+) -> None:
+    """GC deletes by these parsers: a key they accept is exactly one tieredbuf writes."""
+    u = ULID.from_bytes(raw)
+    assert keys.parse_data_key(keys.data_key(u, suffix)) == u
+    assert keys.parse_group_key(keys.group_key(first, u, kind)) == (first, u, kind)
+    for k in (junk, keys.data_key(u, suffix)[:-1] + junk, "data/" + junk):
+        got = keys.parse_data_key(k)
+        if got is not None:
+            assert k in (keys.data_key(got, s) for s in keys.DATA_SUFFIXES)
+    for k in (junk, keys.group_key(first, u, kind)[: len(junk)] + junk):
+        g = keys.parse_group_key(k)
+        if g is not None:
+            assert keys.group_key(*g) == k
