@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 
+import pytest
 from ulid import ULID
 
 import tieredbuf
@@ -105,7 +105,7 @@ def test_I5_gc_reaps_orphan_and_unlinked_groups_and_keeps_every_reachable_object
     q2 = ManifestQueue(faulty, sleep=lambda s: None, tree_config=TreeConfig(m=2),
                        max_transient_retries=0)
     faulty.arm("put", key=keys.MANIFEST_KEY, when="before", error=PreconditionFailedError)
-    with contextlib.suppress(tieredbuf.errors.TieredBufError):
+    with pytest.raises(tieredbuf.errors.TieredBufError, match="gave up after 0 retries"):
         q2.append([NewEntry(objs[8], ())], "p", 9)
     linked_before = gc.reachable(buf)[1]
     all_groups = {m.key for m in buf.store.list(keys.GROUPS_PREFIX)}
