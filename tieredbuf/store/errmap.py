@@ -11,7 +11,8 @@ connection was ever made -- and :func:`classify` turns those into the error tree
   timeouts and resets.  A write that may have reached the server is
   OutcomeUnknownError; one that was never sent is StoreUnreachableError.
 
-Messages are one line: the library's debug dump stays in ``__cause__``.
+Messages are one line: the library's debug dump stays in ``__cause__`` (a copy with
+credentials masked: :mod:`tieredbuf.redact`).
 """
 
 from __future__ import annotations
