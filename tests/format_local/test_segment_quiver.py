@@ -157,3 +157,31 @@ def test_a_read_quiver_bundle_cannot_be_written_back_without_its_sequence() -> N
     b = seg.decode_segment(_quiver_form(seg.encode_segment(BUNDLES)))[0]
     with pytest.raises(ValueError, match="sequence"):
         seg.SegmentBuilder().add(b)
+
+
+def test_I7_an_empty_slot_refs_list_with_its_offset_past_the_child_is_not_a_crash() -> None:
+    """pyarrow accepts (validate(full=True)) an empty list array whose only offset is 1
+    over an empty child; slicing it then aborts the process.  The reader must answer
+    such a manifest without slicing: run in a child process, so an abort fails this test
+    instead of killing the run."""
+    import subprocess
+    import sys
+
+    empty_struct = pa.array([], NN_SLOT_REF)
+    refs = pa.Array.from_buffers(pa.list_(NN_SLOT_REF), 0,
+                                 [None, pa.py_buffer(struct.pack("<i", 1))],
+                                 children=[empty_struct])
+    manifest = pa.RecordBatch.from_arrays([pa.array([], pa.uint32()), refs],
+                                          names=["bundle_index", "slot_refs"])
+    data = _resection(seg.encode_segment([]), _stream(_sections(seg.encode_segment([]))[0]),
+                      _stream(manifest))
+    code = (
+        "import sys; from tieredbuf.format import segment as s\n"
+        "from tieredbuf.errors import CorruptError\n"
+        "try:\n    print(len(s.decode_segment(sys.stdin.buffer.read(), 'q')))\n"
+        "except CorruptError as e:\n    print('corrupt', e.offset)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().split() == ["0"], "an empty manifest: no bundles"
