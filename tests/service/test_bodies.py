@@ -91,3 +91,24 @@ def test_two_arrow_streams_back_to_back_are_a_400_not_half_a_body(
     b = arrow_stream([pa.record_batch(second)])
     with pytest.raises(bodies.BadBody, match=f"{len(b)} bytes after the Arrow stream"):
         bodies.parse_arrow_stream(a + b)
+
+
+@pytest.mark.parametrize("nest", ["list", "struct of list", "dictionary of list"])
+def test_a_list_column_whose_offsets_pass_validate_but_point_past_its_values_is_a_400(
+    nest: str,
+) -> None:
+    """pyarrow's validate(full=True) accepts an empty list array whose one offset is 1
+    over no values; flatten() on it aborts the process (found by the segment fuzzer).
+    It is refused at the door, so no consumer ever reads one back."""
+    import struct
+
+    bad = pa.Array.from_buffers(pa.list_(pa.int64()), 0, [None, pa.py_buffer(struct.pack(
+        "<i", 1))], children=[pa.array([], pa.int64())])
+    col: pa.Array = bad
+    if nest == "struct of list":
+        col = pa.StructArray.from_arrays([bad], names=["inner"])
+    elif nest == "dictionary of list":
+        col = pa.DictionaryArray.from_arrays(pa.array([], pa.int8()), bad)
+    body = arrow_stream([pa.record_batch([col], names=["c"])])
+    with pytest.raises(bodies.BadBody, match=r"list offsets 1\.\.1 outside its 0 values"):
+        bodies.parse_arrow_stream(body)

@@ -97,7 +97,11 @@ def parse_arrow_stream(body: bytes) -> Bundle:
             batches = list(reader)
         for b in batches:  # every batch, before anything reads its values (concat does)
             b.validate(full=True)
+            for name, col in zip(b.schema.names, b.columns, strict=True):
+                _check_offsets(col, name)
         end = source.tell()
+    except BadBody:
+        raise
     except Exception as e:  # any failure decoding untrusted Arrow bytes
         raise BadBody(f"corrupt Arrow IPC stream: {describe_error(e)}") from None
     if end != len(body):
@@ -112,6 +116,29 @@ def parse_arrow_stream(body: bytes) -> Bundle:
         raise BadBody(f"the Arrow stream's batches do not concatenate: {describe_error(e)}"
                       ) from None
     return Bundle(batch, len(batches))
+
+
+def _check_offsets(arr: pa.Array, name: str) -> None:
+    """pyarrow 26's ``validate(full=True)`` accepts an empty list array whose only
+    offset points past its values; slicing it (``flatten()``, in a consumer's code)
+    then aborts the process.  Such a column is refused here, at the door."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.DictionaryArray):
+        _check_offsets(arr.dictionary, name)
+        return
+    if isinstance(arr, pa.ListArray | pa.LargeListArray | pa.MapArray):
+        offsets = arr.offsets
+        first, last = offsets[0].as_py(), offsets[len(offsets) - 1].as_py()
+        if not 0 <= first <= last <= len(arr.values):
+            raise BadBody(f"column {name}: list offsets {first}..{last} outside its "
+                          f"{len(arr.values)} values")
+        _check_offsets(arr.values, name)
+    elif isinstance(arr, pa.FixedSizeListArray):
+        _check_offsets(arr.values, name)
+    elif isinstance(arr, pa.StructArray):
+        for i in range(arr.type.num_fields):
+            _check_offsets(arr.field(i), f"{name}.{arr.type.field(i).name}")
 
 
 def parse(content_type: str, body: bytes) -> Records | Bundle:
