@@ -153,10 +153,9 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
         _cli(em, "inspect", url, "--json", *s3, env=CRED_ENV)
         _cli(em, "consume", url, "--no-ack", *s3, env=CRED_ENV)
         _cli(em, "gc", url, "--json", "--grace", "1ms", *s3, env=CRED_ENV)
-        # (not produce or consume: they retry a refused request until stopped and the
-        # CLI gives them no deadline -- a failure-handling matter, not this test's)
-        for cmd in (["inspect", url, "--json"], ["inspect", url], ["gc", url, "--json"]):
-            assert _cli(em, *cmd, *echo, env=CRED_ENV, ok=False) == 3, cmd
+        for cmd in (["inspect", url, "--json"], ["inspect", url], ["gc", url, "--json"],
+                    ["produce", url], ["consume", url]):
+            assert _cli(em, *cmd, *echo, env=CRED_ENV, ok=False, stdin="x\n") == 3, cmd
 
         # 2. the service: a token file, credentials in the environment, DEBUG logs
         tokens = tmp_path / "tokens"
@@ -201,13 +200,18 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
         good = tieredbuf.open(url, endpoint=moto.endpoint, **opts)
         em.add("api inspect", repr(good.snapshot()))
         good.close()
-        for step in ("snapshot", "gc"):
+        for step in ("snapshot", "gc", "produce", "consume"):
             try:
                 buf = tieredbuf.open(f"s3://{bucket}/api", endpoint=echo_endpoint, **opts)
                 if step == "snapshot":
                     buf.snapshot()
-                else:
+                elif step == "gc":
                     tieredbuf.gc.run_once(buf)
+                elif step == "produce":
+                    with buf.producer() as p:
+                        p.produce([b"r"]).wait(timeout=60)
+                else:
+                    buf.consumer().initialize()
             except TieredBufError as e:
                 em.exception(f"api {step}", e)
             else:
