@@ -117,7 +117,7 @@ def test_tokens_rotate_on_file_change_and_on_sighup_without_a_restart(
     srv.proc.send_signal(signal.SIGHUP)
     _until(lambda: all(_post(srv, OLD) == 403 for _ in range(6)))
     assert _post(srv, NEW) == 200
-    assert _children(srv.proc.pid) == workers, "no worker was restarted"
+    assert _children(srv.proc.pid) == workers, f"a worker was restarted:\n{srv.logs()}"
     assert "SIGHUP, reloading" in srv.logs()
     assert srv.terminate() == 0
 
