@@ -185,3 +185,29 @@ def test_I7_an_empty_slot_refs_list_with_its_offset_past_the_child_is_not_a_cras
                        timeout=120)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stdout.decode().split() == ["0"], "an empty manifest: no bundles"
+
+
+def test_the_spark_reader_times_quiver_bundles_by_their_queue_entry_or_refuses_a_window(
+) -> None:
+    """A two-column manifest has no bundle times.  A time-windowed read places such a
+    bundle at its queue entry's time; with no entry time either it fails loudly rather
+    than guessing (a guess would drop or add rows); without a window every row is read."""
+    from tieredbuf.errors import TieredBufError
+    from tieredbuf.format.manifest import MetadataItem
+    from tieredbuf.spark import arrow as ta
+
+    data = _quiver_form(seg.encode_segment(BUNDLES))
+    schema = pa.schema([("x", pa.int64()), (ta.SEQUENCE_COL, pa.int64()),
+                        (ta.BUNDLE_COL, pa.int32())])
+
+    def rows(md: tuple[MetadataItem, ...], lo: int | None, hi: int | None) -> list[int]:
+        ref = ta.ObjectRef(7, "data/q.qseg", md)
+        return [v for b in ta.bundle_batches(data, ref, 0, schema, lo, hi)
+                for v in b.column("x").to_pylist()]
+
+    every = list(range(6)) * 2  # slot 0 is in bundles 0 and 3
+    assert rows((), None, None) == every
+    at = (MetadataItem(0, 5_000, b""),)
+    assert rows(at, 4_000, 6_000) == every and rows(at, 6_000, None) == []
+    with pytest.raises(TieredBufError, match="no ingestion time"):
+        rows((), 4_000, 6_000)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.format.batch import decode_batch_arrow
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.spark.options import check_long
@@ -252,12 +252,32 @@ def bundle_batches(
     from tieredbuf.format.segment import SegmentReader
 
     seq = check_long(ref.sequence)
+    windowed = ts_from_ms is not None or ts_to_ms is not None
     reader = SegmentReader(data, obj=ref.location)
     for i, b in enumerate(reader.bundles(slots=[slot])):
         batch = b.slots.get(slot)
-        if batch is not None and in_window(b.ingestion_ts_nanos // 1_000_000, ts_from_ms,
-                                           ts_to_ms):
-            yield from _bundle_rows(batch, seq, i, schema)
+        if batch is None:
+            continue
+        if windowed:
+            t = bundle_time_ms(b.ingestion_ts_nanos, ref.metadata)
+            if t is None:  # never guess: a wrong guess drops or adds rows silently
+                raise TieredBufError(
+                    f"{ref.location} (sequence {ref.sequence}): bundle {i} has no ingestion "
+                    "time (a Quiver batch manifest without tieredbuf's time column) and its "
+                    "queue entry none either, so it cannot be placed in a time window; read "
+                    "it without one")
+            if not in_window(t, ts_from_ms, ts_to_ms):
+                continue
+        yield from _bundle_rows(batch, seq, i, schema)
+
+
+def bundle_time_ms(ts_nanos: int | None, metadata: Sequence[MetadataItem]) -> int | None:
+    """A bundle's ingestion time (ms): its own (tieredbuf's segments record one per
+    bundle), else its queue entry's latest metadata time (a segment whose batch manifest
+    has only Quiver's two columns), else None."""
+    if ts_nanos is not None:
+        return ts_nanos // 1_000_000
+    return max((m.ingestion_time_ms for m in metadata), default=None)
 
 
 def stream_bundle_batches(

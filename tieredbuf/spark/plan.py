@@ -256,8 +256,10 @@ def _oldest_bundle_ms(store: Store, e: fm.ManifestEntry, slot: int | None) -> in
         tail = segment_tail(store, e.location)
     except ObjectNotFoundError:
         return -(1 << 63)
-    times = [b.ingestion_ts_nanos // 1_000_000 for b in tail.bundles
-             if any(s == slot for s, _, _ in b.refs)]
+    unknown = -(1 << 63)  # no time (a Quiver manifest, no entry metadata): keep it
+    times = [unknown if t is None else t
+             for b in tail.bundles if any(s == slot for s, _, _ in b.refs)
+             for t in (ta.bundle_time_ms(b.ingestion_ts_nanos, e.metadata),)]
     return min(times, default=1 << 62)
 
 
@@ -310,7 +312,10 @@ def split_streams(store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions
     if len(groups) < 2:
         return None
     of = bundles_by_stream(tail, e.location)
-    ms = [b.ingestion_ts_nanos // 1_000_000 for b in tail.bundles]
+    known = [ta.bundle_time_ms(b.ingestion_ts_nanos, e.metadata) for b in tail.bundles]
+    if any(t is None for t in known):
+        return None  # read whole: the executor decides what a time window can do
+    ms = [t for t in known if t is not None]
     return [tuple(StreamSlice(s, of[s.stream_id], tuple(ms[b] for b in of[s.stream_id]))
                   for s in g) for g in groups]
 
