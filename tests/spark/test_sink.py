@@ -11,10 +11,12 @@ server-side, in parallel, by the buffer's own grace period.  Defect 8: abort del
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 from ulid import ULID
@@ -22,7 +24,7 @@ from ulid import ULID
 import tieredbuf
 from tests.spark.conftest import spark_options, unique
 from tests.spark.util import append_records, consume_all
-from tieredbuf import keys
+from tieredbuf import gc, keys
 from tieredbuf.errors import ConfigError, DataLossError
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.spark import options as opt
@@ -135,7 +137,13 @@ def _fail_on_v7(v: Any) -> Any:
     return v
 
 
-def test_an_aborted_job_deletes_what_it_uploaded(spark: Any, tmp_path: Path) -> None:
+def test_an_aborted_job_appends_nothing_and_leaves_only_what_gc_reclaims(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Four tasks, one fails.  The driver's abort deletes what the tasks that reported
+    uploaded, a failing task its own (test below); a task still running when Spark
+    aborts may finish its upload afterwards: that object is referenced by nothing, and
+    GC past the grace period takes it.  Nothing of the job is ever visible."""
     from pyspark.sql.functions import udf
 
     url = f"file://{tmp_path}/buf"
@@ -144,13 +152,35 @@ def test_an_aborted_job_deletes_what_it_uploaded(spark: Any, tmp_path: Path) -> 
     kept = {m.key for m in buf.store.list("data/")}
 
     boom = udf(lambda v: _fail_on_v7(v), "string")  # no type hints: a plain Python UDF
-
     df = spark.createDataFrame([(f"v{i}",) for i in range(8)], "value string").repartition(4)
     with pytest.raises(Exception, match="boom"):
         df.select(boom("value").alias("value")).write.format("tieredbuf").mode("append") \
             .save(url)
-    assert {m.key for m in buf.store.list("data/")} == kept
     assert [e.location for e in buf.entries()] == sorted(kept)
+    later = int(time.time() * 1000) + 2 * 86_400_000  # past any grace period
+    gc.run_once(buf, now_ms=later)
+    assert {m.key for m in buf.store.list("data/")} == kept
+
+
+def test_a_failing_task_deletes_what_it_uploaded(tmp_path: Path) -> None:
+    """The executor side alone: objects uploaded before the task's input fails are gone."""
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    append_records(buf, [[b"existing"]], ts_ms=1000)
+    kept = {m.key for m in buf.store.list("data/")}
+    wo = opt.parse_write_options({"path": url, "maxObjectBytes": "1"})
+    uploaded: list[set[str]] = []
+
+    def batches() -> Any:
+        for i in range(3):
+            yield pa.record_batch([pa.array([b"r%d" % i], pa.binary())], names=["value"])
+            uploaded.append({m.key for m in buf.store.list("data/")} - kept)
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        wr.write_task(wo, True, batches())
+    assert [len(u) for u in uploaded] == [1, 2, 3]  # it did upload, one object per batch
+    assert {m.key for m in buf.store.list("data/")} == kept
 
 
 # --- the commit, without a SparkSession -------------------------------------------------

@@ -18,7 +18,10 @@
     retries after a lost response recognise their landing by the objects' keys
     (``ManifestQueue.append_once``).  A re-run job appends again: at-least-once.
 * An aborted job deletes the objects it uploaded (unless its commit got them into the
-  queue: then they stay).
+  queue: then they stay): a failing task deletes its own, the driver's ``abort`` those
+  of the tasks that reported.  A task still running when the job is aborted can finish
+  its upload after the driver's ``abort``; nothing references that object, and GC
+  reclaims it after the buffer's grace period.
 * The GC race (RFC 0001): an object uploaded more than half the buffer's GC grace
   period before the commit may look like garbage to GC.  The commit copies each such
   object to a fresh key first -- server-side (S3 CopyObject, a hard link on a local
@@ -196,14 +199,29 @@ def write_task(
             _put(buf, key, body)
             out.objects.append((key, items, len(body)))
 
-    for batch in batches:
-        if enc is None:
-            enc = _RecordsEncoder(wo, batch.schema) if records else _BundlesEncoder(wo)
-        enc.add(batch)
-        if enc.full():
-            flush()
-    flush()
+    try:
+        for batch in batches:
+            if enc is None:
+                enc = _RecordsEncoder(wo, batch.schema) if records else _BundlesEncoder(wo)
+            enc.add(batch)
+            if enc.full():
+                flush()
+        flush()
+    except BaseException:
+        # a failing task reports nothing to the driver, whose abort() therefore cannot
+        # know these keys: delete them here (what fails to delete, GC reclaims)
+        _delete_uploaded(buf, [k for k, _, _ in out.objects])
+        raise
     return out
+
+
+def _delete_uploaded(buf: tieredbuf.Buffer, mine: Sequence[str]) -> None:
+    failed = buf.store.delete_many(sorted(mine))
+    for key, err in failed:
+        log.warning("tieredbuf write aborted: could not delete %s (GC will): %s", key, err)
+    if mine:
+        log.warning("tieredbuf write aborted: deleted %d uploaded objects",
+                    len(mine) - len(failed))
 
 
 COPY_THREADS = 16
@@ -311,10 +329,7 @@ def abort(buf: tieredbuf.Buffer, messages: Sequence[WriterCommitMessage | None],
             log.warning("tieredbuf write aborted after its commit appended %s: keeping its "
                         "%d objects", e.location, len(objs))
             return
-    failed = buf.store.delete_many(sorted(mine))
-    for key, err in failed:
-        log.warning("tieredbuf write aborted: could not delete %s (GC will): %s", key, err)
-    log.warning("tieredbuf write aborted: deleted %d uploaded objects", len(mine) - len(failed))
+    _delete_uploaded(buf, sorted(mine))
 
 
 def require_buffer(buf: tieredbuf.Buffer, wo: WriteOptions) -> int:
