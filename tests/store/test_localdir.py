@@ -141,3 +141,90 @@ def test_local_os_errors_are_classified_permanent_or_transient(
     e = os_error(OSError(code, os.strerror(code)), "cannot write data/x")
     assert isinstance(e, expected)
     assert "cannot write data/x" in str(e)
+
+
+def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count every content hash the store computes (over how many bytes)."""
+    from tieredbuf.store import localdir
+
+    real = localdir._hasher
+    calls: list[int] = []
+
+    class Counting:
+        def __init__(self, data: bytes = b"") -> None:
+            self._h = real(data)
+            calls.append(len(data))
+
+        def update(self, data: bytes | memoryview) -> None:
+            self._h.update(data)
+
+        def hexdigest(self) -> str:
+            return self._h.hexdigest()
+
+    monkeypatch.setattr(localdir, "_hasher", Counting)
+    return calls
+
+
+def test_a_cas_hashes_the_content_once_when_it_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = LocalDirStore(tmp_path)
+    e1 = s.put("queue/manifest", b"v1" * 1000, mode="create")
+    hashes = _count_hashes(monkeypatch)
+    got = s.get("queue/manifest")
+    assert got.etag == e1  # read back from the xattr
+    e2 = s.put("queue/manifest", b"v2" * 1000, mode=IfMatch(got.etag))
+    assert hashes == [0]  # the new content's hash, computed while it was written
+    assert e2 == hashlib.blake2b(b"v2" * 1000, digest_size=16).hexdigest()
+    assert s.head("queue/manifest").etag == e2 and hashes == [0]
+    with pytest.raises(errors.PreconditionFailedError):
+        s.put("queue/manifest", b"v3", mode=IfMatch(e1))  # the compare reads the xattr
+    assert len(hashes) == 2  # only v3's own hash (its temp file), never the current one
+
+
+def test_the_kept_etag_survives_a_reopen_and_a_crash_in_between(tmp_path: Path) -> None:
+    s = LocalDirStore(tmp_path)
+    e = s.put("k", b"payload", mode="create")
+    s.close()
+    raw = os.getxattr(tmp_path / "k", "user.tieredbuf.etag").decode()
+    assert raw.startswith(e + ":")
+    again = LocalDirStore(tmp_path)
+    assert again.get("k").etag == e == again.head("k").etag
+    assert again.put("k", b"next", mode=IfMatch(e)) != e
+
+
+def test_bytes_changed_behind_the_stores_back_are_hashed_not_trusted(tmp_path: Path) -> None:
+    s = LocalDirStore(tmp_path)
+    e = s.put("k", b"aaaa", mode="create")
+    path = tmp_path / "k"
+    path.chmod(0o644)
+    with open(path, "r+b") as f:  # same size, new bytes, the xattr left as it was
+        f.write(b"bbbb")
+    later = time.time() + 5  # a coarse clock tick could leave mtime as it was
+    os.utime(path, (later, later))
+    want = hashlib.blake2b(b"bbbb", digest_size=16).hexdigest()
+    assert s.head("k").etag == want == s.get("k").etag != e
+    with pytest.raises(errors.PreconditionFailedError):
+        s.put("k", b"c", mode=IfMatch(e))  # the stale token no longer wins a CAS
+
+
+def test_an_object_without_the_xattr_reads_the_same_etag_by_hashing(tmp_path: Path) -> None:
+    s = LocalDirStore(tmp_path)
+    e = s.put("k", b"payload", mode="create")
+    os.removexattr(tmp_path / "k", "user.tieredbuf.etag")  # e.g. copied by a tool that drops it
+    assert s.get("k").etag == e == s.head("k").etag
+    assert s.put("k", b"next", mode=IfMatch(e)) != e
+
+
+def test_a_filesystem_without_xattrs_falls_back_to_hashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOTSUP, "Operation not supported")
+
+    monkeypatch.setattr(os, "setxattr", refuse)
+    s = LocalDirStore(tmp_path)
+    e = s.put("k", b"payload", mode="create")
+    assert e == hashlib.blake2b(b"payload", digest_size=16).hexdigest()
+    assert s.get("k").etag == e == s.head("k").etag
+    assert s.put("k", b"next", mode=IfMatch(e)) != e

@@ -11,10 +11,17 @@ acknowledges a write from the page cache, without fsync.  Here:
 * every mutation (put, delete) holds ``<root>/.tieredbuf.lock`` (``fcntl.flock``), so
   conditional writes are atomic across threads and processes sharing the directory;
   only the move happens under the lock, the data is written and fsynced before;
-* the etag is a content hash (blake2b, 16 bytes, hex; ``get()`` computes it only when
-  asked, so reading data objects does not hash them): it survives restarts, does not
+* the etag is a content hash (blake2b, 16 bytes, hex): it survives restarts, does not
   depend on mtime or inode numbers (inodes are reused), and -- like an S3 single-part
-  etag -- names the content, so an ABA rewrite of identical bytes matches;
+  etag -- names the content, so an ABA rewrite of identical bytes matches.  It is
+  computed once, while the object is written, and kept with the file in the extended
+  attribute ``user.tieredbuf.etag`` (``<digest>:<size>:<mtime_ns>``, set on the temp
+  file before its fsync and rename), so reading it back -- a CAS's compare, a ``get``,
+  a ``head`` -- costs one ``fgetxattr``, not a pass over the bytes.  Where the
+  attribute is missing (a filesystem without user xattrs, a copy that dropped it, a
+  store written by an older tieredbuf) or does not match the file's size and mtime
+  (bytes changed in place behind the store's back) the content is hashed instead,
+  which gives the same value;
 * ``list()`` never shows temp files or the lock, and removes temp files left by a
   crashed writer once they are older than ``TEMP_MAX_AGE``; ``list()`` reports
   ``etag=None`` (computing it would read every object; ``head()`` has it).
@@ -54,6 +61,9 @@ LOCK_NAME = ".tieredbuf.lock"
 TEMP_PREFIX = ".tieredbuf-tmp-"
 TEMP_MAX_AGE = timedelta(hours=1)
 _READ_CHUNK = 1 << 20
+ETAG_XATTR = "user.tieredbuf.etag"
+"""Where a file keeps the content hash computed when it was written."""
+_NO_XATTR_ERRNOS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EPERM}
 _NOT_FOUND_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
 
 
@@ -64,7 +74,12 @@ def _hasher(data: bytes = b"") -> hashlib.blake2b:
 class LocalDirStore:
     """A Store rooted at a directory; safe for concurrent processes on one machine."""
 
-    def __init__(self, root: str | os.PathLike[str], *, url: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, url: str | None = None, etag_xattr: bool = True
+    ) -> None:
+        """``etag_xattr=False``: never keep etags in extended attributes (hash the content
+        on every read of an etag, as on a filesystem without user xattrs)."""
+        self._xattr = etag_xattr and hasattr(os, "setxattr")
         self._root = str(Path(root).absolute())
         self._url = url or Path(self._root).as_uri()
         try:
@@ -149,10 +164,13 @@ class LocalDirStore:
         try:
             with os.fdopen(fd, "rb", closefd=False) as f:
                 data = f.read()
+            kept = self._kept_etag(fd)  # the same inode as the bytes just read
         except OSError as e:
             raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
+        if kept is not None:
+            return GetResult(data, kept)
         return GetResult(data, lambda: _hasher(data).hexdigest())
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -178,7 +196,25 @@ class LocalDirStore:
         finally:
             os.close(fd)
 
-    def _etag_fd(self, fd: int) -> str:
+    def _kept_etag(self, fd: int, st: os.stat_result | None = None) -> str | None:
+        """The etag the file's writer kept in its xattr, if it still describes the file."""
+        if not self._xattr:
+            return None
+        try:
+            raw = os.getxattr(fd, ETAG_XATTR)
+        except OSError:
+            return None  # ENODATA (no attribute), ENOTSUP (no xattrs here)
+        digest, _, rest = raw.decode("ascii", "replace").partition(":")
+        size, _, mtime = rest.partition(":")
+        st = st or os.fstat(fd)
+        if size != str(st.st_size) or mtime != str(st.st_mtime_ns) or len(digest) != 32:
+            return None  # changed in place since it was written: hash it
+        return digest
+
+    def _etag_fd(self, fd: int, st: os.stat_result | None = None) -> str:
+        kept = self._kept_etag(fd, st)
+        if kept is not None:
+            return kept
         h = _hasher()
         offset = 0
         while chunk := os.pread(fd, _READ_CHUNK, offset):
@@ -190,7 +226,7 @@ class LocalDirStore:
         fd = self._open(key)
         try:
             st = os.fstat(fd)
-            etag = self._etag_fd(fd)
+            etag = self._etag_fd(fd, st)
         except OSError as e:
             raise os_error(e, f"cannot read {key}") from e
         finally:
@@ -266,13 +302,27 @@ class LocalDirStore:
                 while view:
                     n = os.write(fd, view)
                     view = view[n:]
-            os.fsync(fd)
+            digest = h.hexdigest()
+            if self._xattr:
+                self._keep_etag(fd, digest)
+            os.fsync(fd)  # data, and the attribute with the inode
         except BaseException:
             os.close(fd)
             _unlink_quietly(tmp)
             raise
         os.close(fd)
-        return tmp, h.hexdigest()
+        return tmp, digest
+
+    def _keep_etag(self, fd: int, digest: str) -> None:
+        """Keep ``digest`` with the (fully written) temp file; rename and link keep both
+        the attribute and the mtime it records."""
+        st = os.fstat(fd)
+        try:
+            os.setxattr(fd, ETAG_XATTR, f"{digest}:{st.st_size}:{st.st_mtime_ns}".encode())
+        except OSError as e:
+            if e.errno not in _NO_XATTR_ERRNOS:
+                raise
+            self._xattr = False  # this filesystem has none: hash on read from now on
 
     def _commit(self, key: str, path: str, tmp: str, mode: PutMode) -> None:
         dirpath = os.path.dirname(path)
