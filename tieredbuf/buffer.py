@@ -17,6 +17,7 @@ from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
+from tieredbuf.store.counting import MeteredStore, RequestCounts
 
 
 def _build(cls: Any, kind: str, options: dict[str, Any]) -> Any:
@@ -31,14 +32,26 @@ class Buffer:
     """A tiered buffer rooted at one URL (``s3://``, ``file://``, ``memory://``)."""
 
     def __init__(self, store: Store, tree: TreeConfig | None = None) -> None:
-        self.store = store
+        # every role of this buffer sends its requests through one meter (what S3 bills)
+        self.store: MeteredStore = (
+            store if isinstance(store, MeteredStore) else MeteredStore(store)
+        )
         self.tree_config = tree or TreeConfig()
         # a producer's or exporter's close() can cut the queue's retry sleeps short
-        self.queue = ManifestQueue(store, tree_config=self.tree_config, sleep=interruptible_sleep)
+        self.queue = ManifestQueue(
+            self.store, tree_config=self.tree_config, sleep=interruptible_sleep
+        )
 
     @property
     def url(self) -> str:
         return self.store.url
+
+    @property
+    def requests(self) -> RequestCounts:
+        """The store requests this process sent for this buffer, by operation and object
+        kind (:mod:`tieredbuf.store.counting`), from every producer, consumer, reader and
+        GC pass opened through it."""
+        return self.store.counts
 
     def producer(self, staging_dir: str | Path | None = None, **config: Any) -> Any:
         """A producer.  ``staging_dir=None``: stateless (REMOTE acks only).

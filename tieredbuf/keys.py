@@ -6,6 +6,7 @@ Keys are relative to the buffer URL (the store is rooted there)::
     data/<ULID>.qseg                        Arrow bundles (Quiver segment)
     queue/manifest                          the root, the only object ever overwritten (by CAS)
     queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
+    queue/subscribers/<name>.<reg ULID>     a named subscriber's progress (CAS by that subscriber)
     _probe/<ULID>                           conditional-write probe objects (deleted at once)
 """
 
@@ -19,6 +20,7 @@ DATA_PREFIX = "data/"
 QUEUE_PREFIX = "queue/"
 MANIFEST_KEY = "queue/manifest"
 GROUPS_PREFIX = "queue/groups/"
+SUBSCRIBERS_PREFIX = "queue/subscribers/"
 PROBE_PREFIX = "_probe/"
 
 BATCH_SUFFIX = ".batch"
@@ -69,6 +71,41 @@ def parse_group_key(key: str) -> tuple[int, ULID, str] | None:
 
 def probe_key(ulid: ULID) -> str:
     return f"{PROBE_PREFIX}{ulid}"
+
+
+# --- what kind of object a key names (request accounting) --------------------
+
+KIND_DATA = "data"
+KIND_ROOT = "root"
+KIND_GROUP = "group"
+KIND_SUBSCRIBER = "subscriber"
+KIND_PROBE = "probe"
+KIND_OTHER = "other"
+KINDS = (KIND_DATA, KIND_ROOT, KIND_GROUP, KIND_SUBSCRIBER, KIND_PROBE, KIND_OTHER)
+"""Every value :func:`key_kind` returns."""
+
+
+def key_kind(key: str) -> str:
+    """The kind of object ``key`` (or a list prefix) names: ``data`` (data objects),
+    ``root`` (the queue manifest), ``group`` (tree nodes), ``subscriber`` (a named
+    subscriber's state), ``probe`` (conditional-write probes) or ``other``.
+
+    Decided by prefix only (cheap: it runs on every store request), so a list of
+    ``data/`` is a data request and a foreign key under ``data/`` still counts as data.
+    """
+    if key.startswith(DATA_PREFIX):
+        return KIND_DATA
+    if key.startswith(QUEUE_PREFIX):
+        if key == MANIFEST_KEY:
+            return KIND_ROOT
+        if key.startswith(GROUPS_PREFIX):
+            return KIND_GROUP
+        if key.startswith(SUBSCRIBERS_PREFIX):
+            return KIND_SUBSCRIBER
+        return KIND_OTHER
+    if key.startswith(PROBE_PREFIX):
+        return KIND_PROBE
+    return KIND_OTHER
 
 
 # --- local stage file names (used by stage/) --------------------------------

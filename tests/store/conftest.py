@@ -13,10 +13,17 @@ import pytest
 from tests.endpoint import S3Endpoint
 from tieredbuf.store import ObjStore, Store, open_store
 from tieredbuf.store.botostore import BotoS3Store
+from tieredbuf.store.counting import MeteredStore
+from tieredbuf.store.localdir import LocalDirStore
 
 BACKENDS = [
     "memory",
     "localdir",
+    # etags hashed on every read, as on a filesystem without user xattrs
+    "localdir-noxattr",
+    # what every Buffer uses: the request-counting wrapper (tieredbuf/store/counting.py)
+    "localdir-metered",
+    pytest.param("moto-metered", marks=pytest.mark.s3),
     pytest.param("moto", marks=pytest.mark.s3),
     pytest.param("seaweedfs", marks=pytest.mark.s3),
     # the botocore client a process forked after obstore started uses (tieredbuf/forks.py)
@@ -40,6 +47,12 @@ def make_store(
     if backend == "localdir":
         url = (tmp_path / "store").as_uri()
         return open_store(url), url, {}
+    if backend == "localdir-noxattr":
+        url = (tmp_path / "store").as_uri()
+        return LocalDirStore(tmp_path / "store", url=url, etag_xattr=False), url, {}
+    if backend.endswith("-metered"):
+        s, url, opts = make_store(backend.rsplit("-", 1)[0], request, tmp_path)
+        return MeteredStore(s), url, opts
     if backend in ("moto-botocore", "seaweedfs-botocore"):
         s, url, opts = make_store(backend.split("-")[0], request, tmp_path)
         assert isinstance(s, ObjStore) and s.s3 is not None

@@ -39,6 +39,7 @@ from tieredbuf.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
+from tieredbuf.store.counting import MeteredStore, RequestCounts
 from tieredbuf.store.errmap import Facts, Tag, classify, is_metadata_uri
 from tieredbuf.store.probe import PROBES
 
@@ -194,6 +195,16 @@ class ObjStore:
         self._forked: BotoS3Store | None = None
         self._bucket_seen = False
         """A request succeeded, so the bucket exists (a HEAD 404 is then the object's)."""
+        self._meter: RequestCounts | None = None
+
+    def attach_meter(self, counts: RequestCounts) -> None:
+        """Count the requests this store sends on its own (the conditional-write probe,
+        the bucket check, fallbacks) in ``counts``: see :mod:`tieredbuf.store.counting`."""
+        self._meter = counts
+
+    def _extra(self, op: str, key: str) -> None:
+        if self._meter is not None:
+            self._meter.add(op, key)
 
     @property
     def url(self) -> str:
@@ -232,6 +243,7 @@ class ObjStore:
         if self._s3 is None or self._bucket_seen:
             return
         try:
+            self._extra("list", "")
             obs.list_with_delimiter(self._inner, None)
         except Exception as le:
             err = self._error(le, key, write=False)
@@ -272,6 +284,7 @@ class ObjStore:
             if _unsatisfiable(e):
                 return b""
             if _not_partial(e):
+                self._extra("get", key)
                 return self.get(key).data[start:end]
             raise self._error(e, key, write=False) from redacted(e)
 
@@ -292,6 +305,7 @@ class ObjStore:
             if _unsatisfiable(e):
                 return b""  # an empty object
             if _not_partial(e):
+                self._extra("get", key)
                 return self.get(key).data[-length:]
             raise self._error(e, key, write=False) from redacted(e)
 
@@ -335,7 +349,8 @@ class ObjStore:
         endpoint, bucket = self._probe_target
         raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size,
                        s3=self._s3)
-        PROBES.ensure(self._probe_target, raw, f"S3 endpoint {endpoint} (bucket {bucket!r})")
+        probe = raw if self._meter is None else MeteredStore(raw, self._meter)
+        PROBES.ensure(self._probe_target, probe, f"S3 endpoint {endpoint} (bucket {bucket!r})")
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         check_key(key)
@@ -414,6 +429,7 @@ class ObjStore:
         failures: builtins.list[tuple[str, Exception]] = []
         for k in keys:
             try:
+                self._extra("delete", k)
                 obs.delete(self._inner, k)
             except FileNotFoundError:
                 continue

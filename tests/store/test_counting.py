@@ -1,0 +1,237 @@
+"""MeteredStore: every request a buffer sends is counted, by operation and object kind,
+exactly as the S3 server sees it (the cost goals are request counts)."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import pytest
+from ulid import ULID
+
+import tieredbuf
+from tests.endpoint import S3Endpoint
+from tieredbuf import errors, gc, keys
+from tieredbuf.store import IfMatch, open_store
+from tieredbuf.store.counting import MeteredStore, RequestCounts, diff
+
+
+def test_key_kind_names_every_key_tieredbuf_writes() -> None:
+    u = ULID()
+    assert keys.key_kind(keys.data_key(u)) == "data"
+    assert keys.key_kind(keys.data_key(u, ".qseg")) == "data"
+    assert keys.key_kind(keys.MANIFEST_KEY) == "root"
+    assert keys.key_kind(keys.group_key(0, u, "kgroup")) == "group"
+    assert keys.key_kind(f"{keys.SUBSCRIBERS_PREFIX}etl.{u}") == "subscriber"
+    assert keys.key_kind(keys.probe_key(u)) == "probe"
+    assert keys.key_kind("queue/other") == "other"
+    assert keys.key_kind("elsewhere") == "other"
+    assert keys.key_kind(keys.DATA_PREFIX) == "data"  # a list prefix
+    assert keys.key_kind("") == "other"
+    assert set(keys.KINDS) == {"data", "root", "group", "subscriber", "probe", "other"}
+
+
+def test_each_call_counts_as_the_requests_it_sends(tmp_path: Path) -> None:
+    s = MeteredStore(open_store(f"file://{tmp_path}/s"))
+    e = s.put("queue/manifest", b"m" * 100, mode="create")
+    s.put("queue/manifest", b"n" * 100, mode=IfMatch(e))
+    s.put("data/x.batch", b"d")
+    s.get("queue/manifest")
+    s.get_suffix("queue/manifest", 22)
+    s.get_range("data/x.batch", 0, 1)
+    s.get_range("data/x.batch", 0, 0)  # an empty range is a HEAD
+    s.head("data/x.batch")
+    assert list(s.list("data/"))
+    s.delete_many(["data/x.batch"])
+    s.delete_many([])
+    assert s.counts.snapshot() == {
+        ("put_conditional", "root"): 2,
+        ("put", "data"): 1,
+        ("get", "root"): 1,
+        ("get_range", "root"): 1,
+        ("get_range", "data"): 1,
+        ("head", "data"): 2,
+        ("list", "data"): 1,
+        ("delete", "data"): 1,
+    }
+    d = s.counts.as_dict()
+    assert d["total"] == 10
+    assert d["by_op"]["put_conditional"] == 2 and d["by_kind"]["root"] == 4
+
+
+def test_refused_conditional_puts_are_requests_and_conflicts(tmp_path: Path) -> None:
+    s = MeteredStore(open_store(f"file://{tmp_path}/s"))
+    s.put("queue/manifest", b"1", mode="create")
+    with pytest.raises(errors.AlreadyExistsError):
+        s.put("queue/manifest", b"2", mode="create")
+    with pytest.raises(errors.PreconditionFailedError):
+        s.put("queue/manifest", b"3", mode=IfMatch("0" * 32))
+    with pytest.raises(errors.ObjectNotFoundError):
+        s.get("queue/groups/missing")
+    assert s.counts.total("put_conditional", "root") == 3
+    assert s.counts.conflicts == {"root": 2}
+    assert s.counts.total("get", "group") == 1  # a 404 is a request too
+
+
+def test_lists_count_one_request_per_page_of_1000(tmp_path: Path) -> None:
+    s = MeteredStore(open_store("memory://"))
+    for i in range(2001):
+        s.inner.put(f"data/{i:05d}", b"")
+    assert len(list(s.list("data/"))) == 2001
+    assert s.counts.total("list") == 3
+    assert len(list(s.list("queue/"))) == 0
+    assert s.counts.total("list") == 4  # an empty listing is still one request
+    before = s.counts.snapshot()
+    s.delete_many([f"data/{i:05d}" for i in range(2001)])
+    assert diff(s.counts.snapshot(), before) == {("delete", "data"): 3}
+
+
+def test_a_buffer_meters_every_role_through_one_counter() -> None:
+    buf = tieredbuf.open(f"memory://count-{uuid.uuid4().hex}")
+    assert isinstance(buf.store, MeteredStore) and buf.requests is buf.store.counts
+    assert tieredbuf.buffer.Buffer(buf.store).store is buf.store  # never wrapped twice
+    with buf.producer() as p:
+        p.produce([b"a"]).wait(timeout=10)
+    puts = buf.requests.snapshot()
+    assert ("put", "data") not in puts
+    assert puts[("put_conditional", "data")] == 1  # create-if-absent
+    assert puts[("put_conditional", "root")] == 1  # the append CAS (first write: create)
+    c = buf.consumer()
+    c.initialize()
+    assert c.next_batch() is not None
+    c.close()
+    assert buf.requests.total("get", "data") == 1
+
+
+# --- exact against the server -----------------------------------------------------
+
+
+class _Recorder:
+    """WSGI middleware: one request at a time (atomic CAS, as tests/servers.py does),
+    and a tally of every request by (operation, kind), classified from the HTTP
+    request alone."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.bucket: str | None = None
+        self.prefix = ""
+
+    def _classify(self, environ: Any) -> tuple[str, str] | None:
+        method = environ["REQUEST_METHOD"]
+        path = unquote(environ.get("PATH_INFO", ""))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        parts = path.lstrip("/").split("/", 1)
+        if self.bucket is None or parts[0] != self.bucket:
+            return None  # bucket creation by the test, other tests' buckets
+        key = parts[1] if len(parts) > 1 else ""
+        if key.startswith(self.prefix):
+            key = key[len(self.prefix):]
+        if method == "GET" and len(parts) == 1:
+            prefix = query.get("prefix", [""])[0]
+            return "list", keys.key_kind(prefix[len(self.prefix):])
+        if method == "POST" and "delete" in query:  # DeleteObjects: the kind of its first key
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(size)
+            environ["wsgi.input"] = io.BytesIO(body)
+            first = re.search(rb"<Key>([^<]*)</Key>", body)
+            key = unquote(first.group(1).decode()) if first else ""
+            return "delete", keys.key_kind(key[len(self.prefix):])
+        kind = keys.key_kind(key)
+        if method == "HEAD":
+            return "head", kind
+        if method == "GET":
+            return ("get_range" if "HTTP_RANGE" in environ else "get"), kind
+        if method == "PUT":
+            cond = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
+            return ("put_conditional" if cond else "put"), kind
+        if method == "DELETE":
+            return "delete", kind
+        return method.lower(), kind
+
+    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
+        with self._lock:
+            slot = self._classify(environ)
+            if slot is not None:
+                self.seen[slot] += 1
+            return list(self._app(environ, start_response))
+
+
+@contextmanager
+def recording_moto() -> Iterator[tuple[S3Endpoint, _Recorder]]:
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    rec = _Recorder(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, rec, True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    try:
+        yield S3Endpoint(f"http://{host!s}:{port}", "us-east-1", "testing", "testing"), rec
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.mark.s3
+def test_counts_equal_what_the_s3_server_received(tmp_path: Path) -> None:
+    """A whole life -- probe, bucket check, staged and direct producers, group writes,
+    a consumer, GC, inspect -- counted by the buffer and by the server: the same."""
+    from datetime import timedelta
+
+    from tieredbuf.cli import inspect_buffer
+    from tieredbuf.config import TreeConfig
+
+    with recording_moto() as (ep, rec):
+        bucket = ep.new_bucket()
+        rec.bucket, rec.prefix = bucket, "buf/"
+        buf = tieredbuf.open(f"s3://{bucket}/buf", tree=TreeConfig(m=4), **ep.options())
+        assert not buf.exists()  # a HEAD 404 before any success: plus one LIST (bucket check)
+        with buf.producer(flush_interval=timedelta(milliseconds=5)) as p:
+            for i in range(12):  # m=4: the root spills into group objects
+                p.produce([b"r%d" % i]).wait(timeout=30)
+        with buf.producer(staging_dir=tmp_path / "stage") as sp:
+            sp.produce([b"staged"])
+        c = buf.consumer(dequeue_every=5)
+        c.initialize()
+        while (b := c.next_batch()) is not None:
+            c.ack(b.sequence)
+        c.flush()
+        c.close()
+        gc.run_once(buf, grace=timedelta(0))
+        inspect_buffer(buf)
+        mine = {k: v for k, v in buf.requests.snapshot().items() if v}
+        server = dict(rec.seen)
+    assert ("put_conditional", "probe") in mine  # the probe was counted too
+    assert ("list", "other") in mine  # the bucket check
+    assert ("put_conditional", "group") in mine and ("get", "group") in mine
+    assert mine == server
+
+
+def test_request_counts_are_thread_safe() -> None:
+    counts = RequestCounts()
+
+    def work() -> None:
+        for _ in range(10_000):
+            counts.add("get", "data/x")
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert counts.total() == 40_000
