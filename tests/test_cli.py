@@ -144,6 +144,21 @@ def test_inspect_shows_depth_tree_levels_epoch_and_oldest_age(tmp_path: Path) ->
     assert code == EXIT_OK and "tree_levels" in text and "root_entries" in text
 
 
+def test_inspect_json_reports_the_requests_it_sent(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"r{i}\n" for i in range(30)))
+    _run("produce", url, str(src), "--batch", "10", "--flush-interval", "1ms")
+    full = json.loads(_run("inspect", url, "--json")[1])["requests"]
+    # one root GET and one LIST of data/ (one page); nothing written
+    assert full["requests"] == {"get": {"root": 1}, "list": {"data": 1}}
+    assert full["total"] == 2 and full["conflicts"] == {}
+    quick = json.loads(_run("inspect", url, "--json", "--quick")[1])["requests"]
+    assert quick["requests"] == {"get": {"root": 1}} and quick["by_kind"] == {"root": 1}
+    code, text = _run("inspect", url, "--quick")
+    assert code == EXIT_OK and "requests" in text and "total 1, get 1" in text
+
+
 def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> None:
     import threading
 

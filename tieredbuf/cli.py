@@ -248,12 +248,18 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    info = inspect_buffer(_open(args), verify=not args.quick)
+    buf = _open(args)
+    info = inspect_buffer(buf, verify=not args.quick)
+    # what this inspection itself cost: the store requests of this process, by
+    # operation and object kind (a service's totals are in its /metrics)
+    info["requests"] = buf.requests.as_dict()
     if args.json:
         out.write(json.dumps(info) + "\n")
         return EXIT_OK
-    width = max(len(k) for k in info)
-    for k, v in info.items():
+    text = dict(info)
+    text["requests"] = {"total": info["requests"]["total"], **info["requests"]["by_op"]}
+    width = max(len(k) for k in text)
+    for k, v in text.items():
         if isinstance(v, dict):
             v = ", ".join(f"{name} {n}" for name, n in v.items())
         out.write(f"{k.ljust(width)}  {v}\n")

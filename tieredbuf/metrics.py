@@ -6,7 +6,8 @@
     buf = tieredbuf.open("s3://bucket/prefix")
     producer = buf.producer(staging_dir="./stage")
     tieredbuf.metrics.register(producer)        # counters of the producer, its stage and exporter
-    tieredbuf.metrics.register(buf)             # queue depth/bytes/age + manifest CAS counters
+    tieredbuf.metrics.register(buf)             # queue depth/bytes/age, manifest CAS counters,
+                                                # store requests by operation and object kind
     start_http_server(9100)
 
 Every collector reads the counters the roles already keep (``Stats`` and the stage's
@@ -268,6 +269,40 @@ CONSUMER_GAUGES: tuple[Series, ...] = (
 )
 
 
+class RequestCollector(Collector):
+    """A buffer's store requests by operation and object kind (``store/counting.py``):
+    ``tieredbuf_store_requests_total{op,kind}`` and the refused conditional PUTs among
+    them, ``tieredbuf_store_conflicts_total{kind}``.  Every (op, kind) pair is exported
+    from the start, at 0, so ``rate()`` works from the first scrape."""
+
+    def __init__(self, counts: Any, labels: Mapping[str, str] | None = None) -> None:
+        self._counts = counts
+        self._labels = dict(labels or {})
+
+    def collect(self) -> Iterator[Metric]:
+        from tieredbuf.keys import KINDS
+        from tieredbuf.store.counting import OPS
+
+        names, values = list(self._labels), list(self._labels.values())
+        snap = self._counts.snapshot()
+        req = CounterMetricFamily(
+            "tieredbuf_store_requests", "Object store requests sent, by operation (get, "
+            "get_range, head, put, put_conditional, list, delete) and object kind.",
+            labels=[*names, "op", "kind"])
+        for op in OPS:
+            for kind in KINDS:
+                req.add_metric([*values, op, kind], float(snap.get((op, kind), 0)))
+        yield req
+        conflicts = self._counts.conflicts
+        fam = CounterMetricFamily(
+            "tieredbuf_store_conflicts", "Conditional PUTs the store refused (lost CAS, "
+            "create of an existing key), by object kind; each is also a request.",
+            labels=[*names, "kind"])
+        for kind in KINDS:
+            fam.add_metric([*values, kind], float(conflicts.get(kind, 0)))
+        yield fam
+
+
 class GcMetrics(Collector):
     """Totals over :func:`tieredbuf.gc.run_once` reports; call :meth:`observe` after each."""
 
@@ -340,6 +375,7 @@ def collector_for(
         return _Multi([
             StatsCollector(obj.queue.stats.snapshot, QUEUE_SERIES, labels),
             StatsCollector(figures, BUFFER_GAUGES, labels),
+            RequestCollector(obj.requests, labels),
         ])
     raise TypeError(f"no tieredbuf metrics for {type(obj).__name__}")
 

@@ -92,6 +92,14 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
     stage_bytes = sum(p.stat().st_size for p in srv.stage.glob("worker-*/**/*") if p.is_file())
     assert m["tieredbuf_stage_disk_bytes"] >= sent
     assert m["tieredbuf_stage_disk_bytes"] <= stage_bytes
+    # every data object and every append CAS is a request, counted by op and kind
+    uploads = m["tieredbuf_store_requests_total{kind=data,op=put_conditional}"]
+    assert uploads >= m["tieredbuf_uploads_total"] >= 1
+    assert m["tieredbuf_store_requests_total{kind=root,op=put_conditional}"] >= m[
+        "tieredbuf_manifest_appends_total"]
+    assert m["tieredbuf_store_requests_total{kind=root,op=get}"] >= 1
+    assert m["tieredbuf_store_requests_total{kind=data,op=list}"] == 0
+    assert "tieredbuf_store_conflicts_total{kind=root}" in m
     assert srv.terminate() == 0
 
 
@@ -110,6 +118,10 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     assert get("tieredbuf_wal_fsyncs_total", {"producer": "p1"}) >= 1
     assert get("tieredbuf_segments_exported_total", {"producer": "p1"}) >= 1
     assert get("tieredbuf_queue_depth") == get("tieredbuf_manifest_appends_total") >= 1
+    cas = {"op": "put_conditional", "kind": "root"}
+    assert get("tieredbuf_store_requests_total", cas) == buf.requests.total(
+        "put_conditional", "root") >= get("tieredbuf_manifest_appends_total")
+    assert get("tieredbuf_store_requests_total", {"op": "delete", "kind": "group"}) == 0
     producer.close()
 
     consumer = buf.consumer()
