@@ -1,0 +1,409 @@
+"""Cost benchmark: store requests per GiB and per million records, and what they cost.
+
+What an object-store buffer costs is its requests.  This ingests ``--gib`` (1 GiB) of
+records of 100 B, 1 KiB and 64 KiB with 1, 4 and 16 producer *processes*, with the
+direct (stateless) producer and with the staged producer, into a fresh buffer each
+time, and counts every store request by operation and object kind (the counts every
+Buffer keeps: tieredbuf/store/counting.py, exact against the server -- see
+tests/store/test_counting.py).  Each producer process produces its share in
+``produce()`` calls of about ``--call-kib`` KiB and then ``close()``s (everything
+REMOTE).  Read-back (``--read consumer,spark``) reads the whole queue once with a
+consumer (acking, dequeuing) and once with Spark, and counts their requests too.
+
+It reports requests per GiB and per million records, and dollars per month at a
+stated steady rate (``--rate-mib-s``) with S3 Standard's public prices, by the formula
+in docs/operations.md ("What it costs"):
+
+    $/month = G * (P * put_price + Q * get_price) + S * storage_price
+      G = GiB ingested per month = rate_mib_s * 2,592,000 / 1024
+      P = PUT-class requests per GiB (PUT, conditional PUT, LIST, DeleteObjects)
+      Q = GET-class requests per GiB (GET, ranged GET, HEAD)
+      S = GiB stored on average = rate * (consumer lag + GC grace), here lag 0
+
+and checks the goals: at most 2 PUTs (data, manifest and group objects) per sealed
+segment (a data object), and at most ``manifest_writes_per_s`` (5) successful manifest
+CAS writes per second per buffer over the ingest, whatever the producer count (group
+commit; tieredbuf/queue/pacing.py).  The baseline in the same run is the same
+configuration with pacing off (``manifest_writes_per_s=0``, ``--baseline``), i.e. what
+every producer appending on its own timer costs.
+
+The store is a local directory by default (its requests are counted exactly as S3's
+would be; ``--store moto`` sends them to a moto server instead).
+
+Usage::
+
+    flock /tmp/tieredbuf-bench.lock python bench/cost.py              # 1 GiB per row
+    python bench/cost.py --quick                                      # 64 MiB per row
+    python bench/cost.py --sizes 1024 --producers 4 --kinds staged --gib 0.25
+
+Results: a table on stdout and ``bench/results/cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import moto_server, print_table, write_json
+
+MiB = 1 << 20
+GiB = 1 << 30
+SECONDS_PER_MONTH = 2_592_000  # 30 days
+
+# S3 Standard, us-east-1, public price list (per request and per GB-month)
+PRICES = {
+    "put_class_per_1000": 0.005,  # PUT, COPY, POST, LIST (DeleteObjects is a POST)
+    "get_class_per_1000": 0.0004,  # GET, SELECT and all other requests (HEAD)
+    "storage_per_gb_month": 0.023,  # first 50 TB
+}
+PUT_CLASS = ("put", "put_conditional", "list", "delete")
+GET_CLASS = ("get", "get_range", "head")
+OPS = ("put", "put_conditional", "get", "get_range", "head", "list", "delete")
+GC_GRACE_S = 600
+
+
+# --- a producer process ------------------------------------------------------------
+
+
+def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
+    """One producer process: its share of the bytes, then close(); reports its counts."""
+    import tieredbuf
+    from tieredbuf.keys import MANIFEST_KEY
+
+    buf = tieredbuf.open(cfg["url"], **cfg["store_options"])
+    cas: list[float] = []
+    inner = buf.store.inner
+
+    class _Timed:  # the times of successful root CAS writes (for the rate check)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+            etag: str = inner.put(key, data, mode=mode)
+            if key == MANIFEST_KEY:
+                cas.append(time.time())
+            return etag
+
+    buf.store._inner = _Timed()  # type: ignore[assignment]
+    opts = {"manifest_writes_per_s": cfg["rate"]}
+    if cfg["kind"] == "direct":
+        p = buf.producer(max_buffered_bytes=cfg["max_buffered"], **opts)
+    else:
+        p = buf.producer(staging_dir=Path(cfg["stage"]) / f"p{index}", **opts)
+    size = cfg["size"]
+    per_call = max(1, cfg["call_bytes"] // size)
+    record = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    records = [record] * per_call
+    share = cfg["bytes"] // cfg["n"]
+    calls = max(1, math.ceil(share / (per_call * size)))
+    barrier.wait()
+    t0 = time.time()
+    for _ in range(calls):
+        p.produce(records)
+    p.close()
+    t1 = time.time()
+    stats = p.stats if isinstance(p.stats, dict) else p.stats.snapshot()
+    out.put({
+        "index": index,
+        "requests": [[op, kind, n] for (op, kind), n in buf.requests.snapshot().items()],
+        "conflicts": buf.requests.conflicts,
+        "cas_times": cas,
+        "objects": stats.get("segments_exported", stats.get("objects_uploaded", 0)),
+        "records": calls * per_call,
+        "bytes": calls * per_call * size,
+        "t0": t0,
+        "t1": t1,
+    })
+    buf.close()
+
+
+def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    n = cfg["n"]
+    barrier = ctx.Barrier(n)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_producer, args=(cfg, i, barrier, out)) for i in range(n)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=cfg["timeout"]) for _ in range(n)]
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a producer process exited with {proc.exitcode}")
+    requests: dict[tuple[str, str], int] = {}
+    for r in results:
+        for op, kind, c in r["requests"]:
+            requests[(op, kind)] = requests.get((op, kind), 0) + c
+    cas = sorted(t for r in results for t in r["cas_times"])
+    t0, t1 = min(r["t0"] for r in results), max(r["t1"] for r in results)
+    return {
+        "requests": requests,
+        "conflicts": sum(sum(r["conflicts"].values()) for r in results),
+        "objects": sum(r["objects"] for r in results),
+        "records": sum(r["records"] for r in results),
+        "bytes": sum(r["bytes"] for r in results),
+        "seconds": t1 - t0,
+        "cas": len(cas),
+        "cas_max_10s": _max_window(cas, 10.0),
+    }
+
+
+def _max_window(times: list[float], width: float) -> int:
+    """The most events in any window of ``width`` seconds."""
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= width:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+# --- reading it back ---------------------------------------------------------------
+
+
+def read_consumer(url: str, opts: dict[str, Any]) -> dict[str, Any]:
+    import tieredbuf
+
+    buf = tieredbuf.open(url, **opts)
+    c = buf.consumer()
+    c.initialize()
+    t0 = time.time()
+    n = 0
+    while (b := c.next_batch()) is not None:
+        n += 1
+        c.ack(b.sequence)
+    c.flush()
+    c.close()
+    return {"requests": buf.requests.snapshot(), "entries": n, "seconds": time.time() - t0}
+
+
+def read_spark(url: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """One batch read of the whole queue with Spark; the requests of this (driver)
+    process and of its local executors (same process in local mode)."""
+    from pyspark.sql import SparkSession
+
+    import tieredbuf
+    import tieredbuf.spark
+
+    spark = (SparkSession.builder.master("local[2]").appName("tieredbuf-cost")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    tieredbuf.spark.register(spark)
+    buf = tieredbuf.open(url, **opts)
+    before = _process_requests()
+    t0 = time.time()
+    reader = spark.read.format("tieredbuf")
+    for k, v in opts.items():
+        reader = reader.option(k, str(v))
+    rows = reader.load(url).count()
+    seconds = time.time() - t0
+    after = _process_requests()
+    buf.close()
+    return {"requests": {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)},
+            "rows": rows, "seconds": seconds}
+
+
+def _process_requests() -> dict[tuple[str, str], int]:
+    """Requests of every Buffer the Spark source opened in this process."""
+    from tieredbuf.spark import reader as spark_reader
+
+    total: dict[tuple[str, str], int] = {}
+    for buf in getattr(spark_reader, "_BUFFERS", {}).values():
+        for k, v in buf.requests.snapshot().items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+# --- pricing -------------------------------------------------------------------------
+
+
+def price(requests: dict[tuple[str, str], int], gib: float, rate_mib_s: float
+          ) -> dict[str, float]:
+    """Requests per GiB by class, and dollars per month at ``rate_mib_s``."""
+    put = sum(n for (op, _), n in requests.items() if op in PUT_CLASS) / gib
+    get = sum(n for (op, _), n in requests.items() if op in GET_CLASS) / gib
+    month_gib = rate_mib_s * SECONDS_PER_MONTH / 1024
+    stored_gb = rate_mib_s * GC_GRACE_S / 1024 * (GiB / 1e9)
+    dollars = (month_gib * (put * PRICES["put_class_per_1000"]
+                            + get * PRICES["get_class_per_1000"]) / 1000
+               + stored_gb * PRICES["storage_per_gb_month"])
+    return {"put_class_per_gib": put, "get_class_per_gib": get,
+            "dollars_per_month": dollars}
+
+
+# --- driver --------------------------------------------------------------------------
+
+
+def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
+            store: tuple[str, dict[str, Any]] | Any, root: Path) -> dict[str, Any]:
+    tag = f"{kind}-{size}-{n}-{'paced' if rate else 'unpaced'}-{time.monotonic_ns()}"
+    if args.store == "local":
+        url, opts = f"file://{root}/{tag}/buf", {}
+    else:
+        ep = store
+        url, opts = f"s3://{ep.new_bucket('cost')}/buf", ep.options()
+    cfg = {
+        "url": url, "store_options": opts, "kind": kind, "size": size, "n": n,
+        "rate": rate, "bytes": int(args.gib * GiB), "call_bytes": args.call_kib * 1024,
+        "max_buffered": args.max_buffered_mib * MiB, "stage": str(root / tag / "stage"),
+        "timeout": args.timeout,
+    }
+    print(f"[{kind} {size} B x {n} producer(s), "
+          f"{'paced ' + str(rate) + '/s' if rate else 'unpaced'}] ingest ...", flush=True)
+    row = ingest(cfg)
+    row.update(kind=kind, size=size, producers=n, rate=rate)
+    gib = row["bytes"] / GiB
+    req = row["requests"]
+    puts = sum(v for (op, kind_), v in req.items()
+               if op in ("put", "put_conditional") and kind_ in ("data", "root", "group"))
+    row["puts_per_segment"] = puts / max(1, row["objects"])
+    row["cas_per_s"] = row["cas"] / row["seconds"]
+    row["per_gib"] = {op: sum(v for (o, _), v in req.items() if o == op) / gib for op in OPS}
+    row["per_m_records"] = {
+        op: sum(v for (o, _), v in req.items() if o == op) / (row["records"] / 1e6)
+        for op in OPS
+    }
+    row["price"] = price(req, gib, args.rate_mib_s)
+    for reader in args.read:
+        print(f"  read back with {reader} ...", flush=True)
+        got = read_consumer(url, opts) if reader == "consumer" else read_spark(url, opts)
+        got["per_gib"] = sum(got["requests"].values()) / gib
+        got["price"] = price(got["requests"], gib, args.rate_mib_s)
+        row[f"read_{reader}"] = got
+    if args.store == "local":
+        shutil.rmtree(root / tag, ignore_errors=True)
+    return row
+
+
+def _json_ready(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for k, v in row.items():
+        if isinstance(v, dict) and v and isinstance(next(iter(v)), tuple):
+            out[k] = {f"{op}/{kind}": n for (op, kind), n in v.items()}
+        elif isinstance(v, dict):
+            out[k] = _json_ready(v)
+    return out
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print()
+    print(f"Ingest of {args.gib:g} GiB per row into a {args.store} store; requests per GiB "
+          f"(per million records in the last columns); $/month at a steady "
+          f"{args.rate_mib_s:g} MiB/s (S3 Standard: PUT-class ${PRICES['put_class_per_1000']}"
+          f"/1000, GET-class ${PRICES['get_class_per_1000']}/1000, storage "
+          f"${PRICES['storage_per_gb_month']}/GB-month x {GC_GRACE_S // 60} min of data)")
+    table = []
+    for r in rows:
+        g = r["per_gib"]
+        m = r["per_m_records"]
+        table.append([
+            r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
+            f"{r['seconds']:.1f}", r["objects"],
+            f"{g['put']:.1f}", f"{g['put_conditional']:.1f}", f"{g['get']:.1f}",
+            f"{g['get_range']:.1f}", f"{g['head']:.1f}", f"{g['list']:.1f}",
+            f"{sum(g.values()):.1f}",
+            f"{sum(m.values()):.1f}",
+            f"{r['puts_per_segment']:.2f}", f"{r['cas_per_s']:.2f}",
+            f"{r['cas_max_10s'] / 10:.1f}", r["conflicts"],
+            f"{r['price']['dollars_per_month']:,.2f}",
+        ])
+    print_table(["kind", "rec B", "N", "pacing", "s", "objects", "PUT", "cPUT", "GET", "rGET",
+                 "HEAD", "LIST", "all/GiB", "all/Mrec", "PUT/obj", "CAS/s", "CAS/s 10s max",
+                 "conflicts", "$/month"], table)
+    reads = [(r, k) for r in rows for k in ("consumer", "spark") if f"read_{k}" in r]
+    if reads:
+        print()
+        print("Read back once (requests per GiB ingested, $/month at the same steady rate):")
+        print_table(["kind", "rec B", "N", "reader", "s", "requests", "per GiB", "$/month"], [
+            [r["kind"], r["size"], r["producers"], k, f"{r[f'read_{k}']['seconds']:.1f}",
+             sum(r[f"read_{k}"]["requests"].values()), f"{r[f'read_{k}']['per_gib']:.1f}",
+             f"{r[f'read_{k}']['price']['dollars_per_month']:,.2f}"]
+            for r, k in reads])
+    print()
+    paced = [r for r in rows if r["rate"]]
+    ok_puts = all(r["puts_per_segment"] <= 2 for r in paced)
+    ok_cas = all(r["cas_per_s"] <= r["rate"] for r in paced)
+    print(f"goal: <= 2 PUTs per sealed segment: {'met' if ok_puts else 'MISSED'} "
+          f"(max {max((r['puts_per_segment'] for r in paced), default=0):.2f})")
+    print(f"goal: <= {args.writes_per_s:g} manifest CAS writes/s per buffer over the ingest: "
+          f"{'met' if ok_cas else 'MISSED'} "
+          f"(max {max((r['cas_per_s'] for r in paced), default=0):.2f})")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="64 MiB per row")
+    p.add_argument("--gib", type=float, help="GiB ingested per row (default 1)")
+    p.add_argument("--sizes", default="100,1024,65536", help="record sizes (bytes)")
+    p.add_argument("--producers", default="1,4,16", help="producer process counts")
+    p.add_argument("--kinds", default="direct,staged")
+    p.add_argument("--store", choices=("local", "moto"), default="local")
+    p.add_argument("--read", default="", help="read back with: consumer,spark")
+    p.add_argument("--writes-per-s", type=float, default=5.0,
+                   help="manifest_writes_per_s of every producer (the goal's 5/s)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run every row unpaced (manifest_writes_per_s=0)")
+    p.add_argument("--call-kib", type=int, default=1024, help="bytes per produce() call")
+    p.add_argument("--max-buffered-mib", type=int, default=64,
+                   help="direct producer max_buffered_bytes (batches are cut at half)")
+    p.add_argument("--rate-mib-s", type=float, default=10.0,
+                   help="steady ingest rate the $/month figures assume")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--tmpdir", help="where stages and the local store go (default $TMPDIR)")
+    p.add_argument("--out", default="cost")
+    a = p.parse_args(argv)
+    if a.gib is None:
+        a.gib = 1 / 16 if a.quick else 1.0
+    a.sizes = [int(x) for x in a.sizes.split(",") if x]
+    a.producers = [int(x) for x in a.producers.split(",") if x]
+    a.kinds = [x for x in a.kinds.split(",") if x]
+    a.read = [x for x in a.read.split(",") if x]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    load = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        root = Path(tempfile.mkdtemp(prefix="tb-cost-", dir=args.tmpdir))
+        stack.callback(shutil.rmtree, root, True)
+        store: Any = None
+        if args.store == "moto":
+            store = stack.enter_context(moto_server())
+        rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
+        for kind in args.kinds:
+            for size in args.sizes:
+                for n in args.producers:
+                    for rate in rates:
+                        rows.append(run_row(kind, size, n, rate, args, store, root))
+    report(rows, args)
+    print(f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    path = write_json(args.out, {
+        "benchmark": "cost",
+        "config": {k: v for k, v in vars(args).items()},
+        "prices": PRICES,
+        "seconds_per_month": SECONDS_PER_MONTH,
+        "load_average_before": load,
+        "rows": [_json_ready(r) for r in rows],
+    })
+    print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
