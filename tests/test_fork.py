@@ -87,7 +87,8 @@ def test_a_child_process_writes_remote_and_reads_after_the_parent_used_s3(
 def test_a_forked_childs_s3_store_uses_botocore_and_its_own_probe(
     s3_endpoint: S3Endpoint,
 ) -> None:
-    store = tieredbuf.open(f"s3://{s3_endpoint.new_bucket()}/b", **s3_endpoint.options()).store
+    store = tieredbuf.open(
+        f"s3://{s3_endpoint.new_bucket()}/b", **s3_endpoint.options()).store.inner
     assert isinstance(store, ObjStore)
     store.put("k", b"v", mode="create")
     assert not forks.obstore_inherited()

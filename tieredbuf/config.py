@@ -80,9 +80,17 @@ class ProducerConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     watermark_ttl: timedelta = timedelta(days=1)
     """How long the manifest remembers this producer's append watermark (I2)."""
+    manifest_writes_per_s: float = 5.0
+    """Group commit across producers: all writers of a buffer together append to the
+    manifest about this often (each waits ``active writers / rate`` seconds between its
+    appends and gathers what arrives meanwhile; tieredbuf/queue/pacing.py).  Use the same
+    value for every writer of a buffer; 0 appends as soon as a batch is uploaded."""
 
     def __post_init__(self) -> None:
         _non_negative_td("flush_interval", self.flush_interval)
+        if self.manifest_writes_per_s < 0:
+            raise ConfigError(
+                f"manifest_writes_per_s must be >= 0, got {self.manifest_writes_per_s!r}")
         _positive("flush_size_bytes", self.flush_size_bytes)
         _positive("max_buffered_inputs", self.max_buffered_inputs)
         _positive("max_buffered_bytes", self.max_buffered_bytes)

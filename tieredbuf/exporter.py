@@ -1,11 +1,17 @@
 """The exporter: move sealed segments from a stage to the object store and the queue.
 
 For every sealed segment, oldest first: read it, upload it as ``data/<ULID>.batch``
-or ``.qseg`` (one create-if-absent PUT: obstore has no conditional multipart),
-append it to the manifest
-(uploads run in parallel, up to ``max_uploads_in_flight`` segments at a time;
-then those segments are appended in ONE CAS, in sequence order: group commit),
-and only then release them from the stage (delete the local files).
+or ``.qseg`` (one create-if-absent PUT: obstore has no conditional multipart) as
+soon as it is sealed (up to ``max_uploads_in_flight`` at a time), append it to the
+manifest, and only then release it from the stage (delete the local file).  Appends
+are paced across every writer of the buffer (:mod:`tieredbuf.queue.pacing`): at its
+slot the exporter appends every segment of a kind whose upload is done, oldest
+first, in ONE CAS (group commit); uploads go on while it waits, and an uploaded
+segment's bytes are dropped from memory until then (read back from the stage only
+if it must be uploaded again).  A flush, a close or a drain appends without waiting
+for the slot.  :meth:`Exporter.wake` (a prompt seal for a REMOTE waiter) starts the
+upload at once; without it the exporter looks for new segments every 10 ms (a
+look at the stage: no store request, so an idle exporter costs nothing).
 
 Exactly once across crashes (I2).  Each kind's segments are appended under the
 producer id ``<stage producer id>.<kind>`` with the segment's last per-core
@@ -27,6 +33,8 @@ succeeds again.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import threading
 from collections import deque
@@ -41,6 +49,7 @@ from tieredbuf.errors import FlushTimeoutError, PermanentStoreError, StagedDataL
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, AppendPacer
 from tieredbuf.stage.segments import SealedSegment, verify
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import Store
@@ -93,10 +102,12 @@ class Exporter:
         on_error: Callable[[BaseException | None], None] | None = None,
         failure_retry: RetryConfig = FAILURE_RETRY,
         on_lost: Callable[[str, StagedDataLossError], None] | None = None,
+        manifest_writes_per_s: float = DEFAULT_WRITES_PER_S,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
         ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
-        segment fails its CRC check and is quarantined instead of exported."""
+        segment fails its CRC check and is quarantined instead of exported.
+        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced)."""
         self.stage = stage
         self.retry = retry or RetryConfig()
         self.failure_retry = failure_retry
@@ -113,6 +124,16 @@ class Exporter:
             )
             for kind in KINDS
         }
+        self._pacers = {
+            kind: AppendPacer(queue, pub.producer_id, manifest_writes_per_s)
+            for kind, pub in self._publishers.items()
+        }
+        self._uploads: dict[str, _Upload] = {}
+        """Sealed segments whose upload started (by segment ULID), until appended."""
+        self._round = 0
+        self._wake = threading.Event()
+        self._urgent = 0
+        """drain() calls waiting: append at once instead of at the pacer's slot."""
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
@@ -135,11 +156,18 @@ class Exporter:
         """
         self._guard.check()
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._error is not None
-                or (self._idle and not self.stage.sealed_segments()),
-                timeout,
-            )
+            self._urgent += 1
+        self._wake.set()
+        try:
+            with self._cond:
+                ok = self._cond.wait_for(
+                    lambda: self._error is not None
+                    or (self._idle and not self.stage.sealed_segments()),
+                    timeout,
+                )
+        finally:
+            with self._cond:
+                self._urgent -= 1
         if self._error is not None:
             raise self._error
         if not ok:
@@ -149,8 +177,13 @@ class Exporter:
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
 
+    def wake(self) -> None:
+        """Look at the stage now (a segment was just sealed for a REMOTE waiter)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._guard.forked:
             return  # the thread and the pool did not survive the fork
         self._thread.join()
@@ -174,7 +207,7 @@ class Exporter:
         attempt = 0
         while not self._stop.is_set():
             try:
-                worked = self._export_ready()
+                worked, wait = self._export_ready()
             except PermanentStoreError as e:
                 if self._stop.is_set():
                     return
@@ -209,7 +242,9 @@ class Exporter:
                 with self._cond:
                     self._idle = True
                     self._cond.notify_all()
-                self._stop.wait(POLL_INTERVAL)
+            if wait > 0:
+                self._wake.wait(wait)
+            self._wake.clear()
 
     def _fail(self, e: PermanentStoreError) -> None:
         first = self._error is None
@@ -231,50 +266,119 @@ class Exporter:
         if self._on_error is not None:
             self._on_error(None)
 
-    def _export_ready(self) -> bool:
+    def _export_ready(self) -> tuple[bool, float]:
+        """One pass: start uploads for new sealed segments, append what is uploaded when
+        the pacer allows.  Returns (busy, seconds to wait before the next pass)."""
         sealed = self.stage.sealed_segments()
-        if not sealed:
-            return False
+        if self._uploads:  # a segment drop_oldest deleted: its object is GC's orphan
+            live = {s.ulid for s in sealed}
+            for ulid in [u for u, up in self._uploads.items()
+                         if u not in live and up.future.done()]:
+                del self._uploads[ulid]
+        if not sealed and not self._uploads:
+            return False, POLL_INTERVAL
         with self._cond:
             self._idle = False
+            urgent = self._urgent > 0 or self._stop.is_set()
+        self._start_uploads(sealed)
+        wait = POLL_INTERVAL
         for kind in KINDS:
-            segs = sorted((s for s in sealed if s.kind == kind), key=lambda s: s.last_sequence)
-            for i in range(0, len(segs), self._max_inflight):
-                self._export_group(kind, segs[i : i + self._max_inflight])
-        return True
+            order = sorted((s for s in sealed if s.kind == kind), key=lambda s: s.last_sequence)
+            # the uploads started from the oldest segment on: never a gap (I2, I3).  The
+            # group is what was started together with the done ones: one of those still
+            # running holds it (it is near done), later starts wait for the next one
+            run: list[_Upload] = []
+            for seg in order:
+                up = self._uploads.get(seg.ulid)
+                if up is None:
+                    break
+                run.append(up)
+            if not run or not run[0].future.done():
+                continue
+            last_round = max(up.round for up in itertools.takewhile(
+                lambda up: up.future.done(), run))
+            ready = []
+            for up in run:
+                if up.round > last_round:
+                    break
+                ready.append(up)
+            if not all(up.future.done() for up in ready):
+                continue
+            for up in ready:
+                if up.future.exception() is not None:
+                    del self._uploads[up.segment.ulid]  # uploaded again on the next pass
+                    up.future.result()
+            due = 0.0 if urgent else self._pacers[kind].due_in()
+            if due > 0:
+                wait = min(wait, due)
+                continue
+            self._append(kind, ready)
+            wait = 0.0  # look again at once: more may be ready
+        return True, wait
 
-    def _export_group(self, kind: str, segs: list[SealedSegment]) -> None:
-        pub = self._publishers[kind]
-        suffix = keys.SEGMENT_SUFFIX if kind == "qseg" else keys.BATCH_SUFFIX
-        pending, good = [], []
-        for seg in segs:
+    def _start_uploads(self, sealed: list[SealedSegment]) -> None:
+        """Start uploads, oldest segment first, up to ``max_uploads_in_flight`` running."""
+        running = sum(1 for u in self._uploads.values() if not u.future.done())
+        self._round += 1
+        for seg in sealed:
+            if running >= self._max_inflight:
+                return
+            if seg.ulid in self._uploads:
+                continue
             body = self.stage.read_segment(seg)
             why = verify(seg, body)
             if why is not None:  # never upload bad bytes (I7); say loudly what is lost
                 dest = self.stage.quarantine(seg, why)
                 self.stats.incr("segments_quarantined")
                 if self._on_lost is not None:
-                    self._on_lost(kind, StagedDataLossError(str(dest), seg.sequences, why))
+                    self._on_lost(seg.kind, StagedDataLossError(str(dest), seg.sequences, why))
                 continue
-            pending.append(Pending(body, suffix, seg.items, seg.last_sequence + 1))
-            good.append(seg)
-        segs = good
-        if not segs:
-            return
-        futures: list[Future[None]] = [self._pool.submit(pub.upload, p) for p in pending]
-        for f in futures:
-            f.result()
-        # Group commit: every uploaded segment of this batch in one CAS.  Append numbers
+            suffix = keys.SEGMENT_SUFFIX if seg.kind == "qseg" else keys.BATCH_SUFFIX
+            p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
+                        reload=functools.partial(_read_verified, self.stage, seg))
+            fut = self._pool.submit(self._upload, seg.kind, p)
+            self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
+            running += 1
+
+    def _upload(self, kind: str, p: Pending) -> None:
+        self._publishers[kind].upload(p)
+        p.drop_body()  # it waits for its append on disk, not in memory
+        self._wake.set()
+
+    def _append(self, kind: str, ready: list[_Upload]) -> None:
+        # Group commit: every uploaded segment of this kind in one CAS.  Append numbers
         # (each segment's last per-core sequence + 1) increase with gaps; the manifest
         # skips those its watermark already covers (a regrouped retry after a crash).
-        seqs = pub.append_increasing(pending)
+        pending = [u.pending for u in ready]
+        seqs = self._publishers[kind].append_increasing(pending)
+        self._pacers[kind].appended()
         self.stats.incr("group_commits")
-        for seg, p, seq in zip(segs, pending, seqs, strict=True):
+        for up, seq in zip(ready, seqs, strict=True):
+            del self._uploads[up.segment.ulid]
             self.stats.incr("segments_exported")
-            self.stats.incr("bytes_exported", len(p.body))
-            self.stage.release(seg)
+            self.stats.incr("bytes_exported", up.pending.size)
+            self.stage.release(up.segment)
             if self._on_exported is not None:
-                self._on_exported(Exported(kind, seg.sequences, seq, p.location))
+                self._on_exported(Exported(kind, up.segment.sequences, seq,
+                                           up.pending.location))
+
+
+@dataclass(eq=False, slots=True)
+class _Upload:
+    segment: SealedSegment
+    pending: Pending
+    future: Future[None]
+    round: int
+    """Uploads started by one pass share a round (and an append)."""
+
+
+def _read_verified(stage: Stage, seg: SealedSegment) -> bytes:
+    """A sealed segment's bytes read again (to upload it again), still checked (I7)."""
+    body = stage.read_segment(seg)
+    why = verify(seg, body)
+    if why is not None:
+        raise StagedDataLossError(str(seg.path), seg.sequences, why)
+    return body
 
 
 class ExportTracker:

@@ -7,6 +7,13 @@ a small upload pool; an appender thread takes every uploaded batch that is
 ready, in order, and appends them all in one CAS (group commit).  One
 producer's batches keep their order.  Backpressure: produce() blocks while
 ``max_buffered_inputs`` calls or ``max_buffered_bytes`` bytes are not yet durable.
+
+Appends are paced across producers (:mod:`tieredbuf.queue.pacing`): with N writers
+active on the buffer, each appends at most every ``N / manifest_writes_per_s``
+seconds.  While a batch could not be appended before the next slot anyway, the
+flusher keeps it open -- cutting it about one upload time before the slot -- so
+one data object and one CAS carry what arrived in the interval, and the upload
+overlaps the wait.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteO
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.queue.pacing import AppendPacer
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -86,6 +94,11 @@ class Producer:
             store, queue, self.producer_id, retry=self.config.retry,
             gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
         )
+        self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
+        self._upload_s = 0.0
+        """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
+        self._flushing = 0
+        """flush() calls waiting: append at once, do not wait for the pacer's slot."""
         self._cond = threading.Condition()
         self._open = _OpenBatch()
         self._buffered_inputs = 0
@@ -163,10 +176,14 @@ class Producer:
         self._guard.check()
         with self._cond:
             self._flush_now = True
+            self._flushing += 1
             self._cond.notify_all()
-            ok = self._cond.wait_for(
-                lambda: self._buffered_inputs == 0 or self._error is not None, timeout
-            )
+            try:
+                ok = self._cond.wait_for(
+                    lambda: self._buffered_inputs == 0 or self._error is not None, timeout
+                )
+            finally:
+                self._flushing -= 1
             if self._error is not None:
                 raise self._error
             if not ok:
@@ -240,7 +257,13 @@ class Producer:
             return None
         if self._closing or self._flush_now or self._pressing(b):
             return 0.0
-        return b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+        due = b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+        # no append before the pacer's next free slot: gather until about one upload
+        # before it (a batch already in flight takes the next slot, this one the one after)
+        slot = self._pacer.due_in()
+        if self._inflight:
+            slot += self._pacer.interval()
+        return max(due, slot - self._upload_s)
 
     def _pressing(self, b: _OpenBatch) -> bool:
         """Cut now: the batch is full, or holds half of a backpressure budget.
@@ -275,10 +298,16 @@ class Producer:
                 self._next_pseq += 1
             body = encode_batch(batch.records, self.config.batch_compression)
             p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq)
-            fut = self._pool.submit(self._publisher.upload, p)
+            fut = self._pool.submit(self._upload, p)
             with self._cond:
                 self._inflight.append((p, fut, batch))
                 self._cond.notify_all()
+
+    def _upload(self, p: Pending) -> None:
+        started = time.monotonic()
+        self._publisher.upload(p)
+        took = time.monotonic() - started
+        self._upload_s = took if not self._upload_s else 0.8 * self._upload_s + 0.2 * took
 
     def _append_loop(self) -> None:
         while True:
@@ -295,6 +324,12 @@ class Producer:
                 self._die(e)
                 return
             with self._cond:
+                # this writer's slot (group commit across producers); uploads go on
+                while not (self._closing or self._flushing or self._error is not None):
+                    left = self._pacer.due_in()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 group = []
                 while self._inflight and self._inflight[0][1].done():
                     group.append(self._inflight.popleft())
@@ -305,6 +340,9 @@ class Producer:
             except BaseException as e:
                 self._die(e, [b for _, _, b in group])
                 return
+            self._pacer.appended()
+            with self._cond:
+                self._cond.notify_all()  # the flusher times its next cut from this append
             self.stats.incr("batches_flushed", len(group))
             released_inputs = released_bytes = 0
             for (p, _, b), seq in zip(group, seqs, strict=True):

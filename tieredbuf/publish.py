@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ulid import ULID
@@ -43,6 +43,19 @@ class Pending:
     metadata: tuple[MetadataItem, ...]
     producer_seq: int
     ulid: ULID | None = None
+    reload: Callable[[], bytes] | None = None
+    """Reads the body again after :meth:`drop_body` (the exporter's segments stay on disk
+    until appended), for an upload again under a fresh ULID (the GC grace race)."""
+    size: int = field(init=False)
+    """The body's length in bytes (kept when the body is dropped)."""
+
+    def __post_init__(self) -> None:
+        self.size = len(self.body)
+
+    def drop_body(self) -> None:
+        """Free the uploaded body while the append waits; it can be reloaded."""
+        if self.reload is not None:
+            self.body = b""
 
     @property
     def location(self) -> str:
@@ -90,6 +103,8 @@ class Publisher:
     def upload(self, p: Pending) -> None:
         """PUT ``p`` under a fresh ULID (create-if-absent), retrying transient errors."""
         p.ulid = self._new_ulid()
+        if not p.body and p.reload is not None:
+            p.body = p.reload()
         attempt = 0
         started = time.perf_counter_ns()
         while True:
@@ -121,7 +136,7 @@ class Publisher:
             self.last_error = None
             self.retry_log.recovered("upload of a data object")
         self.stats.incr("objects_uploaded")
-        self.stats.incr("bytes_uploaded", len(p.body))
+        self.stats.incr("bytes_uploaded", p.size)
         self.stats.incr("upload_ns", time.perf_counter_ns() - started)
 
     def _check_fresh(self, group: Sequence[Pending], snap: Snapshot) -> None:
@@ -162,7 +177,7 @@ class Publisher:
     def _append(self, group: Sequence[Pending], *, explicit: bool) -> list[int | None]:
         seqs = [p.producer_seq for p in group] if explicit else None
         while True:
-            entries = [NewEntry(p.location, p.metadata, len(p.body)) for p in group]
+            entries = [NewEntry(p.location, p.metadata, p.size) for p in group]
             try:
                 with stop_on(self.stop):
                     return self.queue.append(

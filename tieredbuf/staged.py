@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 _EXPORTER_FIELDS = {
     "gc_grace_period", "retry", "max_uploads_in_flight", "producer_id", "failure_retry",
+    "manifest_writes_per_s",
 }
 
 
@@ -93,6 +94,8 @@ class StagedProducer:
                 on_error=self._tracker.fail,
                 on_lost=self._tracker.lost,
                 failure_retry=exp.get("failure_retry", FAILURE_RETRY),
+                manifest_writes_per_s=exp.get("manifest_writes_per_s",
+                                              defaults.manifest_writes_per_s),
             )
         except BaseException:
             self.stage.close()

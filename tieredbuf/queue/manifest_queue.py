@@ -179,6 +179,9 @@ class ManifestQueue:
         self.nodes = nodes or NodeStore(
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
+        self.last_read: fm.ManifestView | None = None
+        """The root this queue read last (its watermarks show who else appends:
+        :mod:`tieredbuf.queue.pacing`)."""
 
     # --- reads -------------------------------------------------------------
 
@@ -192,6 +195,7 @@ class ManifestQueue:
         self.stats.incr("manifest_reads")
         self.stats.incr("manifest_bytes_read", len(got.data))
         view = fm.open_manifest(got.data, obj=self.key)
+        self.last_read = view
         return Snapshot(view, got.etag, tree.decode_root(view, self.clock_ms()), self.nodes)
 
     def read_footer(self) -> fm.Footer:

@@ -1,0 +1,124 @@
+"""Group commit across producers: a buffer's manifest appends stay near
+``manifest_writes_per_s`` whatever the number of producers (tieredbuf/queue/pacing.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import tieredbuf
+from tieredbuf.format.manifest import Watermark
+from tieredbuf.queue.pacing import ACTIVE_WINDOW_MS, AppendPacer
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.s = 1000.0
+
+    def mono(self) -> float:
+        return self.s
+
+    def ms(self) -> int:
+        return int(self.s * 1000)
+
+
+def _queue_seeing(clock: _Clock, ages_ms: dict[str, int]) -> Any:
+    now = clock.ms()
+    wms = {p: Watermark(p, 1, 1, now - age) for p, age in ages_ms.items()}
+    return SimpleNamespace(last_read=SimpleNamespace(watermarks=wms))
+
+
+def test_the_interval_is_active_writers_over_the_rate() -> None:
+    clock = _Clock()
+    q = _queue_seeing(clock, {"me": 0, "b": 1000, "c": 5000, "old": ACTIVE_WINDOW_MS + 1})
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono, clock_ms=clock.ms)
+    assert pacer.active_writers() == 3  # "old" is idle past the window
+    assert pacer.due_in() == 0  # the first append goes at once
+    pacer.appended()
+    assert pacer.due_in() == pytest.approx(3 / 5)
+    clock.s += 0.5
+    assert pacer.due_in() == pytest.approx(0.1)
+    clock.s += 0.1
+    assert pacer.due_in() <= 0
+
+
+def test_a_writer_not_in_the_root_yet_counts_itself_and_rate_0_is_unpaced() -> None:
+    clock = _Clock()
+    q = _queue_seeing(clock, {"other": 0})
+    pacer = AppendPacer(q, "me", 4.0, clock=clock.mono, clock_ms=clock.ms)
+    assert pacer.active_writers() == 2
+    pacer.appended()
+    assert pacer.due_in() == pytest.approx(0.5)
+    assert AppendPacer(SimpleNamespace(last_read=None), "me", 5.0).active_writers() == 1
+    off = AppendPacer(q, "me", 0.0, clock=clock.mono, clock_ms=clock.ms)
+    off.appended()
+    assert off.due_in() == 0 and off.interval() == 0
+    with pytest.raises(ValueError):
+        AppendPacer(q, "me", -1.0)
+
+
+def test_the_window_widens_with_the_interval() -> None:
+    """With 40 writers at 5/s each appends every 8 s: a 10 s window alone would let
+    writers drop out of each other's count between appends."""
+    clock = _Clock()
+    ages = {f"p{i}": 200 * i for i in range(40)}  # spread over the last 8 s
+    ages["late"] = 20_000  # 20 s ago: inside 3 x 8 s
+    pacer = AppendPacer(_queue_seeing(clock, ages), "p0", 5.0, clock=clock.mono,
+                        clock_ms=clock.ms)
+    first = pacer.interval()  # from a 0 s interval: the 10 s window
+    assert first == pytest.approx(40 / 5)
+    assert pacer.interval() == pytest.approx(41 / 5)  # the window is now 24 s
+
+
+def _run_producers(n: int, rate: float, seconds: float) -> tuple[int, int, float]:
+    """``n`` producers (each its own Buffer: independent writers) produce continuously
+    on one buffer; returns (successful appends, data objects, elapsed seconds)."""
+    url = f"memory://pace-{uuid.uuid4().hex}"
+    bufs = [tieredbuf.open(url) for _ in range(n)]
+    producers = [b.producer(flush_interval=timedelta(milliseconds=2), manifest_writes_per_s=rate)
+                 for b in bufs]
+    stop = threading.Event()
+
+    def work(p: Any) -> None:
+        while not stop.is_set():
+            p.produce([b"x" * 100])
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in producers]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)  # the workload's length, not synchronisation
+    stop.set()
+    for t in threads:
+        t.join()
+    for p in producers:
+        p.close()
+    elapsed = time.monotonic() - t0
+    appends = sum(b.queue.stats.get("appends") for b in bufs)
+    objects = sum(p.stats.get("objects_uploaded") for p in producers)
+    return appends, objects, elapsed
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_paced_producers_append_about_rate_times_seconds_in_all(n: int) -> None:
+    appends, objects, elapsed = _run_producers(n, 5.0, 2.5)
+    # each writer's first append goes at once, its close() flushes once more; in
+    # between, all of them together append at most 5/s (1.5x slack for the writers
+    # learning of each other from the root they read)
+    bound = 2 * n + 5 * elapsed * 1.5
+    assert 1 <= appends <= bound, (appends, bound)
+    assert objects <= appends + n  # a batch is cut about one upload before its slot
+
+
+def test_without_pacing_the_same_load_appends_far_more_often() -> None:
+    """The check above can fail: unpaced, four producers flushing every 2 ms append
+    many times more often than the paced bound allows."""
+    appends, _, elapsed = _run_producers(4, 0.0, 2.5)
+    assert appends > 2 * 4 + 5 * elapsed * 1.5
