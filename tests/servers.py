@@ -5,20 +5,25 @@ Shared by tests/conftest.py (session fixtures) and the store contract suite.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 from tests.endpoint import S3Endpoint
+from tieredbuf import keys
 
 SEAWEED_READY_TIMEOUT = 60.0
 
@@ -178,6 +183,81 @@ def serial_moto_server() -> Iterator[S3Endpoint]:
             access_key_id="testing",
             secret_access_key="testing",
         )
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+class RequestRecorder:
+    """WSGI middleware: one request at a time (atomic CAS, as serial_moto_server), and a
+    tally of every request to ``bucket`` by (operation, object kind), classified from
+    the HTTP request alone as tieredbuf/store/counting.py names them."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.bucket: str | None = None
+        self.prefix = ""
+
+    def _classify(self, environ: Any) -> tuple[str, str] | None:
+        method = environ["REQUEST_METHOD"]
+        path = unquote(environ.get("PATH_INFO", ""))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        parts = path.lstrip("/").split("/", 1)
+        if self.bucket is None or parts[0] != self.bucket:
+            return None  # bucket creation by the test, other tests' buckets
+        key = parts[1] if len(parts) > 1 else ""
+        if key.startswith(self.prefix):
+            key = key[len(self.prefix):]
+        if method == "GET" and len(parts) == 1:
+            prefix = query.get("prefix", [""])[0]
+            return "list", keys.key_kind(prefix[len(self.prefix):])
+        if method == "POST" and "delete" in query:  # DeleteObjects: the kind of its first key
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+            body = environ["wsgi.input"].read(size)
+            environ["wsgi.input"] = io.BytesIO(body)
+            first = re.search(rb"<Key>([^<]*)</Key>", body)
+            key = unquote(first.group(1).decode()) if first else ""
+            return "delete", keys.key_kind(key[len(self.prefix):])
+        kind = keys.key_kind(key)
+        if method == "HEAD":
+            return "head", kind
+        if method == "GET":
+            return ("get_range" if "HTTP_RANGE" in environ else "get"), kind
+        if method == "PUT":
+            cond = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
+            return ("put_conditional" if cond else "put"), kind
+        if method == "DELETE":
+            return "delete", kind
+        return method.lower(), kind
+
+    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
+        with self._lock:
+            slot = self._classify(environ)
+            if slot is not None:
+                self.seen[slot] += 1
+            return list(self._app(environ, start_response))
+
+
+@contextmanager
+def recording_moto_server() -> Iterator[tuple[S3Endpoint, RequestRecorder]]:
+    """A serialised moto server that counts the requests to ``rec.bucket`` (set it after
+    creating the bucket; ``rec.prefix`` is the buffer's prefix inside it)."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    rec = RequestRecorder(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, rec, True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    try:
+        yield S3Endpoint(f"http://{host!s}:{port}", "us-east-1", "testing", "testing"), rec
     finally:
         server.shutdown()
         thread.join()

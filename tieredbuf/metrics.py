@@ -163,17 +163,24 @@ def _families(
 
 
 class StatsCollector(Collector):
-    """Exposes a stats mapping (read at scrape time) through a table of :class:`Series`."""
+    """Exposes a stats mapping (read at scrape time) through a table of :class:`Series`.
+
+    ``reads_store``: reading the mapping sends store requests (the manifest, for queue
+    gauges and consumer lag); :class:`Mirror` then reads it only for a scrape, never in
+    its background loop, so an idle service sends no requests."""
 
     def __init__(
         self,
         read: Callable[[], Mapping[str, float]],
         series: Iterable[Series],
         labels: Mapping[str, str] | None = None,
+        *,
+        reads_store: bool = False,
     ) -> None:
         self._read = read
         self._series = tuple(series)
         self._labels = dict(labels or {})
+        self.reads_store = reads_store
 
     def collect(self) -> Iterator[Metric]:
         yield from _families(self._series, self._read(), self._labels)
@@ -368,13 +375,13 @@ def collector_for(
         lag = _Cached(lambda: consumer_figures(obj), min_interval)
         return _Multi([
             StatsCollector(obj.stats.snapshot, CONSUMER_SERIES, labels),
-            StatsCollector(lag, CONSUMER_GAUGES, labels),
+            StatsCollector(lag, CONSUMER_GAUGES, labels, reads_store=True),
         ])
     if isinstance(obj, Buffer):
         figures = _Cached(lambda: queue_figures(obj.queue), min_interval)
         return _Multi([
             StatsCollector(obj.queue.stats.snapshot, QUEUE_SERIES, labels),
-            StatsCollector(figures, BUFFER_GAUGES, labels),
+            StatsCollector(figures, BUFFER_GAUGES, labels, reads_store=True),
             RequestCollector(obj.requests, labels),
         ])
     raise TypeError(f"no tieredbuf metrics for {type(obj).__name__}")
@@ -383,6 +390,10 @@ def collector_for(
 class _Multi(Collector):
     def __init__(self, parts: list[Collector]) -> None:
         self._parts = parts
+
+    @property
+    def parts(self) -> list[Collector]:
+        return list(self._parts)
 
     def collect(self) -> Iterator[Metric]:
         for p in self._parts:
@@ -408,6 +419,10 @@ def register(
     return c
 
 
+def _flat(c: Collector) -> list[Collector]:
+    return [x for p in c.parts for x in _flat(p)] if isinstance(c, _Multi) else [c]
+
+
 class Mirror:
     """Copies collectors into native metrics, for prometheus_client's multiprocess mode.
 
@@ -419,7 +434,7 @@ class Mirror:
     """
 
     def __init__(self, collectors: Iterable[Collector]) -> None:
-        self._collectors = list(collectors)
+        self._collectors = [c for top in collectors for c in _flat(top)]
         self._lock = threading.Lock()
         self._native: dict[str, Counter | Gauge] = {}
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -439,9 +454,13 @@ class Mirror:
             self._native[fam.name] = m
         return m
 
-    def sync(self) -> None:
+    def sync(self, *, scrape: bool = True) -> None:
+        """Copy the collectors' values.  ``scrape=False`` (a background refresh) skips the
+        collectors that would read the store: an idle process sends no requests."""
         with self._lock:
             for c in self._collectors:
+                if not scrape and getattr(c, "reads_store", False):
+                    continue
                 for fam in c.collect():
                     for s in fam.samples:
                         if s.name.endswith("_created"):

@@ -23,6 +23,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -284,7 +285,7 @@ async def _producer_ctx(app: web.Application) -> Any:
         app["drain_incomplete"] = True
     finally:
         if state.mirror is not None:
-            await loop.run_in_executor(state.pool, state.mirror.sync)
+            await loop.run_in_executor(state.pool, partial(state.mirror.sync, scrape=False))
         state.buffer.close()
         state.pool.shutdown(wait=False)
 
@@ -292,10 +293,12 @@ async def _producer_ctx(app: web.Application) -> Any:
 async def _mirror_loop(state: WorkerState) -> None:
     loop = asyncio.get_running_loop()
     assert state.mirror is not None
+    refresh = partial(state.mirror.sync, scrape=False)
     while True:
         await asyncio.sleep(MIRROR_INTERVAL_S)
         try:
-            await loop.run_in_executor(state.pool, state.mirror.sync)
+            # counters only: the queue gauges read the manifest, so only a scrape does
+            await loop.run_in_executor(state.pool, refresh)
         except Exception:
             log.exception("metrics mirror failed")
 
