@@ -14,7 +14,12 @@ store with the same records:
 2. Latency: one thread produces at a steady ``--rate`` calls/s with a monotonic
    timestamp inside each record; a consumer thread polls ``next_batch()``, acks, and
    measures now - timestamp per record.  REMOTE ack latency (``handle.wait``) and the
-   baseline's per-PUT latency at the same rate are reported beside it.
+   baseline's per-PUT latency at the same rate are reported beside it.  The same runs
+   at ``--low-rate`` (5 calls/s: a light load), and both again with the staged
+   producer (``staging_dir``; LOCAL and REMOTE acks), so both producers have a
+   latency row at a low and a high rate.  Goals: the staged producer's REMOTE ack at
+   the low rate p50 <= 150 ms and p99 <= 300 ms; the direct producer's p99 <= 2 x
+   flush_interval plus one store round trip (the baseline's PUT p50 at that rate).
 
 Usage::
 
@@ -250,11 +255,16 @@ def tieredbuf_latency(
     size: int,
     poll: float,
     options: dict[str, Any],
+    stage: Path | None = None,
 ) -> dict[str, Any]:
+    """``stage``: a staged producer staging there (LOCAL and REMOTE acks), else direct."""
     buf = backend.new_buffer()
     consumer = buf.consumer()
     consumer.initialize()
-    producer = buf.producer(flush_interval=FLUSH_INTERVAL, **options)
+    if stage is None:
+        producer = buf.producer(flush_interval=FLUSH_INTERVAL, **options)
+    else:
+        producer = buf.producer(staging_dir=stage, **options)
     pad = os.urandom(max(0, size - STAMP.size))
     n_calls = int(rate * seconds)
     expected = n_calls * batch
@@ -262,6 +272,7 @@ def tieredbuf_latency(
     handles: queue.Queue[tuple[int, int, Any] | None] = queue.Queue()
     produce_ms: list[float] = []
     ack_ms: list[float] = []
+    local_ms: list[float] = []
     e2e_ms: list[float] = []
     behind: list[float] = []
     errors: list[BaseException] = []
@@ -286,6 +297,10 @@ def tieredbuf_latency(
         try:
             while (item := handles.get()) is not None:
                 i, t, h = item
+                if stage is not None:
+                    h.wait(tieredbuf.Durability.LOCAL, timeout=60)
+                    if i >= warm_calls:
+                        local_ms.append((time.monotonic_ns() - t) / 1e6)
                 h.wait(timeout=60)
                 if i >= warm_calls:
                     ack_ms.append((time.monotonic_ns() - t) / 1e6)
@@ -329,15 +344,20 @@ def tieredbuf_latency(
         raise errors[0]
     if got != expected:
         raise AssertionError(f"consumer saw {got} records, expected {expected}")
+    stats = producer.stats if isinstance(producer.stats, dict) else producer.stats.snapshot()
     return {
+        "producer": "direct" if stage is None else "staged",
+        "rate": rate,
         "calls": n_calls,
         "records": expected,
         "produce_to_consume_ms": summarize(e2e_ms),
         "remote_ack_ms": summarize(ack_ms),
+        "local_ack_ms": summarize(local_ms),
         "produce_call_ms": summarize(produce_ms),
         "producer_behind_schedule_ms": summarize([x * 1e3 for x in behind]),
         "consumer_polls": polls,
-        "producer_stats": producer.stats.snapshot(),
+        "producer_stats": stats,
+        "requests": {f"{op}/{kind}": n for (op, kind), n in buf.requests.snapshot().items()},
         "consumer_stats": consumer.stats.snapshot(),
         "queue_stats": buf.queue.stats.snapshot(),
     }
@@ -373,9 +393,24 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def producer_options(args: argparse.Namespace) -> dict[str, Any]:
     """ProducerConfig fields set on the command line (the rest keep their defaults)."""
-    if args.max_buffered_inputs is None:
-        return {}
-    return {"max_buffered_inputs": args.max_buffered_inputs}
+    out: dict[str, Any] = {}
+    if args.max_buffered_inputs is not None:
+        out["max_buffered_inputs"] = args.max_buffered_inputs
+    if args.writes_per_s is not None:
+        out["manifest_writes_per_s"] = args.writes_per_s
+    return out
+
+
+def staged_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Staged producer settings from the command line (library defaults otherwise)."""
+    out: dict[str, Any] = {}
+    if args.writes_per_s is not None:
+        out["manifest_writes_per_s"] = args.writes_per_s
+    for opt in args.staged_option:
+        k, _, v = opt.partition("=")
+        out[k] = timedelta(milliseconds=float(v[:-2])) if v.endswith("ms") else (
+            int(v) if v.isdigit() else v)
+    return out
 
 
 def bench_backend(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
@@ -397,18 +432,27 @@ def bench_backend(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     del calls
 
     print(f"[{backend.name}] latency runs ({args.latency_seconds:g} s each) ...", flush=True)
-    lat = tieredbuf_latency(
-        backend,
-        args.rate,
-        args.latency_seconds,
-        args.warmup,
-        args.batch,
-        args.record_size,
-        args.poll_interval,
-        producer_options(args),
-    )
+    lat: dict[str, Any] = {}
+    for name, stage in (("direct", None), ("staged", True)):
+        for label, rate in (("high", args.rate), ("low", args.low_rate)):
+            staging = Path(tempfile.mkdtemp(prefix="tb-bench-stage-", dir=args.tmpdir)) \
+                if stage else None
+            try:
+                lat[f"{name}_{label}"] = tieredbuf_latency(
+                    backend, rate, args.latency_seconds, args.warmup, args.batch,
+                    args.record_size, args.poll_interval,
+                    producer_options(args) if stage is None else staged_options(args),
+                    staging,
+                )
+            finally:
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
     base_lat = baseline_latency(
         backend, args.rate, args.latency_seconds, args.warmup, args.batch, args.record_size
+    )
+    base_low = baseline_latency(
+        backend, args.low_rate, args.latency_seconds, args.warmup, args.batch,
+        args.record_size,
     )
     return {
         "durability": DURABILITY[backend.name],
@@ -419,7 +463,7 @@ def bench_backend(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
             "baseline": {"median": base, "runs": base_runs},
             "ratio_tieredbuf_over_baseline": tb["records_per_s"] / base["records_per_s"],
         },
-        "latency": {"tieredbuf": lat, "baseline": base_lat},
+        "latency": {"tieredbuf": lat, "baseline": base_lat, "baseline_low": base_low},
     }
 
 
@@ -474,24 +518,47 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     )
     print()
     print(
-        f"Latency: {args.rate:g} calls/s x {args.batch} records for "
-        f"{args.latency_seconds:g} s (first {args.warmup:g} s dropped); consumer polls every "
-        f"{args.poll_interval * 1e3:g} ms when idle"
+        f"Latency: {args.rate:g} (high) and {args.low_rate:g} (low) calls/s x {args.batch} "
+        f"records for {args.latency_seconds:g} s (first {args.warmup:g} s dropped); consumer "
+        f"polls every {args.poll_interval * 1e3:g} ms when idle; staged: "
+        f"{staged_options(args) or 'library defaults'}"
     )
     rows = []
     for name, r in results.items():
-        lt, lb = r["latency"]["tieredbuf"], r["latency"]["baseline"]
-        for label, s in (
-            ("tieredbuf produce->consume", lt["produce_to_consume_ms"]),
-            ("tieredbuf REMOTE ack (wait)", lt["remote_ack_ms"]),
-            ("tieredbuf produce() call", lt["produce_call_ms"]),
-            ("baseline PUT (same rate)", lb["put_latency_ms"]),
-            ("baseline PUT (under load)", r["throughput"]["baseline"]["median"]["put_latency_ms"]),
+        lb = r["latency"]
+        for key in ("direct_high", "direct_low", "staged_high", "staged_low"):
+            lt = lb["tieredbuf"][key]
+            who, level = key.split("_")
+            labels = [(f"{who} REMOTE ack (wait)", lt["remote_ack_ms"]),
+                      (f"{who} produce->consume", lt["produce_to_consume_ms"])]
+            if who == "staged":
+                labels.insert(0, ("staged LOCAL ack (wait)", lt["local_ack_ms"]))
+            for label, s in labels:
+                rows.append([name, f"{lt['rate']:g}/s", label, s["n"], f"{s['p50']:.2f}",
+                             f"{s['p99']:.2f}", f"{s['max']:.2f}"])
+        for label, rate, s in (
+            ("baseline PUT (same rate)", args.rate, lb["baseline"]["put_latency_ms"]),
+            ("baseline PUT (same rate)", args.low_rate, lb["baseline_low"]["put_latency_ms"]),
+            ("baseline PUT (under load)", None,
+             r["throughput"]["baseline"]["median"]["put_latency_ms"]),
         ):
-            rows.append(
-                [name, label, s["n"], f"{s['p50']:.2f}", f"{s['p99']:.2f}", f"{s['max']:.2f}"]
-            )
-    print_table(["store", "metric", "n", "p50 ms", "p99 ms", "max ms"], rows)
+            rows.append([name, f"{rate:g}/s" if rate else "max", label, s["n"],
+                         f"{s['p50']:.2f}", f"{s['p99']:.2f}", f"{s['max']:.2f}"])
+    print_table(["store", "rate", "metric", "n", "p50 ms", "p99 ms", "max ms"], rows)
+    print()
+    flush_ms = FLUSH_INTERVAL / timedelta(milliseconds=1)
+    for name, r in results.items():
+        lt = r["latency"]["tieredbuf"]
+        rtt = r["latency"]["baseline_low"]["put_latency_ms"]["p50"]
+        for level in ("high", "low"):
+            d = lt[f"direct_{level}"]["remote_ack_ms"]["p99"]
+            print(f"goal [{name}] direct REMOTE p99 at {lt[f'direct_{level}']['rate']:g}/s "
+                  f"<= 2 x {flush_ms:g} ms + one PUT ({rtt:.1f} ms): {d:.1f} ms -> "
+                  f"{'met' if d <= 2 * flush_ms + rtt else 'MISSED'}")
+        st = lt["staged_low"]["remote_ack_ms"]
+        print(f"goal [{name}] staged REMOTE at {lt['staged_low']['rate']:g}/s p50 <= 150 ms, "
+              f"p99 <= 300 ms: p50 {st['p50']:.1f}, p99 {st['p99']:.1f} -> "
+              f"{'met' if st['p50'] <= 150 and st['p99'] <= 300 else 'MISSED'}")
     print()
     print("Durability each side had:")
     for name, r in results.items():
@@ -513,6 +580,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--record-size", type=int, default=1024, help="bytes per record")
     p.add_argument("--repeat", type=int, help="throughput runs per system (median reported)")
     p.add_argument("--rate", type=float, default=100.0, help="latency: produce calls per second")
+    p.add_argument("--low-rate", type=float, default=5.0,
+                   help="latency: the light load's produce calls per second")
+    p.add_argument("--writes-per-s", type=float,
+                   help="manifest_writes_per_s of both producers (default: the library's)")
+    p.add_argument("--staged-option", action="append", default=[],
+                   help="a staged producer option, e.g. max_open_duration=100ms (repeatable)")
     p.add_argument("--latency-seconds", type=float, help="latency: seconds of producing")
     p.add_argument("--warmup", type=float, default=1.0, help="latency: seconds dropped")
     p.add_argument(

@@ -42,7 +42,6 @@ Results: a table on stdout and ``bench/results/cost.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import os

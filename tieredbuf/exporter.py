@@ -8,8 +8,8 @@ are paced across every writer of the buffer (:mod:`tieredbuf.queue.pacing`): at 
 slot the exporter appends every segment of a kind whose upload is done, oldest
 first, in ONE CAS (group commit); uploads go on while it waits, and an uploaded
 segment's bytes are dropped from memory until then (read back from the stage only
-if it must be uploaded again).  A flush, a close or a drain appends without waiting
-for the slot.  :meth:`Exporter.wake` (a prompt seal for a REMOTE waiter) starts the
+if it must be uploaded again).  A drain (flush, close) with a timeout appends
+without waiting for the slot.  :meth:`Exporter.wake` (a prompt seal for a REMOTE waiter) starts the
 upload at once; without it the exporter looks for new segments every 10 ms (a
 look at the stage: no store request, so an idle exporter costs nothing).
 
@@ -133,7 +133,7 @@ class Exporter:
         self._round = 0
         self._wake = threading.Event()
         self._urgent = 0
-        """drain() calls waiting: append at once instead of at the pacer's slot."""
+        """drain() calls with a timeout: append at once instead of at the pacer's slot."""
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
@@ -151,12 +151,16 @@ class Exporter:
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every sealed segment of the stage is exported and released.
 
+        Without ``timeout`` the appends keep to the pacer's slots (at most one interval
+        more); with one they go at once.
+
         Raises the permanent store error that stopped exports (the data stays staged),
         or FlushTimeoutError saying what is still staged and where.
         """
         self._guard.check()
+        urgent = int(timeout is not None)
         with self._cond:
-            self._urgent += 1
+            self._urgent += urgent
         self._wake.set()
         try:
             with self._cond:
@@ -167,7 +171,7 @@ class Exporter:
                 )
         finally:
             with self._cond:
-                self._urgent -= 1
+                self._urgent -= urgent
         if self._error is not None:
             raise self._error
         if not ok:

@@ -97,8 +97,8 @@ class Producer:
         self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
         self._upload_s = 0.0
         """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
-        self._flushing = 0
-        """flush() calls waiting: append at once, do not wait for the pacer's slot."""
+        self._urgent = 0
+        """flush()/close() calls with a timeout: append at once, not at the pacer's slot."""
         self._cond = threading.Condition()
         self._open = _OpenBatch()
         self._buffered_inputs = 0
@@ -170,20 +170,22 @@ class Producer:
     def flush(self, timeout: float | None = None) -> None:
         """Flush the open batch now and wait until everything buffered is REMOTE.
 
-        Raises the store error that stopped the producer (a permanent one: credentials,
+        Without ``timeout`` the append still waits for this producer's slot (at most one
+        pacing interval, :mod:`tieredbuf.queue.pacing`); with one it goes at once.  Raises the store error that stopped the producer (a permanent one: credentials,
         access, bucket), or FlushTimeoutError saying what is not REMOTE yet (the
         producer keeps retrying it)."""
         self._guard.check()
         with self._cond:
             self._flush_now = True
-            self._flushing += 1
+            urgent = int(timeout is not None)
+            self._urgent += urgent
             self._cond.notify_all()
             try:
                 ok = self._cond.wait_for(
                     lambda: self._buffered_inputs == 0 or self._error is not None, timeout
                 )
             finally:
-                self._flushing -= 1
+                self._urgent -= urgent
             if self._error is not None:
                 raise self._error
             if not ok:
@@ -195,6 +197,9 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Flush everything, wait until it is in the queue, stop the threads.
 
+        As for :meth:`flush`, the last append waits for this producer's pacing slot
+        unless a ``timeout`` is given.
+
         With ``timeout``: when it runs out, what is not REMOTE is dropped -- a stateless
         producer holds it in memory only -- its handles fail, and FlushTimeoutError says
         how much.  Raises the store error that stopped the producer, if one did."""
@@ -203,6 +208,7 @@ class Producer:
             if self._closed:
                 return
             self._closing = True
+            self._urgent += int(timeout is not None)
             self._cond.notify_all()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._flusher.join(_left(deadline))
@@ -325,7 +331,7 @@ class Producer:
                 return
             with self._cond:
                 # this writer's slot (group commit across producers); uploads go on
-                while not (self._closing or self._flushing or self._error is not None):
+                while not (self._urgent or self._error is not None):
                     left = self._pacer.due_in()
                     if left <= 0:
                         break
