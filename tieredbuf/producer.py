@@ -171,7 +171,8 @@ class Producer:
         """Flush the open batch now and wait until everything buffered is REMOTE.
 
         Without ``timeout`` the append still waits for this producer's slot (at most one
-        pacing interval, :mod:`tieredbuf.queue.pacing`); with one it goes at once.  Raises the store error that stopped the producer (a permanent one: credentials,
+        pacing interval, :mod:`tieredbuf.queue.pacing`); with one it goes at once.
+        Raises the store error that stopped the producer (a permanent one: credentials,
         access, bucket), or FlushTimeoutError saying what is not REMOTE yet (the
         producer keeps retrying it)."""
         self._guard.check()
