@@ -122,3 +122,61 @@ def test_without_pacing_the_same_load_appends_far_more_often() -> None:
     many times more often than the paced bound allows."""
     appends, _, elapsed = _run_producers(4, 0.0, 2.5)
     assert appends > 2 * 4 + 5 * elapsed * 1.5
+
+
+# --- the lone writer's optimistic append -----------------------------------------
+
+
+def _e(loc: str) -> Any:
+    from tieredbuf.format.manifest import MetadataItem, NewEntry
+
+    return NewEntry(loc, (MetadataItem(0, 1, b"m"),))
+
+
+def test_a_lone_producer_appends_with_one_request_per_append() -> None:
+    buf = tieredbuf.open(f"memory://alone-{uuid.uuid4().hex}")
+    p = buf.producer(flush_interval=timedelta(milliseconds=1), manifest_writes_per_s=0)
+    p.produce([b"first"]).wait(timeout=10)  # reads the (absent) root, creates it
+    before = buf.requests.snapshot()
+    for i in range(3):
+        p.produce([b"%d" % i]).wait(timeout=10)
+    p.close()
+    root = {op: n - before.get((op, kind), 0)
+            for (op, kind), n in buf.requests.snapshot().items() if kind == "root"}
+    assert root == {"put_conditional": 3, "get": 0}  # no read before each CAS
+    assert buf.queue.stats.get("optimistic_attempts") == 3
+    assert [len(e.location) > 0 for e in buf.entries()] == [True] * 4
+
+
+@pytest.mark.parametrize("lost_response", [False, True])
+def test_I2_an_optimistic_append_against_a_stale_root_lands_exactly_once(
+    lost_response: bool,
+) -> None:
+    """Another writer moved the root since this queue wrote it: the optimistic CAS fails
+    and the append goes on from a fresh read.  With ``lost_response`` the optimistic CAS
+    lands and its response is lost (a retried PUT meeting its own write): the watermark
+    says it landed, and nothing is appended twice."""
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    name = f"memory://stale-{uuid.uuid4().hex}"
+    store = FaultInjectingStore(open_store(name))
+    mine = ManifestQueue(store, sleep=lambda s: None)
+    other = ManifestQueue(open_store(name), sleep=lambda s: None)
+    assert mine.append([_e("a")], "me", 1) == [0]
+    if lost_response:
+        fault = store.arm("put", key=MANIFEST_KEY, when="after", error=PreconditionFailedError)
+    else:
+        assert other.append([_e("b")], "other", 1) == [1]
+    seqs = mine.append([_e("c")], "me", 2, optimistic=True)
+    locs = [e.location for e in mine.read().entries()]
+    if lost_response:
+        assert fault.fired == 1 and locs == ["a", "c"] and seqs == [1]
+        assert mine.stats.get("deduplicated_appends") == 1
+    else:
+        assert locs == ["a", "b", "c"] and seqs == [2]
+        assert mine.stats.get("conflicts") == 1  # the stale CAS, then a fresh read
+    assert mine.stats.get("optimistic_attempts") == 1

@@ -128,6 +128,8 @@ class Exporter:
             kind: AppendPacer(queue, pub.producer_id, manifest_writes_per_s)
             for kind, pub in self._publishers.items()
         }
+        for kind, pub in self._publishers.items():
+            pub.optimistic = self._pacers[kind].alone
         self._uploads: dict[str, _Upload] = {}
         """Sealed segments whose upload started (by segment ULID), until appended."""
         self._round = 0

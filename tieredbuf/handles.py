@@ -32,14 +32,29 @@ class WriteOutcome:
 class DurabilityWatcher:
     """Observe or await a write's durability (RFC 0001's DurabilityWatcher)."""
 
-    __slots__ = ("_callbacks", "_cond", "_error", "_level", "_outcome")
+    __slots__ = ("_callbacks", "_cond", "_error", "_level", "_on_remote_wait", "_outcome")
 
-    def __init__(self) -> None:
+    def __init__(self, on_remote_wait: Callable[[], None] | None = None) -> None:
         self._cond = threading.Condition()
         self._level = 0
         self._outcome: WriteOutcome | None = None
         self._error: BaseException | None = None
         self._callbacks: list[tuple[int, Callable[[], None]]] | None = None
+        self._on_remote_wait = on_remote_wait
+        """Called once, the first time someone waits for REMOTE before it is reached (a
+        staged producer then seals the write's segment promptly)."""
+
+    def _someone_waits(self, durability: Durability) -> None:
+        """Outside the lock: tell the producer a REMOTE waiter arrived (once)."""
+        if durability < Durability.REMOTE or self._on_remote_wait is None:
+            return
+        with self._cond:
+            fn: Callable[[], None] | None = self._on_remote_wait
+            self._on_remote_wait = None
+            if self._level >= Durability.REMOTE or self._error is not None:
+                fn = None
+        if fn is not None:
+            fn()
 
     # producer side
     def _reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
@@ -87,6 +102,8 @@ class DurabilityWatcher:
                 self._callbacks.append((int(durability), fn))
         if ready:
             fn()
+        else:
+            self._someone_waits(durability)
 
     # caller side
     @property
@@ -111,6 +128,8 @@ class DurabilityWatcher:
     ) -> WriteOutcome:
         """Block until ``durability`` is reached; raises TimeoutError or the write's failure
         (for a staged write: LOCAL may be reached and REMOTE fail on a store error)."""
+        if timeout != 0:
+            self._someone_waits(durability)
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: self._error is not None or self._level >= durability, timeout

@@ -95,6 +95,7 @@ class Producer:
             gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
         )
         self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
+        self._publisher.optimistic = self._pacer.alone
         self._upload_s = 0.0
         """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
         self._urgent = 0

@@ -96,6 +96,9 @@ class Publisher:
         self.retry_log = retry_log or RetryLog(log)
         self.last_error: BaseException | None = None
         """The last transient upload failure, until an upload succeeds."""
+        self.optimistic: Callable[[], bool] = lambda: False
+        """True when this writer believes it is the buffer's only one appending: its next
+        append then CASes against the root it last wrote, without reading it first."""
 
     def _new_ulid(self) -> ULID:
         return ULID.from_timestamp(self.clock_ms() / 1000)
@@ -183,7 +186,7 @@ class Publisher:
                     return self.queue.append(
                         entries, self.producer_id, group[-1].producer_seq,
                         before_write=lambda snap: self._check_fresh(group, snap),
-                        producer_seqs=seqs,
+                        producer_seqs=seqs, optimistic=self.optimistic(),
                     )
             except _Stale as s:
                 for p in s.stale:

@@ -180,8 +180,10 @@ class ManifestQueue:
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
         self.last_read: fm.ManifestView | None = None
-        """The root this queue read last (its watermarks show who else appends:
+        """The root this queue read or wrote last (its watermarks show who else appends:
         :mod:`tieredbuf.queue.pacing`)."""
+        self._latest: tuple[bytes, str] | None = None
+        """The bytes and etag of the root as this queue last read or wrote it."""
 
     # --- reads -------------------------------------------------------------
 
@@ -196,7 +198,24 @@ class ManifestQueue:
         self.stats.incr("manifest_bytes_read", len(got.data))
         view = fm.open_manifest(got.data, obj=self.key)
         self.last_read = view
+        self._latest = (got.data, got.etag)
         return Snapshot(view, got.etag, tree.decode_root(view, self.clock_ms()), self.nodes)
+
+    @property
+    def knows_root(self) -> bool:
+        """True once this queue has read or written the root (an optimistic append can
+        then CAS against it without reading it first)."""
+        return self._latest is not None
+
+    def _latest_snapshot(self) -> Snapshot | None:
+        """The root as this queue last read or wrote it, without a request (it may be
+        stale: a CAS against it fails if another writer wrote since)."""
+        latest = self._latest
+        if latest is None:
+            return None
+        data, etag = latest
+        view = fm.open_manifest(data, obj=self.key)
+        return Snapshot(view, etag, tree.decode_root(view, self.clock_ms()), self.nodes)
 
     def read_footer(self) -> fm.Footer:
         """Only the raw 22-byte root footer: one small ranged GET.
@@ -221,7 +240,8 @@ class ManifestQueue:
 
     def _cas(self, snap: Snapshot, data: bytes) -> None:
         mode: PutMode = "create" if snap.etag is None else IfMatch(snap.etag)
-        self.store.put(self.key, data, mode=mode)
+        etag = self.store.put(self.key, data, mode=mode)
+        self._latest = (data, etag)
 
     def _pause(self, attempt: int, why: str) -> None:
         self.stats.incr(why)
@@ -281,8 +301,14 @@ class ManifestQueue:
         producer_seqs: Sequence[int] | None = None,
         create: bool = True,
         strict: bool = False,
+        optimistic: bool = False,
     ) -> list[int | None]:
         """Append ``new`` exactly once; returns the sequence given to each entry.
+
+        ``optimistic``: the first attempt CASes against the root as this queue last read
+        or wrote it, without reading it again (one request instead of two: for a writer
+        that believes it is the only one appending); a stale root only fails that CAS,
+        and the append goes on from a fresh read as usual.
 
         ``new[i]`` is the producer's append number ``producer_seqs[i]`` if given (strictly
         increasing, ending at ``last_producer_seq``), else ``last_producer_seq - len(new) +
@@ -304,7 +330,10 @@ class ManifestQueue:
         pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
         attempt = 0
         while True:
-            snap = self._read_retrying(attempt)
+            cached = self._latest_snapshot() if optimistic and attempt == 0 else None
+            snap = cached if cached is not None else self._read_retrying(attempt)
+            if cached is not None:
+                self.stats.incr("optimistic_attempts")
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
             view = snap.view

@@ -75,6 +75,12 @@ class AppendPacer:
         ids.add(self.producer_id)
         return len(ids)
 
+    def alone(self) -> bool:
+        """True when no other writer appended recently (and this one has appended before):
+        its next append may CAS against the root it wrote last without reading it
+        (``ManifestQueue.append(optimistic=True)``: one request, one round trip)."""
+        return self.queue.knows_root and self.active_writers() == 1
+
     def interval(self) -> float:
         """Seconds between this writer's appends now (0: unpaced)."""
         if self.writes_per_s == 0:
