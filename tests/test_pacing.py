@@ -63,6 +63,22 @@ def test_a_writer_not_in_the_root_yet_counts_itself_and_rate_0_is_unpaced() -> N
         AppendPacer(q, "me", -1.0)
 
 
+def test_below_its_share_a_writer_never_waits_and_may_burst_twice() -> None:
+    clock = _Clock()
+    pacer = AppendPacer(_queue_seeing(clock, {"me": 0}), "me", 5.0, clock=clock.mono,
+                        clock_ms=clock.ms)
+    for _ in range(20):  # 4/s, under the 5/s share: never a wait
+        assert pacer.due_in() <= 0
+        pacer.appended()
+        clock.s += 0.25
+    clock.s += 10  # idle: the bucket fills to BURST, no further
+    pacer.appended()
+    assert pacer.due_in() <= 0  # a second append at once
+    pacer.appended()
+    assert pacer.due_in() == pytest.approx(0.2)
+    assert pacer.due_in(ahead=1) == pytest.approx(0.4)
+
+
 def test_the_window_widens_with_the_interval() -> None:
     """With 40 writers at 5/s each appends every 8 s: a 10 s window alone would let
     writers drop out of each other's count between appends."""

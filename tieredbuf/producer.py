@@ -268,9 +268,7 @@ class Producer:
         due = b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
         # no append before the pacer's next free slot: gather until about one upload
         # before it (a batch already in flight takes the next slot, this one the one after)
-        slot = self._pacer.due_in()
-        if self._inflight:
-            slot += self._pacer.interval()
+        slot = self._pacer.due_in(ahead=1 if self._inflight else 0)
         return max(due, slot - self._upload_s)
 
     def _pressing(self, b: _OpenBatch) -> bool:

@@ -10,14 +10,17 @@ writer paces itself:
     interval = active_writers / manifest_writes_per_s
 
 where ``active_writers`` counts the watermarks updated within the last
-``max(10 s, 3 x interval)`` (itself included) in the last root it read.  A writer
-appends at most once per interval and, meanwhile, accumulates what arrives into its
-next append (the direct producer keeps uploading batches, the exporter keeps
-uploading sealed segments), so N writers together make about
-``manifest_writes_per_s`` appends per second, whatever N is, and a record waits at
-most one interval for its append.  That interval is the price in REMOTE latency:
-0.2 s for one writer at the default 5/s, 0.8 s for four, 3.2 s for sixteen
-(docs/operations.md).  An idle writer's first append after a pause goes at once.
+``max(10 s, 3 x interval)`` (itself included) in the last root it read.  Each writer
+keeps a token bucket filled at one token per interval and holding at most
+``BURST`` (2): an append takes a token, and without one the writer waits and,
+meanwhile, accumulates what arrives into its next append (the direct producer keeps
+uploading batches, the exporter keeps uploading sealed segments).  So N writers
+together make about ``manifest_writes_per_s`` appends per second, whatever N is (a
+window of T seconds sees at most ``rate x T`` plus each writer's burst); below that
+rate a write never waits (the burst absorbs jitter), and above it a record waits at
+most about one interval for its append.  That interval is the price in REMOTE
+latency under load: 0.2 s for one writer at the default 5/s, 0.8 s for four, 3.2 s
+for sixteen (docs/operations.md).
 
 The rate must be the same for every writer of a buffer (as ``TreeConfig.m`` must):
 a writer with a higher rate takes a larger share.  ``0`` turns pacing off (every
@@ -38,6 +41,8 @@ DEFAULT_WRITES_PER_S = 5.0
 """Successful manifest appends per second per buffer, all writers together."""
 ACTIVE_WINDOW_MS = 10_000
 """A writer whose watermark moved within this long (or 3 intervals) counts as active."""
+BURST = 2.0
+"""Appends a writer may make back to back after being below its share for a while."""
 
 
 class AppendPacer:
@@ -59,7 +64,10 @@ class AppendPacer:
         self.writes_per_s = writes_per_s
         self._clock = clock
         self._clock_ms = clock_ms
-        self._last: float | None = None
+        self._tokens = 1.0
+        """Appends this writer may make now (refilled at 1 per interval, at most BURST;
+        below 0 after appends that could not wait: a flush or close with a timeout)."""
+        self._at = clock()
         self._interval = 0.0
         self._lock = threading.Lock()
 
@@ -89,15 +97,27 @@ class AppendPacer:
             self._interval = self.active_writers() / self.writes_per_s
             return self._interval
 
-    def due_in(self) -> float:
-        """Seconds until this writer may append (<= 0: now)."""
+    def _refill(self, interval: float) -> None:
+        """Under the lock: add the tokens earned since the last look."""
+        now = self._clock()
+        if interval > 0:
+            self._tokens = min(BURST, self._tokens + (now - self._at) / interval)
+        self._at = now
+
+    def due_in(self, ahead: int = 0) -> float:
+        """Seconds until this writer may append (<= 0: now); ``ahead``: after that many
+        more appends (a batch already waiting takes the next token)."""
         interval = self.interval()
         with self._lock:
-            if self._last is None or interval == 0:
+            if interval == 0:
                 return 0.0
-            return self._last + interval - self._clock()
+            self._refill(interval)
+            return (1 + ahead - self._tokens) * interval
 
     def appended(self) -> None:
-        """An append landed (or was found landed): the next one waits an interval."""
+        """An append landed (or was found landed): it takes a token."""
+        interval = self.interval()
         with self._lock:
-            self._last = self._clock()
+            self._refill(interval)
+            if interval > 0:
+                self._tokens = max(-BURST, self._tokens - 1)
