@@ -2,12 +2,20 @@
 
 Starts the real service (``python -m tieredbuf.cli serve``, ``--workers`` processes)
 on 127.0.0.1 in front of a store (a moto S3 server in a child process, or a local
-directory), then for each durability level sends ``--requests`` POST /v1/produce
-requests (``--records`` records of ``--record-size`` bytes, octet-stream framing)
-from ``--threads`` client threads with keep-alive connections, stopping early at
-``--time-cap`` seconds.  A request counts when it got 200, i.e. when its records
-were LOCAL (WAL fdatasync returned) or REMOTE (segment uploaded and in the queue
-manifest).  Afterwards the service is stopped with SIGTERM (it drains) and every
+directory), then for each durability level:
+
+* low rate: an open loop of ``--low-rate`` requests per second (5) for
+  ``--low-seconds`` (20 s), each on its own connection, the latency a light user sees;
+* high rate: ``--requests`` POST /v1/produce requests from ``--threads`` client
+  threads with keep-alive connections, as fast as they are answered (closed loop),
+  stopping early at ``--time-cap`` seconds.
+
+Each request carries ``--records`` records of ``--record-size`` bytes
+(octet-stream framing).  The stage runs with the library's defaults (a segment
+seals after 5 s, or at once for a request waiting for ``remote``) unless
+``--max-open-duration`` or ``--serve-args`` say otherwise.  A request counts when it
+got 200, i.e. when its records were LOCAL (WAL fdatasync returned) or REMOTE
+(segment uploaded and in the queue manifest).  Afterwards the service is stopped with SIGTERM (it drains) and every
 acknowledged record is counted back through a consumer.
 
 The client threads run on the same machine as the workers (and moto), so on a
@@ -51,9 +59,9 @@ def _body(n: int, size: int, tag: str) -> bytes:
 def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[
     subprocess.Popen[str], int
 ]:
+    seal = ["--max-open-duration", args.max_open_duration] if args.max_open_duration else []
     cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
-           "--port", "0", "--workers", str(args.workers),
-           "--max-open-duration", args.max_open_duration, *args.serve_args]
+           "--port", "0", "--workers", str(args.workers), *seal, *args.serve_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, **env})
     assert proc.stdout is not None
@@ -70,6 +78,66 @@ def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str])
             pass
         time.sleep(0.05)
     raise RuntimeError("service did not become ready")
+
+
+def _post(port: int, durability: str, body: bytes) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", f"/v1/produce?durability={durability}", body,
+                     {"Content-Type": "application/octet-stream"})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def _run_low(port: int, durability: str, args: argparse.Namespace) -> dict[str, Any]:
+    """An open loop: one request every 1/rate s (each on its own thread and connection),
+    whatever the earlier ones are doing."""
+    lock = threading.Lock()
+    lat: list[float] = []
+    errors: dict[int, int] = {}
+    n = int(args.low_rate * args.low_seconds)
+
+    def one(i: int) -> None:
+        body = _body(args.records, args.record_size, f"low-{durability}-{i}")
+        t0 = time.perf_counter()
+        try:
+            status = _post(port, durability, body)
+        except OSError:
+            status = -1
+        dt = time.perf_counter() - t0
+        with lock:
+            if status == 200:
+                lat.append(dt)
+            else:
+                errors[status] = errors.get(status, 0) + 1
+
+    threads = []
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / args.low_rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = threading.Thread(target=one, args=(i,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    s = summarize([x * 1000 for x in lat])
+    return {
+        "durability": durability,
+        "load": f"low ({args.low_rate:g} req/s)",
+        "ok": len(lat),
+        "errors": errors,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(lat) / elapsed, 1),
+        "records_per_s": round(len(lat) * args.records / elapsed, 1),
+        "latency_ms": {k: round(v, 2) for k, v in s.items() if k != "n"},
+        "capped": False,
+    }
 
 
 def _run_level(port: int, durability: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -118,6 +186,7 @@ def _run_level(port: int, durability: str, args: argparse.Namespace) -> dict[str
     s = summarize([x * 1000 for x in lat])
     return {
         "durability": durability,
+        "load": f"high ({args.threads} threads)",
         "ok": len(lat),
         "errors": errors,
         "seconds": round(elapsed, 3),
@@ -152,11 +221,14 @@ def main() -> None:
     p.add_argument("--records", type=int, default=10, help="records per request")
     p.add_argument("--record-size", type=int, default=200)
     p.add_argument("--time-cap", type=float, default=60.0, help="seconds per level")
-    p.add_argument("--max-open-duration", default="100ms",
-                   help="segment seal interval: what a durability=remote request waits for")
+    p.add_argument("--low-rate", type=float, default=5.0, help="requests/s of the low rate")
+    p.add_argument("--low-seconds", type=float, default=20.0, help="seconds of the low rate")
+    p.add_argument("--max-open-duration", default=None,
+                   help="segment seal interval (default: the library's 5 s)")
     p.add_argument("--serve-args", nargs="*", default=[])
     args = p.parse_args()
 
+    load = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="tb-bench-service-"))
     with ExitStack() as stack:
         if args.store == "moto":
@@ -171,7 +243,8 @@ def main() -> None:
             url, opts, env = f"file://{tmp}/buf", {}, {}
         proc, port = _start(url, tmp / "stage", args, env)
         try:
-            levels = [_run_level(port, d, args) for d in ("local", "remote")]
+            levels = [run(port, d, args) for run in (_run_low, _run_level)
+                      for d in ("local", "remote")]
         finally:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(300)
@@ -180,14 +253,21 @@ def main() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"tieredbuf serve on 127.0.0.1, store {args.store}, {args.workers} workers, "
-          f"{args.threads} client threads, {args.records} x {args.record_size} B records "
-          f"per request, seal every {args.max_open_duration}")
+          f"{args.records} x {args.record_size} B records per request, max_open_duration "
+          f"{args.max_open_duration or 'default (5s)'}; load average "
+          + " ".join(f"{x:.2f}" for x in load))
     print_table(
-        ["durability", "ok", "errors", "req/s", "records/s", "p50 ms", "p99 ms", "max ms"],
-        [[lv["durability"], lv["ok"], lv["errors"] or "-", lv["requests_per_s"],
+        ["durability", "load", "ok", "errors", "req/s", "records/s", "p50 ms", "p99 ms",
+         "max ms"],
+        [[lv["durability"], lv["load"], lv["ok"], lv["errors"] or "-", lv["requests_per_s"],
           lv["records_per_s"], lv["latency_ms"]["p50"], lv["latency_ms"]["p99"],
           lv["latency_ms"]["max"]] for lv in levels],
     )
+    low_remote = next(lv for lv in levels if lv["durability"] == "remote"
+                      and lv["load"].startswith("low"))
+    p50, p99 = low_remote["latency_ms"]["p50"], low_remote["latency_ms"]["p99"]
+    print(f"goal: remote at the low rate p50 <= 150 ms and p99 <= 300 ms: p50 {p50}, "
+          f"p99 {p99} -> {'met' if p50 <= 150 and p99 <= 300 else 'MISSED'}")
     print(f"SIGTERM drain exit {rc}; acknowledged records {acked}, consumed back {consumed}")
     path = write_json("service", {
         "config": {k: v for k, v in vars(args).items()},
@@ -196,6 +276,7 @@ def main() -> None:
             "remote": f"segment uploaded to the {args.store} store and appended to the manifest",
         },
         "levels": levels,
+        "load_average_before": load,
         "drain_exit_code": rc,
         "acknowledged_records": acked,
         "consumed_records": consumed,
