@@ -15,8 +15,9 @@ Each request carries ``--records`` records of ``--record-size`` bytes
 seals after 5 s, or at once for a request waiting for ``remote``) unless
 ``--max-open-duration`` or ``--serve-args`` say otherwise.  A request counts when it
 got 200, i.e. when its records were LOCAL (WAL fdatasync returned) or REMOTE
-(segment uploaded and in the queue manifest).  Afterwards the service is stopped with SIGTERM (it drains) and every
-acknowledged record is counted back through a consumer.
+(segment uploaded and in the queue manifest).  Afterwards the service is stopped
+with SIGTERM (it drains) and every acknowledged record is counted back through a
+consumer.
 
 The client threads run on the same machine as the workers (and moto), so on a
 small box they compete for the same cores: the figures are a floor, not a ceiling.
