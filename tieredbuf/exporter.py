@@ -37,6 +37,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,6 +135,8 @@ class Exporter:
         """Sealed segments whose upload started (by segment ULID), until appended."""
         self._round = 0
         self._wake = threading.Event()
+        self.upload_s = 0.0
+        """Recent upload time of a segment (EWMA, seconds)."""
         self._urgent = 0
         """drain() calls with a timeout: append at once instead of at the pacer's slot."""
         self._on_exported = on_exported
@@ -182,6 +185,12 @@ class Exporter:
             raise FlushTimeoutError(
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
+
+    def next_append_in(self, ahead: int = 0) -> float:
+        """Seconds until the exporter may append again (0: now), by the pacers of both
+        kinds (the later one: an idle kind's pacer is always ready); ``ahead``: after
+        that many more appends."""
+        return max(0.0, *(p.due_in(ahead) for p in self._pacers.values()))
 
     def wake(self) -> None:
         """Look at the stage now (a segment was just sealed for a REMOTE waiter)."""
@@ -347,7 +356,10 @@ class Exporter:
             running += 1
 
     def _upload(self, kind: str, p: Pending) -> None:
+        started = time.monotonic()
         self._publishers[kind].upload(p)
+        took = time.monotonic() - started
+        self.upload_s = took if not self.upload_s else 0.8 * self.upload_s + 0.2 * took
         p.drop_body()  # it waits for its append on disk, not in memory
         self._wake.set()
 

@@ -22,7 +22,8 @@ from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageCo
 from tieredbuf.errors import ClosedError, ConfigError, DiskError
 from tieredbuf.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
 from tieredbuf.forks import ForkGuard
-from tieredbuf.handles import Durability, WriteHandle, WriteOutcome
+from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.prompt_seal import PromptSealer
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
 
@@ -100,6 +101,7 @@ class StagedProducer:
         except BaseException:
             self.stage.close()
             raise
+        self._prompt = PromptSealer(self.stage, self.exporter)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class StagedProducer:
                 "stage_disk_bytes": self.stage.disk_bytes(),
                 "sealed_segments_pending": len(self.stage.sealed_segments()),
                 "export_failing": int(self.exporter.error is not None),
+                "prompt_seals": self._prompt.seals,
                 "quarantined_segments": len(self.stage.quarantined())}
 
     def disk_fault(self) -> DiskError | None:
@@ -123,7 +126,8 @@ class StagedProducer:
             raise ClosedError("producer is closed")
 
     def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
-        handle = WriteHandle()
+        # the first wait for REMOTE asks for a prompt seal (tieredbuf/prompt_seal.py)
+        handle = WriteHandle(DurabilityWatcher(on_remote_wait=self._prompt.request))
         w = handle.watcher
 
         def remote(ex: Exported) -> None:
@@ -181,6 +185,7 @@ class StagedProducer:
                 return
             self._closed = True
         try:
+            self._prompt.close()
             self.stage.seal_all()
             self.exporter.drain(timeout)
         finally:

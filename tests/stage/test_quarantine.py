@@ -145,7 +145,11 @@ def test_I7_a_segment_corrupted_before_upload_fails_its_handles_with_data_loss(
 ) -> None:
     store = _GatedStore()
     buf = tieredbuf.Buffer(store)  # type: ignore[arg-type]
-    p = buf.producer(staging_dir=tmp_path / "stage", max_open_duration=timedelta(hours=1))
+    # one upload at a time: segment 2 is read (and checked) only after segment 1's
+    # upload, i.e. after the flip below (with more, it would be read, checked good and
+    # uploaded as soon as it is sealed)
+    p = buf.producer(staging_dir=tmp_path / "stage", max_open_duration=timedelta(hours=1),
+                     max_uploads_in_flight=1)
     h1 = p.produce([b"one"])
     p.stage.seal_all()
     assert store.entered.wait(30)  # the exporter is uploading segment 1

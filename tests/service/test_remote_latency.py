@@ -1,0 +1,20 @@
+"""durability=remote is answered once the request's segment is exported: a waiting
+request has it sealed at once (tieredbuf/prompt_seal.py), whatever max_open_duration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.service.server import Server
+from tests.service.util import ndjson
+from tieredbuf.service.bodies import NDJSON
+
+
+def test_the_service_answers_durability_remote_without_waiting_out_max_open(
+    tmp_path: Path, serve: Callable[..., Server]
+) -> None:
+    srv = serve(f"file://{tmp_path}/buf", "--max-open-duration", "1h")
+    r = srv.post(ndjson([{"i": 1}]), NDJSON, "remote")
+    assert r.status == 200 and r.json()["sequence"] == 0
+    assert srv.terminate() == 0
