@@ -350,17 +350,18 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
 
 
 def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
-                     export: str) -> dict[str, Any]:
+                     export: str, remote: bool = False) -> dict[str, Any]:
+    """``remote``: every call waits for REMOTE (each one asks for a prompt seal), not LOCAL."""
     url = "memory://" if export == "memory" else f"file://{d}/store"
     buf = tieredbuf.open(url)
     producer = buf.producer(staging_dir=d / "stage", durability="wal", flush_interval=GROUP)
-    local = tieredbuf.Durability.LOCAL
+    level = tieredbuf.Durability.REMOTE if remote else tieredbuf.Durability.LOCAL
 
     def work(i: int, barrier: threading.Barrier) -> None:
         mine = recs[i]
         barrier.wait()
         windowed(calls, window, lambda: producer.produce(mine, META),
-                 lambda h: h.wait(local))
+                 lambda h: h.wait(level))
 
     started = run_threads(len(recs), work)
     secs = time.perf_counter() - started
@@ -369,8 +370,12 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
     producer.close()
     close_s = time.perf_counter() - t
     buf.close()
+    sealed = stats.get("segments_sealed", 0)
     return {"seconds": secs, "close_seconds": close_s,
-            "objects_uploaded_in_window": stats.get("objects_uploaded")}
+            "objects_uploaded_in_window": stats.get("objects_uploaded"),
+            "segments_sealed_in_window": sealed, "prompt_seals": stats.get("prompt_seals"),
+            "mean_segment_mib": stats.get("bytes_exported", 0) / MiB / max(1, sealed)
+            if remote else None}
 
 
 def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
@@ -382,7 +387,8 @@ def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
         n_rec = calls * args.threads * batch
         nbytes = n_rec * size
         exports = ("memory", "file") if args.export == "both" else (args.export,)
-        for via in ("stage", *(f"producer-{e}" for e in exports)):
+        remote_rows = ("producer-memory-remote",) if args.remote_row else ()
+        for via in ("stage", *(f"producer-{e}" for e in exports), *remote_rows):
             key = f"{size // 1024}KiB/{via}"
             sides = ("tieredbuf", "raw", "raw_2x") if via == "stage" else ("tieredbuf", "raw")
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
@@ -395,6 +401,12 @@ def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
                         r = produce_raw(d, recs, calls, args.window, side == "raw_2x")
                     elif via == "stage":
                         r = produce_stage(d, recs, calls, args.window)
+                    elif via.endswith("-remote"):
+                        # enough calls in flight for two full segments, or REMOTE waits
+                        # would stall every segment short of target_size
+                        win = max(args.window, -(-2 * 32 * MiB // (per_call * args.threads)))
+                        r = produce_producer(d, recs, calls, win, "memory", remote=True)
+                        r["window_calls"] = win
                     else:
                         r = produce_producer(d, recs, calls, args.window, via[9:])
                     shutil.rmtree(d, ignore_errors=True)
@@ -406,7 +418,8 @@ def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
             out[key] = {
                 "record_size": size, "records_per_call": batch, "threads": args.threads,
                 "window_calls": args.window, "records": n_rec, "bytes": nbytes,
-                "export": via[9:] if via != "stage" else None,
+                "export": via[9:].removesuffix("-remote") if via != "stage" else None,
+                "awaited": "REMOTE" if via.endswith("-remote") else "LOCAL",
                 **{s: {"records_per_s": m[s], "mib_per_s": m[s] * size / MiB,
                        "runs": runs[s]} for s in sides},
                 "ratio": m["tieredbuf"] / m["raw"], "target": 0.6,
@@ -668,6 +681,13 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
               "same disk (-file: the disk takes every byte a third time)")
         print("   'raw_2x' (diagnostic): raw plus the same bytes rewritten into 32 MiB files "
               "by a background thread, i.e. the stage's double write without its Python work")
+        for key, r in res["produce"].items():
+            if r.get("awaited") == "REMOTE":
+                t = r["tieredbuf"]["runs"]
+                print(f"   {key}: every call waits for REMOTE (prompt seals asked for), "
+                      f"{t[0].get('window_calls')} calls in flight per thread; mean sealed "
+                      f"segment {med([x['mean_segment_mib'] for x in t]):.1f} MiB (target "
+                      f"32), prompt seals {[x['prompt_seals'] for x in t]}")
     if "bundles" in res:
         b = res["bundles"]
         print()
@@ -712,6 +732,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--produce-mib", type=int, help="produce: MiB per run")
     p.add_argument("--export", choices=("both", "file", "memory"), default="both",
                    help="StagedProducer's buffer: memory://, file:// on the same disk, or both")
+    p.add_argument("--no-remote-row", dest="remote_row", action="store_false",
+                   help="skip the producer-memory-remote rows (calls wait for REMOTE)")
     p.add_argument("--bundle-mib", type=int, help="bundles: MiB per run")
     p.add_argument("--bundle-rows", type=int, default=16384, help="rows in slot 0's batch")
     p.add_argument("--replay-mib", type=int, help="replay: MiB staged before the kill")
