@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import moto_server, print_table, write_json
+from _common import moto_server, print_table, summarize, write_json
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -127,6 +127,66 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         "t1": t1,
     })
     buf.close()
+
+
+def _steady_producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
+    """One producer process at a steady rate, every call waiting for REMOTE (by
+    callback): the latency pacing costs at N producers."""
+    import functools
+
+    import tieredbuf
+
+    buf = tieredbuf.open(cfg["url"], **cfg["store_options"])
+    opts = {"manifest_writes_per_s": cfg["rate"]}
+    if cfg["kind"] == "direct":
+        p = buf.producer(**opts)
+    else:
+        p = buf.producer(staging_dir=Path(cfg["stage"]) / f"p{index}", **opts)
+    lat: list[float] = []
+
+    def done(t0: float) -> None:
+        lat.append((time.monotonic() - t0) * 1000)
+
+    records = [b"x" * cfg["size"]] * cfg["per_call"]
+    n = int(cfg["calls_per_s"] * cfg["seconds"])
+    warm = int(cfg["calls_per_s"] * cfg["warmup"])
+    barrier.wait()
+    start = time.monotonic() + (index / cfg["n"]) / cfg["calls_per_s"]  # spread phases
+    handles = []
+    for i in range(n):
+        delay = start + i / cfg["calls_per_s"] - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        t0 = time.monotonic()
+        h = p.produce(records)
+        if i >= warm:
+            h.watcher.when(tieredbuf.Durability.REMOTE, functools.partial(done, t0))
+        handles.append(h)
+    for h in handles:
+        h.wait(timeout=120)
+    before_close = buf.requests.total("put_conditional", "root")
+    p.close()
+    out.put({"index": index, "latency_ms": lat,
+             "cas": before_close - buf.requests.conflicts.get("root", 0),
+             "seconds": time.monotonic() - start})
+    buf.close()
+
+
+def steady(cfg: dict[str, Any]) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    n = cfg["n"]
+    barrier = ctx.Barrier(n)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_steady_producer, args=(cfg, i, barrier, out))
+             for i in range(n)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=cfg["timeout"]) for _ in range(n)]
+    for proc in procs:
+        proc.join()
+    lat = sorted(x for r in results for x in r["latency_ms"])
+    seconds = max(r["seconds"] for r in results)
+    return {"latency_ms": summarize(lat), "cas_per_s": sum(r["cas"] for r in results) / seconds}
 
 
 def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +346,31 @@ def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
     return row
 
 
+def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[str, Any]]:
+    """REMOTE latency under a steady load at N producers, paced and unpaced."""
+    rows = []
+    for kind in args.kinds:
+        for n in args.producers:
+            for rate in (args.writes_per_s, 0.0):
+                tag = f"lat-{kind}-{n}-{rate}-{time.monotonic_ns()}"
+                if args.store == "local":
+                    url, opts = f"file://{root}/{tag}/buf", {}
+                else:
+                    url, opts = f"s3://{store.new_bucket('lat')}/buf", store.options()
+                cfg = {"url": url, "store_options": opts, "kind": kind, "n": n, "rate": rate,
+                       "size": 1024, "per_call": 10, "calls_per_s": args.latency_calls_per_s,
+                       "seconds": args.latency_seconds, "warmup": 2.0,
+                       "stage": str(root / tag / "stage"), "timeout": args.timeout}
+                print(f"[latency: {kind} x {n}, {'paced' if rate else 'unpaced'}, "
+                      f"{args.latency_calls_per_s:g} calls/s each] ...", flush=True)
+                r = steady(cfg)
+                r.update(kind=kind, producers=n, rate=rate)
+                rows.append(r)
+                if args.store == "local":
+                    shutil.rmtree(root / tag, ignore_errors=True)
+    return rows
+
+
 def _json_ready(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for k, v in row.items():
@@ -294,6 +379,17 @@ def _json_ready(row: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(v, dict):
             out[k] = _json_ready(v)
     return out
+
+
+def report_latency(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print()
+    print(f"REMOTE latency at N producers, each {args.latency_calls_per_s:g} calls/s x 10 x "
+          f"1 KiB, every call awaited (first 2 s dropped); paced at {args.writes_per_s:g} "
+          f"manifest writes/s per buffer vs unpaced")
+    print_table(["kind", "N", "pacing", "p50 ms", "p99 ms", "max ms", "CAS/s"], [
+        [r["kind"], r["producers"], "paced" if r["rate"] else "unpaced",
+         f"{r['latency_ms']['p50']:.0f}", f"{r['latency_ms']['p99']:.0f}",
+         f"{r['latency_ms']['max']:.0f}", f"{r['cas_per_s']:.1f}"] for r in rows])
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -360,6 +456,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate-mib-s", type=float, default=10.0,
                    help="steady ingest rate the $/month figures assume")
     p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--latency", action="store_true",
+                   help="also: REMOTE latency at N producers, paced vs unpaced")
+    p.add_argument("--latency-only", action="store_true", help="only the latency rows")
+    p.add_argument("--latency-calls-per-s", type=float, default=20.0)
+    p.add_argument("--latency-seconds", type=float, default=12.0)
     p.add_argument("--tmpdir", help="where stages and the local store go (default $TMPDIR)")
     p.add_argument("--out", default="cost")
     a = p.parse_args(argv)
@@ -384,12 +485,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.store == "moto":
             store = stack.enter_context(moto_server())
         rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
-        for kind in args.kinds:
+        for kind in args.kinds if not args.latency_only else []:
             for size in args.sizes:
                 for n in args.producers:
                     for rate in rates:
                         rows.append(run_row(kind, size, n, rate, args, store, root))
-    report(rows, args)
+        lat = latency_rows(args, store, root) if args.latency or args.latency_only else []
+    if rows:
+        report(rows, args)
+    if lat:
+        report_latency(lat, args)
     print(f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     path = write_json(args.out, {
@@ -399,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_month": SECONDS_PER_MONTH,
         "load_average_before": load,
         "rows": [_json_ready(r) for r in rows],
+        "latency_rows": lat,
     })
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
     return 0
