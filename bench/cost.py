@@ -80,10 +80,12 @@ GC_GRACE_S = 600
 def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
     """One producer process: its share of the bytes, then close(); reports its counts."""
     import tieredbuf
+    from tieredbuf.errors import ConflictError
     from tieredbuf.keys import MANIFEST_KEY
 
     buf = tieredbuf.open(cfg["url"], **cfg["store_options"])
     cas: list[float] = []
+    lost: list[float] = []
     inner = buf.store.inner
 
     class _Timed:  # the times of successful root CAS writes (for the rate check)
@@ -91,7 +93,12 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
             return getattr(inner, name)
 
         def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
-            etag: str = inner.put(key, data, mode=mode)
+            try:
+                etag: str = inner.put(key, data, mode=mode)
+            except ConflictError:
+                if key == MANIFEST_KEY:
+                    lost.append(time.time())
+                raise
             if key == MANIFEST_KEY:
                 cas.append(time.time())
             return etag
@@ -120,6 +127,7 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         "requests": [[op, kind, n] for (op, kind), n in buf.requests.snapshot().items()],
         "conflicts": buf.requests.conflicts,
         "cas_times": cas,
+        "conflict_times": lost,
         "objects": stats.get("segments_exported", stats.get("objects_uploaded", 0)),
         "records": calls * per_call,
         "bytes": calls * per_call * size,
@@ -165,10 +173,10 @@ def _steady_producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) ->
     for h in handles:
         h.wait(timeout=120)
     before_close = buf.requests.total("put_conditional", "root")
+    conflicts = buf.requests.conflicts.get("root", 0)
     p.close()
-    out.put({"index": index, "latency_ms": lat,
-             "cas": before_close - buf.requests.conflicts.get("root", 0),
-             "seconds": time.monotonic() - start})
+    out.put({"index": index, "latency_ms": lat, "cas": before_close - conflicts,
+             "conflicts": conflicts, "seconds": time.monotonic() - start})
     buf.close()
 
 
@@ -186,7 +194,8 @@ def steady(cfg: dict[str, Any]) -> dict[str, Any]:
         proc.join()
     lat = sorted(x for r in results for x in r["latency_ms"])
     seconds = max(r["seconds"] for r in results)
-    return {"latency_ms": summarize(lat), "cas_per_s": sum(r["cas"] for r in results) / seconds}
+    return {"latency_ms": summarize(lat), "cas_per_s": sum(r["cas"] for r in results) / seconds,
+            "conflicts_per_s": sum(r["conflicts"] for r in results) / seconds}
 
 
 def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +217,8 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
             requests[(op, kind)] = requests.get((op, kind), 0) + c
     cas = sorted(t for r in results for t in r["cas_times"])
     t0, t1 = min(r["t0"] for r in results), max(r["t1"] for r in results)
+    lost = sorted(t - t0 for r in results for t in r["conflict_times"])
+    first_done = min(r["t1"] for r in results) - t0
     return {
         "requests": requests,
         "conflicts": sum(sum(r["conflicts"].values()) for r in results),
@@ -217,6 +228,8 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         "seconds": t1 - t0,
         "cas": len(cas),
         "cas_max_10s": _max_window(cas, 10.0),
+        "conflicts_in_first_second": sum(1 for t in lost if t < 1.0),
+        "conflicts_after_first_close": sum(1 for t in lost if t >= first_done),
     }
 
 
@@ -386,10 +399,11 @@ def report_latency(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
     print(f"REMOTE latency at N producers, each {args.latency_calls_per_s:g} calls/s x 10 x "
           f"1 KiB, every call awaited (first 2 s dropped); paced at {args.writes_per_s:g} "
           f"manifest writes/s per buffer vs unpaced")
-    print_table(["kind", "N", "pacing", "p50 ms", "p99 ms", "max ms", "CAS/s"], [
+    print_table(["kind", "N", "pacing", "p50 ms", "p99 ms", "max ms", "CAS/s", "conflicts/s"], [
         [r["kind"], r["producers"], "paced" if r["rate"] else "unpaced",
          f"{r['latency_ms']['p50']:.0f}", f"{r['latency_ms']['p99']:.0f}",
-         f"{r['latency_ms']['max']:.0f}", f"{r['cas_per_s']:.1f}"] for r in rows])
+         f"{r['latency_ms']['max']:.0f}", f"{r['cas_per_s']:.1f}",
+         f"{r['conflicts_per_s']:.2f}"] for r in rows])
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

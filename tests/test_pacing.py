@@ -34,27 +34,50 @@ def _queue_seeing(clock: _Clock, ages_ms: dict[str, int]) -> Any:
     return SimpleNamespace(last_read=SimpleNamespace(watermarks=wms))
 
 
+def _slot_phase(clock: _Clock, pacer: AppendPacer, interval: float) -> float:
+    """Where in the cycle the pacer's next slot falls (0..1)."""
+    at = clock.ms() / 1000 + pacer.due_in()
+    return (at / interval) % 1.0
+
+
 def test_the_interval_is_active_writers_over_the_rate() -> None:
     clock = _Clock()
     q = _queue_seeing(clock, {"me": 0, "b": 1000, "c": 5000, "old": ACTIVE_WINDOW_MS + 1})
     pacer = AppendPacer(q, "me", 5.0, clock=clock.mono, clock_ms=clock.ms)
     assert pacer.active_writers() == 3  # "old" is idle past the window
-    assert pacer.due_in() == 0  # the first append goes at once
+    assert pacer.interval() == pytest.approx(3 / 5)
+    first = pacer.due_in()  # a new writer's first append waits for its slot
+    assert 0 <= first < 0.6 and _slot_phase(clock, pacer, 0.6) == pytest.approx(2 / 3)
+    clock.s += first
+    assert pacer.due_in() <= 1e-9
     pacer.appended()
-    assert pacer.due_in() == pytest.approx(3 / 5)
-    clock.s += 0.5
-    assert pacer.due_in() == pytest.approx(0.1)
-    clock.s += 0.1
-    assert pacer.due_in() <= 0
+    wait = pacer.due_in()  # no token left: its next slot, once half a token is earned
+    assert 0.5 * 0.6 <= wait <= 0.5 * 0.6 + 0.6 + 1e-9
+    # its slot: rank 2 of the sorted ids (b, c, me), so 2/3 of the way into each cycle
+    assert _slot_phase(clock, pacer, 0.6) == pytest.approx(2 / 3)
+
+
+def test_writers_under_load_take_turns_a_slot_apart() -> None:
+    clock = _Clock()
+    ages = {"a": 0, "b": 0, "c": 0, "d": 0}
+    pacers = [AppendPacer(_queue_seeing(clock, ages), p, 5.0, clock=clock.mono,
+                          clock_ms=clock.ms) for p in ages]
+    for p in pacers:  # all over their share: no token
+        p.appended()
+        p.appended()
+    phases = sorted(_slot_phase(clock, p, 0.8) for p in pacers)
+    assert phases == pytest.approx([0.0, 0.25, 0.5, 0.75], abs=1e-6)
 
 
 def test_a_writer_not_in_the_root_yet_counts_itself_and_rate_0_is_unpaced() -> None:
     clock = _Clock()
     q = _queue_seeing(clock, {"other": 0})
     pacer = AppendPacer(q, "me", 4.0, clock=clock.mono, clock_ms=clock.ms)
-    assert pacer.active_writers() == 2
+    assert pacer.active_writers() == 2 and pacer.interval() == pytest.approx(0.5)
+    clock.s += 1
     pacer.appended()
-    assert pacer.due_in() == pytest.approx(0.5)
+    pacer.appended()  # the burst spent
+    assert 0.25 <= pacer.due_in() <= 0.75
     assert AppendPacer(SimpleNamespace(last_read=None), "me", 5.0).active_writers() == 1
     off = AppendPacer(q, "me", 0.0, clock=clock.mono, clock_ms=clock.ms)
     off.appended()
@@ -67,6 +90,7 @@ def test_below_its_share_a_writer_never_waits_and_may_burst_twice() -> None:
     clock = _Clock()
     pacer = AppendPacer(_queue_seeing(clock, {"me": 0}), "me", 5.0, clock=clock.mono,
                         clock_ms=clock.ms)
+    clock.s += 0.2  # past its first slot
     for _ in range(20):  # 4/s, under the 5/s share: never a wait
         assert pacer.due_in() <= 0
         pacer.appended()
@@ -75,8 +99,8 @@ def test_below_its_share_a_writer_never_waits_and_may_burst_twice() -> None:
     pacer.appended()
     assert pacer.due_in() <= 0  # a second append at once
     pacer.appended()
-    assert pacer.due_in() == pytest.approx(0.2)
-    assert pacer.due_in(ahead=1) == pytest.approx(0.4)
+    assert 0 < pacer.due_in() <= 0.2 * 1.5 + 1e-9  # then one slot per interval
+    assert pacer.due_in(ahead=1) > pacer.due_in()
 
 
 def test_the_window_widens_with_the_interval() -> None:
@@ -196,3 +220,34 @@ def test_I2_an_optimistic_append_against_a_stale_root_lands_exactly_once(
         assert locs == ["a", "b", "c"] and seqs == [2]
         assert mine.stats.get("conflicts") == 1  # the stale CAS, then a fresh read
     assert mine.stats.get("optimistic_attempts") == 1
+
+
+def test_after_a_lost_cas_a_paced_writer_waits_for_its_turn_before_reading_again() -> None:
+    """Waiting after the read would CAS against a root others wrote meanwhile: a
+    newcomer would lose every time to writers that keep their slots."""
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.queue.backoff import interruptible_sleep, retry_turn
+    from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    events: list[str] = []
+
+    class Logged(FaultInjectingStore):
+        def get(self, key: str) -> Any:
+            events.append("read")
+            return super().get(key)
+
+        def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+            events.append("cas")
+            return super().put(key, data, mode=mode)
+
+    store = Logged(open_store("memory://"))
+    q = ManifestQueue(store, sleep=interruptible_sleep)
+    q.append([_e("a")], "other", 1)
+    store.arm("put", key=MANIFEST_KEY, when="before", error=PreconditionFailedError)
+    events.clear()
+    with retry_turn(lambda: events.append("turn")):
+        assert q.append([_e("b")], "me", 1) == [1]
+    assert events == ["read", "cas", "turn", "read", "cas"]

@@ -131,6 +131,7 @@ class Exporter:
         }
         for kind, pub in self._publishers.items():
             pub.optimistic = self._pacers[kind].alone
+            pub.between_attempts = functools.partial(self._wait_turn, kind)
         self._uploads: dict[str, _Upload] = {}
         """Sealed segments whose upload started (by segment ULID), until appended."""
         self._round = 0
@@ -139,6 +140,7 @@ class Exporter:
         """Recent upload time of a segment (EWMA, seconds)."""
         self._urgent = 0
         """drain() calls with a timeout: append at once instead of at the pacer's slot."""
+        self._draining = 0
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
@@ -166,6 +168,7 @@ class Exporter:
         urgent = int(timeout is not None)
         with self._cond:
             self._urgent += urgent
+            self._draining += 1
         self._wake.set()
         try:
             with self._cond:
@@ -177,6 +180,7 @@ class Exporter:
         finally:
             with self._cond:
                 self._urgent -= urgent
+                self._draining -= 1
         if self._error is not None:
             raise self._error
         if not ok:
@@ -185,6 +189,11 @@ class Exporter:
             raise FlushTimeoutError(
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
+
+    def _wait_turn(self, kind: str) -> None:
+        """After a lost CAS: wait for this kind's slot (a drain with a timeout does not)."""
+        self._pacers[kind].wait_turn(lambda: self._urgent > 0 or self._stop.is_set(),
+                                     self._stop.wait)
 
     def next_append_in(self, ahead: int = 0) -> float:
         """Seconds until the exporter may append again (0: now), by the pacers of both
@@ -295,6 +304,7 @@ class Exporter:
         with self._cond:
             self._idle = False
             urgent = self._urgent > 0 or self._stop.is_set()
+            draining = self._draining > 0
         self._start_uploads(sealed)
         wait = POLL_INTERVAL
         for kind in KINDS:
@@ -323,7 +333,8 @@ class Exporter:
                 if up.future.exception() is not None:
                     del self._uploads[up.segment.ulid]  # uploaded again on the next pass
                     up.future.result()
-            due = 0.0 if urgent else self._pacers[kind].due_in()
+            # a drain takes its turn: many producers closing together is a CAS storm
+            due = 0.0 if urgent else self._pacers[kind].due_in(turn=draining)
             if due > 0:
                 wait = min(wait, due)
                 continue

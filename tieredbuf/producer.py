@@ -96,10 +96,12 @@ class Producer:
         )
         self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
         self._publisher.optimistic = self._pacer.alone
+        self._publisher.between_attempts = self._wait_turn
         self._upload_s = 0.0
         """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
         self._urgent = 0
         """flush()/close() calls with a timeout: append at once, not at the pacer's slot."""
+        self._flush_waiters = 0
         self._cond = threading.Condition()
         self._open = _OpenBatch()
         self._buffered_inputs = 0
@@ -181,6 +183,7 @@ class Producer:
             self._flush_now = True
             urgent = int(timeout is not None)
             self._urgent += urgent
+            self._flush_waiters += 1
             self._cond.notify_all()
             try:
                 ok = self._cond.wait_for(
@@ -188,6 +191,7 @@ class Producer:
                 )
             finally:
                 self._urgent -= urgent
+                self._flush_waiters -= 1
             if self._error is not None:
                 raise self._error
             if not ok:
@@ -309,6 +313,12 @@ class Producer:
                 self._inflight.append((p, fut, batch))
                 self._cond.notify_all()
 
+    def _wait_turn(self) -> None:
+        """After a lost CAS (on the appender thread): wait for this writer's slot."""
+        with self._cond:
+            self._pacer.wait_turn(lambda: bool(self._urgent) or self._error is not None,
+                                  self._cond.wait)
+
     def _upload(self, p: Pending) -> None:
         started = time.monotonic()
         self._publisher.upload(p)
@@ -332,7 +342,8 @@ class Producer:
             with self._cond:
                 # this writer's slot (group commit across producers); uploads go on
                 while not (self._urgent or self._error is not None):
-                    left = self._pacer.due_in()
+                    # a flush or close takes its turn: closing together is a CAS storm
+                    left = self._pacer.due_in(turn=self._closing or self._flush_waiters > 0)
                     if left <= 0:
                         break
                     self._cond.wait(left)

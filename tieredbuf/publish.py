@@ -27,7 +27,7 @@ from tieredbuf import keys
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, stop_on
+from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, retry_turn, stop_on
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.store.base import Store
 
@@ -96,6 +96,9 @@ class Publisher:
         self.retry_log = retry_log or RetryLog(log)
         self.last_error: BaseException | None = None
         """The last transient upload failure, until an upload succeeds."""
+        self.between_attempts: Callable[[], None] = lambda: None
+        """Runs after an append's retry sleep, before it reads the root again (after a
+        lost CAS): a paced writer waits for its slot there (backoff.retry_turn)."""
         self.optimistic: Callable[[], bool] = lambda: False
         """True when this writer believes it is the buffer's only one appending: its next
         append then CASes against the root it last wrote, without reading it first."""
@@ -182,7 +185,7 @@ class Publisher:
         while True:
             entries = [NewEntry(p.location, p.metadata, p.size) for p in group]
             try:
-                with stop_on(self.stop):
+                with stop_on(self.stop), retry_turn(self.between_attempts):
                     return self.queue.append(
                         entries, self.producer_id, group[-1].producer_seq,
                         before_write=lambda snap: self._check_fresh(group, snap),

@@ -40,13 +40,34 @@ def stop_on(event: threading.Event) -> Iterator[None]:
         _local.stop = prev
 
 
+@contextmanager
+def retry_turn(wait: Callable[[], None]) -> Iterator[None]:
+    """While inside, a retry sleep (:func:`interruptible_sleep`) on this thread is
+    followed by ``wait()``: a paced writer that lost a CAS waits for its slot *before*
+    reading the root again (:mod:`tieredbuf.queue.pacing`), not a few milliseconds --
+    writers that met once would meet again, and a wait after the read would make the
+    next CAS stale."""
+    prev = getattr(_local, "turn", None)
+    _local.turn = wait
+    try:
+        yield
+    finally:
+        _local.turn = prev
+
+
 def interruptible_sleep(seconds: float) -> None:
-    """time.sleep, cut short (raising Stopped) by the event of an enclosing :func:`stop_on`."""
+    """time.sleep, cut short (raising Stopped) by the event of an enclosing :func:`stop_on`;
+    then the wait of an enclosing :func:`retry_turn`."""
     event: threading.Event | None = getattr(_local, "stop", None)
     if event is None:
         time.sleep(seconds)
     elif event.wait(seconds) or event.is_set():
         raise Stopped("stopped while retrying a store operation")
+    turn: Callable[[], None] | None = getattr(_local, "turn", None)
+    if turn is not None:
+        turn()
+        if event is not None and event.is_set():
+            raise Stopped("stopped while retrying a store operation")
 
 
 @dataclass

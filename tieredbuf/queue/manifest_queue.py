@@ -180,8 +180,9 @@ class ManifestQueue:
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
         self.last_read: fm.ManifestView | None = None
-        """The root this queue read or wrote last (its watermarks show who else appends:
-        :mod:`tieredbuf.queue.pacing`)."""
+        """The root this queue read last (its watermarks show who else appends:
+        :mod:`tieredbuf.queue.pacing`), read at ``last_read_ms``."""
+        self.last_read_ms = 0
         self._latest: tuple[bytes, str] | None = None
         """The bytes and etag of the root as this queue last read or wrote it."""
 
@@ -197,7 +198,7 @@ class ManifestQueue:
         self.stats.incr("manifest_reads")
         self.stats.incr("manifest_bytes_read", len(got.data))
         view = fm.open_manifest(got.data, obj=self.key)
-        self.last_read = view
+        self.last_read, self.last_read_ms = view, self.clock_ms()
         self._latest = (got.data, got.etag)
         return Snapshot(view, got.etag, tree.decode_root(view, self.clock_ms()), self.nodes)
 

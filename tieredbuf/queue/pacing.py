@@ -14,13 +14,20 @@ where ``active_writers`` counts the watermarks updated within the last
 keeps a token bucket filled at one token per interval and holding at most
 ``BURST`` (2): an append takes a token, and without one the writer waits and,
 meanwhile, accumulates what arrives into its next append (the direct producer keeps
-uploading batches, the exporter keeps uploading sealed segments).  So N writers
+uploading batches, the exporter keeps uploading sealed segments).  A writer that
+waits does so for its own **slot**: the wall-clock instants ``(k + rank / N) x
+interval``, ``rank`` being its place among the active writers' ids in sorted order
+(a pseudo-random phase each cycle while the root does not show it yet: new writers,
+started together, spread out instead of meeting).  Writers under load thus take turns, an
+interval apart in all, instead of meeting in CAS conflicts (each a wasted PUT and a
+GET); clocks need to agree to well within a slot's width, ``1 / rate`` (200 ms).  So N writers
 together make about ``manifest_writes_per_s`` appends per second, whatever N is (a
 window of T seconds sees at most ``rate x T`` plus each writer's burst); below that
 rate a write never waits (the burst absorbs jitter), and above it a record waits at
 most about one interval for its append.  That interval is the price in REMOTE
 latency under load: 0.2 s for one writer at the default 5/s, 0.8 s for four, 3.2 s
-for sixteen (docs/operations.md).
+for sixteen (docs/operations.md).  A new writer's first append waits for its slot
+too (writers started together would otherwise all CAS at once).
 
 The rate must be the same for every writer of a buffer (as ``TreeConfig.m`` must):
 a writer with a higher rate takes a larger share.  ``0`` turns pacing off (every
@@ -29,6 +36,8 @@ append as soon as it is ready: the rate then grows with the writers).
 
 from __future__ import annotations
 
+import hashlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +52,14 @@ ACTIVE_WINDOW_MS = 10_000
 """A writer whose watermark moved within this long (or 3 intervals) counts as active."""
 BURST = 2.0
 """Appends a writer may make back to back after being below its share for a while."""
+SLACK = 0.5
+"""A slot may be taken with this much of a token still owed (timing noise)."""
+
+
+def _id_phase(producer_id: str) -> float:
+    """A stable pseudo-random phase in [0, 1) for a writer that sees no other."""
+    digest = hashlib.blake2b(producer_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 class AppendPacer:
@@ -64,24 +81,37 @@ class AppendPacer:
         self.writes_per_s = writes_per_s
         self._clock = clock
         self._clock_ms = clock_ms
-        self._tokens = 1.0
+        self._tokens = 1.0 - SLACK
         """Appends this writer may make now (refilled at 1 per interval, at most BURST;
-        below 0 after appends that could not wait: a flush or close with a timeout)."""
+        below 0 after appends that could not wait: a flush or close with a timeout).
+        A new writer starts short of a whole one, so its first append waits for its slot
+        (at most one interval): writers started together do not all CAS at once."""
         self._at = clock()
         self._interval = 0.0
+        self._known = False
+        """The last root read showed this writer's watermark (its slot is by rank)."""
         self._lock = threading.Lock()
 
-    def active_writers(self) -> int:
-        """Writers (this one included) whose watermark moved recently, as of the last root
-        this process read for this buffer (1 before any read)."""
+    def _active_ids(self) -> list[str]:
+        """Sorted ids of the writers (this one included) whose watermark moved recently,
+        as of the last root this process read or wrote for this buffer."""
         seen = self.queue.last_read
         if seen is None:
-            return 1
+            self._known = False
+            return [self.producer_id]
         window = max(ACTIVE_WINDOW_MS, int(3000 * self._interval))
-        since = self._clock_ms() - window
+        # active as of that read: a root read long ago shows who was appending then,
+        # not that they stopped since (judged from now, they would seem to have)
+        since = min(self._clock_ms(), getattr(self.queue, "last_read_ms", 0) or
+                    self._clock_ms()) - window
         ids = {w.producer_id for w in seen.watermarks.values() if w.updated_ms >= since}
+        self._known = self.producer_id in ids
         ids.add(self.producer_id)
-        return len(ids)
+        return sorted(ids)
+
+    def active_writers(self) -> int:
+        """Writers (this one included) appending recently (1 before any read)."""
+        return len(self._active_ids())
 
     def alone(self) -> bool:
         """True when no other writer appended recently (and this one has appended before):
@@ -90,12 +120,21 @@ class AppendPacer:
         return self.queue.knows_root and self.active_writers() == 1
 
     def interval(self) -> float:
-        """Seconds between this writer's appends now (0: unpaced)."""
+        """Seconds between this writer's appends under load now (0: unpaced)."""
+        return self._schedule()[0]
+
+    def _schedule(self) -> tuple[float, float | None]:
+        """(interval, this writer's slot phase in [0, 1), or None for a writer the root
+        does not show yet: it takes a pseudo-random phase each cycle)."""
         if self.writes_per_s == 0:
-            return 0.0
+            return 0.0, 0.0
+        ids = self._active_ids()
+        n = len(ids)
+        known = self._known
+        phase = ids.index(self.producer_id) / n if known else None
         with self._lock:
-            self._interval = self.active_writers() / self.writes_per_s
-            return self._interval
+            self._interval = n / self.writes_per_s
+        return n / self.writes_per_s, phase
 
     def _refill(self, interval: float) -> None:
         """Under the lock: add the tokens earned since the last look."""
@@ -104,15 +143,47 @@ class AppendPacer:
             self._tokens = min(BURST, self._tokens + (now - self._at) / interval)
         self._at = now
 
-    def due_in(self, ahead: int = 0) -> float:
+    def due_in(self, ahead: int = 0, *, turn: bool = False) -> float:
         """Seconds until this writer may append (<= 0: now); ``ahead``: after that many
-        more appends (a batch already waiting takes the next token)."""
-        interval = self.interval()
+        more appends (a batch already waiting takes the next token).  ``turn``: wait for
+        this writer's slot even with a token in hand, when it is not alone (a flush or
+        close: many writers closing together would otherwise all CAS at once)."""
+        interval, phase = self._schedule()
+        if interval == 0:
+            return 0.0
         with self._lock:
-            if interval == 0:
-                return 0.0
             self._refill(interval)
-            return (1 + ahead - self._tokens) * interval
+            owed = 1 + ahead - self._tokens
+        if owed <= 0 and not (turn and interval * self.writes_per_s > 1):
+            return 0.0  # below its share: at once
+        # over its share: its next slot by which it has (nearly) earned the token
+        now = self._clock_ms() / 1000
+        earliest = now + max(0.0, (owed - SLACK) * interval)
+        # a slot that began less than half a slot ago is still this writer's (a wait ends
+        # at its slot, not just after it: that would chase the next one)
+        late = 0.5 / self.writes_per_s
+        k = math.floor((earliest - late) / interval)
+        while True:
+            at = (k + (phase if phase is not None else self._cycle_phase(k))) * interval
+            if at >= earliest - late:
+                return at - now
+            k += 1
+
+    def _cycle_phase(self, cycle: int) -> float:
+        """A new writer's phase in one cycle: pseudo-random, so that writers the root
+        does not show yet (started together, say) spread out instead of meeting."""
+        return _id_phase(f"{self.producer_id}/{cycle}")
+
+    def wait_turn(self, stop: Callable[[], bool], wait: Callable[[float], object]) -> None:
+        """After a lost CAS: wait for this writer's next slot (it has just re-read the root,
+        so it knows the writers), not the CAS loop's few milliseconds -- writers that met
+        once would meet again.  ``stop()`` ends the wait (a close with a timeout);
+        ``wait(seconds)`` sleeps, interruptibly."""
+        left = self.due_in(turn=True)
+        deadline = self._clock() + left
+        while left > 0 and not stop():
+            wait(left)
+            left = deadline - self._clock()
 
     def appended(self) -> None:
         """An append landed (or was found landed): it takes a token."""
