@@ -68,9 +68,9 @@ PRICES = {
     "get_class_per_1000": 0.0004,  # GET, SELECT and all other requests (HEAD)
     "storage_per_gb_month": 0.023,  # first 50 TB
 }
-PUT_CLASS = ("put", "put_conditional", "list", "delete")
+PUT_CLASS = ("put", "put_conditional", "copy", "list", "delete")
 GET_CLASS = ("get", "get_range", "head")
-OPS = ("put", "put_conditional", "get", "get_range", "head", "list", "delete")
+OPS = ("put", "put_conditional", "copy", "get", "get_range", "head", "list", "delete")
 GC_GRACE_S = 600
 
 

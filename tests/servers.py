@@ -225,6 +225,8 @@ class RequestRecorder:
             return "head", kind
         if method == "GET":
             return ("get_range" if "HTTP_RANGE" in environ else "get"), kind
+        if method == "PUT" and "HTTP_X_AMZ_COPY_SOURCE" in environ:
+            return "copy", kind
         if method == "PUT":
             cond = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
             return ("put_conditional" if cond else "put"), kind

@@ -294,7 +294,7 @@ class RequestCollector(Collector):
         snap = self._counts.snapshot()
         req = CounterMetricFamily(
             "tieredbuf_store_requests", "Object store requests sent, by operation (get, "
-            "get_range, head, put, put_conditional, list, delete) and object kind.",
+            "get_range, head, put, put_conditional, copy, list, delete) and object kind.",
             labels=[*names, "op", "kind"])
         for op in OPS:
             for kind in KINDS:

@@ -155,3 +155,11 @@ def test_request_counts_are_thread_safe() -> None:
     for t in ts:
         t.join()
     assert counts.total() == 40_000
+
+
+def test_a_server_side_copy_is_one_request_of_the_new_keys_kind(tmp_path: Path) -> None:
+    s = MeteredStore(open_store(f"file://{tmp_path}/s"))
+    s.inner.put("data/a.batch", b"x")
+    s.copy("data/a.batch", "data/b.batch")
+    assert s.counts.snapshot() == {("copy", "data"): 1}
+    assert s.get("data/b.batch").data == b"x"

@@ -179,12 +179,9 @@ class ManifestQueue:
         self.nodes = nodes or NodeStore(
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
-        self.last_read: fm.ManifestView | None = None
-        """The root this queue read last (its watermarks show who else appends:
-        :mod:`tieredbuf.queue.pacing`), read at ``last_read_ms``."""
+        self.last_read: fm.ManifestView | None = None  # who appends: queue/pacing.py
         self.last_read_ms = 0
-        self._latest: tuple[bytes, str] | None = None
-        """The bytes and etag of the root as this queue last read or wrote it."""
+        self._latest: tuple[bytes, str] | None = None  # the root last read or written
 
     # --- reads -------------------------------------------------------------
 
@@ -204,19 +201,15 @@ class ManifestQueue:
 
     @property
     def knows_root(self) -> bool:
-        """True once this queue has read or written the root (an optimistic append can
-        then CAS against it without reading it first)."""
+        """True once this queue has read or written the root (see ``optimistic``)."""
         return self._latest is not None
 
-    def _latest_snapshot(self) -> Snapshot | None:
-        """The root as this queue last read or wrote it, without a request (it may be
-        stale: a CAS against it fails if another writer wrote since)."""
-        latest = self._latest
-        if latest is None:
-            return None
-        data, etag = latest
-        view = fm.open_manifest(data, obj=self.key)
-        return Snapshot(view, etag, tree.decode_root(view, self.clock_ms()), self.nodes)
+    def _latest_snapshot(self) -> Snapshot:
+        """The root as this queue last read or wrote it, without a request (maybe stale)."""
+        assert self._latest is not None
+        view = fm.open_manifest(self._latest[0], obj=self.key)
+        return Snapshot(view, self._latest[1], tree.decode_root(view, self.clock_ms()),
+                        self.nodes)
 
     def read_footer(self) -> fm.Footer:
         """Only the raw 22-byte root footer: one small ranged GET.
@@ -306,10 +299,8 @@ class ManifestQueue:
     ) -> list[int | None]:
         """Append ``new`` exactly once; returns the sequence given to each entry.
 
-        ``optimistic``: the first attempt CASes against the root as this queue last read
-        or wrote it, without reading it again (one request instead of two: for a writer
-        that believes it is the only one appending); a stale root only fails that CAS,
-        and the append goes on from a fresh read as usual.
+        ``optimistic``: the first attempt CASes against the root this queue last read or
+        wrote, unread (a lone writer's one request); a stale root only fails that CAS.
 
         ``new[i]`` is the producer's append number ``producer_seqs[i]`` if given (strictly
         increasing, ending at ``last_producer_seq``), else ``last_producer_seq - len(new) +
@@ -331,10 +322,11 @@ class ManifestQueue:
         pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
         attempt = 0
         while True:
-            cached = self._latest_snapshot() if optimistic and attempt == 0 else None
-            snap = cached if cached is not None else self._read_retrying(attempt)
-            if cached is not None:
+            if optimistic and attempt == 0 and self.knows_root:
+                snap = self._latest_snapshot()
                 self.stats.incr("optimistic_attempts")
+            else:
+                snap = self._read_retrying(attempt)
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
             view = snap.view

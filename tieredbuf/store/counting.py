@@ -10,6 +10,7 @@ sends.  An operation is one of
 ``head``            HEAD
 ``put``             unconditional PUT (a multipart upload: initiate + parts + complete)
 ``put_conditional`` PUT with If-None-Match: * (create) or If-Match (CAS)
+``copy``            server-side copy (S3 CopyObject; priced as a PUT), by the new key's kind
 ``list``            LIST, one per page of up to 1000 keys (S3's page size), at least one
 ``delete``          DeleteObjects, one per batch of up to 1000 keys
 ==================  ===================================================================
@@ -40,11 +41,11 @@ from tieredbuf.errors import ConflictError
 from tieredbuf.keys import KINDS, key_kind
 from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
 
-OPS = ("get", "get_range", "head", "put", "put_conditional", "list", "delete")
+OPS = ("get", "get_range", "head", "put", "put_conditional", "copy", "list", "delete")
 """Every operation a request is counted under."""
 OP_NAMES = {
     "get": "GET", "get_range": "ranged GET", "head": "HEAD", "put": "PUT",
-    "put_conditional": "conditional PUT", "list": "LIST", "delete": "DELETE",
+    "put_conditional": "conditional PUT", "copy": "COPY", "list": "LIST", "delete": "DELETE",
 }
 LIST_PAGE = 1000
 """Keys per LIST response (S3 ListObjectsV2's maximum)."""
@@ -185,6 +186,10 @@ class MeteredStore:
         size = sum(memoryview(c).nbytes for c in body)
         n = 2 + max(1, math.ceil(size / MULTIPART_CHUNK))
         return self._put(key, mode, n, lambda: self._inner.put_multipart(key, body, mode=mode))
+
+    def copy(self, src: str, dst: str) -> None:
+        self.counts.add("copy", dst)
+        self._inner.copy(src, dst)
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         self.counts.add("list", prefix)
