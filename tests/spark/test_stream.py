@@ -136,3 +136,77 @@ def test_I7_the_fast_skip_to_a_position_names_a_bad_length() -> None:
     broken = fm.ManifestView(bytes(bad), view.footer, len(bad), obj="queue/manifest")
     with pytest.raises(CorruptError, match="queue/manifest"):
         plan._skip(broken, 4)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_an_idle_stream_costs_at_most_half_a_request_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark asks for the latest offset every 10 ms while nothing arrives: the answer
+    comes from the 22-byte footer, and between footer reads from a backoff (0.1 s
+    doubling to 2 s) without any request.  Time is simulated: no test sleeps 60 s."""
+    from tieredbuf.spark import stream
+
+    clock = _Clock()
+    monkeypatch.setattr(stream.time, "monotonic", clock)
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    append_records(buf, [[b"a"]], ts_ms=1000)
+    store = _counted(url)
+    r = _reader(url)
+    limit = r.getDefaultReadLimit()
+    start = r.initialOffset()
+    end = r.latestOffset(start, limit)
+    assert end["sequence"] == 1
+    store.reset()
+    assert r.latestOffset(end, limit) == end  # nothing new: the root says so, once
+    assert store.counts["get"] == 1
+    store.reset()
+    for _ in range(6000):  # 60 s of polls every 10 ms
+        clock.t += 0.01
+        assert r.latestOffset(end, limit) == end
+    c = store.counts
+    assert c["get"] == 0 and c["get_suffix"] <= 60 * 0.5 + 5  # 0.1+0.2+0.4+0.8+1.6, then 2 s
+    assert c["get_suffix"] >= 60 * 0.5 - 1
+    # new data: seen at the next footer read (within 2 s), then read in full
+    append_records(tieredbuf.open(url), [[b"b"]], ts_ms=2000)
+    store.reset()
+    seen = None
+    for _ in range(300):
+        clock.t += 0.01
+        got = r.latestOffset(end, limit)
+        if got != end:
+            seen = got
+            break
+    assert seen is not None and seen["sequence"] == 2
+    assert store.counts["get_suffix"] <= 1 and store.counts["get"] == 1
+    store.reset()
+    r.partitions(end, seen)
+    nxt = r.latestOffset(seen, limit)  # busy again: one root read, no footer first
+    assert nxt == seen and store.counts["get_suffix"] == 0
+
+
+def test_I4_an_idle_consumer_query_learns_it_was_fenced_from_the_footer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tieredbuf.spark import stream
+
+    clock = _Clock()
+    monkeypatch.setattr(stream.time, "monotonic", clock)
+    url = f"file://{tmp_path}/buf"
+    append_records(tieredbuf.open(url), [[b"a"]], ts_ms=1000)
+    a = _reader(url, consumer="etl")
+    start = a.initialOffset()
+    end = a.latestOffset(start, a.getDefaultReadLimit())
+    assert a.latestOffset(end, a.getDefaultReadLimit()) == end  # idle from here
+    _reader(url, consumer="etl").initialOffset()  # another run fences this one
+    clock.t += 10
+    with pytest.raises(FencedError):
+        a.latestOffset(end, a.getDefaultReadLimit())

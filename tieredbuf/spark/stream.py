@@ -21,15 +21,22 @@ buffer it was read from (root section 6; absent for roots that have none yet) an
 
 Each trigger reads the root once (one GET) and lists only the objects of its
 micro-batch through the tree (:mod:`tieredbuf.spark.plan`): its cost does not grow
-with the backlog.  With ``consumer`` the query is the queue's fenced consumer
-(:mod:`tieredbuf.spark.consumer_mode`): Spark calls ``commit(end)`` only after the
-micro-batch ending at ``end`` is in its commit log -- in fact one micro-batch late,
-when it plans the next one -- so nothing is dequeued while Spark may still need it.
+with the backlog.  An idle query costs almost nothing: Spark asks for the latest
+offset every few milliseconds while nothing arrives; once a trigger found nothing
+new, the source answers from the root's 22-byte footer (one ranged GET: its next
+sequence and epoch) and, after each such answer, without any request for a backoff
+that doubles from ``IDLE_BACKOFF_S`` to ``IDLE_BACKOFF_MAX_S`` (0.1 s to 2 s: at most
+0.5 requests/s idle; new data is seen within 2 s).  With ``consumer`` the query is
+the queue's fenced consumer (:mod:`tieredbuf.spark.consumer_mode`): Spark calls
+``commit(end)`` only after the micro-batch ending at ``end`` is in its commit log --
+in fact one micro-batch late, when it plans the next one -- so nothing is dequeued
+while Spark may still need it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -46,7 +53,13 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import tieredbuf
-from tieredbuf.errors import DataLossError
+from tieredbuf.errors import (
+    BufferNotFoundError,
+    DataLossError,
+    FencedError,
+    ObjectNotFoundError,
+)
+from tieredbuf.format import manifest as fm
 from tieredbuf.queue.manifest_queue import Snapshot
 from tieredbuf.spark import options as opt
 from tieredbuf.spark import plan
@@ -54,6 +67,11 @@ from tieredbuf.spark.consumer_mode import QueueConsumer
 from tieredbuf.spark.executor import ObjectPartition, arrow_schema, read_partition, shared_buffer
 
 log = logging.getLogger(__name__)
+
+IDLE_BACKOFF_S = 0.1
+"""The first pause after a footer read found nothing new."""
+IDLE_BACKOFF_MAX_S = 2.0
+"""The longest pause: an idle query sends at most one small GET per this long."""
 
 
 def _seq(offset: dict[str, Any]) -> int:
@@ -77,6 +95,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.lost_sequences = 0
         """Sequences skipped because they were gone (failOnDataLoss=false)."""
         self._lost_through = -1
+        self._idle = False
+        self._idle_backoff = 0.0
+        self._idle_until = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"ro": self.ro, "schema": self.schema}
@@ -161,14 +182,47 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxBytes(self.ro.max_bytes)
         return ReadAllAvailable()
 
+    def _nothing_new(self, start: dict[str, Any]) -> bool:
+        """Idle (the last trigger found nothing new): True while the backoff runs, with
+        no request, then from the root's 22-byte footer (fenced in consumer mode).  New
+        entries, or a buffer behind the offset, go to a full read."""
+        if self._target is not None or not self._idle:
+            return False  # availableNow runs to a fixed end; a busy query reads the root
+        now = time.monotonic()
+        if now < self._idle_until:
+            return True
+        buf = self._buf()
+        try:
+            tail = buf.store.get_suffix(buf.queue.key, fm.FOOTER_SIZE)
+        except ObjectNotFoundError:
+            raise BufferNotFoundError(buf.url, "it was deleted under a running query") from None
+        footer = fm.parse_footer(tail, obj=buf.queue.key)
+        if self._consumer is not None and footer.epoch != self._consumer.start():
+            raise FencedError(self._consumer.start(), footer.epoch)
+        if footer.next_sequence != _seq(start):
+            self._idle, self._idle_backoff = False, 0.0
+            return False
+        self._pause(now)
+        return True
+
+    def _pause(self, now: float) -> None:
+        self._idle = True
+        self._idle_backoff = min(IDLE_BACKOFF_MAX_S, max(IDLE_BACKOFF_S, 2 * self._idle_backoff))
+        self._idle_until = now + self._idle_backoff
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if self._nothing_new(start):
+            return start
         snap = self._read()
         self._same_buffer(start, snap)
         s = self._floor(_seq(start), snap)
         nxt = snap.root.next_seq
         end = nxt if self._target is None else min(nxt, self._target)
         if end <= s:
+            if nxt <= _seq(start):
+                self._pause(time.monotonic())  # idle: footer reads from now on
             return start
+        self._idle = False
         if isinstance(limit, ReadMaxFiles):
             end = min(end, s + limit.max_files)
         elif isinstance(limit, ReadMaxRows):
