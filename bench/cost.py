@@ -28,11 +28,14 @@ configuration with pacing off (``manifest_writes_per_s=0``, ``--baseline``), i.e
 every producer appending on its own timer costs.
 
 The store is a local directory by default (its requests are counted exactly as S3's
-would be; ``--store moto`` sends them to a moto server instead).
+would be; ``--store moto`` sends them to a moto server on a thread of this process,
+serialised, which also counts what it receives: Spark's requests come from its Python
+workers, so ``--read spark`` needs it).
 
 Usage::
 
     flock /tmp/tieredbuf-bench.lock python bench/cost.py              # 1 GiB per row
+    python bench/cost.py --store moto --read consumer,spark --baseline
     python bench/cost.py --quick                                      # 64 MiB per row
     python bench/cost.py --sizes 1024 --producers 4 --kinds staged --gib 0.25
 
@@ -56,7 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import moto_server, print_table, summarize, write_json
+from _common import print_table, summarize, write_json
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -262,40 +265,43 @@ def read_consumer(url: str, opts: dict[str, Any]) -> dict[str, Any]:
     return {"requests": buf.requests.snapshot(), "entries": n, "seconds": time.time() - t0}
 
 
-def read_spark(url: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """One batch read of the whole queue with Spark; the requests of this (driver)
-    process and of its local executors (same process in local mode)."""
-    from pyspark.sql import SparkSession
+_SPARK: list[Any] = []
 
-    import tieredbuf
-    import tieredbuf.spark
 
-    spark = (SparkSession.builder.master("local[2]").appName("tieredbuf-cost")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    tieredbuf.spark.register(spark)
-    buf = tieredbuf.open(url, **opts)
-    before = _process_requests()
+def _spark() -> Any:
+    """One local[2] SparkSession for the run (Python workers use this interpreter)."""
+    if not _SPARK:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+        root = str(Path(__file__).resolve().parent.parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        from pyspark.sql import SparkSession
+
+        import tieredbuf.spark
+
+        spark = (SparkSession.builder.master("local[2]").appName("tieredbuf-cost")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        tieredbuf.spark.register(spark)
+        _SPARK.append(spark)
+    return _SPARK[0]
+
+
+def read_spark(url: str, opts: dict[str, Any], rec: Any) -> dict[str, Any]:
+    """One batch read of the whole queue with Spark.  Its requests come from Python
+    worker processes, so the S3 server counts them (``rec``: the recording moto)."""
+    spark = _spark()
+    rec.seen.clear()
     t0 = time.time()
     reader = spark.read.format("tieredbuf")
     for k, v in opts.items():
         reader = reader.option(k, str(v))
     rows = reader.load(url).count()
     seconds = time.time() - t0
-    after = _process_requests()
-    buf.close()
-    return {"requests": {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)},
-            "rows": rows, "seconds": seconds}
-
-
-def _process_requests() -> dict[tuple[str, str], int]:
-    """Requests of every Buffer the Spark source opened in this process."""
-    from tieredbuf.spark import reader as spark_reader
-
-    total: dict[tuple[str, str], int] = {}
-    for buf in getattr(spark_reader, "_BUFFERS", {}).values():
-        for k, v in buf.requests.snapshot().items():
-            total[k] = total.get(k, 0) + v
-    return total
+    return {"requests": dict(rec.seen), "rows": rows, "seconds": seconds}
 
 
 # --- pricing -------------------------------------------------------------------------
@@ -324,8 +330,10 @@ def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
     if args.store == "local":
         url, opts = f"file://{root}/{tag}/buf", {}
     else:
-        ep = store
-        url, opts = f"s3://{ep.new_bucket('cost')}/buf", ep.options()
+        ep, rec = store
+        bucket = ep.new_bucket()
+        rec.bucket, rec.prefix = bucket, "buf/"
+        url, opts = f"s3://{bucket}/buf", ep.options()
     cfg = {
         "url": url, "store_options": opts, "kind": kind, "size": size, "n": n,
         "rate": rate, "bytes": int(args.gib * GiB), "call_bytes": args.call_kib * 1024,
@@ -348,15 +356,30 @@ def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
         for op in OPS
     }
     row["price"] = price(req, gib, args.rate_mib_s)
-    for reader in args.read:
+    # Spark first: it only reads, the consumer acks and dequeues everything
+    for reader in sorted(args.read, key=lambda r: r != "spark"):
         print(f"  read back with {reader} ...", flush=True)
-        got = read_consumer(url, opts) if reader == "consumer" else read_spark(url, opts)
+        got = (read_consumer(url, opts) if reader == "consumer"
+               else read_spark(url, opts, store[1]))
         got["per_gib"] = sum(got["requests"].values()) / gib
         got["price"] = price(got["requests"], gib, args.rate_mib_s)
         row[f"read_{reader}"] = got
     if args.store == "local":
         shutil.rmtree(root / tag, ignore_errors=True)
+    else:
+        _drop_bucket(store[0], url)
     return row
+
+
+def _drop_bucket(ep: Any, url: str) -> None:
+    """Empty and delete a row's bucket: moto keeps every object in this process's RAM."""
+    bucket = url.split("/")[2]
+    client = ep.boto3_client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys_ = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys_:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys_})
+    client.delete_bucket(Bucket=bucket)
 
 
 def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[str, Any]]:
@@ -369,7 +392,7 @@ def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[
                 if args.store == "local":
                     url, opts = f"file://{root}/{tag}/buf", {}
                 else:
-                    url, opts = f"s3://{store.new_bucket('lat')}/buf", store.options()
+                    url, opts = f"s3://{store[0].new_bucket()}/buf", store[0].options()
                 cfg = {"url": url, "store_options": opts, "kind": kind, "n": n, "rate": rate,
                        "size": 1024, "per_call": 10, "calls_per_s": args.latency_calls_per_s,
                        "seconds": args.latency_seconds, "warmup": 2.0,
@@ -381,6 +404,8 @@ def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[
                 rows.append(r)
                 if args.store == "local":
                     shutil.rmtree(root / tag, ignore_errors=True)
+                else:
+                    _drop_bucket(store[0], url)
     return rows
 
 
@@ -484,6 +509,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.producers = [int(x) for x in a.producers.split(",") if x]
     a.kinds = [x for x in a.kinds.split(",") if x]
     a.read = [x for x in a.read.split(",") if x]
+    if "spark" in a.read and a.store != "moto":
+        p.error("--read spark needs --store moto: Spark's requests come from its Python "
+                "workers, so the S3 server counts them")
     return a
 
 
@@ -496,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tempfile.mkdtemp(prefix="tb-cost-", dir=args.tmpdir))
         stack.callback(shutil.rmtree, root, True)
         store: Any = None
-        if args.store == "moto":
-            store = stack.enter_context(moto_server())
+        if args.store == "moto":  # serialised, and counting what it receives
+            from tests.servers import recording_moto_server
+
+            store = stack.enter_context(recording_moto_server())
         rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
         for kind in args.kinds if not args.latency_only else []:
             for size in args.sizes:
