@@ -26,13 +26,13 @@ new stream with the same ``(slot, fingerprint)``.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.wal import MAX_SLOTS, describe_error, schema_fingerprint
 
 SEGMENT_MAGIC = b"QUIVER\x00S"
@@ -206,7 +206,7 @@ class SegmentBuilder:
         parts += [footer, trailer_head]
         crc = 0
         for p in parts:
-            crc = zlib.crc32(p if isinstance(p, bytes) else memoryview(p), crc)
+            crc = crc32(p if isinstance(p, bytes) else memoryview(p), crc)
         parts.append(_U32.pack(crc))
         return parts
 
@@ -433,7 +433,7 @@ class SegmentReader:
             raise self._fail(t_at + 4, f"bad trailer magic {magic!r}")
         if verify_crc:
             (stored,) = _U32.unpack_from(view, n - 4)
-            actual = zlib.crc32(view[: n - 4])
+            actual = crc32(view[: n - 4], 0)
             if stored != actual:
                 raise self._fail(
                     n - 4, f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"

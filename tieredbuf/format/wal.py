@@ -52,6 +52,7 @@ import pyarrow as pa
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, UnsupportedVersionError
 from tieredbuf.format._reader import Reader
 from tieredbuf.format.batch import interleave_lengths
+from tieredbuf.format.crc import crc32
 
 WAL_MAGIC = b"QUIVER\x00WAL"
 WAL_VERSION = 1
@@ -237,7 +238,7 @@ def entry_body(entry_type: int, parts: Sequence[bytes | memoryview | pa.Buffer])
         views = tuple(p if isinstance(p, (bytes, memoryview)) else memoryview(p) for p in parts)
     crc = 0
     for v in views:
-        crc = zlib.crc32(v, crc)
+        crc = crc32(v, crc)
     return EntryBody(entry_type, views, n, crc)
 
 
@@ -320,7 +321,7 @@ def decode_entry(
     body_at = r.pos
     body = r.take(n, "entry body")
     stored = r.u32("entry crc32")
-    actual = zlib.crc32(body)
+    actual = crc32(body, 0)
     if stored != actual:
         raise CorruptError(
             WHAT, obj, offset, f"entry CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"

@@ -38,7 +38,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from ulid import ULID
 
 from tieredbuf.config import Compression
 from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave_lengths
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.format.segment import (
     SEGMENT_MAGIC,
@@ -149,11 +149,11 @@ def verify(seg: SealedSegment, data: bytes | memoryview | None = None) -> str | 
         if len(view) < TRAILER_SIZE or bytes(view[-12:-4]) != SEGMENT_MAGIC:
             return "no segment trailer"
         stored = int.from_bytes(view[-4:], "little")
-        actual = zlib.crc32(view[:-4])
+        actual = crc32(view[:-4], 0)
     elif seg.crc32 is None:
         return None
     else:
-        stored, actual = seg.crc32, zlib.crc32(view)
+        stored, actual = seg.crc32, crc32(view, 0)
     if stored != actual:
         return f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
     return None
@@ -371,7 +371,7 @@ class SegmentDir:
         if acc.kind == BATCH:
             crc = 0
             for part in parts:
-                crc = zlib.crc32(part, crc)
+                crc = crc32(part, crc)
         ulid = self.next_ulid() if ulid is None else ulid
         final = self.path / f"{ulid}.{acc.kind}"
         tmp = final.with_name(final.name + ".tmp")
