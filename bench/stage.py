@@ -380,52 +380,61 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
 
 def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for size, batch in ((1024, args.batch_1k), (65536, args.batch_64k)):
-        per_call = size * batch
-        calls = max(1, args.produce_mib * MiB // (per_call * args.threads))
-        recs = make_records(args.threads, batch, size)
-        n_rec = calls * args.threads * batch
-        nbytes = n_rec * size
-        exports = ("memory", "file") if args.export == "both" else (args.export,)
-        remote_rows = ("producer-memory-remote",) if args.remote_row else ()
-        for via in ("stage", *(f"producer-{e}" for e in exports), *remote_rows):
-            key = f"{size // 1024}KiB/{via}"
-            sides = ("tieredbuf", "raw", "raw_2x") if via == "stage" else ("tieredbuf", "raw")
-            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-            for rep in range(args.repeat):
-                order = sides[rep % len(sides):] + sides[: rep % len(sides)]
-                for side in order:
-                    print(f"[produce {key}] run {rep + 1}/{args.repeat}: {side}", flush=True)
-                    d = scratch.new(f"p-{side}")
-                    if side.startswith("raw"):
-                        r = produce_raw(d, recs, calls, args.window, side == "raw_2x")
-                    elif via == "stage":
-                        r = produce_stage(d, recs, calls, args.window)
-                    elif via.endswith("-remote"):
-                        # enough calls in flight for two full segments, or REMOTE waits
-                        # would stall every segment short of target_size
-                        win = max(args.window, -(-2 * 32 * MiB // (per_call * args.threads)))
-                        r = produce_producer(d, recs, calls, win, "memory", remote=True)
-                        r["window_calls"] = win
-                    else:
-                        r = produce_producer(d, recs, calls, args.window, via[9:])
-                    shutil.rmtree(d, ignore_errors=True)
-                    r["records_per_s"] = n_rec / r["seconds"]
-                    r["mib_per_s"] = nbytes / MiB / r["seconds"]
-                    r["loadavg"] = loadavg()
-                    runs[side].append(r)
-            m = {s: med([r["records_per_s"] for r in runs[s]]) for s in sides}
-            out[key] = {
-                "record_size": size, "records_per_call": batch, "threads": args.threads,
-                "window_calls": args.window, "records": n_rec, "bytes": nbytes,
-                "export": via[9:].removesuffix("-remote") if via != "stage" else None,
-                "awaited": "REMOTE" if via.endswith("-remote") else "LOCAL",
-                **{s: {"records_per_s": m[s], "mib_per_s": m[s] * size / MiB,
-                       "runs": runs[s]} for s in sides},
-                "ratio": m["tieredbuf"] / m["raw"], "target": 0.6,
-            }
-            if "raw_2x" in m:
-                out[key]["ratio_raw_2x_over_raw"] = m["raw_2x"] / m["raw"]
+    for threads in args.threads:
+        for size, batch in ((1024, args.batch_1k), (65536, args.batch_64k)):
+            out.update(bench_produce_case(args, scratch, threads, size, batch))
+    return out
+
+
+def bench_produce_case(args: argparse.Namespace, scratch: Scratch, threads: int, size: int,
+                       batch: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    per_call = size * batch
+    calls = max(1, args.produce_mib * MiB // (per_call * threads))
+    recs = make_records(threads, batch, size)
+    n_rec = calls * threads * batch
+    nbytes = n_rec * size
+    exports = ("memory", "file") if args.export == "both" else (args.export,)
+    remote_rows = ("producer-memory-remote",) if args.remote_row else ()
+    for via in ("stage", *(f"producer-{e}" for e in exports), *remote_rows):
+        key = f"{size // 1024}KiB/{via}/{threads}t"
+        sides = ("tieredbuf", "raw", "raw_2x") if via == "stage" and args.raw_2x \
+            else ("tieredbuf", "raw")
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+        for rep in range(args.repeat):
+            order = sides[rep % len(sides):] + sides[: rep % len(sides)]
+            for side in order:
+                print(f"[produce {key}] run {rep + 1}/{args.repeat}: {side}", flush=True)
+                d = scratch.new(f"p-{side}")
+                if side.startswith("raw"):
+                    r = produce_raw(d, recs, calls, args.window, side == "raw_2x")
+                elif via == "stage":
+                    r = produce_stage(d, recs, calls, args.window)
+                elif via.endswith("-remote"):
+                    # enough calls in flight for two full segments, or REMOTE waits
+                    # would stall every segment short of target_size
+                    win = max(args.window, -(-2 * 32 * MiB // (per_call * threads)))
+                    r = produce_producer(d, recs, calls, win, "memory", remote=True)
+                    r["window_calls"] = win
+                else:
+                    r = produce_producer(d, recs, calls, args.window, via[9:])
+                shutil.rmtree(d, ignore_errors=True)
+                r["records_per_s"] = n_rec / r["seconds"]
+                r["mib_per_s"] = nbytes / MiB / r["seconds"]
+                r["loadavg"] = loadavg()
+                runs[side].append(r)
+        m = {s: med([r["records_per_s"] for r in runs[s]]) for s in sides}
+        out[key] = {
+            "record_size": size, "records_per_call": batch, "threads": threads,
+            "window_calls": args.window, "records": n_rec, "bytes": nbytes,
+            "export": via[9:].removesuffix("-remote") if via != "stage" else None,
+            "awaited": "REMOTE" if via.endswith("-remote") else "LOCAL",
+            **{s: {"records_per_s": m[s], "mib_per_s": m[s] * size / MiB,
+                   "runs": runs[s]} for s in sides},
+            "ratio": m["tieredbuf"] / m["raw"], "target": 0.6,
+        }
+        if "raw_2x" in m:
+            out[key]["ratio_raw_2x_over_raw"] = m["raw_2x"] / m["raw"]
     return out
 
 
@@ -656,7 +665,8 @@ def spread(runs: list[dict[str, Any]], key: str) -> str:
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     if "produce" in res:
         print()
-        print(f"1. produce, durability='wal', LOCAL acks awaited ({args.threads} threads, "
+        threads = "/".join(map(str, args.threads))
+        print(f"1. produce, durability='wal', LOCAL acks awaited ({threads} threads, "
               f"<= {args.window} calls in flight each); raw = writev + group fdatasync "
               "every 25 ms; target ratio >= 0.6; median of "
               f"{args.repeat}")
@@ -725,7 +735,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, one run, ~10-30 s")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
     p.add_argument("--repeat", type=int, help="runs per side (median reported); default 3")
-    p.add_argument("--threads", type=int, default=4, help="produce: producer threads")
+    p.add_argument("--threads", default="1,4",
+                   help="produce: comma list of producer thread counts (one row each)")
+    p.add_argument("--no-raw-2x", dest="raw_2x", action="store_false",
+                   help="produce: skip the diagnostic raw_2x side of the stage rows")
     p.add_argument("--window", type=int, default=64, help="produce: calls in flight per thread")
     p.add_argument("--batch-1k", type=int, default=100, help="records per call at 1 KiB")
     p.add_argument("--batch-64k", type=int, default=4, help="records per call at 64 KiB")
@@ -741,6 +754,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="stage", help="results file name under bench/results/")
     a = p.parse_args(argv)
     a.repeat = a.repeat or (1 if a.quick else 3)
+    try:
+        a.threads = [int(t) for t in str(a.threads).split(",")]
+    except ValueError:
+        p.error(f"--threads takes a comma list of integers, not {a.threads!r}")
     a.produce_mib = a.produce_mib or (48 if a.quick else 256)
     a.bundle_mib = a.bundle_mib or (64 if a.quick else 256)
     # one WAL file (under the 64 MiB rotation target); --replay-mib 150 for three
