@@ -13,6 +13,12 @@ without waiting for the slot.  :meth:`Exporter.wake` (a prompt seal for a REMOTE
 upload at once; without it the exporter looks for new segments every 10 ms (a
 look at the stage: no store request, so an idle exporter costs nothing).
 
+A local-directory store (``file://``) on the stage's file system takes a segment as a
+hard link of the sealed file (LocalDirStore.put_link, Stage.link_segment): the file is
+durable and read-only once sealed, and the stage never recycles a file that has
+another name, so the disk does not write its bytes a third time.  Another file system
+(EXDEV) or one without hard links: the bytes are uploaded, from then on.
+
 Exactly once across crashes (I2).  Each kind's segments are appended under the
 producer id ``<stage producer id>.<kind>`` with the segment's last per-core
 sequence + 1 as its append number.  Within one kind, segments seal one after another
@@ -33,6 +39,7 @@ succeeds again.
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -53,11 +60,13 @@ from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, AppendPacer
 from tieredbuf.stage.segments import SealedSegment, verify
 from tieredbuf.stage.stage import Stage
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)
 
 KINDS = ("batch", "qseg")
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+"""A hard link's errnos that say the store cannot take links from this stage at all."""
 POLL_INTERVAL = 0.01
 """How often the exporter looks for newly sealed segments when idle (seconds)."""
 FAILURE_RETRY = RetryConfig(
@@ -141,6 +150,8 @@ class Exporter:
         self._urgent = 0
         """drain() calls with a timeout: append at once instead of at the pacer's slot."""
         self._draining = 0
+        self._linking = isinstance(store, LinkingStore)
+        """Hand sealed segments to the store as hard links (until one is refused)."""
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
@@ -342,6 +353,22 @@ class Exporter:
             wait = 0.0  # look again at once: more may be ready
         return True, wait
 
+    def _link_for(self, seg: SealedSegment) -> Callable[[str], None] | None:
+        """How a local-directory store takes ``seg`` without a copy: a hard link of the
+        sealed file (Stage.link_segment; see the module doc), or None (upload it)."""
+        if not self._linking:
+            return None
+
+        def link(tmp: str) -> None:
+            try:
+                self.stage.link_segment(seg, tmp)
+            except OSError as e:
+                if e.errno in _NO_LINK:  # another file system, or no hard links there
+                    self._linking = False
+                raise
+
+        return link
+
     def _start_uploads(self, sealed: list[SealedSegment]) -> None:
         """Start uploads, oldest segment first, up to ``max_uploads_in_flight`` running."""
         running = sum(1 for u in self._uploads.values() if not u.future.done())
@@ -361,7 +388,8 @@ class Exporter:
                 continue
             suffix = keys.SEGMENT_SUFFIX if seg.kind == "qseg" else keys.BATCH_SUFFIX
             p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
-                        reload=functools.partial(_read_verified, self.stage, seg))
+                        reload=functools.partial(_read_verified, self.stage, seg),
+                        link=self._link_for(seg))
             fut = self._pool.submit(self._upload, seg.kind, p)
             self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
             running += 1

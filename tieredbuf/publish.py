@@ -29,7 +29,7 @@ from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, retry_turn, stop_on
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ class Pending:
         """Free the uploaded body while the append waits; it can be reloaded."""
         if self.reload is not None:
             self.body = b""
+    link: Callable[[str], None] | None = None
+    """For a store that can take a hard link (LinkingStore): creates the object's bytes
+    at a temp path as a second name of a durable, immutable local file (the exporter's
+    sealed segment), instead of uploading ``body``.  Set to None after it failed."""
 
     @property
     def location(self) -> str:
@@ -120,7 +124,19 @@ class Publisher:
                 # PUT of b"".join(chunks), a full copy of a 32 MiB body with the GIL held),
                 # and S3 takes up to 5 GiB in one PUT.  put_multipart stays in the Store
                 # API for unconditional streaming; no upload here needs it today.
-                self.store.put(p.location, p.body, mode="create")
+                if p.link is not None and isinstance(self.store, LinkingStore):
+                    try:
+                        self.store.put_link(p.location, p.link)
+                    except OSError as e:
+                        if isinstance(e, StoreError):
+                            raise
+                        # the link itself failed (EXDEV: another file system): upload
+                        log.info("%s: no hard link (%s); uploading its bytes", p.location, e)
+                        p.link = None
+                        continue
+                    self.stats.incr("objects_linked")
+                else:
+                    self.store.put(p.location, p.body, mode="create")
                 break
             except AlreadyExistsError:
                 # A fresh ULID carries 80 random bits: the object is our own earlier

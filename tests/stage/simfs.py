@@ -157,7 +157,7 @@ class SimFs(FileSystem):
              after: int = 0) -> _Fault:
         """Make the next ``times`` (None: every) matching operations raise
         ``OSError(err)``, after letting ``after`` of them pass.  ``op``: writev,
-        fdatasync, fsync, rename, unlink, open, ftruncate, zero_range, fsync_dir (an
+        fdatasync, fsync, rename, link, unlink, open, ftruncate, zero_range, fsync_dir (an
         fsync of a directory), or "*"."""
         f = _Fault(op, err, path_contains, times, after)
         with self._lock:
@@ -389,6 +389,31 @@ class SimFs(FileSystem):
             del sp.entries[sname]
             sp.entries[dname] = sino
             sp.dir_pending.append(("rename", sname, dname, sino))
+
+    def link(self, src: Any, dst: Any, **kw: Any) -> None:  # type: ignore[override]
+        """A second name for a file, in any directory (a hard link): durable once the
+        destination directory is fsynced, like a create."""
+        src, dst = Path(src), Path(dst)
+        with self._lock:
+            self._check_alive()
+            _, _, sino = self._lookup(src)
+            dp, dname, dino = self._lookup(dst)
+            if sino is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(src))
+            if self._inodes[sino].is_dir:
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(src))
+            if dino is not None:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+            self._tick(f"link {src} -> {dst}", "link", dst)
+            dp.entries[dname] = sino
+            dp.dir_pending.append(("link", dname, sino))
+
+    def link_count(self, path: Path) -> int:
+        with self._lock:
+            self._check_alive()
+            ino = self._inode_at(Path(path)).ino
+            return sum(1 for node in self._inodes.values() if node.is_dir
+                       for i in node.entries.values() if i == ino)
 
     def unlink(self, path: Path, missing_ok: bool = False) -> None:
         with self._lock:

@@ -46,6 +46,37 @@ def test_unsynced_data_and_unsynced_names_are_gone_after_a_cut() -> None:
     assert kept.read_bytes(D / "a") == b"durable+lost" and kept.exists(D / "b")
 
 
+def test_a_hard_link_shares_the_file_and_is_durable_after_its_directorys_fsync() -> None:
+    """What the exporter's hard link into a local-directory store relies on: both names
+    show one file (its link count says so), and the new name survives a cut only once
+    the directory holding it was fsynced."""
+    fs = _fresh()
+    other = fs.makedirs_durable("/sim/store")
+    _write(fs, D / "seg", b"sealed", sync=True)
+    fs.fsync_dir(D)
+    fs.link(D / "seg", other / "obj")
+    assert fs.link_count(D / "seg") == fs.link_count(other / "obj") == 2
+    assert fs.read_bytes(other / "obj") == b"sealed"
+    with pytest.raises(FileExistsError):
+        fs.link(D / "seg", other / "obj")
+    fs.cut()
+    assert fs.reconstruct("drop").listdir(other) == []
+    kept = fs.reconstruct("keep")
+    assert kept.read_bytes(other / "obj") == b"sealed" and kept.link_count(D / "seg") == 2
+
+    fs = _fresh()
+    other = fs.makedirs_durable("/sim/store")
+    _write(fs, D / "seg", b"sealed", sync=True)
+    fs.fsync_dir(D)
+    fs.link(D / "seg", other / "obj")
+    fs.fsync_dir(other)
+    fs.unlink(D / "seg")
+    assert fs.link_count(other / "obj") == 1
+    fs.cut()
+    after = fs.reconstruct("drop")  # the unlink was never made durable: both names
+    assert after.read_bytes(other / "obj") == b"sealed" and after.link_count(D / "seg") == 2
+
+
 def test_rename_and_unlink_are_durable_only_after_the_directory_fsync() -> None:
     fs = _fresh()
     _write(fs, D / "x.tmp", b"x", sync=True)

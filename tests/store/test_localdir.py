@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tieredbuf import errors
-from tieredbuf.store import IfMatch, LocalDirStore, open_store
+from tieredbuf.store import IfMatch, LocalDirStore, localdir, open_store
 from tieredbuf.store._common import os_error
 from tieredbuf.store.localdir import LOCK_NAME, TEMP_MAX_AGE, TEMP_PREFIX
 
@@ -28,18 +28,38 @@ def test_etag_is_a_content_hash_stable_across_reopen(tmp_path: Path) -> None:
     assert again.put("a/b", b"next", mode=IfMatch(etag)) != etag
 
 
-def test_temp_files_and_lock_never_show_and_stale_temps_are_reaped(tmp_path: Path) -> None:
+def test_temp_files_and_lock_never_show_and_stale_temps_are_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = LocalDirStore(tmp_path)
     s.put("d/x", b"1")
-    fresh = tmp_path / "d" / f"{TEMP_PREFIX}live"
-    stale = tmp_path / "d" / f"{TEMP_PREFIX}crashed"
-    fresh.write_bytes(b"partial")
-    stale.write_bytes(b"partial")
-    old = time.time() - TEMP_MAX_AGE.total_seconds() - 60
-    os.utime(stale, (old, old))
+    tmp = tmp_path / "d" / f"{TEMP_PREFIX}crashed"
+    tmp.write_bytes(b"partial")
+    born = time.time()
     assert (tmp_path / LOCK_NAME).exists()
+    # (a file's ctime cannot be set back, so the clock list() reads moves forward)
+    monkeypatch.setattr(localdir, "_clock", lambda: born + TEMP_MAX_AGE.total_seconds() - 60)
     assert [m.key for m in s.list("")] == ["d/x"]
-    assert fresh.exists() and not stale.exists()  # a live writer's temp file is left alone
+    assert tmp.exists()  # a live writer's temp file is left alone
+    monkeypatch.setattr(localdir, "_clock", lambda: born + TEMP_MAX_AGE.total_seconds() + 60)
+    assert [m.key for m in s.list("")] == ["d/x"]
+    assert not tmp.exists()  # a crashed writer's is reaped
+
+
+def test_a_temp_name_just_linked_to_an_old_file_is_not_reaped(tmp_path: Path) -> None:
+    """put_link gives a sealed segment -- perhaps written hours ago -- a temp name in the
+    store: its mtime is old, but the link is new (ctime), so list() leaves it alone."""
+    s = LocalDirStore(tmp_path / "store")
+    s.put("d/x", b"1")
+    old_file = tmp_path / "segment"
+    old_file.write_bytes(b"sealed long ago")
+    old = time.time() - TEMP_MAX_AGE.total_seconds() - 3600
+    os.utime(old_file, (old, old))
+    tmp = tmp_path / "store" / "d" / f"{TEMP_PREFIX}linked"
+    os.link(old_file, tmp)
+    assert tmp.stat().st_mtime < old + 1
+    assert [m.key for m in s.list("")] == ["d/x"]
+    assert tmp.exists()
 
 
 def test_no_temp_file_is_left_after_failed_conditional_writes(tmp_path: Path) -> None:
@@ -228,3 +248,58 @@ def test_a_filesystem_without_xattrs_falls_back_to_hashing(
     assert e == hashlib.blake2b(b"payload", digest_size=16).hexdigest()
     assert s.get("k").etag == e == s.head("k").etag
     assert s.put("k", b"next", mode=IfMatch(e)) != e
+
+
+# --- put_link: an object as a hard link of a durable local file (the local tier) -------
+
+
+def _sealed_file(tmp_path: Path, data: bytes) -> Path:
+    p = tmp_path / "segments" / "s.batch"
+    p.parent.mkdir(exist_ok=True)
+    p.write_bytes(data)
+    p.chmod(0o440)
+    return p
+
+
+def test_put_link_makes_the_object_a_second_name_of_the_file(tmp_path: Path) -> None:
+    s = LocalDirStore(tmp_path / "store")
+    src = _sealed_file(tmp_path, b"segment bytes")
+    s.put_link("data/a.batch", lambda tmp: os.link(src, tmp))
+    obj = tmp_path / "store" / "data" / "a.batch"
+    assert s.get("data/a.batch").data == b"segment bytes"
+    assert obj.stat().st_ino == src.stat().st_ino and src.stat().st_nlink == 2
+    assert sorted(os.listdir(obj.parent)) == ["a.batch"]  # no temp name left
+    assert [m.key for m in s.list("data/")] == ["data/a.batch"]
+    # the store leaves the stage's inode alone (no kept etag): the etag is hashed
+    assert "user.tieredbuf.etag" not in os.listxattr(src)
+    want = hashlib.blake2b(b"segment bytes", digest_size=16).hexdigest()
+    assert s.head("data/a.batch").etag == want == s.get("data/a.batch").etag
+
+
+def test_put_link_is_create_if_absent(tmp_path: Path) -> None:
+    s = LocalDirStore(tmp_path / "store")
+    s.put("data/a.batch", b"first", mode="create")
+    src = _sealed_file(tmp_path, b"second")
+    with pytest.raises(errors.AlreadyExistsError):
+        s.put_link("data/a.batch", lambda tmp: os.link(src, tmp))
+    assert s.get("data/a.batch").data == b"first"
+    assert src.stat().st_nlink == 1  # the temp name is gone again
+    assert sorted(os.listdir(tmp_path / "store" / "data")) == ["a.batch"]
+
+
+def test_put_link_passes_the_links_own_error_through_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    """EXDEV (the file is on another file system) reaches the caller as the OSError it
+    is -- the exporter then uploads the bytes -- and no object or temp name is left."""
+    s = LocalDirStore(tmp_path / "store")
+
+    def cross_device(tmp: str) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), tmp)
+
+    with pytest.raises(OSError) as e:
+        s.put_link("data/a.batch", cross_device)
+    assert e.value.errno == errno.EXDEV and not isinstance(e.value, errors.TieredBufError)
+    with pytest.raises(errors.ObjectNotFoundError):
+        s.head("data/a.batch")
+    assert os.listdir(tmp_path / "store" / "data") == []

@@ -81,9 +81,17 @@ class FileSystem:
     fchmod = staticmethod(os.fchmod)
     chmod = staticmethod(os.chmod)
     rename = staticmethod(os.rename)
+    link = staticmethod(os.link)
+    """A second name for a file (``os.link``): the exporter links a sealed segment into a
+    local-directory store on the same file system instead of copying its bytes."""
 
     def unlink(self, path: Path, missing_ok: bool = False) -> None:
         path.unlink(missing_ok=missing_ok)
+
+    def link_count(self, path: Path) -> int:
+        """How many names the file at ``path`` has (``st_nlink``): more than one means
+        another name (a store object) shares its bytes, so they must never change."""
+        return os.stat(path).st_nlink
 
     def mkdir(self, path: Path) -> bool:
         """Create one directory; False if it already exists."""

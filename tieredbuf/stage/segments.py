@@ -321,7 +321,10 @@ class SegmentDir:
         return sum(n for _, n in spares)
 
     def _reuse_spare(self, tmp: Path) -> bool:
-        """Rename a spare to ``tmp`` (writable again); False if there is none."""
+        """Rename a spare to ``tmp`` (writable again); False if there is none.  A spare
+        that has another name (a store object linked to it: :meth:`link`) is unlinked,
+        never overwritten -- checked here, after it lost its segment name, so no new
+        link can appear (links are made only to sealed segments' names)."""
         with self._spare_lock:
             if not self._spares:
                 return False
@@ -329,6 +332,11 @@ class SegmentDir:
         fs = self.fs
         try:
             fs.rename(spare, tmp)
+            if fs.link_count(tmp) != 1:
+                log.warning("segment spare %s shares its bytes with another name; "
+                            "unlinked, not reused", spare)
+                fs.unlink(tmp)
+                return False
             fs.chmod(tmp, 0o640)
         except OSError as e:
             log.warning("segment spare %s unusable (%s); creating a new file", spare, e)
@@ -443,6 +451,14 @@ class SegmentDir:
         """A sealed segment's bytes."""
         return self.fs.read_bytes(seg.path)
 
+    def link(self, seg: SealedSegment, dest: Path) -> None:
+        """Give a sealed segment's file the second name ``dest`` (a hard link: no byte is
+        copied).  Its bytes are durable (fdatasynced at seal) and never change again:
+        a file with another name is never recycled (:meth:`delete`, :meth:`_reuse_spare`).
+        ``dest``'s directory entry is the caller's to make durable.  OSError as
+        ``os.link`` raises it (EXDEV: another file system)."""
+        self.fs.link(seg.path, dest)
+
     def load(self, verify_crc: bool = True) -> list[SealedSegment]:
         """Sealed segments on disk, in seal order; cleans up what a crash left and
         quarantines segments whose CRC does not match (:meth:`quarantine`)."""
@@ -516,7 +532,9 @@ class SegmentDir:
 
     def delete(self, seg: SealedSegment, keep: bool = True) -> None:
         """Segment first (the commit point of a release), then its sidecar.  With
-        ``keep``, the segment file may become a spare instead of being unlinked."""
+        ``keep``, the segment file may become a spare instead of being unlinked -- unless
+        another name shares it (:meth:`link`): its bytes then belong to that name too,
+        and unlinking ours frees no block, so discards nothing."""
         spare: Path | None = None
         with self._spare_lock:
             if keep and len(self._spares) + self._spare_jobs < self.max_spares:
@@ -528,10 +546,13 @@ class SegmentDir:
         try:
             if spare is not None:
                 try:
-                    fs.rename(seg.path, spare)
+                    if fs.link_count(seg.path) != 1:  # a store object shares it: unlink
+                        spare = None
+                    else:
+                        fs.rename(seg.path, spare)
                 except FileNotFoundError:
                     spare = None
-            else:
+            if spare is None:
                 fs.unlink(seg.path, missing_ok=True)
             fs.unlink(seg.sidecar_path, missing_ok=True)
             fs.fsync_dir(self.path)  # the segment's name is gone before a spare is reused

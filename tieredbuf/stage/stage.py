@@ -575,6 +575,16 @@ class Stage(StageUpkeep):
         """A sealed segment's bytes (for the exporter)."""
         return self._segments.read(segment)
 
+    def link_segment(self, segment: SealedSegment, dest: str | os.PathLike[str]) -> None:
+        """Give a sealed segment's file a second name, ``dest`` (a hard link; the
+        exporter's way into a local-directory store on the same file system: no byte
+        copied).  The file is durable and read-only; from now on the stage never
+        recycles it (SegmentDir.link).  OSError as ``os.link`` raises it."""
+        with self._lock:
+            if segment.ulid not in self._sealed:
+                raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
+        self._segments.link(segment, Path(dest))
+
     def sealed_segments(self) -> list[SealedSegment]:
         """Sealed segments not yet released, oldest first."""
         with self._lock:

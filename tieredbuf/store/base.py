@@ -119,3 +119,16 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class LinkingStore(Protocol):
+    """A store that can take an object as a hard link of a local file (the local
+    directory store): the local tier's exporter then hands over a sealed segment
+    without copying its bytes.  Not part of :class:`Store`: S3 and memory cannot."""
+
+    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+        """Create ``key`` (create-if-absent) from a file ``link(tmp)`` links to the temp
+        path ``tmp``; see LocalDirStore.put_link."""
+        ...
+

@@ -22,8 +22,13 @@ acknowledges a write from the page cache, without fsync.  Here:
   store written by an older tieredbuf) or does not match the file's size and mtime
   (bytes changed in place behind the store's back) the content is hashed instead,
   which gives the same value;
+* ``put_link`` creates an object as a hard link of a durable, immutable local file (the
+  local tier's sealed segments, on the same file system): no byte is copied, and the
+  commit is the same create-if-absent link and directory fsync.  Such an object has no
+  kept etag (its inode is the stage's read-only segment, which the store leaves alone):
+  its etag is hashed when asked, as for a file without the attribute;
 * ``list()`` never shows temp files or the lock, and removes temp files left by a
-  crashed writer once they are older than ``TEMP_MAX_AGE``; ``list()`` reports
+  crashed writer once they are older than ``TEMP_MAX_AGE`` (by ctime); ``list()`` reports
   ``etag=None`` (computing it would read every object; ``head()`` has it).
 """
 
@@ -38,7 +43,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -64,6 +69,8 @@ _READ_CHUNK = 1 << 20
 ETAG_XATTR = "user.tieredbuf.etag"
 """Where a file keeps the content hash computed when it was written."""
 _NO_XATTR_ERRNOS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EPERM}
+_clock = time.time
+"""What ``list()`` measures temp files' age against (tests move it)."""
 _NOT_FOUND_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
 
 
@@ -253,7 +260,7 @@ class LocalDirStore:
             return
         except OSError as e:
             raise os_error(e, f"cannot list {dirpath}") from e
-        now = time.time()
+        now = _clock()
         for entry in entries:
             name = entry.name
             if name.startswith(RESERVED_PREFIX):
@@ -280,9 +287,11 @@ class LocalDirStore:
 
     @staticmethod
     def _reap(entry: os.DirEntry[str], now: float) -> None:
-        """Remove a temp file a crashed writer left behind (old enough not to be live)."""
+        """Remove a temp file a crashed writer left behind (old enough not to be live).
+        Its age is its ctime's, which a new link sets: a temp name that put_link just
+        gave a segment sealed an hour ago keeps that segment's old mtime."""
         try:
-            if now - entry.stat(follow_symlinks=False).st_mtime > TEMP_MAX_AGE.total_seconds():
+            if now - entry.stat(follow_symlinks=False).st_ctime > TEMP_MAX_AGE.total_seconds():
                 os.unlink(entry.path)
         except OSError:
             pass
@@ -387,6 +396,34 @@ class LocalDirStore:
             if tmp:
                 _unlink_quietly(tmp)
         return etag
+
+    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+        """Create ``key`` (create-if-absent, AlreadyExistsError) as a hard link of a file
+        on this file system, without copying a byte: ``link(tmp)`` must create the temp
+        path ``tmp`` (in the key's directory) as a second name of a file whose bytes
+        are already durable (fsynced) and never change again -- the local tier's
+        sealed, read-only segments (Stage.link_segment).  Then the usual commit: the
+        create-if-absent link of the temp name to the key and the directory fsync, so
+        a reader sees the whole object or none, and once this returns it survives a
+        power cut.  An OSError raised by ``link`` itself (EXDEV: the file lives on
+        another file system; EPERM, EMLINK: no more links) propagates unchanged, and no
+        object is created: the caller uploads the bytes instead."""
+        path = self._path(key)
+        dirpath = os.path.dirname(path)
+        try:
+            self._ensure_dir(dirpath)
+        except OSError as e:
+            raise os_error(e, f"cannot write {key}") from e
+        tmp = os.path.join(dirpath, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        link(tmp)  # the caller's OSError: no temp name was made
+        try:
+            self._commit(key, path, tmp, "create")
+        except (StoreError, ValueError):
+            raise
+        except OSError as e:
+            raise os_error(e, f"cannot write {key}") from e
+        finally:
+            _unlink_quietly(tmp)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         return self._put_chunks(key, (data,), mode)
