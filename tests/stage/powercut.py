@@ -7,8 +7,11 @@ One *cut* (``run_cut(seed)``):
 1. A stage on a fresh SimFs, two writer threads appending records (and some Arrow
    bundles) ``w<t>:<i>``, each noted as LOCAL-acked when its future completes.  With
    ``export`` an exporter runs beside them into a ``memory://`` buffer (the remote
-   store: it survives the cut).  Small rotation and segment targets make the cut land
-   in appends, WAL rotation and purge, sealing and recycling, and export/release.
+   store: it survives the cut); with ``link`` too, the data objects are hard links of
+   the sealed segments in a store directory on the same simulated disk
+   (:class:`SimLinkStore`), so the cut takes what was not fsynced there as well.
+   Small rotation and segment targets make the cut land in appends, WAL rotation and
+   purge, sealing and recycling, and export/release.
 2. The power goes at operation k (seeded, uniform); every later operation fails.
 3. ``reconstruct(mode)``: ``drop`` (only durable state), ``keep`` (everything, as a
    SIGKILL would leave it) or ``subset`` (a seeded random subset of the non-durable
@@ -47,13 +50,15 @@ import pyarrow as pa
 
 import tieredbuf
 from tests.stage.simfs import SimFs
+from tieredbuf.buffer import Buffer
 from tieredbuf.config import RetryConfig, SegmentConfig, StageConfig, WalConfig
-from tieredbuf.errors import DiskError
+from tieredbuf.errors import AlreadyExistsError, DiskError
 from tieredbuf.exporter import Exporter
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
 from tieredbuf.stage._fs import FileSystem
 from tieredbuf.stage.stage import Stage
+from tieredbuf.store.base import GetResult
 
 ROOT = Path("/sim/staging")
 PID = "p"
@@ -132,6 +137,55 @@ def _bundle(rec: str) -> dict[int, pa.RecordBatch]:
 
 def _ids_of_bundles(bundles: list[dict[int, pa.RecordBatch]]) -> list[str]:
     return [str(v) for b in bundles for v in b[0].column("id").to_pylist()]
+
+
+STORE_ROOT = Path("/sim/store")
+
+
+class SimLinkStore:
+    """The buffer's store for power cuts during export by hard link: data objects are
+    created as LocalDirStore.put_link creates them -- the stage links the sealed segment
+    to a temp name in the key's directory, the store links that to the key
+    (create-if-absent), drops the temp name and fsyncs the directory -- but in
+    ``STORE_ROOT`` on the simulated disk, so a power cut judges them like the stage's
+    own files.  Everything else (the manifest) is the memory store's, which survives a
+    cut as a remote store would.  A stand-in for LocalDirStore, which runs on real files
+    only (tests/store, and the SIGKILL test in tests/test_crash.py); ``dir_fsync=False``
+    is the broken twin that forgets the directory fsync."""
+
+    def __init__(self, inner: Any, disk: SimFs, dir_fsync: bool = True) -> None:
+        self.inner = inner
+        self.disk = disk
+        """The current disk (replaced by the rebuilt one after each cut)."""
+        self.dir_fsync = dir_fsync
+        self.linked = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+        disk = self.disk
+        final = STORE_ROOT / key
+        disk.makedirs(final.parent)
+        tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")
+        link(str(tmp))
+        try:
+            try:
+                disk.link(tmp, final)
+            except FileExistsError:
+                raise AlreadyExistsError(key) from None
+        finally:
+            disk.unlink(tmp, missing_ok=True)
+        if self.dir_fsync:
+            disk.fsync_dir(final.parent)
+        self.linked += 1
+
+    def get(self, key: str) -> GetResult:
+        try:
+            data = self.disk.read_bytes(STORE_ROOT / key)
+        except (FileNotFoundError, NotADirectoryError):
+            return self.inner.get(key)  # the manifest, or an object uploaded (no link)
+        return GetResult(data, "linked")
 
 
 class _Writers:
@@ -245,7 +299,7 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             recovery_cuts: int | None = None, max_ops: int = 900,
             real_dir: Path | None = None,
             patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-            faults: int = 0) -> CutResult:
+            faults: int = 0, link: bool = False, link_dir_fsync: bool = True) -> CutResult:
     """One power cut (and its recovery cuts); see the module doc.  ``patch``: a context
     manager active while the stage runs before the first cut (the broken twins)."""
     rng = random.Random(seed)
@@ -253,13 +307,20 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
     mode = rng.choice(modes)
     rec_cuts = rng.choice([0, 0, 1, 2]) if recovery_cuts is None else recovery_cuts
     cut_at = rng.randint(1, max_ops)
-    desc = (f"{'export' if export else 'stage'} cut at op {cut_at}, mode {mode}, "
+    desc = (f"{'link export' if link else 'export' if export else 'stage'} cut at op "
+            f"{cut_at}, mode {mode}, "
             f"{faults} injected fault(s), "
             f"{rec_cuts} recovery cut(s), flush {cfg.wal.flush_interval.total_seconds()}s, "
             f"rotate {cfg.wal.rotation_target}, seal {cfg.segment.target_size}")
-    buf = tieredbuf.open(f"memory://pc-{uuid.uuid4().hex}") if export else None
+    buf = tieredbuf.open(f"memory://pc-{uuid.uuid4().hex}") if export or link else None
     sim = SimFs()
     sim.makedirs_durable(ROOT)
+    links: SimLinkStore | None = None
+    if link:
+        assert buf is not None and real_dir is None
+        sim.makedirs_durable(STORE_ROOT)
+        links = SimLinkStore(buf.store, sim, link_dir_fsync)
+        buf = Buffer(links)  # type: ignore[arg-type]
     traces: list[list[str]] = []
     logging.disable(logging.CRITICAL)  # a power cut makes every thread complain
     try:
@@ -284,6 +345,8 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             _shut(stage, exporter)
         traces.append(list(sim.trace))
         disk = sim.reconstruct(mode, rng)
+        if links is not None:
+            links.disk = disk
         for _ in range(rec_cuts):
             disk.arm(rng.randint(1, 80))
             stage = exporter = None
@@ -298,6 +361,8 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             _shut(stage, exporter)
             traces.append(list(disk.trace))
             disk = disk.reconstruct(rng.choice(modes), rng)
+            if links is not None:
+                links.disk = disk
         fs: FileSystem = disk
         if real_dir is not None:
             disk.materialize(ROOT, real_dir)

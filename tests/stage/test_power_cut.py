@@ -239,12 +239,13 @@ def test_I7_only_never_written_bytes_make_a_torn_tail(tmp_path: Path) -> None:
 # --- the suite: seeded random power cuts ------------------------------------------
 
 
-def _suite(seeds: range, export: bool, tmp_path: Path | None = None, faults: int = 0
-           ) -> list[CutResult]:
+def _suite(seeds: range, export: bool, tmp_path: Path | None = None, faults: int = 0,
+           link: bool = False) -> list[CutResult]:
     out = []
     for seed in seeds:
-        real = tmp_path / f"real-{seed}" if tmp_path is not None and seed % 8 == 0 else None
-        out.append(run_cut(seed, export=export, real_dir=real, faults=faults))
+        real = tmp_path / f"real-{seed}" if tmp_path is not None and seed % 8 == 0 \
+            and not link else None
+        out.append(run_cut(seed, export=export, real_dir=real, faults=faults, link=link))
     return out
 
 
@@ -266,6 +267,14 @@ def test_I1_I2_I3_power_cuts_during_export_and_recovery() -> None:
     _assert_survived(_suite(range(2000, 2016), export=True))
 
 
+def test_I1_I2_I3_I5_power_cuts_during_export_by_hard_link() -> None:
+    """The exporter links sealed segments into a store directory on the same disk: a cut
+    at any step (the link to the temp name, the create-if-absent link, the directory
+    fsync, the append, the release that unlinks instead of recycling) loses no acked
+    record, doubles none, and never leaves an appended entry without its object."""
+    _assert_survived(_suite(range(5000, 5016), export=True, link=True))
+
+
 def test_I1_I2_power_cuts_after_injected_disk_faults() -> None:
     """Three ENOSPC / EIO faults at random operations (WAL, segments, renames, directory
     fsyncs) before the cut: the WAL repairs, the stage re-seals, and still every acked
@@ -277,12 +286,15 @@ def test_I1_I2_power_cuts_after_injected_disk_faults() -> None:
 @pytest.mark.slow
 def test_I1_I2_I3_two_hundred_and_more_power_cuts(tmp_path: Path) -> None:
     """120 runs on the stage alone, 120 with the exporter, 80 with injected disk faults
-    first, with recovery cuts on top; one run in eight recovers on the real file system
-    from the rebuilt directory."""
+    first, 80 exporting by hard link (20 of them with faults), with recovery cuts on
+    top; one run in eight (not linking) recovers on the real file system from the
+    rebuilt directory."""
     results = _suite(range(120), export=False, tmp_path=tmp_path)
     results += _suite(range(10_000, 10_120), export=True, tmp_path=tmp_path)
     results += _suite(range(20_000, 20_040), export=False, faults=3)
     results += _suite(range(30_000, 30_040), export=True, faults=3)
+    results += _suite(range(50_000, 50_060), export=True, link=True)
+    results += _suite(range(60_000, 60_020), export=True, link=True, faults=3)
     assert _assert_survived(results) >= 200
 
 
@@ -334,3 +346,31 @@ def test_broken_twin_a_stage_that_acks_before_its_fdatasync_fails_the_suite(sync
             break
     assert caught is not None, "the power-cut harness missed acks that preceded fdatasync"
     print(f"\ncaught after {caught.seed - 3999} cuts: {caught.report().splitlines()[2]}")
+
+
+@contextlib.contextmanager
+def _recycles_linked_files() -> Iterator[None]:
+    """The stage takes every released file for a spare, shared or not."""
+    real = SimFs.link_count
+    SimFs.link_count = lambda self, path: 1  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        SimFs.link_count = real  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("twin", ["stage-recycles-linked-files", "store-skips-dir-fsync"])
+def test_broken_twin_export_by_hard_link_fails_the_suite(twin: str) -> None:
+    """The link suite must catch a stage that overwrites a file a store object shares,
+    and a store that does not fsync the directory of a new link before it returns."""
+    caught = None
+    for seed in range(5000, 5040):
+        recycle = twin == "stage-recycles-linked-files"
+        with _recycles_linked_files() if recycle else contextlib.nullcontext():
+            r = run_cut(seed, export=True, link=True, link_dir_fsync=recycle)
+        if not r.ok():
+            caught = r
+            break
+    assert caught is not None, f"the power-cut harness missed the {twin} twin"
+    print(f"\ncaught after {caught.seed - 4999} cuts: {caught.report().splitlines()[2]}")
+
