@@ -303,19 +303,21 @@ class SegmentDir:
         self._spare_lock = threading.Lock()
         self._spares: list[tuple[Path, int]] = []
         """(path, size) of released files ready for reuse."""
+        self._spare_total = 0
+        """Their sizes' sum (read without the lock on every append: spare_bytes)."""
         self._spare_jobs = 0
         """Releases turning a segment into a spare right now."""
         self._next_spare = 0
         fs.makedirs(path)
 
     def spare_bytes(self) -> int:
-        with self._spare_lock:
-            return sum(n for _, n in self._spares)
+        return self._spare_total
 
     def drop_spares(self) -> int:
         """Unlink every spare; returns the bytes freed."""
         with self._spare_lock:
             spares, self._spares = self._spares, []
+            self._spare_total = 0
         for p, _ in spares:
             self.fs.unlink(p, missing_ok=True)
         return sum(n for _, n in spares)
@@ -328,7 +330,8 @@ class SegmentDir:
         with self._spare_lock:
             if not self._spares:
                 return False
-            spare, _ = self._spares.pop()
+            spare, size = self._spares.pop()
+            self._spare_total -= size
         fs = self.fs
         try:
             fs.rename(spare, tmp)
@@ -559,6 +562,7 @@ class SegmentDir:
             if spare is not None:
                 with self._spare_lock:
                     self._spares.append((spare, seg.size))
+                    self._spare_total += seg.size
         finally:
             with self._spare_lock:
                 self._spare_jobs -= job

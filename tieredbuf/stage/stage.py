@@ -336,7 +336,12 @@ class Stage(StageUpkeep):
         # open and sealing segments are disk bytes about to be written, written ones
         # are on disk uncommitted (I8: the cap holds for the files on disk at every
         # moment, not just between seals)
-        if self._disk_bytes() + open_bytes + self._written_bytes + n > self.config.size_cap:
+        ahead = open_bytes + self._written_bytes + n
+        segs = self._sealed_bytes + self._released_bytes + self._segments.spare_bytes()
+        wal = self._wal
+        if wal is not None and segs + wal.config.max_size + 4096 + ahead <= self.config.size_cap:
+            return None  # the WAL keeps itself under max_size (+ a header): no need to ask
+        if self._disk_bytes() + ahead > self.config.size_cap:
             return "disk"
         return None
 
