@@ -373,6 +373,7 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
     sealed = stats.get("segments_sealed", 0)
     return {"seconds": secs, "close_seconds": close_s,
             "objects_uploaded_in_window": stats.get("objects_uploaded"),
+            "of_them_hard_links": stats.get("objects_linked"),
             "segments_sealed_in_window": sealed, "prompt_seals": stats.get("prompt_seals"),
             "mean_segment_mib": stats.get("bytes_exported", 0) / MiB / max(1, sealed)
             if remote else None}
