@@ -150,7 +150,7 @@ class Exporter:
         self._urgent = 0
         """drain() calls with a timeout: append at once instead of at the pacer's slot."""
         self._draining = 0
-        self._linking = isinstance(store, LinkingStore)
+        self._linking = isinstance(getattr(store, "inner", store), LinkingStore)
         """Hand sealed segments to the store as hard links (until one is refused)."""
         self._on_exported = on_exported
         self._on_error = on_error

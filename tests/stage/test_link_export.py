@@ -122,8 +122,10 @@ def test_I2_I7_a_same_disk_file_store_gets_links_exactly_once(tmp_path: Path) ->
                      max_open_duration=timedelta(milliseconds=20),
                      flush_interval=timedelta(milliseconds=2))
     sent = [f"r{i}".encode() * 300 for i in range(400)]
-    handles = [p.produce(sent[i : i + 4]) for i in range(0, len(sent), 4)]
-    p.flush(timeout=60)
+    handles = []
+    for half in (sent[:200], sent[200:]):  # a flush each: at least two segments
+        handles += [p.produce(half[i : i + 4]) for i in range(0, len(half), 4)]
+        p.flush(timeout=60)
     stats = p.stats
     p.close()
     assert all(h.result() is not None for h in handles)
@@ -159,9 +161,10 @@ def test_a_file_store_on_another_file_system_gets_the_bytes(tmp_path: Path) -> N
                          max_open_duration=timedelta(milliseconds=20),
                          flush_interval=timedelta(milliseconds=2))
         sent = [f"x{i}".encode() * 300 for i in range(200)]
-        for i in range(0, len(sent), 4):
-            p.produce(sent[i : i + 4])
-        p.flush(timeout=60)
+        for half in (sent[:100], sent[100:]):  # a flush each: at least two segments
+            for i in range(0, len(half), 4):
+                p.produce(half[i : i + 4])
+            p.flush(timeout=60)
         stats = p.stats
         p.close()
         assert stats.get("objects_linked", 0) == 0 and stats["segments_exported"] >= 2

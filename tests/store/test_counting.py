@@ -60,6 +60,29 @@ def test_each_call_counts_as_the_requests_it_sends(tmp_path: Path) -> None:
     assert d["by_op"]["put_conditional"] == 2 and d["by_kind"]["root"] == 4
 
 
+def test_a_hard_link_export_counts_as_one_conditional_put(tmp_path: Path) -> None:
+    """The exporter's put_link (a sealed segment linked into a file:// store) is one
+    create-if-absent PUT; a store that cannot link refuses it instead of forwarding."""
+    import os
+
+    from tieredbuf.store.base import LinkingStore
+
+    src = tmp_path / "seg"
+    src.write_bytes(b"segment")
+    s = MeteredStore(open_store(f"file://{tmp_path}/s"))
+    s.put_link("data/01.batch", lambda tmp: os.link(src, tmp))
+    assert s.get("data/01.batch").data == b"segment"
+    assert s.counts.snapshot() == {("put_conditional", "data"): 1, ("get", "data"): 1}
+    with pytest.raises(errors.AlreadyExistsError):
+        s.put_link("data/01.batch", lambda tmp: os.link(src, tmp))
+    assert s.counts.conflicts == {"data": 1}
+    m = MeteredStore(open_store("memory://"))
+    assert not isinstance(m.inner, LinkingStore)
+    with pytest.raises(TypeError):
+        m.put_link("data/02.batch", lambda tmp: os.link(src, tmp))
+
+
+
 def test_refused_conditional_puts_are_requests_and_conflicts(tmp_path: Path) -> None:
     s = MeteredStore(open_store(f"file://{tmp_path}/s"))
     s.put("queue/manifest", b"1", mode="create")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import builtins
 import math
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tieredbuf.errors import ConflictError
@@ -186,6 +186,19 @@ class MeteredStore:
         size = sum(memoryview(c).nbytes for c in body)
         n = 2 + max(1, math.ceil(size / MULTIPART_CHUNK))
         return self._put(key, mode, n, lambda: self._inner.put_multipart(key, body, mode=mode))
+
+    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+        """A local-directory store's object as a hard link (LocalDirStore.put_link): one
+        create-if-absent PUT.  Only for an inner store that has it (LinkingStore)."""
+        put_link = getattr(self._inner, "put_link", None)
+        if put_link is None:
+            raise TypeError(f"{self._inner!r} cannot take an object as a hard link")
+
+        def call() -> str:
+            put_link(key, link)
+            return ""
+
+        self._put(key, "create", 1, call)
 
     def copy(self, src: str, dst: str) -> None:
         self.counts.add("copy", dst)
