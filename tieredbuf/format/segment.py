@@ -389,7 +389,7 @@ def manifest_rows(
     tss = b.column("ingestion_ts_nanos").to_pylist() if rich else [None] * b.num_rows
     seqs = b.column("sequence").to_pylist() if rich else [None] * b.num_rows
     out: RefRows = []
-    used = [0] * len(streams)
+    used: list[set[int]] = [set() for _ in streams]
     for i in range(b.num_rows):
         if idx[i] != i:
             raise CorruptError(WHAT, obj, off, f"batch manifest row {i} is inconsistent")
@@ -401,14 +401,17 @@ def manifest_rows(
                 or chunk >= streams[sid].chunk_count
             ):
                 raise CorruptError(WHAT, obj, off, f"bundle {i} refers to a missing stream chunk")
+            if chunk in used[sid]:  # its rows would be delivered twice
+                raise CorruptError(WHAT, obj, off,
+                                   f"stream {sid} chunk {chunk} is in two bundles")
             rr.append((slot, sid, chunk))
-            used[sid] += 1
+            used[sid].add(chunk)
         out.append((tuple(rr), tss[i], seqs[i]))
     for sid, s in enumerate(streams):
         # a writer puts every chunk in exactly one bundle (chunk indexes follow arrival)
-        if used[sid] != s.chunk_count:
+        if len(used[sid]) != s.chunk_count:
             raise CorruptError(WHAT, obj, off, f"stream {sid} has {s.chunk_count} chunks, "
-                               f"the manifest refers to {used[sid]}")
+                               f"the manifest refers to {len(used[sid])}")
     return out
 
 
