@@ -31,6 +31,7 @@ GROUP_KINDS = ("group", "kgroup", "mgroup")
 _ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
 _DATA_RE = re.compile(rf"^data/({_ULID_RE})\.(batch|qseg)$")
 _GROUP_RE = re.compile(rf"^queue/groups/(\d{{20}})\.({_ULID_RE})\.(group|kgroup|mgroup)$")
+_PROGRESS_RE = re.compile(rf"^queue/subscribers/([A-Za-z0-9_-]{{1,64}})\.({_ULID_RE})$")
 
 
 def data_key(ulid: ULID, suffix: str = BATCH_SUFFIX) -> str:
@@ -65,6 +66,24 @@ def parse_group_key(key: str) -> tuple[int, ULID, str] | None:
         return None
     try:
         return int(m.group(1)), ULID.from_str(m.group(2)), m.group(3)
+    except ValueError:
+        return None
+
+
+def progress_key(name: str, reg: ULID) -> str:
+    """Key of a named subscriber's progress object (one per registration)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValueError(f"bad subscriber name {name!r}")
+    return f"{SUBSCRIBERS_PREFIX}{name}.{reg}"
+
+
+def parse_progress_key(key: str) -> tuple[str, ULID] | None:
+    """(name, registration ULID) of a progress key, or None (GC leaves those alone)."""
+    m = _PROGRESS_RE.match(key)
+    if m is None:
+        return None
+    try:
+        return m.group(1), ULID.from_str(m.group(2))
     except ValueError:
         return None
 

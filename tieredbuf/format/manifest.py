@@ -20,7 +20,8 @@ Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner
 4 = entry stats (object size and ingestion time per root entry), 5 = retention policy
 (authoritative for every writer; absent = never set, i.e. no retention), 6 = buffer
 (identity, creation time and GC grace period; added by the first write that finds it
-missing, then kept as found by every writer).
+missing, then kept as found by every writer), 7 = subscriber registry
+(format/registry.py; absent = implied by the epoch).
 Unknown tags are refused (they carry semantics a writer would drop).  Appending
 never decodes existing entries: the entry region is copied as bytes.
 See docs/format.md.
@@ -33,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
+from tieredbuf.format import registry as freg
 from tieredbuf.format._reader import Reader, pack_u32
 
 V1 = 1
@@ -46,7 +48,9 @@ TAG_TREE = 3
 TAG_STATS = 4
 TAG_RETENTION = 5
 TAG_BUFFER = 6
-KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION, TAG_BUFFER)
+TAG_SUBSCRIBERS = 7
+KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION, TAG_BUFFER,
+              TAG_SUBSCRIBERS)
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
@@ -214,6 +218,8 @@ class ManifestView:
     """Section 5; None when the root has never had a retention policy."""
     buffer: BufferInfo | None = None
     """Section 6; None in a root no writer of this version has written yet."""
+    subscribers: dict[str, freg.Registration] | None = None
+    """Section 7; None when absent (the registry is then implied: format/registry.py)."""
 
     @property
     def entries_bytes(self) -> memoryview:
@@ -256,6 +262,7 @@ def _encode_ext(
     stats: bytes | None = None,
     retention: RetentionPolicy | None = None,
     buffer: BufferInfo | None = None,
+    subscribers: dict[str, freg.Registration] | None = None,
 ) -> bytes:
     sections: list[bytes] = []
     if watermarks:
@@ -273,8 +280,9 @@ def _encode_ext(
         sections.append(_SECTION.pack(TAG_OWNER, len(o)) + o)
     ret = None if retention is None else encode_retention(retention)
     buf = None if buffer is None else encode_buffer(buffer)
+    subs = None if subscribers is None else freg.encode(subscribers)
     for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret),
-                       (TAG_BUFFER, buf)):
+                       (TAG_BUFFER, buf), (TAG_SUBSCRIBERS, subs)):
         if body_ is not None:
             sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
@@ -290,6 +298,7 @@ class _Ext:
     stats: bytes | None = None
     retention: RetentionPolicy | None = None
     buffer: BufferInfo | None = None
+    subscribers: dict[str, freg.Registration] | None = None
 
 
 def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
@@ -347,6 +356,8 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
             ext.retention = decode_retention(body)
         elif tag == TAG_BUFFER:
             ext.buffer = decode_buffer(body)
+        elif tag == TAG_SUBSCRIBERS:
+            ext.subscribers = freg.decode(body)
         else:
             raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
         if body.remaining():
@@ -371,7 +382,7 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
         return ManifestView(raw, footer, ext_end, obj=obj)
     x = _parse_ext(memoryview(raw), ext_end, obj)
     return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats,
-                        x.retention, x.buffer)
+                        x.retention, x.buffer, x.subscribers)
 
 
 def empty_manifest() -> ManifestView:
@@ -435,16 +446,17 @@ def encode_manifest(
     stats: bytes | None = None,
     retention: RetentionPolicy | None = None,
     buffer: BufferInfo | None = None,
+    subscribers: dict[str, freg.Registration] | None = None,
 ) -> bytes:
     """Assemble a v2 manifest from an entry region and its metadata."""
     f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
-    ext = _encode_ext(watermarks, owner, tree, stats, retention, buffer)
+    ext = _encode_ext(watermarks, owner, tree, stats, retention, buffer, subscribers)
     return b"".join((entries_region, ext, encode_footer(f)))
 
 
 def _flat_only(view: ManifestView) -> None:
     if (view.tree is not None or view.stats is not None or view.retention is not None
-            or view.buffer is not None):
+            or view.buffer is not None or view.subscribers is not None):
         raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
@@ -471,6 +483,7 @@ def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     return encode_manifest(
         view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
         view.watermarks, owner, view.tree, view.stats, view.retention, view.buffer,
+        view.subscribers,
     )
 
 
