@@ -135,6 +135,7 @@ def test_using_the_consumer_before_initialize_is_an_error() -> None:
 
 def test_empty_queue_returns_none_then_sees_new_entries() -> None:
     buf = tieredbuf.open("memory://")
+    assert buf.create()  # an empty buffer, created explicitly: a consumer never creates one
     c = buf.consumer()
     c.initialize()
     assert c.next_batch() is None

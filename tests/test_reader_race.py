@@ -39,6 +39,7 @@ def _race(url: str, n: int, m: int) -> None:
 
     def writer() -> None:
         try:
+            writer_q.create()  # a reader never creates the buffer; say so explicitly
             epoch = writer_q.initialize("c")
             # GC runs with the buffer's grace period: 0 here (no write of ours is in
             # flight when it runs)

@@ -144,17 +144,18 @@ def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     now = [10_000]
     store = open_store("memory://")
     q = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
-                      tree_config=TreeConfig(m=2, retention_max_bytes=50))
-    _fill(q, 20)
+                      tree_config=TreeConfig(m=2, retention_max_bytes=120))
+    _fill(q, 10)
     e = q.initialize("c")
-    q.dequeue(9, e)
+    q.dequeue(4, e)
     snap = q.read()
-    assert snap.head == 10
-    assert snap.low <= 10 and snap.total_bytes <= 50 + 10 * 10  # queued bytes are never dropped
-    assert [x.sequence for x in snap.iter_from(snap.low)] == list(range(snap.low, 20))
+    assert snap.head == 5 and snap.low == 0  # 100 bytes linked: acked history kept
+    assert [x.sequence for x in snap.iter_from(snap.low)] == list(range(10))
+    for i in range(10, 20):
+        q.append([_e(i)], "p", i + 1)
     q.dequeue(19, e)
     snap = q.read()
-    assert snap.total_bytes <= 50 and snap.low >= 15
+    assert snap.total_bytes <= 120 and snap.low >= 8 and snap.head == 20
     low = snap.low
     q.apply_retention()  # idempotent
     assert q.read().low == low
@@ -163,6 +164,11 @@ def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     now[0] = 1000 + 19 + 1000  # age limit 1019: entry 18 (time 1018) goes, 19 stays
     q2.set_retention(max_age=timedelta(seconds=1))  # replaces the byte rule, applies at once
     assert q2.read().low == 19  # entries with time < 1019 are past the age
+    q2.append([_e(20)], "p", 21)  # never acked: the age rule unlinks acked and unacked alike
+    now[0] = 1000 + 21 + 1000  # entry 20 (time 1020) is past the age now
+    q2.apply_retention()
+    snap = q2.read()
+    assert snap.low == 21 == snap.head  # retention won over the consumer that lags at 20
 
 
 @st.composite

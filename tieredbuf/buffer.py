@@ -79,6 +79,11 @@ class Buffer:
             return False
         return True
 
+    def create(self) -> bool:
+        """Create an empty buffer here if there is none (producers also create it on their
+        first append; consumers and workers never do).  True if this call created it."""
+        return self.queue.create()
+
     def snapshot(self) -> Snapshot:
         """One read of the queue manifest (no fencing; read-only)."""
         return self.queue.read()

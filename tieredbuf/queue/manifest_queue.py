@@ -7,7 +7,12 @@ from what it finds, never from the error alone (I2):
 
 * append: the producer's watermark says whether its append already landed;
 * initialize: the epoch owner says whether our epoch bump already landed;
-* dequeue: the first sequence says whether our dequeue already landed.
+* dequeue: the default subscriber's published position says whether it already landed.
+
+The head is the slowest registered subscriber's published position (section 7,
+:mod:`tieredbuf.format.registry`); every write recomputes it.  Registry changes by
+named subscribers (register, remove, publish) go through :meth:`ManifestQueue.update`
+(:mod:`tieredbuf.queue.subscribers`).
 
 Retries sleep a jittered, exponentially growing delay.
 
@@ -60,6 +65,7 @@ from tieredbuf.errors import (
     TieredBufError,
 )
 from tieredbuf.format import manifest as fm
+from tieredbuf.format import registry as freg
 from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue import tree
 from tieredbuf.queue.backoff import Stats, backoff_delay
@@ -135,6 +141,11 @@ class Snapshot:
     @property
     def gc_grace_ms(self) -> int | None:
         return None if self.root.buffer is None else self.root.buffer.gc_grace_ms
+
+    @property
+    def registry(self) -> dict[str, freg.Registration]:
+        """Every registered subscriber (section 7, or implied by the epoch)."""
+        return self.root.registry
 
     def entries(self) -> list[fm.ManifestEntry]:
         """The queued entries (head .. tail), in order; reads group objects as needed."""
@@ -429,45 +440,83 @@ class ManifestQueue:
             out.append(seq if got is not None and got.location == e.location else None)
         return out
 
-    # --- consumer operations ---------------------------------------------------
+    # --- the default subscriber (RFC 0001's consumer) ---------------------------
 
-    def initialize(self, owner: str, *, create: bool = True) -> int:
-        """Bump the epoch (fencing every older consumer); returns the new epoch.
+    def create(self) -> bool:
+        """Create an empty buffer (its root) if none exists; True if this call created it."""
+        attempt = 0
+        while True:
+            snap = self._read_retrying(attempt)
+            if snap.exists:
+                return False
+            if self._attempt(snap, self._draft(snap).encode(), attempt):
+                return True
+            attempt += 1
 
+    def initialize(self, owner: str, *, create: bool = False, position: int | None = None,
+                   start: str = "earliest") -> int:
+        """Bump the epoch (fencing every older default consumer); returns the new epoch.
+
+        Registers "default" if it is not (at the first retained sequence, or the tail with
+        ``start="latest"``).  ``position`` (a resume point below the published one) lowers
+        its published position in the same CAS, never below the first retained sequence.
         ``owner`` must be unique to this call: it is how a retry recognises its own bump.
-        ``create=False``: raise BufferNotFoundError where no buffer exists, instead of
-        creating one.
+        A reader never creates a buffer: no manifest raises BufferNotFoundError, unless
+        ``create=True`` (then the first write makes the root).
         """
         attempt = 0
         target: int | None = None
         while True:
             snap = self._read_retrying(attempt)
-            if not create and not snap.exists:
-                raise BufferNotFoundError(self.store.url)
             if target is not None and snap.view.owner == owner and snap.footer.epoch == target:
                 return target
+            if not create and not snap.exists:
+                raise BufferNotFoundError(self.store.url)
             target = snap.footer.epoch + 1
             draft = self._draft(snap)
             draft.epoch, draft.owner = target, owner
-            if self._attempt(snap, draft.encode(), attempt):
+            reg = draft.registry.get(freg.DEFAULT)
+            if reg is None:
+                first = draft.next_seq if start == "latest" else draft.low
+                reg = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0, first)
+            if position is not None and position < reg.published_next:
+                reg = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0,
+                                        max(position, draft.low))
+            draft.registry[freg.DEFAULT] = reg
+            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
                 self.stats.incr("epoch_bumps")
                 return target
             attempt += 1
 
     def dequeue(self, through_sequence: int, epoch: int) -> None:
-        """Remove entries with sequence <= ``through_sequence``; fenced by ``epoch``."""
+        """The default subscriber is done through ``through_sequence``: publish it (the head
+        moves when every other subscriber is past it too); fenced by ``epoch``."""
+        def change(snap: Snapshot, draft: tree.Root) -> bool:
+            if snap.footer.epoch != epoch:
+                raise FencedError(epoch, snap.footer.epoch)
+            want = min(through_sequence + 1, draft.next_seq)
+            reg = draft.registry.get(freg.DEFAULT)
+            if reg is not None and reg.published_next >= want:
+                return False
+            draft.registry[freg.DEFAULT] = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0, want)
+            return True
+
+        self.update(change, "dequeues")
+
+    def update(self, change: Callable[[Snapshot, tree.Root], bool], stat: str) -> bool:
+        """A CAS loop over the root: ``change(snap, draft)`` edits a draft of a fresh read and
+        returns False when there is nothing (more) to write; it decides from what it finds,
+        so a retry after an unknown outcome recognises its own landed write.  Retention,
+        the head and rebalancing are applied in the same write.  True if this call wrote."""
         attempt = 0
         while True:
             snap = self._read_retrying(attempt)
-            if snap.footer.epoch != epoch:
-                raise FencedError(epoch, snap.footer.epoch)
-            if snap.root.head > through_sequence:
-                return
             draft = self._draft(snap)
-            draft.head = min(through_sequence + 1, draft.next_seq)
+            if not change(snap, draft):
+                return False
             if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
-                self.stats.incr("dequeues")
-                return
+                self.stats.incr(stat)
+                return True
             attempt += 1
 
     def apply_retention(self) -> None:
@@ -581,7 +630,9 @@ class ManifestQueue:
         )
 
     def _finish(self, draft: tree.Root, now_ms: int) -> bytes:
-        """Unlink what the root's policy allows, rebalance, and encode (group PUTs happen here)."""
+        """Settle the head, unlink what the root's policy allows, rebalance, and encode (group
+        PUTs happen here)."""
+        draft.settle_head()
         policy = self.policy(draft.head, now_ms, draft.retention)
         tree.trim(draft, policy, self.nodes.load, self.nodes.put)
         tree.rebalance(draft, self.tree.m, self.nodes.put)

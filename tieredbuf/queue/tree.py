@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import manifest as fm
+from tieredbuf.format import registry as freg
 from tieredbuf.format import tree as ft
 from tieredbuf.format._reader import Reader
 
@@ -35,7 +36,9 @@ def cuts(count: int, m: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """What a trim may unlink: acked history only, and with retention only past its limits."""
+    """What a trim may unlink: without retention what every subscriber is past (before the
+    head); with retention whatever is past its limits, acked or not (retention wins over a
+    stalled subscriber, as Kafka's does; that subscriber is then told: DataLossError)."""
 
     head: int
     retain: bool
@@ -55,23 +58,24 @@ def decide(p: Policy, first: int, last: int, nbytes: int, min_t: int, max_t: int
            total: int, leaf: bool) -> Decision:
     """Drop, keep or (for a node) look inside the oldest linked element.
 
-    Without retention every acked element goes (RFC dequeue).  With retention an
-    acked element goes when it is older than the age limit or while the linked
-    total exceeds ``max_bytes``.  A node is dropped whole only when every element
+    Without retention every element before the head goes (RFC dequeue: every
+    subscriber is past it).  With retention an element goes when it is older than
+    the age limit or while the linked total exceeds ``max_bytes``, whether or not
+    every subscriber acked it.  A node is dropped whole only when every element
     inside it would be; otherwise it is opened when its first element might go.
     """
-    if first >= p.head:
-        return Decision.KEEP
     if not p.retain:
+        if first >= p.head:
+            return Decision.KEEP
         if last < p.head:
             return Decision.DROP
         return Decision.KEEP if leaf else Decision.DESCEND
     old_all = p.age_limit_ms is not None and max_t < p.age_limit_ms
     if leaf:
         big = p.max_bytes is not None and total > p.max_bytes
-        return Decision.DROP if last < p.head and (old_all or big) else Decision.KEEP
+        return Decision.DROP if old_all or big else Decision.KEEP
     big_all = p.max_bytes is not None and total - nbytes > p.max_bytes
-    if last < p.head and (old_all or big_all):
+    if old_all or big_all:
         return Decision.DROP
     old_first = p.age_limit_ms is not None and min_t < p.age_limit_ms
     big_first = p.max_bytes is not None and total > p.max_bytes
@@ -104,6 +108,7 @@ class Root:
         "obj",
         "owner",
         "region",
+        "registry",
         "retention",
         "version",
         "watermarks",
@@ -113,7 +118,8 @@ class Root:
                  watermarks: dict[str, fm.Watermark], owner: str | None, low: int, head: int,
                  refs_raw: bytes, stats_raw: bytes, version: int = fm.V2,
                  obj: str | None = None, retention: fm.RetentionPolicy | None = None,
-                 buffer: fm.BufferInfo | None = None) -> None:
+                 buffer: fm.BufferInfo | None = None,
+                 registry: dict[str, freg.Registration] | None = None) -> None:
         self.region = region
         self.n_entries = n_entries
         self.next_seq = next_seq
@@ -128,6 +134,9 @@ class Root:
         """Section 5: the buffer's retention policy (None: never set, no retention)."""
         self.buffer = buffer
         """Section 6: the buffer's id, creation time and GC grace (None: not written yet)."""
+        self.registry: dict[str, freg.Registration] = (
+            freg.implied(epoch, head) if registry is None else dict(registry))
+        """Section 7, resolved: every registered subscriber (implied when the section is absent)."""
         self.nodes_written: list[tuple[int, int]] = []
         """(level, first_seq) of each node written while building this draft."""
         self._refs: list[ft.Ref] | None = None
@@ -240,7 +249,7 @@ class Root:
     def copy(self) -> Root:
         c = Root(self.region, self.n_entries, self.next_seq, self.epoch, dict(self.watermarks),
                  self.owner, self.low, self.head, b"", b"", self.version, self.obj,
-                 self.retention, self.buffer)
+                 self.retention, self.buffer, self.registry)
         c._refs_raw, c._stats_raw, c._refs_total = self._refs_raw, self._stats_raw, self._refs_total
         c._refs = None if self._refs is None else list(self._refs)
         c._stats = None if self._stats is None else list(self._stats)
@@ -251,12 +260,20 @@ class Root:
         return (self.low, self.n_entries, self.entries_first) == (
             other.low, other.n_entries, other.entries_first) and self.refs_raw == other.refs_raw
 
+    def settle_head(self) -> None:
+        """head = the slowest registered subscriber's published position (clamped into
+        ``[low, next_seq]``); unchanged with nobody registered."""
+        self.head = freg.head_of(self.registry, self.low, self.next_seq, self.head)
+
     def encode(self) -> bytes:
+        """The root's bytes; section 7 only when the registry is not the implied one (so a
+        buffer with only the default consumer keeps its RFC-era bytes)."""
         footer = fm.Footer(self.n_entries, self.next_seq, self.epoch, fm.V2)
+        regs = None if self.registry == freg.implied(self.epoch, self.head) else self.registry
         return fm.encode_manifest(self.region, footer, self.watermarks, self.owner,
                                   ft.encode_tree_raw(self.low, self.head, self.refs_raw),
                                   ft.encode_stats_raw(self.stats_raw), self.retention,
-                                  self.buffer)
+                                  self.buffer, regs)
 
 
 def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
@@ -281,7 +298,7 @@ def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
                                    for e in fm.iter_entries(view)])
     root = Root(view.entries_bytes, f.entry_count, f.next_sequence, f.epoch,
                 dict(view.watermarks), view.owner, low, head, refs_raw, stats_raw, f.version,
-                view.obj, view.retention, view.buffer)
+                view.obj, view.retention, view.buffer, view.subscribers)
     if root.n_refs and root.ref_at(-1).last + 1 != root.entries_first:
         raise CorruptError(fm.WHAT, view.obj, 0, "refs and root entries are not contiguous")
     if not root.linked_first <= low <= head <= f.next_sequence:
@@ -422,6 +439,7 @@ def trim(root: Root, p: Policy, load: Load, put: Put) -> None:
             root.n_entries -= j
     floor = root.linked_first if p.retain else root.head
     root.low = max(root.low, floor)
+    root.head = max(root.head, root.low)  # retention passed a stalled subscriber
 
 
 # --- reading ---------------------------------------------------------------------
