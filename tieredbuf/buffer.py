@@ -5,19 +5,25 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig
+from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
 from tieredbuf.consumer import Consumer, fetch_object
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue.backoff import interruptible_sleep
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.subscribers import SubscriberInfo
+from tieredbuf.queue.subscribers import listing as subscriber_listing
+from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
+
+if TYPE_CHECKING:
+    from tieredbuf.worker import Worker
 
 
 def _build(cls: Any, kind: str, options: dict[str, Any]) -> Any:
@@ -67,9 +73,51 @@ class Buffer:
 
         return StagedProducer(self, Path(staging_dir), **config)
 
-    def consumer(self, **config: Any) -> Consumer:
-        """A consumer; call ``initialize()`` on it (that fences older consumers)."""
-        return Consumer(self.store, self.queue, _build(ConsumerConfig, "consumer", config))
+    def consumer(self, subscriber: str = "default", **config: Any) -> Consumer:
+        """A consumer of ``subscriber`` ("default": RFC 0001's consumer); call
+        ``initialize()`` on it (that fences older instances of the same subscriber only).
+
+        Keyword arguments are :class:`ConsumerConfig` fields (``dequeue_every``,
+        ``read_ahead``, ``on_lost``, ...).
+        """
+        return Consumer(self.store, self.queue, _build(ConsumerConfig, "consumer", config),
+                        subscriber)
+
+    def worker(self, subscriber: str, **config: Any) -> Worker:
+        """A worker of the shared work queue ``subscriber``: ``claim()`` leases entries,
+        ``ack`` / ``defer`` / ``reject`` resolve them (any order).  Keyword arguments are
+        :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...)."""
+        from tieredbuf.worker import Worker
+
+        return Worker(self.store, self.queue, subscriber,
+                      _build(WorkerConfig, "worker", config))
+
+    def subscription(self, subscriber: str = "default", **options: Any) -> Subscription:
+        """A subscriber's position without reading data (e.g. a Spark driver):
+        ``initialize`` / ``position`` / ``ack_through`` / ``flush``."""
+        return open_subscription(self.queue, subscriber, **options)
+
+    def subscribers(self) -> list[SubscriberInfo]:
+        """Every registered subscriber: position, lag (entries, bytes, age), epoch, last
+        activity, and for shared work queues their leases and rejected entries."""
+        return subscriber_listing(self.queue)
+
+    def remove_subscriber(self, name: str) -> bool:
+        """Unregister ``name`` and release its hold on the buffer (its unacked entries may
+        then be unlinked); live instances fail with SubscriberRemovedError.  False if it
+        was not registered."""
+        from tieredbuf.format.registry import check_name
+        from tieredbuf.queue.subscribers import remove
+
+        return remove(self.queue, check_name(name))
+
+    def publish_subscribers(self) -> int:
+        """Copy every named subscriber's position from its progress object into the root
+        (one CAS, only if one moved): what a cron GC does for subscribers gone quiet.
+        Returns the head afterwards."""
+        from tieredbuf.queue.subscribers import ProgressStore, publish
+
+        return publish(self.queue, ProgressStore(self.queue))
 
     def exists(self) -> bool:
         """True when a buffer lives at this URL (its ``queue/manifest`` exists); one HEAD."""

@@ -291,6 +291,7 @@ class _GcView:
     def __init__(self, buf: tieredbuf.Buffer, bar: Progress) -> None:
         self._buf = buf
         self.store = _CountingStore(buf.store, bar)
+        self.queue = buf.queue  # refreshes the subscribers' published positions first
 
     def snapshot(self) -> Any:
         return self._buf.snapshot()

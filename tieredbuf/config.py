@@ -114,11 +114,61 @@ class ConsumerConfig:
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
     retry: RetryConfig = field(default_factory=RetryConfig)
+    on_lost: str = "raise"
+    """Entries retention unlinked before this subscriber read them: ``raise``
+    (DataLossError naming them) or ``skip`` (move on, counted in ``lost``)."""
+    publish_interval: timedelta = timedelta(seconds=1)
+    """A named subscriber publishes its position into the root at most this often (and
+    only while it is the one holding the head back), besides every flush()/close()."""
 
     def __post_init__(self) -> None:
         _positive("dequeue_every", self.dequeue_every)
         if self.read_ahead < 0:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _on_lost(self.on_lost)
+        _non_negative_td("publish_interval", self.publish_interval)
+
+
+def _on_lost(value: str) -> None:
+    if value not in ("raise", "skip"):
+        raise ConfigError(f"on_lost must be 'raise' or 'skip', got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """A worker of a shared work queue (Quiver's claim / ack / defer / reject)."""
+
+    lease: timedelta = timedelta(seconds=30)
+    """How long a claimed entry is this worker's; lapsed, it is redelivered to another.
+    Judged by the claimer's wall clock (skew means earlier or later redelivery)."""
+    claim_batch: int = 8
+    """Entries leased per CAS of the progress object; handed out one per claim()."""
+    max_deliveries: int | None = None
+    """Reject an entry (reason ``max_deliveries reached``) instead of delivering it a
+    ``max_deliveries + 1``-th time; None: redeliver forever."""
+    max_span: int = 1024
+    """At most this many sequences between the position (oldest not done) and the claim
+    cursor: bounds the progress object while a poison entry keeps the position back."""
+    read_ahead: int = 8
+    """Data objects of leased entries fetched ahead, in parallel."""
+    on_lost: str = "raise"
+    """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
+    publish_interval: timedelta = timedelta(seconds=1)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+
+    def __post_init__(self) -> None:
+        _non_negative_td("lease", self.lease)
+        if self.lease <= timedelta(0):
+            raise ConfigError("lease must be > 0")
+        _positive("claim_batch", self.claim_batch)
+        if self.max_deliveries is not None and not 1 <= self.max_deliveries <= 0xFFFF:
+            raise ConfigError(f"max_deliveries must be in 1..65535, got {self.max_deliveries}")
+        if not self.claim_batch <= self.max_span <= 1 << 16:
+            raise ConfigError(f"max_span must be in claim_batch..65536, got {self.max_span}")
+        if self.read_ahead < 0:
+            raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _on_lost(self.on_lost)
+        _non_negative_td("publish_interval", self.publish_interval)
 
 
 @dataclass(frozen=True, slots=True)

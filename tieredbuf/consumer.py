@@ -1,11 +1,23 @@
-"""The fenced consumer (RFC 0001) with read-ahead.
+"""The fenced consumer (RFC 0001) with read-ahead, for any subscriber.
 
-``initialize()`` bumps the manifest epoch, fencing every older consumer (I4).
-Every queue operation (next_batch, ack, flush) first checks the epoch, with a
-22-byte ranged GET of the footer when no fresher read is at hand, so a fenced
-consumer fails with FencedError and nothing it does lands.  Data objects are
-fetched ``read_ahead`` entries ahead on a thread pool, so draining a backlog is
-not one blocking GET round trip per batch.
+``buf.consumer()`` is subscriber "default": RFC 0001's consumer, resident in the
+root.  ``initialize()`` bumps the manifest epoch, fencing every older default
+consumer (I4); next_batch, ack and flush first check the epoch, with a 22-byte
+ranged GET of the footer when no fresher read is at hand, so a fenced consumer
+fails with FencedError and nothing it does lands.
+
+``buf.consumer(subscriber="etl")`` is a named subscriber (see
+:mod:`tieredbuf.queue.subscription`): its epoch and position live in its own progress
+object, so it fences only older instances of "etl".  next_batch checks that epoch
+(one small GET); an ack costs no request; every ``dequeue_every`` acks and on flush()
+one CAS of the progress object (fenced by its epoch) writes the position, and the
+position is published into the root lazily.
+
+Every subscriber reads from its own position with the tree's lookups (a window of
+entries at a time, never the whole backlog).  A position that retention already
+unlinked raises DataLossError naming the lost range, or with ``on_lost="skip"``
+is skipped and counted.  Data objects are fetched ``read_ahead`` entries ahead on
+a thread pool, so draining a backlog is not one blocking GET round trip per batch.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ulid import ULID
@@ -29,10 +42,12 @@ from tieredbuf.errors import (
     ObjectNotFoundError,
 )
 from tieredbuf.forks import ForkGuard
+from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import ManifestEntry, MetadataItem
 from tieredbuf.queue.backoff import Stats
-from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.store.base import Store
 
 if TYPE_CHECKING:
@@ -81,22 +96,28 @@ def fetch_object(store: Store, entry: ManifestEntry) -> bytes:
 
 
 class Consumer:
-    """A single fenced consumer; use from one thread."""
+    """A fenced consumer of one subscriber; use from one thread."""
 
     def __init__(
-        self, store: Store, queue: ManifestQueue, config: ConsumerConfig | None = None
+        self, store: Store, queue: ManifestQueue, config: ConsumerConfig | None = None,
+        subscriber: str = freg.DEFAULT,
     ) -> None:
         self.store = store
         self.queue = queue
         self.config = config or ConsumerConfig()
         self.consumer_id = f"c-{ULID()}"
+        self.subscription: Subscription = open_subscription(
+            queue, subscriber, owner=self.consumer_id,
+            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
+        self.subscriber = subscriber
         self.stats = Stats()
         self.epoch: int | None = None
         self._cursor = 0
         self._acked = -1
         self._acks_since_dequeue = 0
         self._entries: dict[int, ManifestEntry] = {}
-        self._first = 0
+        self._low = 0
+        self._gaps: dict[int, int] = {}
         self._prefetch: dict[int, Future[bytes]] = {}
         self._pool = ThreadPoolExecutor(
             max(1, self.config.read_ahead), thread_name_prefix="tb-readahead"
@@ -106,25 +127,34 @@ class Consumer:
 
     # --- lifecycle -------------------------------------------------------------
 
-    def initialize(self, last_acked_sequence: int | None = None) -> None:
-        """Bump the epoch (fencing older consumers) and position the cursor.
+    def initialize(self, last_acked_sequence: int | None = None, start: str = "earliest") -> None:
+        """Register the subscriber if new, bump its epoch (fencing older instances of this
+        subscriber only) and position the cursor.
 
-        ``None`` starts at the earliest entry in the queue; ``seq`` resumes after ``seq``.
+        ``None`` resumes where the subscriber is (a new subscriber starts at the earliest
+        entry the buffer still holds, or at the tail with ``start="latest"``); ``seq``
+        resumes after ``seq``.  No buffer at the URL raises BufferNotFoundError.
         """
         self._check_not_closed()
-        self.epoch = self.queue.initialize(f"{self.consumer_id}/{ULID()}")
-        self._refresh()
-        if last_acked_sequence is None:
-            self._cursor = self._first
-        else:
-            if last_acked_sequence < 0:
-                raise ValueError(f"last_acked_sequence must be >= 0, got {last_acked_sequence}")
-            self._cursor = last_acked_sequence + 1
+        if last_acked_sequence is not None and last_acked_sequence < 0:
+            raise ValueError(f"last_acked_sequence must be >= 0, got {last_acked_sequence}")
+        self._cancel_prefetch()
+        self._entries = {}
+        self._cursor = self.subscription.initialize(last_acked_sequence, start)
+        self.epoch = self.subscription.epoch
         self._acked = self._cursor - 1
         self._acks_since_dequeue = 0
-        self._cancel_prefetch()
+        self._gaps = {}
+        self._refresh()
 
     def close(self) -> None:
+        """Stop; a named subscriber also writes its acks and publishes its position (a
+        fenced or removed instance has nothing to write: that is logged, not raised)."""
+        if not self._closed and self.epoch is not None and not self.subscription.is_default:
+            try:
+                self.subscription.close()
+            except FencedError as e:
+                log.info("close of a fenced consumer wrote nothing: %s", e)
         self._closed = True
         self._cancel_prefetch()
         self._pool.shutdown(wait=True)
@@ -148,6 +178,18 @@ class Consumer:
         if self._closed:
             raise ClosedError("consumer is closed")
 
+    def _check(self, snap: Snapshot | None = None) -> None:
+        """Raise FencedError if a newer instance of this subscriber took over."""
+        sub = self.subscription
+        if not sub.is_default:
+            sub.check()
+            if snap is not None:
+                sub.observe(snap)
+        elif snap is None:
+            self.queue.check_epoch(self._epoch())
+        elif snap.footer.epoch != self.epoch:
+            raise FencedError(self._epoch(), snap.footer.epoch)
+
     def _refresh(self) -> None:
         """Re-read the root (also checks the epoch) and the entries from the cursor on.
 
@@ -155,26 +197,44 @@ class Consumer:
         ``WINDOW`` entries), so a long backlog costs one group GET per window.
         """
         snap = self.queue.read()
-        if self.epoch is not None and snap.footer.epoch != self.epoch:
-            raise FencedError(self.epoch, snap.footer.epoch)
-        start = max(self._cursor, snap.head)
+        self._check(snap)
+        start = max(self._cursor, snap.low)
         window = max(WINDOW, self.config.read_ahead + 1)
         self._entries = {e.sequence: e for e in itertools.islice(snap.iter_from(start), window)}
-        self._first = snap.footer.first_sequence
+        self._low = snap.low
         self.stats.incr("manifest_refreshes")
+
+    def _lost(self) -> None:
+        """The cursor is before the first retained sequence: retention (or a dequeue by
+        hand) unlinked what this subscriber had not read.  Raise, or skip and count."""
+        first, last = self._cursor, self._low - 1
+        if self.config.on_lost != "skip":
+            raise DataLossError(
+                f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
+                f"before it read them (retention, or dequeued); the buffer now starts at "
+                f"{self._low}.  initialize(last_acked_sequence={last}) or on_lost='skip' "
+                "moves on")
+        n = self._low - self._cursor
+        log.warning("subscriber %r skips sequences %d..%d: unlinked before it read them",
+                    self.subscriber, first, last)
+        self.stats.incr("lost_sequences", n)
+        self.subscription.lost += n
+        self._cursor = self._low
+        self._gaps[first] = last  # acks step over the skipped range
+        self._ack_gaps()
 
     def next_batch(self) -> ConsumedBatch | None:
         """The entry after the last one returned, with its data; None if none is queued."""
-        epoch = self._epoch()
+        self._epoch()
         if self._cursor in self._entries:
-            self.queue.check_epoch(epoch)
+            self._check()
         else:
             self._refresh()
+        if self._cursor < self._low:
+            self._lost()
+            if self._cursor not in self._entries:
+                self._refresh()
         seq = self._cursor
-        if seq < self._first:
-            raise DataLossError(
-                f"sequence {seq} was already dequeued (the queue starts at {self._first})"
-            )
         entry = self._entries.get(seq)
         if entry is None:
             return None
@@ -215,18 +275,31 @@ class Consumer:
             raise AckOrderError(
                 f"ack({sequence}) for a batch not yet read (next read {self._cursor})"
             )
-        self.queue.check_epoch(epoch)
+        if self.subscription.is_default:
+            self.queue.check_epoch(epoch)  # RFC 0001: every queue operation checks the epoch
         self._acked = sequence
+        self._ack_gaps()
+        self.subscription.ack_through(self._acked)
         self._acks_since_dequeue += 1
         self.stats.incr("acks")
         if self._acks_since_dequeue >= self.config.dequeue_every:
-            self._dequeue(epoch)
+            self._dequeue(publish=False)
+
+    def _ack_gaps(self) -> None:
+        while self._acked + 1 in self._gaps:
+            self._acked = self._gaps.pop(self._acked + 1)
+            self.subscription.ack_through(self._acked)
 
     def flush(self) -> None:
-        """Dequeue every acked entry now (also verifies this consumer is not fenced)."""
-        self._dequeue(self._epoch())
+        """Write every ack now: the default consumer dequeues; a named subscriber writes its
+        progress object and publishes its position into the root.  Also verifies this
+        instance is not fenced."""
+        self._epoch()
+        if not self.subscription.is_default and self.subscription.written == self._acked + 1:
+            self._check()
+        self._dequeue(publish=True)
 
-    def _dequeue(self, epoch: int) -> None:
-        self.queue.dequeue(self._acked, epoch)
+    def _dequeue(self, publish: bool) -> None:
+        self.subscription.flush(publish=publish)
         self._acks_since_dequeue = 0
         self.stats.incr("dequeues")

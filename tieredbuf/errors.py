@@ -11,7 +11,7 @@ differently (pyiceberg's CommitFailed / CommitStateUnknown split):
   watermark after every conflict (invariant I2).
 * :class:`OutcomeUnknownError` -- "the request may or may not have taken
   effect"; never clean up after it.
-* :class:`FencedError` -- "a newer consumer owns the queue"; stop.
+* :class:`FencedError` -- "a newer instance of this subscriber owns its position"; stop.
 
 and :class:`CorruptError` for bytes that do not decode (invariant I7).
 
@@ -126,17 +126,45 @@ class InvalidKeyError(PermanentStoreError, ValueError):
 
 
 class FencedError(TieredBufError):
-    """A newer consumer has initialized (its epoch is higher); this one must stop."""
+    """A newer instance of the same subscriber has initialized (its epoch is higher); this
+    one must stop.  Other subscribers are never fenced by it."""
 
-    def __init__(self, my_epoch: int, current_epoch: int) -> None:
+    def __init__(self, my_epoch: int, current_epoch: int, subscriber: str = "default") -> None:
+        where = "the manifest" if subscriber == "default" else "its progress object"
         super().__init__(
-            f"consumer fenced: another consumer took over the queue at epoch "
-            f"{current_epoch} (this one holds epoch {my_epoch}); stop this consumer -- "
-            f"its un-dequeued acks are re-read by the new owner -- or, if the other one "
-            f"is gone, call initialize() again to take the queue back (that fences it)"
+            f"consumer fenced: another instance of subscriber {subscriber!r} took over at "
+            f"epoch {current_epoch} in {where} (this one holds epoch {my_epoch}); stop this "
+            f"one -- its unflushed acks are re-read by the new owner -- or, if the other one "
+            f"is gone, call initialize() again to take it back (that fences it)"
         )
         self.my_epoch = my_epoch
         self.current_epoch = current_epoch
+        self.subscriber = subscriber
+
+
+class SubscriberRemovedError(FencedError):
+    """The subscriber was removed (``remove_subscriber``): its live instances must stop."""
+
+    def __init__(self, subscriber: str, my_epoch: int = 0) -> None:
+        TieredBufError.__init__(
+            self, f"subscriber {subscriber!r} was removed (remove_subscriber): this instance "
+            "must stop; initialize() again registers it afresh"
+        )
+        self.my_epoch = self.current_epoch = my_epoch
+        self.subscriber = subscriber
+
+
+class LeaseExpiredError(TieredBufError):
+    """A worker's ack or reject came after its lease lapsed and another claim re-leased the
+    entry: nothing changed for those sequences (the entry is acked by whoever holds it)."""
+
+    def __init__(self, subscriber: str, sequences: list[int]) -> None:
+        super().__init__(
+            f"subscriber {subscriber!r}: the leases on sequences {sequences} lapsed and were "
+            "claimed again by another worker; these acks/rejects changed nothing"
+        )
+        self.subscriber = subscriber
+        self.sequences = sequences
 
 
 class NotInitializedError(TieredBufError):

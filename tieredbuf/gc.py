@@ -17,6 +17,12 @@ them, retained history and partly consumed groups included).  Tree nodes
 their ULID time is past the grace period: orphans of a lost CAS, and groups that
 a dequeue or retention unlinked by CAS (unlink first, delete after: I5).
 
+Subscriber progress objects (``queue/subscribers/<name>.<reg ULID>``) are kept while
+the root registers them; an unregistered one (the loser of a registration race, or one
+whose removal could not delete it) is deleted past the grace period.  A pass first
+refreshes the subscribers' published positions (one lazy root CAS, only if one moved),
+so a cron GC moves the head for subscribers whose instances are gone quiet.
+
 Deletes run in bulk; failures are logged and counted and retried next pass.
 The decision is the pure function :func:`select_garbage`; :func:`run_once` does I/O.
 """
@@ -30,12 +36,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ulid import ULID
+
 from tieredbuf import keys
 from tieredbuf.config import GcConfig
 from tieredbuf.errors import StoreError
 from tieredbuf.format import tree as ft
 from tieredbuf.queue import tree
 from tieredbuf.queue.nodes import NodeStore, node_key
+from tieredbuf.queue.subscribers import ProgressStore, publish
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,9 @@ class GcReport:
     groups_listed: int = 0
     groups_referenced: int = 0
     groups_deleted: int = 0
+    progress_listed: int = 0
+    progress_deleted: int = 0
+    publications: int = 0
     kept_young: int = 0
     kept_newer_than_oldest: int = 0
     grace_ms: int = 0
@@ -122,8 +134,32 @@ def select_group_garbage(
     return out
 
 
+def select_progress_garbage(
+    listed: Iterable[str], registered: set[str], now_ms: int, grace: timedelta,
+    report: GcReport,
+) -> list[str]:
+    """Progress objects no registration in the root names, older than the grace period
+    (by their registration ULID: registration lands within the link deadline, < grace)."""
+    grace_ms = int(grace.total_seconds() * 1000)
+    out: list[str] = []
+    for key in listed:
+        report.progress_listed += 1
+        parsed = keys.parse_progress_key(key)
+        if parsed is None:
+            report.skipped_foreign += 1
+            continue
+        if key in registered:
+            continue
+        if now_ms - parsed[1].milliseconds <= grace_ms:
+            report.kept_young += 1
+            continue
+        out.append(key)
+    return out
+
+
 def reachable(buf: Any, snap: Any = None) -> tuple[list[str], set[str]]:
-    """(data locations of every linked entry in order, keys of every linked tree node)."""
+    """(data locations of every linked entry in order, keys of every linked tree node and
+    registered progress object)."""
     snap = buf.snapshot() if snap is None else snap
     nodes = NodeStore(buf.store, cache_nodes=4)
     seen: set[str] = set()
@@ -134,6 +170,9 @@ def reachable(buf: Any, snap: Any = None) -> tuple[list[str], set[str]]:
 
     locations = [e.location for e in tree.iter_from(snap.root, snap.root.linked_first, load)]
     _walk_refs(snap.root.refs, load)
+    for reg in snap.root.registry.values():
+        if not reg.is_default:
+            seen.add(keys.progress_key(reg.name, ULID.from_bytes(reg.reg_id)))
     return locations, seen
 
 
@@ -197,6 +236,11 @@ def run_once(
     """
     cfg = config or GcConfig()
     report = GcReport(dry_run=dry_run)
+    queue = getattr(buf, "queue", None)
+    if not dry_run and queue is not None:
+        before = queue.stats.get("publications")
+        publish(queue, ProgressStore(queue))
+        report.publications = queue.stats.get("publications") - before
     # Snapshot (and walk) first, list second: an object enqueued after the snapshot
     # was uploaded before it, and is protected by the oldest-entry and grace rules; a
     # group linked after it is younger than the writers' link deadline (< grace).
@@ -215,8 +259,10 @@ def run_once(
     garbage = select_garbage(listed, referenced, oldest, now, grace, report)
     groups = (m.key for m in buf.store.list(keys.GROUPS_PREFIX))
     group_garbage = select_group_garbage(groups, linked_nodes, now, grace, report)
+    progress = (m.key for m in buf.store.list(keys.SUBSCRIBERS_PREFIX))
+    progress_garbage = select_progress_garbage(progress, linked_nodes, now, grace, report)
     if dry_run:
-        report.deleted_keys = garbage + group_garbage
+        report.deleted_keys = garbage + group_garbage + progress_garbage
         return report
     deleted = _delete(buf, garbage, cfg, report)
     report.deleted += len(deleted)
@@ -224,4 +270,7 @@ def run_once(
     gdeleted = _delete(buf, group_garbage, cfg, report)
     report.groups_deleted += len(gdeleted)
     report.deleted_keys.extend(gdeleted)
+    pdeleted = _delete(buf, progress_garbage, cfg, report)
+    report.progress_deleted += len(pdeleted)
+    report.deleted_keys.extend(pdeleted)
     return report

@@ -234,13 +234,16 @@ class Root:
     def linked_first(self) -> int:
         return self.ref_at(0).first if self.n_refs else self.entries_first
 
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of every data object linked from the tree (exact by construction)."""
+    def refs_total_bytes(self) -> int:
         if self._refs_total is None:
             self._refs_total = (sum(r.total_bytes for r in self._refs) if self._refs is not None
                                 else ft.refs_total_bytes(self.refs_raw))
-        return self._refs_total + ft.stats_total_bytes(self.stats_raw)
+        return self._refs_total
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every data object linked from the tree (exact by construction)."""
+        return self.refs_total_bytes() + ft.stats_total_bytes(self.stats_raw)
 
     def entries_view(self) -> fm.ManifestView:
         f = fm.Footer(self.n_entries, self.next_seq, self.epoch, fm.V2)
@@ -577,3 +580,25 @@ def find_time(root: Root, t: int, load: Load) -> int:
             return node.first + j
         refs = node.refs
         r = refs[first_at_or_after_time([x.max_time_ms for x in refs], t)]
+
+
+def bytes_from(root: Root, seq: int, load: Load) -> int:
+    """Bytes of the linked data objects from sequence ``seq`` on (a subscriber's lag in
+    bytes): the root's total minus what lies before ``seq``; one node GET per level."""
+    seq = max(seq, root.linked_first)
+    if seq >= root.next_seq:
+        return 0
+    before = 0
+    if seq >= root.entries_first:
+        before = root.refs_total_bytes() + sum(
+            root.stat_at(j).size for j in range(seq - root.entries_first))
+        return root.total_bytes - before
+    refs: Sequence[ft.Ref] = root.refs
+    while True:
+        i = ref_index(refs, seq)
+        before += sum(r.total_bytes for r in refs[:i])
+        node = load(refs[i])
+        if node.level == 0:
+            before += sum(s.size for s in node.stats[: seq - node.first])
+            return root.total_bytes - before
+        refs = node.refs

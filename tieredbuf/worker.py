@@ -1,0 +1,319 @@
+"""A worker of a shared work queue: several workers, one subscriber, any order.
+
+    w = buf.worker("jobs", lease=timedelta(seconds=30))
+    while (b := w.claim()) is not None:
+        process(b)              # at-least-once: a lapsed lease is redelivered to another worker
+        w.ack(b.sequence)       # or w.defer(seq) (hand it back now), w.reject(seq, reason=b"...")
+    w.close()                   # applies what is buffered, hands back what it still holds
+
+Every change is one CAS of the subscriber's progress object (:mod:`tieredbuf.queue.shared`
+decides): a refill applies this worker's buffered acks and rejects and leases the next
+``claim_batch`` claimable entries (lowest first) under a fresh operation token, which
+is also how a retry after an unknown outcome finds its own write.  Acks and rejects are
+buffered until the next refill, ``flush()``, ``close()``, or at once when a buffered
+ack's lease is about to lapse; ``defer`` is applied at once.
+
+Every entry is acked exactly once; processing is at-least-once.  An ack whose lease
+lapsed *and* was claimed again by another worker is refused: the call that applies it
+(the next claim(), flush() or close()) raises LeaseExpiredError and that ack changes
+nothing -- the other worker's ack counts.  Workers never bump the subscriber's epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
+
+from ulid import ULID
+
+from tieredbuf.config import WorkerConfig
+from tieredbuf.consumer import ConsumedBatch, fetch_object
+from tieredbuf.errors import (
+    AckOrderError,
+    ClosedError,
+    ConflictError,
+    DataLossError,
+    LeaseExpiredError,
+    OutcomeUnknownError,
+    StoreError,
+)
+from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.format.progress import Lease, Progress
+from tieredbuf.queue import shared
+from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.subscription import NamedSubscription
+from tieredbuf.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True)
+class _Held:
+    token: bytes
+    expires_ms: int
+    handed_out: bool = False
+
+
+class Worker:
+    """One worker of the shared subscriber ``subscriber``; use from one thread."""
+
+    def __init__(self, store: Store, queue: ManifestQueue, subscriber: str,
+                 config: WorkerConfig | None = None) -> None:
+        self.store = store
+        self.queue = queue
+        self.config = config or WorkerConfig()
+        self.worker_id = ULID().bytes
+        self.subscription = NamedSubscription(
+            queue, subscriber, shared=True, owner=f"w-{ULID.from_bytes(self.worker_id)}",
+            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
+        self.subscriber = subscriber
+        self.stats = Stats()
+        self.clock_ms = self.subscription.clock_ms
+        self._limits = shared.Limits(
+            lease_ms=self.config.lease // timedelta(milliseconds=1),
+            claim_n=self.config.claim_batch, max_span=self.config.max_span,
+            max_deliveries=self.config.max_deliveries)
+        self._margin_ms = min(self._limits.lease_ms // 4, 5000)
+        self._held: dict[int, _Held] = {}
+        self._ready: deque[int] = deque()
+        self._ops: list[shared.Op] = []
+        self._expiries: dict[bytes, int] = {}
+        self._entries: dict[int, ManifestEntry] = {}
+        self._prefetch: dict[int, Future[bytes]] = {}
+        self._pool = ThreadPoolExecutor(max(1, self.config.read_ahead),
+                                        thread_name_prefix="tb-worker")
+        self._initialized = False
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def initialize(self, start: str = "earliest") -> None:
+        """Register the shared subscriber if new (at the earliest entry the buffer holds, or
+        the tail with ``start="latest"``).  No buffer at the URL: BufferNotFoundError."""
+        self._check_open()
+        self.subscription.register(start)
+        self._initialized = True
+
+    def close(self) -> None:
+        """Apply buffered acks/rejects and hand back every entry still held (defer), so
+        other workers can take them at once."""
+        if self._closed:
+            return
+        try:
+            if self._initialized:
+                for seq, h in self._held.items():
+                    self._ops.append(shared.Op("defer", seq, h.token))
+                if self._ops:
+                    self._apply(0)
+                self.subscription.maybe_publish(force=True)
+        finally:
+            self._closed = True
+            for f in self._prefetch.values():
+                f.cancel()
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("worker is closed")
+
+    def _ensure(self) -> None:
+        self._check_open()
+        if not self._initialized:
+            self.initialize()
+
+    # --- claiming --------------------------------------------------------------------
+
+    def claim(self) -> ConsumedBatch | None:
+        """The next entry leased to this worker, with its data; None when nothing is
+        claimable now (everything is done, or leased to live workers)."""
+        self._ensure()
+        self._flush_if_lapsing()
+        while True:
+            now = self.clock_ms()
+            while self._ready:
+                seq = self._ready.popleft()
+                h = self._held.get(seq)
+                if h is None:
+                    continue
+                if h.expires_ms - self._margin_ms <= now:
+                    del self._held[seq]  # lapsed before it was handed out: others may take it
+                    self.stats.incr("lapsed_before_use")
+                    continue
+                h.handed_out = True
+                self.stats.incr("claimed")
+                return self._batch(seq)
+            if not self._apply(self.config.claim_batch):
+                return None
+
+    def _batch(self, seq: int) -> ConsumedBatch:
+        entry = self._entries.pop(seq)
+        fut = self._prefetch.pop(seq, None)
+        data = fut.result() if fut is not None else fetch_object(self.store, entry)
+        self._schedule_prefetch()
+        return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
+
+    def _schedule_prefetch(self) -> None:
+        for seq in itertools.islice(self._ready, self.config.read_ahead):
+            e = self._entries.get(seq)
+            if e is not None and seq not in self._prefetch:
+                self._prefetch[seq] = self._pool.submit(fetch_object, self.store, e)
+
+    def _load_entries(self, snap: Snapshot, seqs: list[int]) -> None:
+        """Entries of the claimed sequences: one tree walk per contiguous run."""
+        runs: list[list[int]] = []
+        for s in sorted(seqs):
+            if runs and runs[-1][-1] + 1 == s:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        for run in runs:
+            got = list(itertools.islice(snap.iter_from(run[0]), len(run)))
+            if [e.sequence for e in got] != run:
+                raise DataLossError(
+                    f"subscriber {self.subscriber!r}: sequences {run[0]}..{run[-1]} were "
+                    f"leased but are no longer linked (retention unlinked them)")
+            self._entries.update((e.sequence, e) for e in got)
+
+    # --- resolving -------------------------------------------------------------------
+
+    def _take(self, seq: int) -> _Held:
+        self._ensure()
+        h = self._held.get(seq)
+        if h is None or not h.handed_out:
+            raise AckOrderError(f"sequence {seq} is not leased to this worker (or was resolved)")
+        return h
+
+    def ack(self, sequence: int) -> None:
+        """``sequence`` is processed (any order).  Buffered; see the module docstring."""
+        h = self._take(sequence)
+        del self._held[sequence]
+        self._ops.append(shared.Op("ack", sequence, h.token))
+        self.stats.incr("acks")
+        self._flush_if_lapsing()
+
+    def reject(self, sequence: int, reason: bytes = b"") -> None:
+        """``sequence`` failed for good: recorded as rejected (listed by ``tieredbuf
+        subscribers``), never redelivered.  Buffered like an ack."""
+        if len(reason) > 1024:
+            raise ValueError(f"reject reason of {len(reason)} bytes: at most 1024")
+        h = self._take(sequence)
+        del self._held[sequence]
+        self._ops.append(shared.Op("reject", sequence, h.token, bytes(reason)))
+        self.stats.incr("rejects")
+        self._flush_if_lapsing()
+
+    def defer(self, sequence: int) -> None:
+        """Hand ``sequence`` back now (one CAS, with whatever is buffered): claimable at once
+        by any worker, this one included."""
+        h = self._take(sequence)
+        del self._held[sequence]
+        self._ops.append(shared.Op("defer", sequence, h.token))
+        self.stats.incr("defers")
+        self._apply(0)
+
+    def flush(self) -> None:
+        """Apply every buffered ack and reject now and publish the subscriber's position."""
+        self._ensure()
+        if self._ops:
+            self._apply(0)
+        self.subscription.maybe_publish(force=True)
+
+    def _flush_if_lapsing(self) -> None:
+        if not self._ops:
+            return
+        now = self.clock_ms()
+        soonest = min((self._expiry(op) for op in self._ops), default=None)
+        if soonest is not None and soonest - self._margin_ms <= now:
+            self._apply(0)
+
+    def _expiry(self, op: shared.Op) -> int:
+        return self._expiries.get(op.token, 1 << 62)
+
+    # --- the one CAS -----------------------------------------------------------------
+
+    def _apply(self, claim_n: int) -> bool:
+        """One CAS: buffered ops applied, up to ``claim_n`` entries leased.  Returns True if
+        it leased anything.  Raises DataLossError / LeaseExpiredError *after* the CAS
+        landed (what it leased stays queued for the next claim())."""
+        sub = self.subscription
+        ops = list(self._ops)
+        op_token = ULID().bytes
+        limits = dataclasses.replace(self._limits, claim_n=claim_n)
+        attempt = 0
+        while True:
+            snap = self.queue.read()
+            p = sub.progress
+            assert p is not None and sub.etag is not None
+            if attempt and shared.landed(p, self.worker_id, op_token):
+                applied = shared.Applied(p, shared.mine(p, op_token))
+                self.queue.stats.incr("worker_ops_found_landed")
+                break
+            applied = shared.apply(p, ops, worker_id=self.worker_id, op_token=op_token,
+                                   now_ms=self.clock_ms(), limits=limits,
+                                   next_seq=snap.root.next_seq, low=snap.low,
+                                   skip_lost=self.config.on_lost == "skip")
+            if self._cas(applied.progress, attempt):
+                break
+            attempt += 1
+        self._ops = self._ops[len(ops):]
+        self.stats.incr("cas")
+        sub.written = applied.progress.position
+        sub.observe(snap)
+        new = [x for x in applied.claimed if x.token == op_token]
+        if new:
+            self._load_entries(snap, [x.seq for x in new])
+        self._lease(new)
+        if applied.auto_rejected:
+            self.stats.incr("auto_rejected", len(applied.auto_rejected))
+            log.warning("subscriber %r: rejected %s after %s deliveries", self.subscriber,
+                        applied.auto_rejected, self.config.max_deliveries)
+        sub.maybe_publish()
+        if applied.lost is not None:
+            first, last = applied.lost
+            if self.config.on_lost != "skip":
+                raise DataLossError(
+                    f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
+                    f"(retention) before they were acked; on_lost='skip' moves on")
+            self.stats.incr("lost_sequences", last - first + 1)
+        if applied.expired:
+            self.stats.incr("expired_acks", len(applied.expired))
+            raise LeaseExpiredError(self.subscriber, applied.expired)
+        return bool(new)
+
+    def _lease(self, leases: list[Lease]) -> None:
+        for x in leases:
+            self._held[x.seq] = _Held(x.token, x.expires_ms)
+            self._expiries[x.token] = x.expires_ms
+            self._ready.append(x.seq)
+        live = {h.token for h in self._held.values()} | {op.token for op in self._ops}
+        self._expiries = {t: e for t, e in self._expiries.items() if t in live}
+        self._schedule_prefetch()
+
+    def _cas(self, new: Progress, attempt: int) -> bool:
+        sub = self.subscription
+        assert sub.etag is not None
+        try:
+            sub.etag = sub.progress_store.cas(new, sub.etag)
+            sub.progress = new
+            return True
+        except (ConflictError, OutcomeUnknownError, StoreError):
+            self.queue.stats.incr("progress_conflicts")
+        self.queue.sleep(backoff_delay(self.queue.retry, attempt))
+        sub.reload()
+        return False
+
+    @property
+    def held(self) -> list[int]:
+        """Sequences leased to this worker and not yet resolved."""
+        return sorted(self._held)
