@@ -73,7 +73,6 @@ class Worker:
             publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
         self.subscriber = subscriber
         self.stats = Stats()
-        self.clock_ms = self.subscription.clock_ms
         self._limits = shared.Limits(
             lease_ms=self.config.lease // timedelta(milliseconds=1),
             claim_n=self.config.claim_batch, max_span=self.config.max_span,
@@ -89,6 +88,10 @@ class Worker:
                                         thread_name_prefix="tb-worker")
         self._initialized = False
         self._closed = False
+
+    def clock_ms(self) -> int:
+        """The wall clock leases are judged by (the subscription's)."""
+        return self.subscription.clock_ms()
 
     # --- lifecycle -------------------------------------------------------------------
 

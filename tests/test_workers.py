@@ -1,0 +1,243 @@
+"""Shared work queues: claim / ack / defer / reject (Quiver's bundle lifecycle), leases,
+redelivery, exactly-once acks (I9), batching and exact request costs."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import tieredbuf
+from tests.subscriber_util import KeyCountingStore, fill
+from tieredbuf import keys
+from tieredbuf.errors import (
+    AckOrderError,
+    DataLossError,
+    LeaseExpiredError,
+    OutcomeUnknownError,
+    PreconditionFailedError,
+    SubscriberRemovedError,
+)
+from tieredbuf.store import open_store
+from tieredbuf.store.faults import FaultInjectingStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def _worker(buf: tieredbuf.Buffer, clock: Clock | None = None, name: str = "jobs",
+            **kw: Any) -> tieredbuf.worker.Worker:  # type: ignore[name-defined]
+    w = buf.worker(name, **kw)
+    if clock is not None:
+        w.subscription.clock_ms = clock
+    return w
+
+
+def _progress(buf: tieredbuf.Buffer, name: str = "jobs") -> Any:
+    (info,) = [s for s in buf.subscribers() if s.name == name]
+    return info
+
+
+def test_I9_workers_share_a_subscriber_each_entry_acked_exactly_once_out_of_order() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 30)
+    ws = [_worker(buf, claim_batch=4) for _ in range(3)]
+    rng = random.Random(7)
+    held: list[tuple[Any, int]] = []
+    seen: list[int] = []
+    while True:
+        got = [(w, w.claim()) for w in ws]
+        fresh = [(w, b.sequence) for w, b in got if b is not None]
+        if not fresh and not held:
+            break
+        held += fresh
+        seen += [s for _, s in fresh]
+        rng.shuffle(held)
+        for w, s in held[: rng.randint(0, len(held))]:
+            w.ack(s)
+            held.remove((w, s))
+    for w in ws:
+        w.close()
+    assert sorted(seen) == list(range(30))  # each delivered once: no lease lapsed
+    info = _progress(buf)
+    assert info.next_sequence == 30 and info.work["done_above_position"] == 0
+    assert buf.snapshot().head == 30
+
+
+def test_a_lapsed_lease_is_redelivered_and_the_old_holders_ack_changes_nothing() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 2)
+    clock = Clock()
+    a = _worker(buf, clock, claim_batch=1, lease=timedelta(seconds=10))
+    b = _worker(buf, clock, claim_batch=1, lease=timedelta(seconds=10))
+    first = a.claim()
+    assert first is not None and first.sequence == 0
+    clock.t += 11_000  # a's lease lapsed (a is stalled, e.g. a long GC pause)
+    again = b.claim()
+    assert again is not None and again.sequence == 0  # redelivered
+    with pytest.raises(LeaseExpiredError) as e:
+        a.ack(0)  # its lease is past lapsing: applied at once, and refused
+    assert e.value.sequences == [0]
+    a.flush()  # nothing of it is left buffered
+    assert _progress(buf).next_sequence == 0 and _progress(buf).work["leased"] == 1
+    b.ack(0)
+    b.flush()
+    assert _progress(buf).next_sequence == 1
+
+
+def test_a_lapsed_lease_nobody_claimed_again_may_still_be_acked() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    clock = Clock()
+    a = _worker(buf, clock, lease=timedelta(seconds=10))
+    got = a.claim()
+    assert got is not None
+    clock.t += 60_000
+    a.ack(got.sequence)  # applied at once: its lease is past the point of lapsing
+    assert _progress(buf).next_sequence == 1
+
+
+def test_defer_hands_an_entry_back_at_once() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    a, b = _worker(buf), _worker(buf)
+    got = a.claim()
+    assert got is not None and b.claim() is None
+    a.defer(got.sequence)
+    again = b.claim()
+    assert again is not None and again.sequence == got.sequence
+    with pytest.raises(AckOrderError):
+        a.ack(got.sequence)  # no longer a's
+    b.ack(again.sequence)
+    b.close()
+    assert _progress(buf).next_sequence == 1
+
+
+def test_rejected_entries_are_listed_and_never_redelivered() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 3)
+    w = _worker(buf)
+    got = [w.claim() for _ in range(3)]
+    assert [g.sequence for g in got if g] == [0, 1, 2]
+    w.reject(1, reason=b"bad json")
+    w.ack(0)
+    w.ack(2)
+    w.flush()
+    assert w.claim() is None
+    info = _progress(buf)
+    assert info.next_sequence == 3
+    assert [(r.seq, r.reason) for r in info.rejected] == [(1, b"bad json")]
+    assert info.as_dict()["rejected"][0]["reason"] == "bad json"
+
+
+def test_max_deliveries_rejects_a_poison_entry_instead_of_redelivering_it() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    clock = Clock()
+    w = _worker(buf, clock, lease=timedelta(seconds=1), max_deliveries=2, claim_batch=1)
+    for _ in range(2):
+        got = w.claim()
+        assert got is not None and got.sequence == 0
+        clock.t += 2_000  # the process working on it died each time
+    assert w.claim() is None
+    info = _progress(buf)
+    assert info.next_sequence == 1
+    assert [(r.seq, r.deliveries, r.reason) for r in info.rejected] == [
+        (0, 2, b"max_deliveries reached")]
+
+
+def test_max_span_bounds_the_state_behind_a_stuck_entry() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 12)
+    stuck, w = _worker(buf, claim_batch=1), _worker(buf, claim_batch=1, max_span=4)
+    assert stuck.claim() is not None  # holds 0 for 30 s
+    for _ in range(3):
+        b = w.claim()
+        assert b is not None
+        w.ack(b.sequence)
+    w.flush()
+    assert w.claim() is None  # 0..3 span max_span: nothing past it is claimed
+    assert _progress(buf).work["claim_cursor"] == 4
+
+
+def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
+    counting = KeyCountingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(counting)
+    fill(buf, 16)
+    w = _worker(buf, Clock(), claim_batch=8, read_ahead=0)
+    w.initialize()
+    counting.reset()
+    for _ in range(16):
+        b = w.claim()
+        assert b is not None
+        w.ack(b.sequence)
+    # two refills (a root GET and a progress CAS each); the second applies the first
+    # eight acks in the same CAS.  After the first, the subscriber held the head: one
+    # publication (root GET, its progress GET, root CAS); the second is rate-limited.
+    assert counting.of("progress") == {"put": 2, "get": 1}
+    assert counting.of("root") == {"get": 3, "put": 1}
+    assert counting.of("data") == {"get": 16}
+
+
+def test_I2_a_claim_whose_response_was_lost_finds_its_own_leases() -> None:
+    store = FaultInjectingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(store)
+    fill(buf, 4)
+    w = _worker(buf, claim_batch=2)
+    w.initialize()
+    key = next(m.key for m in store.list(keys.SUBSCRIBERS_PREFIX))
+    for err in (OutcomeUnknownError, PreconditionFailedError):
+        fault = store.arm("put", key=key, when="after", error=err, times=1)
+        b = w.claim()
+        assert fault.fired == 1 and b is not None
+        w.ack(b.sequence)
+        b = w.claim()
+        assert b is not None
+        w.ack(b.sequence)
+    w.flush()
+    info = _progress(buf)
+    assert info.next_sequence == 4 and info.work["leased"] == 0
+
+
+def test_close_hands_back_what_the_worker_still_holds() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 4)
+    a, b = _worker(buf, claim_batch=4), _worker(buf)
+    got = a.claim()
+    assert got is not None
+    a.close()  # 0 handed out (not acked), 1..3 leased but not handed out
+    assert sorted(x.sequence for x in iter(b.claim, None)) == [0, 1, 2, 3]
+
+
+def test_retention_lost_entries_raise_or_are_skipped_and_counted() -> None:
+    from tieredbuf.format.batch import encode_batch
+
+    buf = tieredbuf.open("memory://")
+    buf.create()
+    strict, skipper = _worker(buf, name="strict"), _worker(buf, name="skip", on_lost="skip")
+    strict.initialize()
+    skipper.initialize()
+    buf.set_retention(max_bytes=len(encode_batch([b"r0"])))
+    fill(buf, 3)
+    with pytest.raises(DataLossError, match=r"0\.\.1"):
+        strict.claim()
+    b = skipper.claim()
+    assert b is not None and b.sequence == 2
+    assert skipper.stats.get("lost_sequences") == 2
+
+
+def test_a_removed_shared_subscriber_stops_its_workers() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 2)
+    w = _worker(buf, claim_batch=1)
+    assert w.claim() is not None
+    assert buf.remove_subscriber("jobs")
+    with pytest.raises(SubscriberRemovedError):
+        w.claim()
