@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
@@ -88,6 +89,8 @@ class Worker:
                                         thread_name_prefix="tb-worker")
         self._initialized = False
         self._closed = False
+        self.on_applied: Callable[[list[int]], None] | None = None
+        """Called after each CAS with the sequences whose acks and rejects it applied."""
 
     def clock_ms(self) -> int:
         """The wall clock leases are judged by (the subscription's)."""
@@ -254,6 +257,7 @@ class Worker:
         op_token = ULID().bytes
         limits = dataclasses.replace(self._limits, claim_n=claim_n)
         attempt = 0
+        wrote, fresh = True, False
         while True:
             snap = self.queue.read()
             p = sub.progress
@@ -266,11 +270,23 @@ class Worker:
                                    now_ms=self.clock_ms(), limits=limits,
                                    next_seq=snap.root.next_seq, low=snap.low,
                                    skip_lost=self.config.on_lost == "skip")
+            if not (ops or applied.claimed or applied.auto_rejected or (
+                    applied.lost is not None and self.config.on_lost == "skip")):
+                if not fresh:  # the cached progress may be stale: judge from a fresh read
+                    sub.reload()
+                    fresh = True
+                    continue
+                applied.progress = p  # nothing to change: an idle poll costs no write
+                wrote = False
+                break
             if self._cas(applied.progress, attempt):
                 break
             attempt += 1
         self._ops = self._ops[len(ops):]
-        self.stats.incr("cas")
+        self.stats.incr("cas" if wrote else "idle_polls")
+        if self.on_applied is not None and ops:
+            refused = set(applied.expired)
+            self.on_applied([op.seq for op in ops if op.kind != "defer" and op.seq not in refused])
         sub.written = applied.progress.position
         sub.observe(snap)
         new = [x for x in applied.claimed if x.token == op_token]

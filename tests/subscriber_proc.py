@@ -1,0 +1,109 @@
+"""Subscriber and worker processes for the multi-process tests.
+
+    python subscriber_proc.py consume URL OPTS NAME OUT DELAY_MS STOP
+    python subscriber_proc.py work URL OPTS NAME DELAY_MS STOP
+
+``consume``: a named subscriber; after each flush that lands it appends the flushed
+sequences to OUT (one per line), so OUT holds what this instance committed.  Exits 0
+once its position reaches the total written to STOP, 3 with "FENCED" when a newer
+instance fenced it.  ``work``: a worker of a shared subscriber; prints "CLAIMED s",
+"PROCESSING s", "APPLIED s..." (acks and rejects its CAS applied) on stdout; rejects
+every sequence with s % 17 == 5.  Exits when nothing is claimable and STOP says done.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import tieredbuf
+from tieredbuf.errors import FencedError, LeaseExpiredError
+
+
+def _total(stop: Path) -> int | None:
+    try:
+        return int(stop.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def consume(url: str, opts: dict, name: str, out: Path, delay_ms: int, stop: Path) -> int:  # type: ignore[type-arg]
+    buf = tieredbuf.open(url, **opts)
+    c = buf.consumer(name, dequeue_every=1 << 30, read_ahead=2)
+    pending: list[int] = []
+    try:
+        c.initialize()
+        print("READY", c.subscription.position, flush=True)
+        with out.open("a") as f:
+            while True:
+                b = c.next_batch()
+                if b is None:
+                    if pending:
+                        c.flush()
+                        f.write("".join(f"{s}\n" for s in pending))
+                        f.flush()
+                        pending = []
+                    total = _total(stop)
+                    if total is not None and c.subscription.position >= total:
+                        c.close()
+                        return 0
+                    time.sleep(0.01)  # polling for new entries, not synchronisation
+                    continue
+                time.sleep(delay_ms / 1000)  # the subscriber's own processing speed
+                pending.append(b.sequence)
+                c.ack(b.sequence)
+                if len(pending) >= 5:
+                    c.flush()
+                    f.write("".join(f"{s}\n" for s in pending))
+                    f.flush()
+                    pending = []
+    except FencedError as e:
+        print("FENCED", e, flush=True)
+        return 3
+
+
+def work(url: str, opts: dict, name: str, delay_ms: int, stop: Path) -> int:  # type: ignore[type-arg]
+    buf = tieredbuf.open(url, **opts)
+    w = buf.worker(name, lease=timedelta(seconds=2), claim_batch=4)
+    w.on_applied = lambda seqs: print("APPLIED", *seqs, flush=True)
+    while True:
+        try:
+            b = w.claim()
+        except LeaseExpiredError as e:
+            print("EXPIRED", *e.sequences, flush=True)
+            continue
+        if b is None:
+            total = _total(stop)
+            if total is not None:
+                w.flush()
+                if w.subscription.reload().position >= total:
+                    w.close()
+                    return 0
+            time.sleep(0.01)  # nothing claimable now (the rest leased to others)
+            continue
+        print("CLAIMED", b.sequence, flush=True)
+        print("PROCESSING", b.sequence, flush=True)
+        time.sleep(delay_ms / 1000)  # the work itself
+        try:
+            if b.sequence % 17 == 5:
+                w.reject(b.sequence, reason=f"poison {b.sequence}".encode())
+            else:
+                w.ack(b.sequence)
+        except LeaseExpiredError as e:
+            print("EXPIRED", *e.sequences, flush=True)
+
+
+def main() -> int:
+    mode, url, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if mode == "consume":
+        name, out, delay, stop = sys.argv[4], Path(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+        return consume(url, opts, name, out, delay, Path(stop))
+    name, delay, stop = sys.argv[4], int(sys.argv[5]), sys.argv[6]
+    return work(url, opts, name, delay, Path(stop))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
