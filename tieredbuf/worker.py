@@ -298,16 +298,16 @@ class Worker:
             log.warning("subscriber %r: rejected %s after %s deliveries", self.subscriber,
                         applied.auto_rejected, self.config.max_deliveries)
         sub.maybe_publish()
-        if applied.lost is not None:
-            first, last = applied.lost
-            if self.config.on_lost != "skip":
-                raise DataLossError(
-                    f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
-                    f"(retention) before they were acked; on_lost='skip' moves on")
-            self.stats.incr("lost_sequences", last - first + 1)
-        if applied.expired:
+        if applied.lost is not None and self.config.on_lost == "skip":
+            self.stats.incr("lost_sequences", applied.lost[1] - applied.lost[0] + 1)
+        if applied.expired:  # first: it is this call's news; a loss is raised again next call
             self.stats.incr("expired_acks", len(applied.expired))
             raise LeaseExpiredError(self.subscriber, applied.expired)
+        if applied.lost is not None and self.config.on_lost != "skip":
+            first, last = applied.lost
+            raise DataLossError(
+                f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
+                f"(retention) before they were acked; on_lost='skip' moves on")
         return bool(new)
 
     def _lease(self, leases: list[Lease]) -> None:
