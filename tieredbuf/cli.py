@@ -4,6 +4,8 @@
     tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE)
     tieredbuf consume URL [--out DIR]    print records (or write one file per batch), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
+    tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
+    tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json]   (grace: the buffer's unless longer)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
@@ -230,6 +232,11 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
         "buffer_id": snap.buffer_id,
         "gc_grace_s": None if snap.gc_grace_ms is None else snap.gc_grace_ms / 1000,
         "oldest_age_s": None if oldest is None else round((now_ms - oldest) / 1000, 3),
+        "subscribers": {
+            s.name: {"next_sequence": s.next_sequence, "lag_entries": s.lag_entries,
+                     "lag_bytes": s.lag_bytes, "shared": s.shared}
+            for s in buf.subscribers()
+        } if snap.exists else {},
     }
     if verify:
         with Progress("inspect: listing data/") as bar:
@@ -260,7 +267,10 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     text["requests"] = {"total": info["requests"]["total"], **info["requests"]["by_op"]}
     width = max(len(k) for k in text)
     for k, v in text.items():
-        if isinstance(v, dict):
+        if k == "subscribers":
+            v = ", ".join(f"{name} (next {d['next_sequence']}, lag {d['lag_entries']})"
+                          for name, d in v.items()) or "none"
+        elif isinstance(v, dict):
             v = ", ".join(f"{name} {n}" for name, n in v.items())
         out.write(f"{k.ljust(width)}  {v}\n")
     return EXIT_OK
@@ -345,6 +355,12 @@ def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
         buf.set_gc_grace_period(args.duration, force=args.force)
     out.write(f"{buf.gc_grace_period}\n")  # None: an older root (GC: --grace, else 10m)
     return EXIT_OK
+
+
+def _subscribers(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.cli_subscribers import cmd_subscribers
+
+    return cmd_subscribers(args, out, _open)
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -533,6 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skip listing data/ (no stored_objects / missing_objects)")
     _store_args(ins)
     ins.set_defaults(fn=cmd_inspect)
+
+    su = sub.add_parser("subscribers", help="list subscribers (or: subscribers remove URL NAME)",
+                        usage="tieredbuf subscribers URL [--json] | "
+                              "tieredbuf subscribers remove URL NAME")
+    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
+    su.add_argument("--json", action="store_true")
+    _store_args(su)
+    su.set_defaults(fn=_subscribers)
 
     g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
     g.add_argument("url")

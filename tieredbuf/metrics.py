@@ -140,7 +140,10 @@ CONSUMER_SERIES: tuple[Series, ...] = (
 BUFFER_WIDE = frozenset({
     "tieredbuf_queue_depth", "tieredbuf_queue_bytes", "tieredbuf_queue_oldest_age_seconds",
     "tieredbuf_queue_next_sequence", "tieredbuf_queue_epoch", "tieredbuf_manifest_bytes",
-    "tieredbuf_queue_tree_levels",
+    "tieredbuf_queue_tree_levels", "tieredbuf_subscriber_lag_entries",
+    "tieredbuf_subscriber_lag_bytes", "tieredbuf_subscriber_lag_seconds",
+    "tieredbuf_subscriber_next_sequence", "tieredbuf_subscriber_lost_sequences",
+    "tieredbuf_subscriber_rejected", "tieredbuf_subscriber_leases",
 })
 """Gauges every process of a buffer sees alike (multiprocess: the most recent value)."""
 
@@ -249,6 +252,88 @@ BUFFER_GAUGES: tuple[Series, ...] = (
     Series("scrape_errors", "tieredbuf_queue_scrape_errors_total",
            "Failed reads of the manifest for these gauges."),
 )
+
+
+SUBSCRIBER_GAUGES: tuple[Series, ...] = (
+    Series("next_sequence", "tieredbuf_subscriber_next_sequence",
+           "First sequence the subscriber still needs (its position).", kind="gauge"),
+    Series("lag_entries", "tieredbuf_subscriber_lag_entries",
+           "Entries appended that the subscriber has not acked.", kind="gauge"),
+    Series("lag_bytes", "tieredbuf_subscriber_lag_bytes",
+           "Bytes of the linked data objects the subscriber has not acked.", kind="gauge"),
+    Series("lag_seconds", "tieredbuf_subscriber_lag_seconds",
+           "Age of the oldest entry the subscriber has not acked (0 when caught up).",
+           kind="gauge"),
+    Series("lost", "tieredbuf_subscriber_lost_sequences",
+           "Sequences it skipped after retention unlinked them (on_lost=skip), plus those "
+           "it still needs that are already unlinked.", kind="gauge"),
+    Series("rejected", "tieredbuf_subscriber_rejected",
+           "Shared work queues: entries rejected so far.", kind="gauge"),
+    Series("leases", "tieredbuf_subscriber_leases",
+           "Shared work queues: live leases.", kind="gauge"),
+)
+
+
+def subscriber_figures(buffer: Any, now_ms: int | None = None) -> dict[str, dict[str, float]]:
+    """Per subscriber: position, lag (entries, bytes, age), lost and work-queue counts, from
+    one root read plus one GET per named subscriber (``buf.subscribers()``)."""
+    from tieredbuf.queue.subscribers import listing
+
+    out: dict[str, dict[str, float]] = {}
+    for info in listing(buffer.queue, now_ms):
+        work = info.work or {}
+        out[info.name] = {
+            "next_sequence": info.next_sequence,
+            "lag_entries": info.lag_entries,
+            "lag_bytes": info.lag_bytes,
+            "lag_seconds": info.lag_seconds or 0.0,
+            "lost": info.lost + info.lost_now,
+            "rejected": work.get("rejected_total", 0),
+            "leases": work.get("leased", 0),
+        }
+    return out
+
+
+class SubscriberCollector(Collector):
+    """Per-subscriber gauges (label ``subscriber``), read at most every ``min_interval``.
+    They read the store, so :class:`Mirror` reads them only for a scrape."""
+
+    reads_store = True
+
+    def __init__(self, buffer: Any, labels: Mapping[str, str] | None = None,
+                 min_interval: float = 5.0) -> None:
+        self._buffer = buffer
+        self._labels = dict(labels or {})
+        self._interval = min_interval
+        self._lock = threading.Lock()
+        self._at = -float("inf")
+        self._figures: dict[str, dict[str, float]] = {}
+        self._errors = 0
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self._interval:
+                try:
+                    self._figures = subscriber_figures(self._buffer)
+                except Exception:  # a failed read keeps the last values; never fail a scrape
+                    self._errors += 1
+                self._at = now
+            return dict(self._figures)
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self._read()
+        names = [*self._labels, "subscriber"]
+        for s in SUBSCRIBER_GAUGES:
+            fam = GaugeMetricFamily(s.name, s.doc, labels=names)
+            for sub, vals in sorted(figures.items()):
+                fam.add_metric([*self._labels.values(), sub], float(vals.get(s.key, 0)))
+            yield fam
+        errs = CounterMetricFamily("tieredbuf_subscriber_scrape_errors_total",
+                                   "Failed reads of the subscribers for these gauges.",
+                                   labels=list(self._labels))
+        errs.add_metric(list(self._labels.values()), float(self._errors))
+        yield errs
 
 
 def consumer_figures(consumer: Any, now_ms: int | None = None) -> dict[str, float]:
@@ -383,6 +468,7 @@ def collector_for(
             StatsCollector(obj.queue.stats.snapshot, QUEUE_SERIES, labels),
             StatsCollector(figures, BUFFER_GAUGES, labels, reads_store=True),
             RequestCollector(obj.requests, labels),
+            SubscriberCollector(obj, labels, min_interval),
         ])
     raise TypeError(f"no tieredbuf metrics for {type(obj).__name__}")
 
