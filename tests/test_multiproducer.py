@@ -39,6 +39,7 @@ def _check_exactly_once_in_order(
 
 
 def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple[int, list[bytes]]]:  # type: ignore[type-arg]
+    buf.create()  # the producers may not have created it yet: a consumer never does
     c = buf.consumer()
     c.initialize()
     out: list[tuple[int, list[bytes]]] = []

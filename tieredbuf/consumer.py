@@ -117,6 +117,8 @@ class Consumer:
         self._acks_since_dequeue = 0
         self._entries: dict[int, ManifestEntry] = {}
         self._low = 0
+        self._tail = 0
+        self._checked_ms = 0
         self._gaps: dict[int, int] = {}
         self._prefetch: dict[int, Future[bytes]] = {}
         self._pool = ThreadPoolExecutor(
@@ -202,7 +204,28 @@ class Consumer:
         window = max(WINDOW, self.config.read_ahead + 1)
         self._entries = {e.sequence: e for e in itertools.islice(snap.iter_from(start), window)}
         self._low = snap.low
+        self._tail = snap.root.next_seq
         self.stats.incr("manifest_refreshes")
+
+    def _nothing_new(self) -> bool:
+        """At the tail: one 22-byte footer GET says whether anything was appended since the
+        last root read (the default consumer's epoch check comes with it).  A named
+        subscriber idling at the tail checks its own epoch at most once per
+        ``publish_interval`` (an idle fenced instance has nothing to land)."""
+        if self._cursor < self._tail:
+            return False
+        footer = self.queue.read_footer()
+        if self.subscription.is_default and footer.epoch != self.epoch:
+            raise FencedError(self._epoch(), footer.epoch)
+        if footer.next_sequence > self._tail:
+            return False
+        if not self.subscription.is_default:
+            now = self.subscription.clock_ms()
+            if now - self._checked_ms >= self.subscription.publish_interval_ms:
+                self._checked_ms = now
+                self._check()
+        self.stats.incr("idle_polls")
+        return True
 
     def _lost(self) -> None:
         """The cursor is before the first retained sequence: retention (or a dequeue by
@@ -228,6 +251,8 @@ class Consumer:
         self._epoch()
         if self._cursor in self._entries:
             self._check()
+        elif self._nothing_new():
+            return None
         else:
             self._refresh()
         if self._cursor < self._low:

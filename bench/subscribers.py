@@ -1,0 +1,322 @@
+"""Subscribers benchmark: shared work queues and what readers cost the producers.
+
+Two rows, each against a same-run baseline, on a moto S3 server over HTTP
+(in a child process; requests serialised, so its conditional PUTs are atomic as a
+real S3 server's are -- moto 5.2.5 checks If-Match and then writes without a lock):
+
+1. **Work queue speed-up.**  ``--entries`` entries (default 5,000), each taking
+   ``--work-ms`` (20 ms, a sleep: I/O-bound work) to process.  Baseline: one named
+   stream consumer reads, processes and acks them in order.  Then ``--workers`` (8)
+   worker threads of one shared subscriber claim, process and ack them.  Goal: the
+   workers drain them at least 4x faster than the consumer.
+2. **Append rate with subscribers.**  ``--producers`` (4) producer processes append
+   one entry per awaited call for ``--seconds``; baseline: no subscriber at all; then
+   ``--subscribers`` (4) named subscriber processes read and ack at full speed (they
+   poll every 10 ms once caught up).  Goal: the append rate drops by at most 10 %.
+   The subscribers' root writes (publications) are counted: their acks and positions
+   go to their own progress objects, not the root.
+
+Usage::
+
+    flock /tmp/tieredbuf-bench.lock .venv/bin/python bench/subscribers.py
+    ... bench/subscribers.py --quick          # 800 entries, 8 s rows
+    ... bench/subscribers.py --rows append --repeat 3
+
+Results: a table on stdout and ``bench/results/subscribers.json`` (with the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import S3Endpoint, print_table, write_json
+
+import tieredbuf
+from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.manifest import MetadataItem, NewEntry
+from tieredbuf.keys import data_key
+
+_MOTO_CHILD = """
+import sys, threading
+from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                           create_backend_app)
+from werkzeug.serving import make_server
+inner = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def app(environ, start_response):
+    with lock:  # one request at a time: atomic conditional PUTs
+        return list(inner(environ, start_response))
+server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+print(server.server_address[1], flush=True)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+sys.stdin.read()
+server.shutdown()
+"""
+
+
+@contextmanager
+def serial_moto() -> Any:
+    proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.isdigit():
+            raise RuntimeError(f"moto did not start ({line!r})")
+        yield S3Endpoint(f"http://127.0.0.1:{int(line)}")
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def seed(buf: tieredbuf.Buffer, n: int) -> None:
+    """``n`` entries of one small object each: objects PUT in parallel, appended 250 a CAS."""
+    def put(i: int) -> NewEntry:
+        key = data_key(__import__("ulid").ULID())
+        body = encode_batch([b"job %d" % i])
+        buf.store.put(key, body, mode="create")
+        return NewEntry(key, (MetadataItem(0, time.time_ns() // 10**6, b""),), len(body))
+
+    with ThreadPoolExecutor(16) as pool:
+        entries = list(pool.map(put, range(n)))
+    for i in range(0, n, 250):
+        chunk = entries[i : i + 250]
+        buf.queue.append(chunk, "seed", i + len(chunk))
+
+
+# --- row 1: work queue ------------------------------------------------------------------
+
+
+def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dict[str, Any]:
+    buf = tieredbuf.open(f"s3://{ep.new_bucket('sub')}/buf", **ep.options())
+    buf.create()
+    single = buf.consumer("single")
+    single.initialize()
+    jobs = buf.worker("jobs", claim_batch=8, lease=timedelta(seconds=60))
+    jobs.initialize()
+    jobs.close()
+    seed(buf, entries)
+    work = work_ms / 1000
+
+    t0 = time.perf_counter()
+    n = 0
+    while n < entries:
+        b = single.next_batch()
+        if b is None:
+            raise RuntimeError("the consumer ran dry before the end")
+        time.sleep(work)
+        single.ack(b.sequence)
+        n += 1
+    single.flush()
+    t_single = time.perf_counter() - t0
+    single.close()
+
+    counts = [0] * workers
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            w = buf.worker("jobs", claim_batch=8, lease=timedelta(seconds=60))
+            while True:
+                b = w.claim()
+                if b is None:
+                    w.flush()
+                    if w.subscription.reload().position >= entries:
+                        break
+                    time.sleep(0.01)  # the rest is leased to others
+                    continue
+                time.sleep(work)
+                w.ack(b.sequence)
+                counts[i] += 1
+            w.close()
+        except BaseException as e:
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    t_workers = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    assert sum(counts) == entries, counts
+    return {
+        "entries": entries, "work_ms": work_ms, "workers": workers,
+        "single_consumer_s": round(t_single, 2), "workers_s": round(t_workers, 2),
+        "single_rate": round(entries / t_single, 1), "workers_rate": round(entries / t_workers, 1),
+        "speedup": round(t_single / t_workers, 2), "per_worker": counts,
+    }
+
+
+# --- row 2: append rate -----------------------------------------------------------------
+
+
+def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: float) -> None:
+    buf = tieredbuf.open(url, **opts)
+    p = buf.producer(flush_interval=timedelta(0))
+    while time.time() < start_at:
+        time.sleep(0.005)  # all producers start together
+    n = 0
+    end = start_at + seconds
+    while time.time() < end:
+        p.produce([b"x" * 100]).wait(timeout=60)
+        n += 1
+    elapsed = time.time() - start_at
+    p.close()
+    print(json.dumps({"appends": n, "elapsed": elapsed, **buf.queue.stats.snapshot()}),
+          flush=True)
+
+
+def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str) -> None:
+    buf = tieredbuf.open(url, **opts)
+    c = buf.consumer(name)
+    c.initialize()
+    print("READY", flush=True)
+    n = 0
+    while not os.path.exists(stop):
+        b = c.next_batch()
+        if b is None:
+            time.sleep(0.01)  # caught up: poll for new entries
+            continue
+        c.ack(b.sequence)
+        n += 1
+    c.close()
+    print(json.dumps({"acked": n, **buf.queue.stats.snapshot(),
+                      **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()}}), flush=True)
+
+
+def _child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, __file__, "--child", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float, list[Any]]:
+    start_at = time.time() + 2.0
+    procs = [_child("producer", url, json.dumps(ep.options()), str(seconds), str(start_at))
+             for _ in range(n)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=seconds + 120)
+        if p.returncode != 0:
+            raise RuntimeError(err)
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    appends = sum(o["appends"] for o in outs)
+    return appends / max(o["elapsed"] for o in outs), outs
+
+
+def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
+               tmp: Path) -> dict[str, Any]:
+    url0 = f"s3://{ep.new_bucket('app')}/buf"
+    tieredbuf.open(url0, **ep.options()).create()
+    base_rate, base_out = _producers(ep, url0, producers, seconds)
+
+    url = f"s3://{ep.new_bucket('app')}/buf"
+    tieredbuf.open(url, **ep.options()).create()
+    stop = tmp / f"stop-{time.monotonic_ns()}"
+    subs = [_child("subscriber", url, json.dumps(ep.options()), f"s{i}", str(stop))
+            for i in range(subscribers)]
+    for s in subs:
+        assert s.stdout is not None
+        line = s.stdout.readline()
+        if not line.startswith("READY"):
+            raise RuntimeError(s.stderr.read() if s.stderr else line)
+    rate, out = _producers(ep, url, producers, seconds)
+    stop.write_text("stop")
+    sub_out = []
+    for s in subs:
+        o, err = s.communicate(timeout=120)
+        if s.returncode != 0:
+            raise RuntimeError(err)
+        sub_out.append(json.loads(o.strip().splitlines()[-1]))
+    buf = tieredbuf.open(url, **ep.options())
+    total = buf.snapshot().root.next_seq
+    return {
+        "producers": producers, "subscribers": subscribers, "seconds": seconds,
+        "appends_per_s_no_subscribers": round(base_rate, 1),
+        "appends_per_s_with_subscribers": round(rate, 1),
+        "ratio": round(rate / base_rate, 3),
+        "conflicts_no_subscribers": sum(o.get("conflicts", 0) for o in base_out),
+        "conflicts_with_subscribers": sum(o.get("conflicts", 0) for o in out),
+        "entries": total,
+        "acked_per_subscriber": [o["acked"] for o in sub_out],
+        "subscriber_root_writes": sum(o.get("publications", 0) + o.get("registrations", 0)
+                                      for o in sub_out),
+        "subscriber_progress_writes": sum(o.get("progress_writes", 0) for o in sub_out),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", default="workers,append")
+    ap.add_argument("--entries", type=int, default=5000)
+    ap.add_argument("--work-ms", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--producers", type=int, default=4)
+    ap.add_argument("--subscribers", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "producer":
+            child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]))
+        else:
+            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3])
+        return
+    if args.quick:
+        args.entries, args.seconds = 800, 8.0
+    rows = set(args.rows.split(","))
+    results: dict[str, Any] = {"load_before": os.getloadavg()}
+    tmp = Path(__file__).resolve().parent / "results"
+    tmp.mkdir(parents=True, exist_ok=True)
+    with serial_moto() as ep:
+        if "workers" in rows:
+            runs = [row_workers(ep, args.entries, args.work_ms, args.workers)
+                    for _ in range(args.repeat)]
+            results["workers"] = runs
+            print_table(["entries", "work", "1 consumer s", f"{args.workers} workers s",
+                         "speed-up (goal >= 4)"],
+                        [[r["entries"], f"{r['work_ms']} ms", r["single_consumer_s"],
+                          r["workers_s"], r["speedup"]] for r in runs])
+        if "append" in rows:
+            runs = [row_append(ep, args.producers, args.subscribers, args.seconds, tmp)
+                    for _ in range(args.repeat)]
+            results["append"] = runs
+            results["append_median_ratio"] = statistics.median(r["ratio"] for r in runs)
+            print_table(["producers", "appends/s, no subscribers",
+                         f"appends/s, {args.subscribers} subscribers", "ratio (goal >= 0.9)",
+                         "subscriber root writes", "progress writes"],
+                        [[r["producers"], r["appends_per_s_no_subscribers"],
+                          r["appends_per_s_with_subscribers"], r["ratio"],
+                          r["subscriber_root_writes"], r["subscriber_progress_writes"]]
+                         for r in runs])
+    results["load_after"] = os.getloadavg()
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    print("written to", write_json("subscribers", results))
+
+
+if __name__ == "__main__":
+    main()
