@@ -1,8 +1,9 @@
 """Subscribers benchmark: shared work queues and what readers cost the producers.
 
 Two rows, each against a same-run baseline, on a moto S3 server over HTTP
-(in a child process; requests serialised, so its conditional PUTs are atomic as a
-real S3 server's are -- moto 5.2.5 checks If-Match and then writes without a lock):
+(in a child process; writes serialised, so its conditional PUTs are atomic as a real
+S3 server's are -- moto 5.2.5 checks If-Match and then writes without a lock; reads
+run concurrently, as they do on S3):
 
 1. **Work queue speed-up.**  ``--entries`` entries (default 5,000), each taking
    ``--work-ms`` (20 ms, a sleep: I/O-bound work) to process.  Baseline: one named
@@ -59,7 +60,9 @@ from werkzeug.serving import make_server
 inner = DomainDispatcherApplication(create_backend_app)
 lock = threading.Lock()
 def app(environ, start_response):
-    with lock:  # one request at a time: atomic conditional PUTs
+    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
+        return list(inner(environ, start_response))  # reads run concurrently
+    with lock:  # one write at a time: atomic conditional PUTs
         return list(inner(environ, start_response))
 server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
 print(server.server_address[1], flush=True)
@@ -137,9 +140,8 @@ def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dic
         try:
             w = buf.worker("jobs", claim_batch=8, lease=timedelta(seconds=60))
             while True:
-                b = w.claim()
+                b = w.claim()  # a refill also applies this worker's buffered acks
                 if b is None:
-                    w.flush()
                     if w.subscription.reload().position >= entries:
                         break
                     time.sleep(0.01)  # the rest is leased to others

@@ -77,11 +77,10 @@ def work(url: str, opts: dict, name: str, delay_ms: int, stop: Path) -> int:  # 
             continue
         if b is None:
             total = _total(stop)
-            if total is not None:
-                w.flush()
-                if w.subscription.reload().position >= total:
-                    w.close()
-                    return 0
+            # claim() applied this worker's buffered acks already
+            if total is not None and w.subscription.reload().position >= total:
+                w.close()
+                return 0
             time.sleep(0.01)  # nothing claimable now (the rest leased to others)
             continue
         print("CLAIMED", b.sequence, flush=True)

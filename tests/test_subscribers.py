@@ -344,3 +344,25 @@ def test_a_lost_registration_race_leaves_an_orphan_gc_reaps() -> None:
     report = gc.run_once(buf, grace=timedelta(0), now_ms=time.time_ns() // 10**6 + 10**9)
     assert len(_progress_keys(buf)) == 1 and report.deleted_keys
     a.flush()
+
+
+def test_the_queue_level_subscription_serves_a_driver_without_batches() -> None:
+    """What a Spark driver needs: initialize / position / ack_through / flush, no data."""
+    buf = _buf()
+    fill(buf, 5)
+    sub = buf.subscription("spark")
+    assert sub.initialize() == 0
+    sub.ack_through(2)  # no request
+    assert sub.position == 3
+    sub.flush()
+    again = buf.subscription("spark")
+    assert again.initialize() == 3  # resumes; the first instance is fenced
+    with pytest.raises(FencedError):
+        sub.check()
+    assert buf.snapshot().registry["spark"].published_next == 3
+    d = buf.subscription()  # "default": the root-resident RFC consumer; new, so it
+    assert d.initialize() == 3  # starts at the earliest entry held (0..2 were unlinked)
+    d.ack_through(4)
+    d.flush()
+    assert buf.snapshot().registry["default"].published_next == 5
+    assert buf.snapshot().head == 3

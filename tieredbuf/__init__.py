@@ -5,6 +5,8 @@
     producer.produce([b"a", b"b"], metadata=b"m").wait(tieredbuf.Durability.REMOTE)
     consumer = buf.consumer(); consumer.initialize()
     batch = consumer.next_batch(); consumer.ack(batch.sequence); consumer.flush()
+    etl = buf.consumer(subscriber="etl")             # a named subscriber: own position and epoch
+    w = buf.worker("jobs"); b = w.claim(); w.ack(b.sequence)   # a shared work queue
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tieredbuf.config import (
     ProducerConfig,
     RetryConfig,
     TreeConfig,
+    WorkerConfig,
 )
 from tieredbuf.consumer import ConsumedBatch, Consumer
 from tieredbuf.errors import (
@@ -27,7 +30,9 @@ from tieredbuf.errors import (
     CorruptError,
     DataLossError,
     FencedError,
+    LeaseExpiredError,
     OutcomeUnknownError,
+    SubscriberRemovedError,
     TieredBufError,
 )
 from tieredbuf.format.manifest import MetadataItem, RetentionPolicy
@@ -50,13 +55,16 @@ __all__ = [
     "DurabilityWatcher",
     "FencedError",
     "GcConfig",
+    "LeaseExpiredError",
     "MetadataItem",
     "OutcomeUnknownError",
     "ProducerConfig",
     "RetentionPolicy",
     "RetryConfig",
+    "SubscriberRemovedError",
     "TieredBufError",
     "TreeConfig",
+    "WorkerConfig",
     "WriteHandle",
     "WriteOutcome",
     "errors",
