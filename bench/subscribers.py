@@ -8,14 +8,17 @@ run concurrently, as they do on S3):
 1. **Work queue speed-up.**  ``--entries`` entries (default 5,000), each taking
    ``--work-ms`` (20 ms, a sleep: I/O-bound work) to process.  Baseline: one named
    stream consumer reads, processes and acks them in order.  Then ``--workers`` (8)
-   worker threads of one shared subscriber claim, process and ack them.  Goal: the
-   workers drain them at least 4x faster than the consumer.
+   worker threads of one shared subscriber claim, process and ack them, once per
+   ``--claim-batch`` (8, the default, and 16).  Goal: the workers drain them at least
+   4x faster than the consumer.
 2. **Append rate with subscribers.**  ``--producers`` (4) producer processes append
    one entry per awaited call for ``--seconds``; baseline: no subscriber at all; then
    ``--subscribers`` (4) named subscriber processes read and ack at full speed (they
-   poll every 10 ms once caught up).  Goal: the append rate drops by at most 10 %.
-   The subscribers' root writes (publications) are counted: their acks and positions
-   go to their own progress objects, not the root.
+   poll every ``--poll-ms`` (10 ms) once caught up).  Goal: the append rate drops by
+   at most 10 %.  Control, same run: 4 plain readers (``buf.reader()`` + the data GETs,
+   no acks, no progress objects) -- what reading alone costs the producers on this
+   machine.  The subscribers' root writes (publications) are counted: their acks and
+   positions go to their own progress objects, not the root.
 
 Usage::
 
@@ -34,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -109,14 +113,16 @@ def seed(buf: tieredbuf.Buffer, n: int) -> None:
 # --- row 1: work queue ------------------------------------------------------------------
 
 
-def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dict[str, Any]:
+def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int,
+                batches: list[int]) -> list[dict[str, Any]]:
     buf = tieredbuf.open(f"s3://{ep.new_bucket('sub')}/buf", **ep.options())
     buf.create()
     single = buf.consumer("single")
     single.initialize()
-    jobs = buf.worker("jobs", claim_batch=8, lease=timedelta(seconds=60))
-    jobs.initialize()
-    jobs.close()
+    for cb in batches:  # registered before the entries exist: each sees all of them
+        jobs = buf.worker(f"jobs{cb}", claim_batch=cb, lease=timedelta(seconds=60))
+        jobs.initialize()
+        jobs.close()
     seed(buf, entries)
     work = work_ms / 1000
 
@@ -132,13 +138,18 @@ def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dic
     single.flush()
     t_single = time.perf_counter() - t0
     single.close()
+    return [_drain_with_workers(buf, entries, work, workers, cb, t_single) for cb in batches]
 
+
+def _drain_with_workers(buf: tieredbuf.Buffer, entries: int, work: float, workers: int,
+                        cb: int, t_single: float) -> dict[str, Any]:
     counts = [0] * workers
     errors: list[BaseException] = []
+    stats: list[dict[str, int]] = []
 
     def run(i: int) -> None:
         try:
-            w = buf.worker("jobs", claim_batch=8, lease=timedelta(seconds=60))
+            w = buf.worker(f"jobs{cb}", claim_batch=cb, lease=timedelta(seconds=60))
             while True:
                 b = w.claim()  # a refill also applies this worker's buffered acks
                 if b is None:
@@ -150,6 +161,7 @@ def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dic
                 w.ack(b.sequence)
                 counts[i] += 1
             w.close()
+            stats.append(w.stats.snapshot())
         except BaseException as e:
             errors.append(e)
 
@@ -164,10 +176,12 @@ def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int) -> dic
         raise errors[0]
     assert sum(counts) == entries, counts
     return {
-        "entries": entries, "work_ms": work_ms, "workers": workers,
+        "entries": entries, "work_ms": round(work * 1000), "workers": workers,
+        "claim_batch": cb,
         "single_consumer_s": round(t_single, 2), "workers_s": round(t_workers, 2),
         "single_rate": round(entries / t_single, 1), "workers_rate": round(entries / t_workers, 1),
         "speedup": round(t_single / t_workers, 2), "per_worker": counts,
+        "progress_cas": sum(x.get("cas", 0) for x in stats),
     }
 
 
@@ -190,7 +204,8 @@ def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: flo
           flush=True)
 
 
-def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str) -> None:
+def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str,
+                     poll_ms: int) -> None:
     buf = tieredbuf.open(url, **opts)
     c = buf.consumer(name)
     c.initialize()
@@ -199,13 +214,30 @@ def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str) -> No
     while not os.path.exists(stop):
         b = c.next_batch()
         if b is None:
-            time.sleep(0.01)  # caught up: poll for new entries
+            time.sleep(poll_ms / 1000)  # caught up: poll for new entries
             continue
         c.ack(b.sequence)
         n += 1
     c.close()
     print(json.dumps({"acked": n, **buf.queue.stats.snapshot(),
                       **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()}}), flush=True)
+
+
+def child_reader(url: str, opts: dict[str, Any], stop: str, poll_ms: int) -> None:
+    """The control: reads every entry and its data like a subscriber, acks nothing."""
+    buf = tieredbuf.open(url, **opts)
+    r = buf.reader()
+    print("READY", flush=True)
+    n = 0
+    while not os.path.exists(stop):
+        got = r.poll(max_entries=8)
+        if not got:
+            time.sleep(poll_ms / 1000)
+            continue
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(buf.read_object, got))
+        n += len(got)
+    print(json.dumps({"acked": n, **buf.queue.stats.snapshot()}), flush=True)
 
 
 def _child(*args: str) -> subprocess.Popen[str]:
@@ -227,41 +259,54 @@ def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float,
     return appends / max(o["elapsed"] for o in outs), outs
 
 
-def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
-               tmp: Path) -> dict[str, Any]:
-    url0 = f"s3://{ep.new_bucket('app')}/buf"
-    tieredbuf.open(url0, **ep.options()).create()
-    base_rate, base_out = _producers(ep, url0, producers, seconds)
-
+def _with_readers(ep: S3Endpoint, kind: str, n: int, producers: int, seconds: float,
+                  tmp: Path, poll_ms: int) -> tuple[float, list[Any], list[Any]]:
     url = f"s3://{ep.new_bucket('app')}/buf"
     tieredbuf.open(url, **ep.options()).create()
     stop = tmp / f"stop-{time.monotonic_ns()}"
-    subs = [_child("subscriber", url, json.dumps(ep.options()), f"s{i}", str(stop))
-            for i in range(subscribers)]
-    for s in subs:
-        assert s.stdout is not None
-        line = s.stdout.readline()
+    o = json.dumps(ep.options())
+    readers = [_child("subscriber", url, o, f"s{i}", str(stop), str(poll_ms))
+               if kind == "subscriber" else _child("reader", url, o, str(stop), str(poll_ms))
+               for i in range(n)]
+    for r in readers:
+        assert r.stdout is not None
+        line = r.stdout.readline()
         if not line.startswith("READY"):
-            raise RuntimeError(s.stderr.read() if s.stderr else line)
+            raise RuntimeError(r.stderr.read() if r.stderr else line)
     rate, out = _producers(ep, url, producers, seconds)
     stop.write_text("stop")
-    sub_out = []
-    for s in subs:
-        o, err = s.communicate(timeout=120)
-        if s.returncode != 0:
+    r_out = []
+    for r in readers:
+        got, err = r.communicate(timeout=120)
+        if r.returncode != 0:
             raise RuntimeError(err)
-        sub_out.append(json.loads(o.strip().splitlines()[-1]))
-    buf = tieredbuf.open(url, **ep.options())
-    total = buf.snapshot().root.next_seq
+        r_out.append(json.loads(got.strip().splitlines()[-1]))
+    return rate, out, r_out
+
+
+def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
+               tmp: Path, poll_ms: int) -> dict[str, Any]:
+    url0 = f"s3://{ep.new_bucket('app')}/buf"
+    tieredbuf.open(url0, **ep.options()).create()
+    base_rate, base_out = _producers(ep, url0, producers, seconds)
+    rate, out, sub_out = _with_readers(ep, "subscriber", subscribers, producers, seconds, tmp,
+                                       poll_ms)
+    ctl_rate, _, ctl_out = _with_readers(ep, "reader", subscribers, producers, seconds, tmp,
+                                         poll_ms)
     return {
         "producers": producers, "subscribers": subscribers, "seconds": seconds,
+        "poll_ms": poll_ms,
         "appends_per_s_no_subscribers": round(base_rate, 1),
         "appends_per_s_with_subscribers": round(rate, 1),
+        "appends_per_s_with_plain_readers": round(ctl_rate, 1),
         "ratio": round(rate / base_rate, 3),
+        "ratio_plain_readers": round(ctl_rate / base_rate, 3),
+        "ratio_subscribers_to_plain_readers": round(rate / ctl_rate, 3),
         "conflicts_no_subscribers": sum(o.get("conflicts", 0) for o in base_out),
         "conflicts_with_subscribers": sum(o.get("conflicts", 0) for o in out),
-        "entries": total,
+        "appends_with_subscribers": sum(o.get("appends", 0) for o in out),
         "acked_per_subscriber": [o["acked"] for o in sub_out],
+        "read_per_plain_reader": [o["acked"] for o in ctl_out],
         "subscriber_root_writes": sum(o.get("publications", 0) + o.get("registrations", 0)
                                       for o in sub_out),
         "subscriber_progress_writes": sum(o.get("progress_writes", 0) for o in sub_out),
@@ -276,44 +321,52 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=5000)
     ap.add_argument("--work-ms", type=int, default=20)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--claim-batch", default="8,16", help="one worker run per value")
     ap.add_argument("--producers", type=int, default=4)
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--poll-ms", type=int, default=10,
+                    help="how often a caught-up subscriber polls for new entries")
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "producer":
             child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]))
+        elif kind == "subscriber":
+            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3], int(rest[4]))
         else:
-            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3])
+            child_reader(rest[0], json.loads(rest[1]), rest[2], int(rest[3]))
         return
     if args.quick:
         args.entries, args.seconds = 800, 8.0
     rows = set(args.rows.split(","))
     results: dict[str, Any] = {"load_before": os.getloadavg()}
-    tmp = Path(__file__).resolve().parent / "results"
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tb-bench-subscribers-"))
     with serial_moto() as ep:
         if "workers" in rows:
-            runs = [row_workers(ep, args.entries, args.work_ms, args.workers)
-                    for _ in range(args.repeat)]
+            batches = [int(x) for x in args.claim_batch.split(",")]
+            runs = [r for _ in range(args.repeat)
+                    for r in row_workers(ep, args.entries, args.work_ms, args.workers, batches)]
             results["workers"] = runs
-            print_table(["entries", "work", "1 consumer s", f"{args.workers} workers s",
-                         "speed-up (goal >= 4)"],
-                        [[r["entries"], f"{r['work_ms']} ms", r["single_consumer_s"],
-                          r["workers_s"], r["speedup"]] for r in runs])
+            print_table(["entries", "work", "claim_batch", "1 consumer s",
+                         f"{args.workers} workers s", "speed-up (goal >= 4)", "progress CASes"],
+                        [[r["entries"], f"{r['work_ms']} ms", r["claim_batch"],
+                          r["single_consumer_s"], r["workers_s"], r["speedup"],
+                          r["progress_cas"]] for r in runs])
         if "append" in rows:
-            runs = [row_append(ep, args.producers, args.subscribers, args.seconds, tmp)
-                    for _ in range(args.repeat)]
+            runs = [row_append(ep, args.producers, args.subscribers, args.seconds, tmp,
+                               args.poll_ms) for _ in range(args.repeat)]
             results["append"] = runs
             results["append_median_ratio"] = statistics.median(r["ratio"] for r in runs)
-            print_table(["producers", "appends/s, no subscribers",
-                         f"appends/s, {args.subscribers} subscribers", "ratio (goal >= 0.9)",
-                         "subscriber root writes", "progress writes"],
+            print_table(["producers", "appends/s: alone",
+                         f"with {args.subscribers} subscribers", "ratio (goal >= 0.9)",
+                         f"with {args.subscribers} plain readers", "ratio",
+                         "subscriber root writes", "appends"],
                         [[r["producers"], r["appends_per_s_no_subscribers"],
                           r["appends_per_s_with_subscribers"], r["ratio"],
-                          r["subscriber_root_writes"], r["subscriber_progress_writes"]]
+                          r["appends_per_s_with_plain_readers"], r["ratio_plain_readers"],
+                          r["subscriber_root_writes"], r["appends_with_subscribers"]]
                          for r in runs])
     results["load_after"] = os.getloadavg()
     print(f"load average before {results['load_before']}, after {results['load_after']}")

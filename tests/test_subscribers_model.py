@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -306,3 +307,13 @@ class SubscriberMachine(RuleBasedStateMachine):
 SubscriberMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                                deadline=None)
 test_I3_I4_I5_I9_subscribers_and_workers_match_the_model = SubscriberMachine.TestCase
+
+
+class LongSubscriberMachine(SubscriberMachine):
+    pass
+
+
+LongSubscriberMachine.TestCase.settings = settings(max_examples=600, stateful_step_count=60,
+                                                   deadline=None)
+test_I3_I4_I5_I9_subscribers_and_workers_match_the_model_long = pytest.mark.slow(
+    LongSubscriberMachine.TestCase)

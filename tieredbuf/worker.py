@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,7 @@ from tieredbuf.errors import (
     ConflictError,
     DataLossError,
     LeaseExpiredError,
+    ObjectNotFoundError,
     OutcomeUnknownError,
     StoreError,
 )
@@ -51,6 +53,9 @@ from tieredbuf.queue.subscription import NamedSubscription
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
+
+WINDOW = 1024
+"""Entries decoded ahead of the claims (as a consumer reads a window of the backlog)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,6 +89,11 @@ class Worker:
         self._ops: list[shared.Op] = []
         self._expiries: dict[bytes, int] = {}
         self._entries: dict[int, ManifestEntry] = {}
+        self._snap: Snapshot | None = None
+        self._window: dict[int, ManifestEntry] = {}
+        self._contended = False
+        """The last CAS met another worker's write: read the progress object before the next."""
+        self._snap_at = 0.0
         self._prefetch: dict[int, Future[bytes]] = {}
         self._pool = ThreadPoolExecutor(max(1, self.config.read_ahead),
                                         thread_name_prefix="tb-worker")
@@ -176,20 +186,35 @@ class Worker:
                 self._prefetch[seq] = self._pool.submit(fetch_object, self.store, e)
 
     def _load_entries(self, snap: Snapshot, seqs: list[int]) -> None:
-        """Entries of the claimed sequences: one tree walk per contiguous run."""
+        """Entries of the claimed sequences.  A window of up to WINDOW entries is decoded
+        from the first one missing (claims move forward: the next refills find theirs
+        there), one tree walk per contiguous run of missing sequences."""
+        position = self.subscription.progress.position if self.subscription.progress else 0
+        for s in [s for s in self._window if s < position]:
+            del self._window[s]
         runs: list[list[int]] = []
-        for s in sorted(seqs):
+        for s in sorted(x for x in seqs if x not in self._window):
             if runs and runs[-1][-1] + 1 == s:
                 runs[-1].append(s)
             else:
                 runs.append([s])
         for run in runs:
-            got = list(itertools.islice(snap.iter_from(run[0]), len(run)))
-            if [e.sequence for e in got] != run:
+            n = max(len(run), WINDOW)
+            try:
+                got = list(itertools.islice(snap.iter_from(run[0]), n))
+            except ObjectNotFoundError:  # a cached root's group was unlinked and reaped
+                snap = self._snap = self.queue.read()
+                self._snap_at = time.monotonic()
+                got = list(itertools.islice(snap.iter_from(run[0]), n))
+            if [e.sequence for e in got[: len(run)]] != run:
                 raise DataLossError(
                     f"subscriber {self.subscriber!r}: sequences {run[0]}..{run[-1]} were "
                     f"leased but are no longer linked (retention unlinked them)")
-            self._entries.update((e.sequence, e) for e in got)
+            if len(self._window) > 4 * WINDOW:
+                self._window.clear()
+            self._window.update((e.sequence, e) for e in got)
+        for s in seqs:
+            self._entries[s] = self._window[s]
 
     # --- resolving -------------------------------------------------------------------
 
@@ -258,10 +283,13 @@ class Worker:
         limits = dataclasses.replace(self._limits, claim_n=claim_n)
         attempt = 0
         wrote, fresh = True, False
+        if self._contended:
+            sub.reload()  # others wrote since our last CAS: a blind CAS would only conflict
+            fresh = True
         while True:
-            snap = self.queue.read()
             p = sub.progress
             assert p is not None and sub.etag is not None
+            snap = self._root(p, claim_n, fresh)
             if attempt and shared.landed(p, self.worker_id, op_token):
                 applied = shared.Applied(p, shared.mine(p, op_token))
                 self.queue.stats.incr("worker_ops_found_landed")
@@ -284,6 +312,7 @@ class Worker:
             attempt += 1
         self._ops = self._ops[len(ops):]
         self.stats.incr("cas" if wrote else "idle_polls")
+        self._contended = attempt > 0
         if self.on_applied is not None and ops:
             refused = set(applied.expired)
             self.on_applied([op.seq for op in ops if op.kind != "defer" and op.seq not in refused])
@@ -309,6 +338,21 @@ class Worker:
                 f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
                 f"(retention) before they were acked; on_lost='skip' moves on")
         return bool(new)
+
+    def _root(self, p: Progress, claim_n: int, fresh: bool) -> Snapshot:
+        """The root as of at most ``publish_interval`` ago, re-read sooner when new entries
+        may be claimable (one 22-byte footer GET tells): a refill of a long backlog does
+        not read (and decode) the whole root every time."""
+        now = time.monotonic()
+        snap = self._snap
+        stale = snap is None or now - self._snap_at >= self.subscription.publish_interval_ms / 1000
+        if not stale and snap is not None and (claim_n or fresh) and (
+                p.claim_cursor + claim_n > snap.root.next_seq or fresh):
+            stale = self.queue.read_footer().next_sequence != snap.root.next_seq
+        if stale or snap is None:
+            snap = self.queue.read()
+            self._snap, self._snap_at = snap, now
+        return snap
 
     def _lease(self, leases: list[Lease]) -> None:
         for x in leases:
