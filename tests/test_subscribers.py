@@ -366,3 +366,21 @@ def test_the_queue_level_subscription_serves_a_driver_without_batches() -> None:
     d.flush()
     assert buf.snapshot().registry["default"].published_next == 5
     assert buf.snapshot().head == 3
+
+
+def test_I6_the_registry_is_capped_so_the_root_stays_bounded() -> None:
+    buf = _buf()
+    fill(buf, 1)
+
+    def crowd(snap, draft) -> bool:  # type: ignore[no-untyped-def]
+        for i in range(freg.MAX_SUBSCRIBERS):
+            name = f"s{i:04d}"
+            draft.registry[name] = freg.Registration(name, bytes(15) + b"\x01", 0, 0)
+        return True
+
+    buf.queue.update(crowd, "test")
+    root = buf.store.get(keys.MANIFEST_KEY).data
+    assert len(root) < 100_000  # the registry at its cap: <= 92,170 bytes of it
+    with pytest.raises(ConfigError, match="1024 subscribers"):
+        buf.consumer("one-too-many").initialize()
+    assert buf.store.get(keys.MANIFEST_KEY).data == root
