@@ -42,6 +42,7 @@ from tieredbuf.errors import (
     LeaseExpiredError,
     ObjectNotFoundError,
     OutcomeUnknownError,
+    PermanentStoreError,
     StoreError,
 )
 from tieredbuf.format.manifest import ManifestEntry
@@ -370,6 +371,8 @@ class Worker:
             sub.etag = sub.progress_store.cas(new, sub.etag)
             sub.progress = new
             return True
+        except PermanentStoreError:
+            raise  # credentials, access, bucket: retrying cannot help
         except (ConflictError, OutcomeUnknownError, StoreError):
             self.queue.stats.incr("progress_conflicts")
         self.queue.sleep(backoff_delay(self.queue.retry, attempt))

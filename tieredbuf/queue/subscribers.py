@@ -32,6 +32,7 @@ from tieredbuf.errors import (
     BufferNotFoundError,
     ConfigError,
     ObjectNotFoundError,
+    PermanentStoreError,
     StoreError,
 )
 from tieredbuf.format import progress as fp
@@ -66,6 +67,8 @@ class ProgressStore:
                 break
             except ObjectNotFoundError:
                 return None
+            except PermanentStoreError:
+                raise  # credentials, access, bucket: retrying cannot help
             except StoreError:
                 attempt += 1
                 self.queue.stats.incr("progress_read_retries")

@@ -33,6 +33,7 @@ from tieredbuf.errors import (
     FencedError,
     NotInitializedError,
     OutcomeUnknownError,
+    PermanentStoreError,
     StoreError,
     SubscriberRemovedError,
 )
@@ -247,6 +248,8 @@ class NamedSubscription(Subscription):
             self.etag = self.progress_store.cas(new, self.etag)
             self.progress = new
             return True
+        except PermanentStoreError:
+            raise  # credentials, access, bucket: retrying cannot help
         except (ConflictError, OutcomeUnknownError, StoreError):
             self.queue.stats.incr("progress_conflicts")
         self.queue.sleep(backoff_delay(self.queue.retry, attempt))
