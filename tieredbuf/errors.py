@@ -134,8 +134,8 @@ class FencedError(TieredBufError):
         super().__init__(
             f"consumer fenced: another instance of subscriber {subscriber!r} took over at "
             f"epoch {current_epoch} in {where} (this one holds epoch {my_epoch}); stop this "
-            f"one -- its unflushed acks are re-read by the new owner -- or, if the other one "
-            f"is gone, call initialize() again to take it back (that fences it)"
+            f"consumer -- its unflushed acks are re-read by the new owner -- or, if the other "
+            f"one is gone, call initialize() again to take it back (that fences it)"
         )
         self.my_epoch = my_epoch
         self.current_epoch = current_epoch
