@@ -9,7 +9,8 @@ fails with FencedError and nothing it does lands.
 ``buf.consumer(subscriber="etl")`` is a named subscriber (see
 :mod:`tieredbuf.queue.subscription`): its epoch and position live in its own progress
 object, so it fences only older instances of "etl".  next_batch checks that epoch
-(one small GET); an ack costs no request; every ``dequeue_every`` acks and on flush()
+(one small GET; idling at the tail, at most once per ``publish_interval``); an ack
+costs no request; every ``dequeue_every`` acks and on flush()
 one CAS of the progress object (fenced by its epoch) writes the position, and the
 position is published into the root lazily.
 
