@@ -162,7 +162,8 @@ class SubscriberMachine(RuleBasedStateMachine):
     def _workers(self) -> list[Any]:
         if not self.workers:
             for _ in range(WORKERS):
-                w = self.buf.worker("w", claim_batch=1, lease=timedelta(milliseconds=LEASE_MS))
+                w = self.buf.worker("w", claim_batch=1, max_claim_batch=1,
+                                   lease=timedelta(milliseconds=LEASE_MS))
                 w.subscription.clock_ms = self.clock
                 w.initialize()
                 self.workers.append(w)

@@ -171,7 +171,8 @@ def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
     counting = KeyCountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 16)
-    w = _worker(buf, Clock(), claim_batch=8, read_ahead=0, publish_interval=timedelta(hours=1))
+    w = _worker(buf, Clock(), claim_batch=8, max_claim_batch=8, read_ahead=0,
+                publish_interval=timedelta(hours=1))
     w.initialize()
     counting.reset()
     for _ in range(16):
@@ -242,3 +243,16 @@ def test_a_removed_shared_subscriber_stops_its_workers() -> None:
     assert buf.remove_subscriber("jobs")
     with pytest.raises(SubscriberRemovedError):
         w.claim()
+
+
+def test_under_a_slow_refill_a_worker_leases_more_per_cas_within_its_limits() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 40)
+    w = _worker(buf, claim_batch=2, max_claim_batch=6, lease=timedelta(seconds=10))
+    assert w._claim_n() == 2  # nothing measured yet
+    w._refill_s, w._item_s = 0.5, 0.1  # refills take 5 entries' processing time
+    assert w._claim_n() == 6  # 2 x 0.5 / 0.1 = 10, capped at max_claim_batch
+    w._item_s = 2.0  # slow processing: half a lease holds 2.5 entries
+    assert w._claim_n() == 2
+    w._refill_s, w._item_s = 4.0, 1.5  # wants 6, but only 3 fit in half a lease
+    assert w._claim_n() == 3

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -54,6 +55,11 @@ from tieredbuf.queue.subscription import NamedSubscription
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
+
+
+def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
+    return x if old is None else old + alpha * (x - old)
+
 
 WINDOW = 1024
 """Entries decoded ahead of the claims (as a consumer reads a window of the backlog)."""
@@ -93,6 +99,9 @@ class Worker:
         self._snap: Snapshot | None = None
         self._window: dict[int, ManifestEntry] = {}
         self._contended = False
+        self._refill_s: float | None = None
+        self._item_s: float | None = None
+        self._handed_at: float | None = None
         """The last CAS met another worker's write: read the progress object before the next."""
         self._snap_at = 0.0
         self._prefetch: dict[int, Future[bytes]] = {}
@@ -155,6 +164,9 @@ class Worker:
         """The next entry leased to this worker, with its data; None when nothing is
         claimable now (everything is done, or leased to live workers)."""
         self._ensure()
+        if self._handed_at is not None:  # the caller's processing time of the last one
+            self._item_s = _ewma(self._item_s, time.monotonic() - self._handed_at)
+            self._handed_at = None
         self._flush_if_lapsing()
         while True:
             now = self.clock_ms()
@@ -169,9 +181,25 @@ class Worker:
                     continue
                 h.handed_out = True
                 self.stats.incr("claimed")
+                self._handed_at = time.monotonic()
                 return self._batch(seq)
-            if not self._apply(self.config.claim_batch):
+            t0 = time.monotonic()
+            if not self._apply(self._claim_n()):
                 return None
+            self._refill_s = _ewma(self._refill_s, time.monotonic() - t0)
+
+    def _claim_n(self) -> int:
+        """How many to lease in the next refill: ``claim_batch``, or more when a refill takes
+        long against this worker's processing speed (contention on the progress object):
+        about twice the refill time's worth of entries, at most ``max_claim_batch``, and
+        never more than it processes in half a lease (so none lapses before its turn)."""
+        base = self.config.claim_batch
+        if self._refill_s is None or not self._item_s:
+            return base
+        cap = self.config.max_claim_batch or 4 * base
+        want = math.ceil(2 * self._refill_s / self._item_s)
+        safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s)
+        return max(1, min(max(base, want), cap, max(safe, 1)))
 
     def _batch(self, seq: int) -> ConsumedBatch:
         entry = self._entries.pop(seq)
