@@ -444,14 +444,7 @@ class ManifestQueue:
 
     def create(self) -> bool:
         """Create an empty buffer (its root) if none exists; True if this call created it."""
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
-            if snap.exists:
-                return False
-            if self._attempt(snap, self._draft(snap).encode(), attempt):
-                return True
-            attempt += 1
+        return self.update(lambda snap, draft: not snap.exists, "creations")
 
     def initialize(self, owner: str, *, create: bool = False, position: int | None = None,
                    start: str = "earliest") -> int:
@@ -464,29 +457,25 @@ class ManifestQueue:
         A reader never creates a buffer: no manifest raises BufferNotFoundError, unless
         ``create=True`` (then the first write makes the root).
         """
-        attempt = 0
-        target: int | None = None
-        while True:
-            snap = self._read_retrying(attempt)
-            if target is not None and snap.view.owner == owner and snap.footer.epoch == target:
-                return target
+        target: list[int] = []
+
+        def change(snap: Snapshot, draft: tree.Root) -> bool:
+            if target and snap.view.owner == owner and snap.footer.epoch == target[-1]:
+                return False  # our bump landed although its CAS reported a failure
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
-            target = snap.footer.epoch + 1
-            draft = self._draft(snap)
-            draft.epoch, draft.owner = target, owner
+            target.append(snap.footer.epoch + 1)
+            draft.epoch, draft.owner = target[-1], owner
             reg = draft.registry.get(freg.DEFAULT)
-            if reg is None:
-                first = draft.next_seq if start == "latest" else draft.low
-                reg = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0, first)
-            if position is not None and position < reg.published_next:
-                reg = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0,
-                                        max(position, draft.low))
-            draft.registry[freg.DEFAULT] = reg
-            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
-                self.stats.incr("epoch_bumps")
-                return target
-            attempt += 1
+            first = draft.next_seq if start == "latest" else draft.low
+            pub = first if reg is None else reg.published_next
+            if position is not None and position < pub:
+                pub = max(position, draft.low)
+            draft.registry[freg.DEFAULT] = freg.Registration(freg.DEFAULT, freg.ZERO_REG, 0, pub)
+            return True
+
+        self.update(change, "epoch_bumps")
+        return target[-1]
 
     def dequeue(self, through_sequence: int, epoch: int) -> None:
         """The default subscriber is done through ``through_sequence``: publish it (the head

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +37,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import progress as fp
 from tieredbuf.format import registry as freg
+from tieredbuf.format import tree as ft
 from tieredbuf.queue import shared, tree
 from tieredbuf.queue.backoff import backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
@@ -267,7 +268,7 @@ def listing(queue: ManifestQueue, now_ms: int | None = None) -> list[SubscriberI
         out.append(SubscriberInfo(
             name=name, shared=reg.shared, next_sequence=pos, published_next=reg.published_next,
             lag_entries=max(0, root.next_seq - pos),
-            lag_bytes=tree.bytes_from(root, start, snap.nodes.load),
+            lag_bytes=bytes_from(root, start, snap.nodes.load),
             lag_seconds=None if not times else max(0.0, (now - min(times)) / 1000),
             epoch=root.epoch if reg.is_default else (0 if p is None else p.epoch),
             last_activity_ms=None if p is None else p.updated_ms,
@@ -277,3 +278,25 @@ def listing(queue: ManifestQueue, now_ms: int | None = None) -> list[SubscriberI
             rejected=() if p is None else p.rejected,
         ))
     return out
+
+
+def bytes_from(root: tree.Root, seq: int, load: tree.Load) -> int:
+    """Bytes of the linked data objects from sequence ``seq`` on (a subscriber's lag in
+    bytes): the root's total minus what lies before ``seq``; one node GET per level."""
+    seq = max(seq, root.linked_first)
+    if seq >= root.next_seq:
+        return 0
+    before = 0
+    if seq >= root.entries_first:
+        before = root.refs_total_bytes() + sum(
+            root.stat_at(j).size for j in range(seq - root.entries_first))
+        return root.total_bytes - before
+    refs: Sequence[ft.Ref] = root.refs
+    while True:
+        i = tree.ref_index(refs, seq)
+        before += sum(r.total_bytes for r in refs[:i])
+        node = load(refs[i])
+        if node.level == 0:
+            before += sum(s.size for s in node.stats[: seq - node.first])
+            return root.total_bytes - before
+        refs = node.refs

@@ -581,24 +581,3 @@ def find_time(root: Root, t: int, load: Load) -> int:
         refs = node.refs
         r = refs[first_at_or_after_time([x.max_time_ms for x in refs], t)]
 
-
-def bytes_from(root: Root, seq: int, load: Load) -> int:
-    """Bytes of the linked data objects from sequence ``seq`` on (a subscriber's lag in
-    bytes): the root's total minus what lies before ``seq``; one node GET per level."""
-    seq = max(seq, root.linked_first)
-    if seq >= root.next_seq:
-        return 0
-    before = 0
-    if seq >= root.entries_first:
-        before = root.refs_total_bytes() + sum(
-            root.stat_at(j).size for j in range(seq - root.entries_first))
-        return root.total_bytes - before
-    refs: Sequence[ft.Ref] = root.refs
-    while True:
-        i = ref_index(refs, seq)
-        before += sum(r.total_bytes for r in refs[:i])
-        node = load(refs[i])
-        if node.level == 0:
-            before += sum(s.size for s in node.stats[: seq - node.first])
-            return root.total_bytes - before
-        refs = node.refs
