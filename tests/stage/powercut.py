@@ -276,6 +276,8 @@ def _segment_records(stage: Stage) -> list[str]:
 def _queue_records(buf: tieredbuf.Buffer) -> tuple[list[str], list[str]]:
     """(records in queue order, I3 violations: a writer's records of one kind out of
     order)."""
+    if not buf.exists():  # nothing was ever exported (a consumer never creates a buffer)
+        return [], []
     c = buf.consumer()
     c.initialize()
     out: list[str] = []

@@ -44,6 +44,8 @@ def _poll(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def _queue(buf: tieredbuf.Buffer) -> list[bytes]:
+    if not buf.exists():  # nothing was ever exported (a consumer never creates a buffer)
+        return []
     c = buf.consumer()
     c.initialize()
     out: list[bytes] = []
