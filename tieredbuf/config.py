@@ -144,7 +144,7 @@ class WorkerConfig:
     claim_batch: int = 8
     """Entries leased per CAS of the progress object; handed out one per claim()."""
     max_claim_batch: int | None = None
-    """Under contention a worker leases more per CAS, up to this (None: 4 x claim_batch):
+    """Under contention a worker leases more per CAS, up to this (None: 8 x claim_batch):
     enough to cover about twice its measured refill time at its measured processing
     speed, and never more than it can process in half a lease."""
     max_deliveries: int | None = None

@@ -196,7 +196,7 @@ class Worker:
         base = self.config.claim_batch
         if self._refill_s is None or not self._item_s:
             return base
-        cap = self.config.max_claim_batch or 4 * base
+        cap = self.config.max_claim_batch or 8 * base
         want = math.ceil(2 * self._refill_s / self._item_s)
         safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s)
         return max(1, min(max(base, want), cap, max(safe, 1)))
@@ -318,7 +318,7 @@ class Worker:
         while True:
             p = sub.progress
             assert p is not None and sub.etag is not None
-            snap = self._root(p, claim_n, fresh)
+            snap = self._root(p, claim_n)
             if attempt and shared.landed(p, self.worker_id, op_token):
                 applied = shared.Applied(p, shared.mine(p, op_token))
                 self.queue.stats.incr("worker_ops_found_landed")
@@ -368,15 +368,14 @@ class Worker:
                 f"(retention) before they were acked; on_lost='skip' moves on")
         return bool(new)
 
-    def _root(self, p: Progress, claim_n: int, fresh: bool) -> Snapshot:
+    def _root(self, p: Progress, claim_n: int) -> Snapshot:
         """The root as of at most ``publish_interval`` ago, re-read sooner when new entries
         may be claimable (one 22-byte footer GET tells): a refill of a long backlog does
         not read (and decode) the whole root every time."""
         now = time.monotonic()
         snap = self._snap
         stale = snap is None or now - self._snap_at >= self.subscription.publish_interval_ms / 1000
-        if not stale and snap is not None and (claim_n or fresh) and (
-                p.claim_cursor + claim_n > snap.root.next_seq or fresh):
+        if not stale and snap is not None and p.claim_cursor + claim_n > snap.root.next_seq:
             stale = self.queue.read_footer().next_sequence != snap.root.next_seq
         if stale or snap is None:
             snap = self.queue.read()
