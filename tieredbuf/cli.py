@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import tieredbuf
 from tieredbuf import gc as gc_mod
 from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.redact import redact
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
@@ -235,7 +236,7 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
         "subscribers": {
             s.name: {"next_sequence": s.next_sequence, "lag_entries": s.lag_entries,
                      "lag_bytes": s.lag_bytes, "shared": s.shared}
-            for s in buf.subscribers()
+            for s in subscriber_listing(buf.queue, snap=snap)
         } if snap.exists else {},
     }
     if verify:

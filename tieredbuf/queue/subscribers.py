@@ -248,10 +248,12 @@ class SubscriberInfo:
         return d
 
 
-def listing(queue: ManifestQueue, now_ms: int | None = None) -> list[SubscriberInfo]:
+def listing(queue: ManifestQueue, now_ms: int | None = None,
+            snap: Snapshot | None = None) -> list[SubscriberInfo]:
     """Every registered subscriber with its position, lag (entries, bytes, age), epoch and
-    last activity: one root read, one GET per named subscriber, one per tree level each."""
-    snap = queue.read()
+    last activity: one root read (none when given ``snap``), one GET per named subscriber,
+    one per tree level each."""
+    snap = queue.read() if snap is None else snap
     if not snap.exists:
         raise BufferNotFoundError(queue.store.url)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
