@@ -153,10 +153,24 @@ def test_an_aborted_job_appends_nothing_and_leaves_only_what_gc_reclaims(
 
     boom = udf(lambda v: _fail_on_v7(v), "string")  # no type hints: a plain Python UDF
     df = spark.createDataFrame([(f"v{i}",) for i in range(8)], "value string").repartition(4)
-    with pytest.raises(Exception, match="boom"):
-        df.select(boom("value").alias("value")).write.format("tieredbuf").mode("append") \
-            .save(url)
+    sc, group = spark.sparkContext, unique("abort")
+    sc.setJobGroup(group, "an aborted write")
+    try:
+        with pytest.raises(Exception, match="boom"):
+            df.select(boom("value").alias("value")).write.format("tieredbuf") \
+                .mode("append").save(url)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert [e.location for e in buf.entries()] == sorted(kept)
+    # a task Spark cancelled may still be uploading: wait until none of the job's tasks
+    # runs any more (their uploads are then all in data/)
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + 120
+    while any((st := tracker.getStageInfo(sid)) is not None and st.numActiveTasks > 0
+              for jid in tracker.getJobIdsForGroup(group)
+              if (job := tracker.getJobInfo(jid)) is not None for sid in job.stageIds):
+        assert time.monotonic() < deadline, "the aborted job's tasks never ended"
+        time.sleep(0.05)  # polling a condition with a deadline
     later = int(time.time() * 1000) + 2 * 86_400_000  # past any grace period
     gc.run_once(buf, now_ms=later)
     assert {m.key for m in buf.store.list("data/")} == kept

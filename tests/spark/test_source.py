@@ -183,12 +183,15 @@ def test_second_query_with_same_consumer_fences_first(spark: Any, tmp_path: Path
     a.processAllAvailable()
     b = start(2)
     b.processAllAvailable()
+    # the first query is idle and fenced; it learns at its next busy trigger, before it
+    # plans anything (a named subscriber's epoch is in its progress object)
+    append_records(buf, [[b"c"]], ts_ms=1000)
     with pytest.raises(Exception, match=r"(?i)fenced"):
         a.awaitTermination(120)
     assert b.isActive
-    append_records(buf, [[b"c"]], ts_ms=1000)
     b.processAllAvailable()
     b.stop()
+    assert [s.name for s in buf.subscribers()] == [name]
 
 
 @pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)

@@ -193,9 +193,31 @@ def test_an_idle_stream_costs_at_most_half_a_request_a_second(
     assert nxt == seen and store.counts["get_suffix"] == 0
 
 
-def test_I4_an_idle_consumer_query_learns_it_was_fenced_from_the_footer(
+def test_I4_an_idle_default_consumer_query_learns_it_was_fenced_from_the_footer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tieredbuf.spark import stream
+
+    clock = _Clock()
+    monkeypatch.setattr(stream.time, "monotonic", clock)
+    url = f"file://{tmp_path}/buf"
+    append_records(tieredbuf.open(url), [[b"a"]], ts_ms=1000)
+    a = _reader(url, consumer="default")
+    start = a.initialOffset()
+    end = a.latestOffset(start, a.getDefaultReadLimit())
+    assert a.latestOffset(end, a.getDefaultReadLimit()) == end  # idle from here
+    _reader(url, consumer="default").initialOffset()  # another run fences this one
+    clock.t += 10
+    with pytest.raises(FencedError):
+        a.latestOffset(end, a.getDefaultReadLimit())
+
+
+def test_I4_an_idle_named_subscriber_query_is_fenced_before_it_plans_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A named subscriber's epoch is in its progress object, not in the footer: an idle
+    query spends no request on it, and learns at its first busy trigger -- before it
+    plans a micro-batch -- or at its commit, which cannot land."""
     from tieredbuf.spark import stream
 
     clock = _Clock()
@@ -208,5 +230,48 @@ def test_I4_an_idle_consumer_query_learns_it_was_fenced_from_the_footer(
     assert a.latestOffset(end, a.getDefaultReadLimit()) == end  # idle from here
     _reader(url, consumer="etl").initialOffset()  # another run fences this one
     clock.t += 10
+    assert a.latestOffset(end, a.getDefaultReadLimit()) == end  # idle: nothing to do
     with pytest.raises(FencedError):
+        a.commit(end)
+    append_records(tieredbuf.open(url), [[b"b"]], ts_ms=1000)
+    clock.t += 10
+    with pytest.raises(FencedError, match=r"'etl'.*progress object"):
         a.latestOffset(end, a.getDefaultReadLimit())
+
+
+def test_I9_two_subscriber_queries_each_read_everything_and_hold_the_head(
+    tmp_path: Path,
+) -> None:
+    """Two queries with different ``consumer`` names are two subscribers: neither fences
+    the other nor the buffer's default consumer, each reads every entry, the head moves
+    only once both are past, and a new checkpoint resumes at its subscriber's position."""
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    for s in range(4):
+        append_records(buf, [[b"%d" % s]], ts_ms=1000)
+    plain = buf.consumer()
+    plain.initialize()
+    first = plain.next_batch()
+    assert first is not None and first.sequence == 0
+    a, b = _reader(url, consumer="etl"), _reader(url, consumer="archive")
+    ends = []
+    for r in (a, b):
+        start = r.initialOffset()
+        assert start["sequence"] == 0
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        assert end["sequence"] == 4
+        assert len(r.partitions(start, end)) > 0
+        ends.append(end)
+    a.commit(ends[0])
+    assert buf.snapshot().head == 0  # "archive" and the default consumer still need them
+    b.commit(ends[1])
+    a.stop()
+    b.stop()
+    assert buf.snapshot().head == 0  # the default consumer is at 0
+    got = plain.next_batch()  # never fenced by either query
+    assert got is not None and got.sequence == 1
+    assert buf.remove_subscriber("default")
+    assert buf.snapshot().head == 4  # both named subscribers are past everything
+    again = _reader(url, consumer="etl")  # a new checkpoint: resumes at its position
+    assert again.initialOffset()["sequence"] == 4
+    assert {s.name for s in buf.subscribers()} == {"etl", "archive"}

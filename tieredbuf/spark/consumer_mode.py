@@ -1,23 +1,33 @@
-"""The streaming ``consumer`` option: the query is the queue's fenced consumer.
+"""The streaming ``consumer`` option: the query is a named subscriber of the buffer.
 
-Kept in one small class so it can become a named subscriber later without touching
-the planning code: :meth:`QueueConsumer.start` bumps the epoch once per query run
-(fencing every older consumer: an older run of the same query, a second query, a
-plain ``buf.consumer()``), :meth:`check` fails a trigger whose root is at another
-epoch, and :meth:`commit` dequeues through a sequence at our epoch (a fenced query
-cannot dequeue: the CAS is conditional on the epoch, I4).  It never creates a buffer:
-``start`` on a URL with no manifest raises BufferNotFoundError.
+``.option("consumer", "etl")`` makes the query subscriber ``etl``
+(:mod:`tieredbuf.queue.subscription`): several queries (and ``buf.consumer(...)``
+programs) with different names read the same buffer side by side, each with its own
+position, and an entry is unlinked only once every subscriber is past it.  The name
+``default`` is the buffer's RFC 0001 consumer, the one ``buf.consumer()`` is.
+
+* :meth:`QueueConsumer.start` registers the subscriber if new and bumps *its own*
+  epoch once per query run: an older run of the same query (or a second query with
+  the same name) is fenced; other subscribers are untouched (I4).  It returns the
+  subscriber's position: where a new checkpoint resumes.  It never creates a buffer.
+* :meth:`check` fails a trigger when a newer instance took over: for "default" from
+  the root the trigger read anyway, for a named subscriber from its progress object
+  (one small GET per trigger that found data; an idle query makes none: it learns at
+  its next busy trigger, before planning anything, or at its commit).
+* :meth:`commit` acks through a sequence: one CAS of the subscriber's own progress
+  object (fenced by its epoch), published into the root lazily, when this subscriber
+  holds the head back (never more than once a second), so acks do not contend with
+  producers' appends.  :meth:`close` publishes what is left.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ulid import ULID
-
 import tieredbuf
 from tieredbuf.errors import FencedError
 from tieredbuf.queue.manifest_queue import Snapshot
+from tieredbuf.queue.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +36,53 @@ class QueueConsumer:
     def __init__(self, buf: tieredbuf.Buffer, name: str) -> None:
         self.buf = buf
         self.name = name
-        self.epoch: int | None = None
+        self.sub: Subscription = buf.subscription(name, owner=f"spark:{name}")
+        self.position: int | None = None
 
-    def start(self) -> int:
-        """Bump the epoch (once per query run); returns it."""
-        if self.epoch is None:
-            owner = f"spark:{self.name}/{ULID()}"
-            self.epoch = self.buf.queue.initialize(owner, create=False)
-            log.info("tieredbuf consumer %r initialized at epoch %d", owner, self.epoch)
-        return self.epoch
+    @property
+    def is_default(self) -> bool:
+        return self.sub.is_default
+
+    def start(self, latest: bool = False) -> int:
+        """Register / bump the epoch (once per query run); returns the subscriber's
+        position when it started (``latest``: a new subscriber starts at the tail)."""
+        if self.position is None:
+            self.position = self.sub.initialize(start="latest" if latest else "earliest")
+            log.info("tieredbuf subscriber %r: epoch %d, position %d", self.name,
+                     self.sub.epoch, self.position)
+        return self.position
+
+    @property
+    def epoch(self) -> int:
+        self.start()
+        assert self.sub.epoch is not None
+        return self.sub.epoch
 
     def check(self, snap: Snapshot) -> None:
-        """FencedError when ``snap`` is at another epoch than ours."""
-        epoch = self.start()
-        if snap.footer.epoch != epoch:
-            raise FencedError(epoch, snap.footer.epoch)
+        """FencedError when a newer instance of this subscriber took over."""
+        epoch = self.epoch
+        if self.is_default:
+            if snap.footer.epoch != epoch:
+                raise FencedError(epoch, snap.footer.epoch, self.name)
+            return
+        self.sub.check()
+        self.sub.observe(snap)
+
+    def check_footer_epoch(self, footer_epoch: int) -> None:
+        """The idle path's footer read: it carries the epoch of "default" only."""
+        if self.is_default and footer_epoch != self.epoch:
+            raise FencedError(self.epoch, footer_epoch, self.name)
 
     def commit(self, through: int) -> None:
-        """Dequeue every sequence <= ``through`` (fenced by our epoch)."""
-        self.buf.queue.dequeue(through, self.start())
+        """Ack every sequence <= ``through`` (fenced by our epoch)."""
+        self.start()
+        self.sub.ack_through(through)
+        self.sub.flush(publish=False)
+
+    def close(self) -> None:
+        if self.position is None:
+            return
+        try:
+            self.sub.close()
+        except FencedError as e:  # a newer run took over: it owns the position now
+            log.info("tieredbuf subscriber %r: not publishing at stop: %s", self.name, e)

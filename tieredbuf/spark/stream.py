@@ -27,10 +27,10 @@ new, the source answers from the root's 22-byte footer (one ranged GET: its next
 sequence and epoch) and, after each such answer, without any request for a backoff
 that doubles from ``IDLE_BACKOFF_S`` to ``IDLE_BACKOFF_MAX_S`` (0.1 s to 2 s: at most
 0.5 requests/s idle; new data is seen within 2 s).  With ``consumer`` the query is
-the queue's fenced consumer (:mod:`tieredbuf.spark.consumer_mode`): Spark calls
-``commit(end)`` only after the micro-batch ending at ``end`` is in its commit log --
-in fact one micro-batch late, when it plans the next one -- so nothing is dequeued
-while Spark may still need it.
+a named subscriber of the buffer (:mod:`tieredbuf.spark.consumer_mode`), fenced per
+name: Spark calls ``commit(end)`` only after the micro-batch ending at ``end`` is in
+its commit log -- in fact one micro-batch late, when it plans the next one -- so
+nothing is acked while Spark may still need it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ import tieredbuf
 from tieredbuf.errors import (
     BufferNotFoundError,
     DataLossError,
-    FencedError,
     ObjectNotFoundError,
 )
 from tieredbuf.format import manifest as fm
@@ -163,9 +162,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return first
 
     def initialOffset(self) -> dict[str, Any]:
+        consumer = self._queue_consumer()
+        if consumer is not None:  # a new subscriber starts where startingOffsets says
+            consumer.start(latest=self.ro.starting == opt.LATEST)
         snap = self._read()
         if self.ro.starting_ts is not None:
             start = plan.time_start(snap, self.ro.starting_ts, self.ro)
+        elif consumer is not None and self.ro.starting is None:
+            # a new checkpoint of a subscriber resumes at its position (a Kafka consumer
+            # group's committed offset); an explicit startingOffsets wins
+            start = self._floor(consumer.start(), snap)
         else:
             start = self._floor(plan.resolve_bound(self.ro.starting, snap, opt.EARLIEST), snap)
         start = min(start, snap.root.next_seq)
@@ -197,8 +203,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except ObjectNotFoundError:
             raise BufferNotFoundError(buf.url, "it was deleted under a running query") from None
         footer = fm.parse_footer(tail, obj=buf.queue.key)
-        if self._consumer is not None and footer.epoch != self._consumer.start():
-            raise FencedError(self._consumer.start(), footer.epoch)
+        if self._consumer is not None:
+            self._consumer.check_footer_epoch(footer.epoch)
         if footer.next_sequence != _seq(start):
             self._idle, self._idle_backoff = False, 0.0
             return False
@@ -256,14 +262,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return plan.object_partitions(self._buf().store, sized, self.ro)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Spark is done with everything before ``end``: in consumer mode, dequeue it
-        (fenced by our epoch)."""
+        """Spark is done with everything before ``end``: in consumer mode, ack it as the
+        subscriber (fenced by its epoch)."""
         consumer = self._queue_consumer()
         if consumer is not None and _seq(end) > 0:
             consumer.commit(_seq(end) - 1)
 
     def stop(self) -> None:
-        pass
+        if self._consumer is not None:
+            self._consumer.close()
 
     # --- executor side -----------------------------------------------------------------
 
