@@ -11,9 +11,13 @@ directory by default, or ``memory://``):
 * a continuous reader (``buf.reader``) that follows the queue and reads every data
   object (``on_lost="clamp"``: retention may unlink history before it gets there);
 * retention (``max_age`` 20 s, stored in the root), so acked history is unlinked;
-* GC every 5 s with a 10 s grace period, so unlinked objects are deleted;
-* ``SUBSCRIBERS``: a hook for the subscribers a later branch adds (a callable per
-  subscriber, started like the reader); empty for now.
+* GC every 5 s with a 10 s grace period (the buffer's, set in its root), so unlinked
+  objects are deleted;
+* ``SUBSCRIBERS`` (a callable per thread, started like the reader): by default a named
+  subscriber ``soak-etl`` (its own progress object; ``on_lost="skip"``, since retention
+  may unlink what it has not reached) and two workers of the shared work queue
+  ``soak-jobs`` (leases of 30 s; acks out of order). The test suite appends a leaky
+  one to prove the rule catches it.
 
 A sampler records, every ``--sample`` seconds: RSS (VmRSS), open file descriptors
 (/proc/self/fd), threads (/proc/self/status, native threads included), the stages'
@@ -63,6 +67,7 @@ from tieredbuf.errors import BackpressureError, DataLossError
 WINDOW = 64
 """produce() calls a producer keeps in flight before it waits for the oldest LOCAL ack."""
 RECORDS_PER_CALL = 10
+GC_GRACE = timedelta(seconds=10)
 TOLERANCE = {
     "threads": ("abs", 2),
     "open_fds": ("abs", 8),
@@ -70,7 +75,41 @@ TOLERANCE = {
     "stage_disk_bytes": ("rel", 0.25, 16 << 20),
 }
 Subscriber = Callable[[tieredbuf.Buffer, threading.Event, dict[str, int]], None]
-SUBSCRIBERS: list[Subscriber] = []
+
+
+def named_subscriber(buf: tieredbuf.Buffer, stop: threading.Event,
+                     counters: dict[str, int]) -> None:
+    c = buf.consumer(subscriber="soak-etl", on_lost="skip", dequeue_every=100)
+    c.initialize()
+    try:
+        while not stop.is_set():
+            b = c.next_batch()
+            if b is None:
+                stop.wait(0.05)
+                continue
+            counters["subscriber_read"] += len(b.entries)
+            c.ack(b.sequence)
+        c.flush()
+    finally:
+        c.close()
+
+
+def shared_worker(buf: tieredbuf.Buffer, stop: threading.Event,
+                  counters: dict[str, int]) -> None:
+    w = buf.worker("soak-jobs", lease=timedelta(seconds=30), on_lost="skip")
+    try:
+        while not stop.is_set():
+            b = w.claim()
+            if b is None:
+                stop.wait(0.05)
+                continue
+            counters["worker_acked"] += len(b.entries)
+            w.ack(b.sequence)
+    finally:
+        w.close()
+
+
+SUBSCRIBERS: list[Subscriber] = [named_subscriber, shared_worker, shared_worker]
 """Hook: each is run on its own thread as ``fn(buf, stop, counters)`` until ``stop`` is
 set, like _reader below; it counts what it reads in ``counters`` and raises on error."""
 
@@ -182,7 +221,7 @@ class Soak:
 
     def _gc(self) -> None:
         while not self.stop.wait(5.0):
-            report = gc.run_once(self.buf, grace=timedelta(seconds=10))
+            report = gc.run_once(self.buf)
             self.counters["gc_deleted"] += report.deleted + report.groups_deleted
             self.counters["gc_passes"] += 1
 
@@ -198,13 +237,18 @@ class Soak:
             "stage_disk_bytes": sum(_dir_bytes(s) for s in self.stages),
             "store_bytes": _dir_bytes(self.workdir / "buf") if self.args.store == "file" else None,
             "queued_entries": snap.root.next_seq - snap.low,
-            **{k: self.counters[k] for k in ("produced", "consumed", "read_entries")},
+            **{k: self.counters[k] for k in ("produced", "consumed", "read_entries",
+                                              "subscriber_read", "worker_acked")},
         })
 
     # --- the run --------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         self.buf.set_retention(max_age=timedelta(seconds=20))
+        # GC reads the grace period from the root (writers too); 10 s is far below what
+        # a production buffer should use, and fine here: every writer is in this process
+        # and links what it uploads within milliseconds
+        self.buf.set_gc_grace_period(GC_GRACE, force=True)
         threads = [self._guard(f"producer-{i}", lambda i=i: self._producer(i))
                    for i in range(self.args.producers)]
         threads += [self._guard("consumer", self._consumer), self._guard("reader", self._reader),
@@ -246,7 +290,9 @@ class Soak:
                 if grew:
                     failed.append(f"{metric} grew after warm-up: {a} -> {b} "
                                   f"(allowed +{allowed})")
-            for metric in ("consumed", "read_entries"):
+            hooks = {"subscriber_read": named_subscriber in SUBSCRIBERS,
+                     "worker_acked": shared_worker in SUBSCRIBERS}
+            for metric in ("consumed", "read_entries", *(m for m, on in hooks.items() if on)):
                 if late[-1][metric] <= late[0][metric]:
                     failed.append(f"no progress in {metric} in the later half")
         return {
