@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 import tieredbuf
 from tieredbuf import gc as gc_mod
-from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.redact import redact
 
@@ -132,6 +132,16 @@ def _open(args: argparse.Namespace) -> tieredbuf.Buffer:
     return tieredbuf.open(args.url, **opts)
 
 
+def _open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
+    """A buffer that must exist: a mistyped URL is BufferNotFoundError (exit 2), never
+    an empty buffer read (or created) in its place."""
+    from tieredbuf.cli_consume import require_buffer
+
+    buf = _open(args)
+    require_buffer(buf)
+    return buf
+
+
 _S3_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
 
 
@@ -171,35 +181,9 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
-    buf = _open(args)
-    consumer = buf.consumer()
-    consumer.initialize(args.after)
-    batches = records = 0
-    outdir = Path(args.out) if args.out else None
-    if outdir:
-        outdir.mkdir(parents=True, exist_ok=True)
-    total = buf.snapshot().footer.entry_count if outdir else None
-    with Progress("consume", total) as bar:
-        while args.max_batches is None or batches < args.max_batches:
-            b = consumer.next_batch()
-            if b is None:
-                break
-            if outdir:
-                suffix = ".qseg" if b.location.endswith(".qseg") else ".batch"
-                (outdir / f"{b.sequence:020d}{suffix}").write_bytes(b.data)
-            else:
-                for r in b.entries:
-                    out.write(r.decode("utf-8", "backslashreplace") + "\n")
-            batches += 1
-            records += len(b.entries) if b.location.endswith(".batch") else 0
-            if not args.no_ack:
-                consumer.ack(b.sequence)
-            bar.update(1, f"seq {b.sequence}")
-    if not args.no_ack:
-        consumer.flush()
-    consumer.close()
-    print(f"consumed {batches} batches, {records} records", file=sys.stderr)
-    return EXIT_OK
+    from tieredbuf.cli_consume import cmd_consume as run
+
+    return run(args, out, _open, Progress)
 
 
 def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, Any]:
@@ -256,7 +240,7 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    buf = _open(args)
+    buf = _open_existing(args)
     info = inspect_buffer(buf, verify=not args.quick)
     # what this inspection itself cost: the store requests of this process, by
     # operation and object kind (a service's totals are in its /metrics)
@@ -324,7 +308,7 @@ def _write_gc_metrics(args: argparse.Namespace, report: Any, seconds: float) -> 
 
 
 def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
-    buf = _open(args)
+    buf = _open_existing(args)
     t0 = time.monotonic()
     with Progress("gc: objects") as bar:
         report = gc_mod.run_once(_GcView(buf, bar), grace=args.grace, dry_run=args.dry_run)
@@ -364,9 +348,26 @@ def _subscribers(args: argparse.Namespace, out: TextIO) -> int:
     return cmd_subscribers(args, out, _open)
 
 
+DEMO_URL, DEMO_STAGE = "file://./demo-buffer", "./demo-stage"
+
+
+def demo_stage(url: str) -> str:
+    """The demo's default stage: ``./demo-stage`` for the default URL, else
+    ``./demo-stage-<12 hex digits of the URL>`` (a stage belongs to one buffer)."""
+    import hashlib
+
+    from tieredbuf.stage_binding import canonical_url
+
+    if canonical_url(url) == canonical_url(DEMO_URL):
+        return DEMO_STAGE
+    return f"{DEMO_STAGE}-{hashlib.sha256(canonical_url(url).encode()).hexdigest()[:12]}"
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """Stage records locally, export them as objects + manifest entries, consume them back."""
     buf = tieredbuf.open(args.url)
+    if args.staging is None:  # one stage per demo URL: never one URL's records in another
+        args.staging = demo_stage(args.url)
     waves, calls, per_call = 5, args.calls // 5 or 1, 10
     total = waves * calls * per_call
     print(f"buffer: {buf.url}   stage: {args.staging}", file=out)
@@ -424,7 +425,8 @@ def _stage_roots(root: Path) -> list[Path]:
 
 
 def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
-    from tieredbuf.errors import StageLockedError
+    from tieredbuf.errors import StageBufferMismatchError, StageLockedError
+    from tieredbuf.stage_binding import canonical_url, describe, read_binding
     from tieredbuf.staged import drain, stage_producer_ids
 
     stage_dir = Path(args.stage_dir)
@@ -442,8 +444,10 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     buf = _open(args)
     timeout = args.timeout.total_seconds() if args.timeout is not None else None
-    busy = lost = 0
+    busy = lost = wrong = 0
     for root, pid in stages:
+        print(f"{pid}: draining {root / pid} ({describe(read_binding(root / pid))}) "
+              f"into {canonical_url(buf.url)}", file=out)
         with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
             def progress(ex: Any, bar: Progress = bar) -> None:
@@ -454,6 +458,10 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
             except StageLockedError:
                 print(f"{pid}: skipped, a live producer holds its stage", file=out)
                 busy += 1
+                continue
+            except StageBufferMismatchError as e:
+                print(f"tieredbuf: {pid}: {_one_line(e)}", file=sys.stderr)
+                wrong += 1
                 continue
         print(
             f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
@@ -468,6 +476,8 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
                   file=sys.stderr)
     if lost:
         return EXIT_FAILED
+    if wrong:
+        return EXIT_USAGE
     return EXIT_PARTIAL if busy else EXIT_OK
 
 
@@ -520,9 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="stage, export, consume on a local directory")
-    d.add_argument("url", nargs="?", default="file://./demo-buffer")
-    d.add_argument("--staging", default="./demo-stage", help="the producer's staging directory")
-    d.add_argument("--calls", type=int, default=50)
+    d.add_argument("url", nargs="?", default=DEMO_URL, help=f"the buffer (default {DEMO_URL})")
+    d.add_argument("--staging", help=f"the producer's staging directory (default {DEMO_STAGE} "
+                   f"for the default URL, {DEMO_STAGE}-<hash of the URL> for another)")
+    d.add_argument("--calls", type=int, default=50,
+                   help="produce() calls of 10 records each, in 5 waves (default 50)")
     d.set_defaults(fn=cmd_demo)
 
     pr = sub.add_parser("produce", help="produce one record per input line")
@@ -534,14 +546,10 @@ def build_parser() -> argparse.ArgumentParser:
     _store_args(pr)
     pr.set_defaults(fn=cmd_produce)
 
-    co = sub.add_parser("consume", help="consume, print or write, then ack")
-    co.add_argument("url")
-    co.add_argument("--out", help="write each batch's data object to DIR/<sequence>.batch")
-    co.add_argument("--max-batches", type=int)
-    co.add_argument("--after", type=int, help="resume after this acked sequence")
-    co.add_argument("--no-ack", action="store_true", help="read without acking or dequeuing")
-    _store_args(co)
-    co.set_defaults(fn=cmd_consume)
+    from tieredbuf.cli_consume import add_parser as add_consume
+
+    add_consume(sub, _store_args, parse_duration)
+    sub.choices["consume"].set_defaults(fn=cmd_consume)
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
@@ -662,6 +670,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return code
     except ConfigError as e:
         print(redact(f"tieredbuf: configuration error: {_one_line(e)}"), file=sys.stderr)
+        return EXIT_USAGE
+    except BufferNotFoundError as e:
+        print(redact(f"tieredbuf: {_one_line(e)}"), file=sys.stderr)
         return EXIT_USAGE
     except TieredBufError as e:
         print(redact(f"tieredbuf: {type(e).__name__}: {_one_line(e)}"), file=sys.stderr)

@@ -274,6 +274,17 @@ class StageLockedError(StageError):
     """Another process holds the staging directory's lock."""
 
 
+class StageBufferMismatchError(StageError, ConfigError):
+    """A staging directory holds records for another buffer than the one it was opened
+    with: exporting them there would put them where nobody meant them to go.  Nothing
+    is exported; the stage keeps its records (drain it into its own buffer)."""
+
+    def __init__(self, message: str, stage: str, bound: dict[str, object]) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.bound = bound
+
+
 class DiskError(StageError):
     """A disk operation of the stage failed.  The write that raised it (or whose
     future carries it) was NOT acknowledged LOCAL -- though, like an outcome-unknown

@@ -26,6 +26,7 @@ from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteO
 from tieredbuf.prompt_seal import PromptSealer
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
+from tieredbuf.stage_binding import bind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,6 +87,7 @@ class StagedProducer:
         self._closed = False
         self._guard = ForkGuard("staged producer")
         try:
+            self.binding = bind(self.stage, buf)  # before anything can be exported
             self.exporter = Exporter(
                 self.stage, buf.store, buf.queue,
                 retry=exp.get("retry", defaults.retry),
@@ -221,13 +223,19 @@ def drain(
 ) -> dict[str, Any]:
     """Take over a (dead) producer's stage: recover its WAL, seal, export, release.
 
-    Raises StageLockedError if the producer is still alive (it holds the lock), the
+    Raises StageLockedError if the producer is still alive (it holds the lock),
+    StageBufferMismatchError if the stage holds records for another buffer, the
     permanent store error that stopped the export, or FlushTimeoutError (``timeout``)
     naming what is still staged; the stage keeps whatever was not exported.
     """
     stage = Stage(staging_dir, producer_id)
-    exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported,
-                        failure_retry=failure_retry)
+    try:
+        bind(stage, buf)
+        exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported,
+                            failure_retry=failure_retry)
+    except BaseException:
+        stage.close()
+        raise
     try:
         stage.seal_all()
         exporter.drain(timeout)

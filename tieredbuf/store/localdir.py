@@ -89,12 +89,8 @@ class LocalDirStore:
         self._xattr = etag_xattr and hasattr(os, "setxattr")
         self._root = str(Path(root).absolute())
         self._url = url or Path(self._root).as_uri()
-        try:
-            if not os.path.isdir(self._root):
-                os.makedirs(self._root, exist_ok=True)
-                fsync_dir(os.path.dirname(self._root))
-        except OSError as e:
-            raise os_error(e, f"cannot create store directory {self._root}") from e
+        # the root is made by the first write, not by opening: reading a mistyped URL
+        # must leave no directory behind
         self._tlock = threading.Lock()
         self._lock_fd = -1
         self._lock_pid = -1
@@ -118,10 +114,19 @@ class LocalDirStore:
             raise InvalidKeyError(f"invalid object key {key!r}: {RESERVED_PREFIX}* is reserved")
         return os.path.join(self._root, *key.split("/"))
 
+    def _ensure_root(self) -> None:
+        try:
+            if not os.path.isdir(self._root):
+                os.makedirs(self._root, exist_ok=True)
+                fsync_dir(os.path.dirname(self._root))
+        except OSError as e:
+            raise os_error(e, f"cannot create store directory {self._root}") from e
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with self._tlock:
             if self._lock_pid != os.getpid():
+                self._ensure_root()
                 # first use, or a forked child: a lock fd shared with the parent
                 # would share the parent's flock, so open our own.
                 try:
@@ -139,7 +144,10 @@ class LocalDirStore:
 
     def _ensure_dir(self, dirpath: str) -> None:
         """Create ``dirpath`` (under the root) and its parents, fsyncing each new entry."""
-        if dirpath == self._root or os.path.isdir(dirpath):
+        if dirpath == self._root:
+            self._ensure_root()
+            return
+        if os.path.isdir(dirpath):
             return
         parent = os.path.dirname(dirpath)
         self._ensure_dir(parent)
