@@ -2,7 +2,8 @@
 
     tieredbuf demo [URL]                 produce, land as objects + manifest entries, consume back
     tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE)
-    tieredbuf consume URL [--out DIR]    print records (or write one file per batch), then ack
+    tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
+                                         print records and bundles (or write them), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
     tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
     tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
@@ -13,9 +14,11 @@
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
                                          [--token-file F] [--tls-cert C --tls-key K] [--insecure]
 
-Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run;
-drain: a live producer holds a stage); 2 bad usage or configuration (a wrong URL or
-scheme, missing credentials, no stage in the directory); 3 the store or the data failed
+Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run, or
+its metrics could not be written or pushed; drain: a live producer holds a stage); 2 bad
+usage or configuration (a wrong URL or scheme, missing credentials, no buffer at a URL
+that is read, no stage in the directory, a stage that belongs to another buffer, a port
+in use, a missing input file); 3 the store or the data failed
 (credentials rejected, access denied, missing bucket, still unreachable at --timeout,
 corrupt, fenced).  Every failure is one line on stderr, never a traceback.
 """
@@ -30,6 +33,7 @@ import os
 import re
 import sys
 import time
+import typing
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -107,6 +111,8 @@ class Progress:
 
 def parse_duration(text: str) -> timedelta:
     """``500ms``, ``30s``, ``10m``, ``2h``, ``1d``."""
+    if text.strip() == "0":  # zero needs no unit
+        return timedelta(0)
     m = _DURATION.match(text)
     if m is None:
         raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 500ms, 30s, 10m, 2h")
@@ -115,10 +121,12 @@ def parse_duration(text: str) -> timedelta:
 
 def _store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("S3 options (default: the standard AWS_* environment)")
-    g.add_argument("--endpoint", help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO")
-    g.add_argument("--region")
+    g.add_argument("--endpoint", metavar="URL",
+                   help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
+                        "AWS_ENDPOINT_URL, else AWS)")
+    g.add_argument("--region", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
     g.add_argument("--allow-http", action="store_true", default=None,
-                   help="implied by an http:// endpoint")
+                   help="allow plain HTTP (implied by an http:// endpoint; AWS_ALLOW_HTTP)")
     g.add_argument("--instance-metadata", action="store_true", default=None,
                    help="take credentials from the cloud instance metadata service (EC2 role)")
     g.add_argument("--skip-signature", action="store_true", default=None,
@@ -155,12 +163,19 @@ def _lines(files: Sequence[str]) -> Iterator[bytes]:
             yield line.rstrip(b"\r\n")
         return
     for f in files:
+        if f == "-":
+            yield from _lines([])
+            continue
         with open(f, "rb") as fh:
             for line in fh:
                 yield line.rstrip(b"\r\n")
 
 
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
+    missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
+    if missing:  # before anything is produced: half an input is worse than none
+        raise ConfigError(f"input file {missing[0]!r} does not exist (or is not a file)"
+                          + (f", nor {len(missing) - 1} more" if len(missing) > 1 else ""))
     buf = _open(args)
     producer = buf.producer(flush_interval=args.flush_interval)
     handles, chunk, n = [], [], 0
@@ -302,6 +317,9 @@ def _write_gc_metrics(args: argparse.Namespace, report: Any, seconds: float) -> 
     gcm.observe(report, seconds)
     registry.register(gcm)
     if args.metrics_file:
+        folder = os.path.dirname(os.path.abspath(args.metrics_file))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"the folder of --metrics-file ({folder}) does not exist")
         write_to_textfile(args.metrics_file, registry)  # atomic: temp file + rename
     if args.pushgateway:
         push_to_gateway(args.pushgateway, job="tieredbuf_gc", registry=registry)
@@ -312,8 +330,12 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     t0 = time.monotonic()
     with Progress("gc: objects") as bar:
         report = gc_mod.run_once(_GcView(buf, bar), grace=args.grace, dry_run=args.dry_run)
+    metrics_failed = None
     if args.metrics_file or args.pushgateway:
-        _write_gc_metrics(args, report, time.monotonic() - t0)
+        try:
+            _write_gc_metrics(args, report, time.monotonic() - t0)
+        except OSError as e:  # URLError too: the summary still prints, exit 1
+            metrics_failed = f"metrics not written: {_one_line(e)}"
     if args.json:
         d = report.as_dict()
         d["deleted_keys"] = d["deleted_keys"][:1000]
@@ -328,7 +350,9 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
             f"kept (newer than oldest entry) {report.kept_newer_than_oldest}, "
             f"groups deleted {report.groups_deleted}\n"
         )
-    return EXIT_PARTIAL if report.failed else EXIT_OK
+    if metrics_failed:
+        print(f"tieredbuf: {metrics_failed}", file=sys.stderr)
+    return EXIT_PARTIAL if report.failed or metrics_failed else EXIT_OK
 
 
 def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
@@ -338,6 +362,10 @@ def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
         raise tieredbuf.BufferNotFoundError(buf.url)
     if args.duration is not None:
         buf.set_gc_grace_period(args.duration, force=args.force)
+        if args.force and args.duration < 2 * buf.tree_config.link_deadline:
+            print(f"tieredbuf: warning: a GC grace period of {args.duration} is under twice "
+                  "the link deadline: GC may delete an object a slow writer is still linking "
+                  "(use it only while no writer runs)", file=sys.stderr)
     out.write(f"{buf.gc_grace_period}\n")  # None: an older root (GC: --grace, else 10m)
     return EXIT_OK
 
@@ -524,10 +552,43 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return serve(config, out)
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Every option's help shows its default unless it already says one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if ("default" in text or d is None or d is False or d is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        if isinstance(d, timedelta):
+            d = _fmt_duration(d)
+        return f"{text} (default {d})" if text else f"(default {d})"
+
+
+def _fmt_duration(d: timedelta) -> str:
+    s = d.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size and s % size == 0:
+            return f"{int(s // size)}{unit}"
+    return f"{round(s * 1000)}ms"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (and exit 2), naming where to find the usage."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Help)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tieredbuf", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="tieredbuf", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"tieredbuf {tieredbuf.__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     d = sub.add_parser("demo", help="stage, export, consume on a local directory")
     d.add_argument("url", nargs="?", default=DEMO_URL, help=f"the buffer (default {DEMO_URL})")
@@ -539,10 +600,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("produce", help="produce one record per input line")
     pr.add_argument("url")
-    pr.add_argument("files", nargs="*")
-    pr.add_argument("--batch", type=int, default=1000, help="records per produce() call")
-    pr.add_argument("--metadata", default="", help="metadata payload for every call")
-    pr.add_argument("--flush-interval", type=parse_duration, default=timedelta(milliseconds=100))
+    pr.add_argument("files", nargs="*", metavar="FILE",
+                    help="input files, one record per line ('-' or none: stdin)")
+    pr.add_argument("--batch", type=int, default=1000, metavar="N",
+                    help="records per produce() call")
+    pr.add_argument("--metadata", default="", metavar="TEXT",
+                    help="metadata payload for every call (default: empty)")
+    pr.add_argument("--flush-interval", type=parse_duration, default=timedelta(milliseconds=100),
+                    metavar="DURATION",
+                    help="the stateless producer's batching window, e.g. 100ms, 1s")
     _store_args(pr)
     pr.set_defaults(fn=cmd_produce)
 
@@ -553,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
-    ins.add_argument("--json", action="store_true")
+    ins.add_argument("--json", action="store_true", help="one JSON object")
     ins.add_argument("--quick", action="store_true",
                      help="skip listing data/ (no stored_objects / missing_objects)")
     _store_args(ins)
@@ -569,26 +635,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
     g.add_argument("url")
-    g.add_argument("--grace", type=parse_duration, help="honoured if longer than the buffer's")
-    g.add_argument("--dry-run", action="store_true")
-    g.add_argument("--json", action="store_true")
-    g.add_argument("--metrics-file", help="write Prometheus metrics here (node_exporter textfile)")
-    g.add_argument("--pushgateway", help="push Prometheus metrics to this Pushgateway address")
+    g.add_argument("--grace", type=parse_duration, metavar="DURATION",
+                   help="e.g. 30m, 2h; honoured only if longer than the buffer's own grace "
+                        "period (default: the buffer's, see tieredbuf grace)")
+    g.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    g.add_argument("--json", action="store_true", help="the report as one JSON object")
+    g.add_argument("--metrics-file", metavar="FILE",
+                   help="write Prometheus metrics here (node_exporter textfile); if it "
+                        "cannot be written the summary still prints and gc exits 1")
+    g.add_argument("--pushgateway", metavar="HOST:PORT",
+                   help="push Prometheus metrics to this Pushgateway; if it is unreachable "
+                        "the summary still prints and gc exits 1")
     _store_args(g)
     g.set_defaults(fn=cmd_gc)
 
     gr = sub.add_parser("grace", help="show or set the buffer's GC grace period (in its root)")
     gr.add_argument("url")
-    gr.add_argument("duration", nargs="?", type=parse_duration)
-    gr.add_argument("--force", action="store_true", help="allow one under 2 x link deadline")
+    gr.add_argument("duration", nargs="?", type=parse_duration, metavar="DURATION",
+                    help="set it (e.g. 10m, 2h; 0 with --force); omit to show it")
+    gr.add_argument("--force", action="store_true",
+                    help="allow one under 2 x the link deadline (4m by default), with a "
+                         "warning")
     _store_args(gr)
     gr.set_defaults(fn=cmd_grace)
 
     dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
-    dr.add_argument("stage_dir")
-    dr.add_argument("url")
-    dr.add_argument("--producer-id", help="only this producer's stage (default: every one)")
+    dr.add_argument("stage_dir", help="a staging directory (or a tieredbuf serve stage root)")
+    dr.add_argument("url", help="the buffer to export into; must be the stage's own")
+    dr.add_argument("--producer-id", metavar="ID",
+                    help="only this producer's stage (default: every one)")
     dr.add_argument("--timeout", type=parse_duration, default=timedelta(minutes=15),
+                    metavar="DURATION",
                     help="give up (exit 3, saying what is still staged) after this long "
                          "while the store keeps failing transiently (default 15m)")
     _store_args(dr)
@@ -596,39 +673,48 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="HTTP ingest service: POST /v1/produce, /metrics")
     sv.add_argument("url")
-    sv.add_argument("--staging", required=True, help="stage root; worker i uses DIR/worker-<i>")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
-    sv.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
-    sv.add_argument("--max-body", type=parse_size, default=16 << 20, help="larger: 413")
-    sv.add_argument("--backpressure-wait", type=parse_duration,
+    sv.add_argument("--staging", required=True, metavar="DIR",
+                    help="stage root; worker i uses DIR/worker-<i>")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    sv.add_argument("--port", type=int, default=8080, help="TCP port; 0: any free port (printed)")
+    sv.add_argument("--workers", type=int, default=0, metavar="N",
+                    help="worker processes (default 0: one per CPU)")
+    sv.add_argument("--max-body", type=parse_size, default=16 << 20, metavar="SIZE",
+                    help="largest request body, e.g. 16MiB; larger: 413 (default 16MiB)")
+    sv.add_argument("--backpressure-wait", type=parse_duration, metavar="DURATION",
                     default=timedelta(milliseconds=500), help="wait at a stage cap, then 503")
     sv.add_argument("--remote-timeout", type=parse_duration, default=timedelta(seconds=30),
+                    metavar="DURATION",
                     help="durability=remote requests wait this long for export, then 504")
     sv.add_argument("--shutdown-timeout", type=parse_duration, default=timedelta(seconds=30),
-                    help="on SIGTERM: time for in-flight requests")
+                    metavar="DURATION", help="on SIGTERM: time for in-flight requests")
     sv.add_argument("--drain-timeout", type=parse_duration, default=timedelta(minutes=5),
-                    help="on SIGTERM: time to seal and export the stage")
+                    metavar="DURATION", help="on SIGTERM: time to seal and export the stage")
     g2 = sv.add_argument_group("stage (see docs/operations.md: sizing the stage)")
-    g2.add_argument("--max-open-duration", type=parse_duration,
+    g2.add_argument("--max-open-duration", type=parse_duration, metavar="DURATION",
                     help="seal an open segment after this long (default 5s): REMOTE latency")
-    g2.add_argument("--wal-flush-interval", type=parse_duration,
+    g2.add_argument("--wal-flush-interval", type=parse_duration, metavar="DURATION",
                     help="WAL group-commit window (default 25ms): LOCAL latency")
-    g2.add_argument("--segment-size", type=parse_size, help="seal at this size (default 32MiB)")
-    g2.add_argument("--size-cap", type=parse_size, help="stage disk cap (default 16GiB)")
-    g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"))
+    g2.add_argument("--segment-size", type=parse_size, metavar="SIZE",
+                    help="seal at this size (default 32MiB)")
+    g2.add_argument("--size-cap", type=parse_size, metavar="SIZE",
+                    help="stage disk cap (default 16GiB)")
+    g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"),
+                    help="at the cap: wait (then 503), or drop the oldest sealed segment "
+                         "(default backpressure)")
     g3 = sv.add_argument_group(
         "security (see docs/operations.md: securing the service)",
         "Tokens: --token-file, or $TIEREDBUF_SERVICE_TOKENS (comma-separated).  A host "
         "other than loopback needs tokens unless --insecure.")
-    g3.add_argument("--token-file", help="bearer tokens, one per line; re-read when it "
-                    "changes and on SIGHUP (rotation without a restart)")
+    g3.add_argument("--token-file", metavar="FILE",
+                    help="bearer tokens, one per line; re-read when it changes "
+                    "and on SIGHUP (rotation without a restart)")
     g3.add_argument("--protect-metrics", action="store_true",
                     help="require a token on /metrics too")
     g3.add_argument("--protect-health", action="store_true",
                     help="require a token on /healthz and /readyz too")
-    g3.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS")
-    g3.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    g3.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS")
+    g3.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     g3.add_argument("--insecure", action="store_true",
                     help="allow a non-loopback --host without tokens")
     _store_args(sv)

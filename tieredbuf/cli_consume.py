@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as dt
 import decimal
 import inspect
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -301,6 +305,12 @@ class _Reader:
         return ConsumedBatch(e.sequence, e.location, e.metadata, self.buf.read_object(e))
 
 
+def _sequence(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"bad sequence {text!r}: a number >= 0")
+    return int(text)
+
+
 def _start(text: str) -> str:
     if text in ("earliest", "latest") or text.isdigit():
         return text
@@ -321,7 +331,7 @@ class _Follow:
             params = {}  # type: ignore[assignment]
         self.long_poll = "timeout" in params
 
-    def next_batch(self) -> ConsumedBatch | None:
+    def next_batch(self, stop: threading.Event) -> ConsumedBatch | None:
         if self.long_poll:
             got: ConsumedBatch | None = self.source.next_batch(timeout=self.poll_max)
             return got
@@ -329,9 +339,29 @@ class _Follow:
         if got is not None:
             self.wait = POLL_MIN
             return got
-        time.sleep(self.wait)
+        stop.wait(self.wait)  # Ctrl-C ends the wait at once
         self.wait = min(self.poll_max, self.wait * 2)
         return None
+
+
+@contextlib.contextmanager
+def _ctrl_c(stop: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets ``stop`` (the current batch is finished, written and acked,
+    then the summary prints); a second one raises KeyboardInterrupt at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_int(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = signal.signal(signal.SIGINT, on_int)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls: Any) -> int:
@@ -347,6 +377,12 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     if args.no_ack:
         source: Any = _Reader(buf, args.start or "earliest")
     else:
+        if args.after is not None:
+            nxt = buf.snapshot().root.next_seq
+            if args.after >= nxt:  # the consumer would skip entries not yet appended
+                raise ConfigError(f"--after {args.after} is past the queue's last sequence "
+                                  f"({nxt - 1 if nxt else 'none yet'}): resuming there would "
+                                  "skip what is appended next")
         consumer = buf.consumer()
         consumer.initialize(args.after)
         source = consumer
@@ -354,12 +390,15 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     batches = records = 0
     unacked: list[int] = []
     acked: int | None = None
-    interrupted = False
+    stop = threading.Event()
+    forced = False
     # records go to stdout: a progress line there would mix with them
-    with bar_cls("consume", stream=sys.stderr if args.out else _NullTty()) as bar:
+    with bar_cls("consume", stream=sys.stderr if args.out else _NullTty()) as bar, \
+            _ctrl_c(stop):
         try:
-            while args.max_batches is None or batches < args.max_batches:
-                b = follow.next_batch() if follow else source.next_batch()
+            while not stop.is_set() and (args.max_batches is None
+                                         or batches < args.max_batches):
+                b = follow.next_batch(stop) if follow else source.next_batch()
                 if b is None:
                     if follow:
                         continue
@@ -367,15 +406,17 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
                 records += sink.write(b)
                 batches += 1
                 bar.update(1, f"seq {b.sequence}")
+                if not isinstance(sink, ArrowFileSink):
+                    sink.commit()
                 if consumer is not None:
                     unacked.append(b.sequence)
                     if not isinstance(sink, ArrowFileSink):
-                        sink.commit()
                         for s in unacked:
                             consumer.ack(s)
                         acked, unacked = unacked[-1], []
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt:  # a second Ctrl-C
+            forced = True
+        interrupted = forced or stop.is_set()
         sink.close()
         if consumer is not None:
             for s in unacked:  # written and closed (a file sink's rows are durable now)
@@ -388,7 +429,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     head = "interrupted: " if interrupted else ""
     print(f"{head}consumed {batches} {_plural(batches, 'batch')}, "
           f"{records} {_plural(records, 'record')}; {what}", file=sys.stderr)
-    if interrupted and not args.follow:
+    if forced or (interrupted and not args.follow):
         return 130
     return 0
 
@@ -444,7 +485,7 @@ def add_parser(sub: Any, store_args: Any, parse_duration: Any) -> None:
     co.add_argument("--from", dest="start", type=_start, metavar="SEQ|earliest|latest",
                     help="--no-ack only: where to start (default earliest: the first "
                          "retained sequence)")
-    co.add_argument("--after", type=int, metavar="SEQ",
+    co.add_argument("--after", type=_sequence, metavar="SEQ",
                     help="acking consumer: resume after this acked sequence (default: the "
                          "queue's head)")
     co.add_argument("--follow", action="store_true",

@@ -15,6 +15,7 @@ counters kept, so totals never go backwards.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -86,7 +87,15 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     Path(config.staging_dir).mkdir(parents=True, exist_ok=True)
     mdir = _metrics_dir(config)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mdir)}
-    sock = socket.create_server((config.host, config.port), backlog=2048)
+    try:
+        sock = socket.create_server((config.host, config.port), backlog=2048)
+    except OSError as e:
+        from tieredbuf.errors import ConfigError
+
+        hint = " (another process uses it; --port 0 picks a free one)" if (
+            e.errno == errno.EADDRINUSE) else ""
+        raise ConfigError(f"cannot listen on {config.host}:{config.port}: "
+                          f"{os.strerror(e.errno) if e.errno else e}{hint}") from None
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
     stop = threading.Event()
