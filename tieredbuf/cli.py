@@ -41,6 +41,7 @@ from typing import Any, TextIO
 
 import tieredbuf
 from tieredbuf import gc as gc_mod
+from tieredbuf.cli_consume import plural
 from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.redact import redact
@@ -191,7 +192,8 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     producer.close()
     seqs = sorted({h.wait().sequence for h in handles} - {None})
     span = f"sequences {seqs[0]}..{seqs[-1]}" if seqs else "nothing"
-    print(f"produced {n} records in {len(handles)} calls -> {span}", file=out)
+    print(f"produced {n} {plural(n, 'record')} in {len(handles)} {plural(len(handles), 'call')}"
+          f" -> {span}", file=out)
     return EXIT_OK
 
 
@@ -491,15 +493,17 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
                 print(f"tieredbuf: {pid}: {_one_line(e)}", file=sys.stderr)
                 wrong += 1
                 continue
+        replayed, segs = stats.get("replayed_entries", 0), stats.get("segments_exported", 0)
+        nbytes = stats.get("bytes_exported", 0)
         print(
-            f"{pid}: replayed {stats.get('replayed_entries', 0)} WAL entries, exported "
-            f"{stats.get('segments_exported', 0)} segments "
-            f"({stats.get('bytes_exported', 0)} bytes); stage empty",
+            f"{pid}: replayed {replayed} WAL {plural(replayed, 'entry')}, exported {segs} "
+            f"{plural(segs, 'segment')} ({nbytes} {plural(nbytes, 'byte')}); stage empty",
             file=out,
         )
         if stats.get("quarantined"):
             lost += 1
-            print(f"tieredbuf: StagedDataLossError: {pid}: corrupt segment(s) quarantined, "
+            print(f"tieredbuf: StagedDataLossError: {pid}: corrupt "
+                  f"{plural(len(stats['quarantined']), 'segment')} quarantined, "
                   f"not exported, their records lost: {', '.join(stats['quarantined'])}",
                   file=sys.stderr)
     if lost:

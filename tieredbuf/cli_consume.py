@@ -427,16 +427,19 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     what = "read (no ack)" if args.no_ack else (
         "nothing acked" if acked is None else f"acked through sequence {acked}")
     head = "interrupted: " if interrupted else ""
-    print(f"{head}consumed {batches} {_plural(batches, 'batch')}, "
-          f"{records} {_plural(records, 'record')}; {what}", file=sys.stderr)
+    print(f"{head}consumed {batches} {plural(batches, 'batch')}, "
+          f"{records} {plural(records, 'record')}; {what}", file=sys.stderr)
     if forced or (interrupted and not args.follow):
         return 130
     return 0
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``word`` for one, its plural otherwise."""
     if n == 1:
         return word
+    if word.endswith("y"):
+        return word[:-1] + "ies"
     return word + ("es" if word.endswith(("s", "ch", "sh", "x")) else "s")
 
 

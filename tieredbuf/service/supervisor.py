@@ -129,7 +129,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
 
     workers += [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
     print(f"tieredbuf serve: listening on {config.scheme}://{host}:{port} with {config.workers} "
-          f"worker(s), staging under {config.staging_dir}", file=out, flush=True)
+          f"worker{'' if config.workers == 1 else 's'}, staging under {config.staging_dir}",
+          file=out, flush=True)
     code = 0
     try:
         while not stop.wait(0.2):
