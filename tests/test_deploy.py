@@ -3,10 +3,13 @@ exposed on every interface, so with bearer tokens; never --insecure."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tieredbuf.cli import build_parser, parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +37,25 @@ def test_k8s_serves_with_a_token_file_from_a_secret() -> None:
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == "tieredbuf-tokens"
     assert serve["readinessProbe"]["httpGet"]["path"] == "/readyz"  # open: no token needed
+
+
+def _stop_budget(args: list[str]) -> timedelta:
+    """What `tieredbuf serve` may take after SIGTERM: --shutdown-timeout + --drain-timeout
+    (their defaults unless given) + the 30 s the supervisor adds before it kills a worker."""
+    ns = build_parser().parse_args([*args[:2], "--staging=/s",
+                                    *(a for a in args if a.split("=")[0] in
+                                      ("--shutdown-timeout", "--drain-timeout"))])
+    return ns.shutdown_timeout + ns.drain_timeout + timedelta(seconds=30)
+
+
+def test_compose_waits_for_the_drain_operations_md_promises() -> None:
+    svc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["tieredbuf"]
+    assert parse_duration(svc["stop_grace_period"]) >= _stop_budget(svc["command"])
+
+
+def test_k8s_waits_for_the_drain_operations_md_promises() -> None:
+    docs: list[dict[str, Any]] = list(
+        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text()))
+    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    grace = timedelta(seconds=pod["terminationGracePeriodSeconds"])
+    assert grace >= _stop_budget(pod["containers"][0]["args"])
