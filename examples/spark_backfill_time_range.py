@@ -3,6 +3,12 @@
     python examples/spark_backfill_time_range.py s3://bucket/prefix /data/backfill \
         --from 2026-11-20 --days 3 [--endpoint http://...]
 
+    # what you produced today, e.g. after docs/getting-started.md:
+    python examples/spark_backfill_time_range.py file://./events ./backfill --from "$(date -u +%F)"
+
+A day with no records says so and writes nothing; a range with none at all says so
+too, and the script still exits 0 (an empty backfill is not an error).
+
 Each day is one batch read of ``[day, next day)`` by ingestion time.  Adjacent windows
 return every record exactly once, in the window of its own ingestion time, even
 records appended late with an older time (a producer's stage drained hours later, a
@@ -41,6 +47,7 @@ def main() -> None:
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     tieredbuf.spark.register(spark)
     first = date.fromisoformat(args.start)
+    total = 0
     for i in range(args.days):
         day = first + timedelta(days=i)
         reader = (
@@ -56,10 +63,18 @@ def main() -> None:
         df = reader.load(args.buffer).selectExpr(
             "CAST(value AS STRING) AS value", "sequence", "index", "ingestion_time",
             "to_date(ingestion_time) AS day",
-        )
+        ).cache()
+        n = df.count()
+        if n == 0:
+            print(f"{day}: no records ingested that day; nothing written")
+            continue
         df.write.mode("overwrite").partitionBy("day").parquet(args.out)
-        n = spark.read.parquet(args.out).where(f"day = '{day}'").count()
-        print(f"{day}: {n} records")
+        df.unpersist()
+        total += n
+        print(f"{day}: {n} record{'' if n == 1 else 's'} -> {args.out}/day={day}")
+    if total == 0:
+        print(f"{first} .. {first + timedelta(days=args.days - 1)}: the buffer holds no "
+              "records ingested in this range; nothing written")
 
 
 if __name__ == "__main__":

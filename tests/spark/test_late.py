@@ -235,3 +235,35 @@ def test_the_day_by_day_backfill_example_writes_every_record_once(
     got = spark.read.parquet(str(out)).select("value", "ingestion_time").collect()
     values = [r.value.encode() for r in got]
     assert sorted(values) == sorted(want)
+
+
+@pytest.mark.spark
+def test_the_backfill_example_on_an_empty_range_says_so_and_writes_nothing(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A documented range with no records: one line per day and for the range, exit 0
+    (it used to fail reading back a Parquet folder that was never written)."""
+    import importlib.util
+    import sys
+
+    url = f"file://{tmp_path}/buf"
+    day = 86_400_000
+    d0 = 1_795_000_000_000 // day * day
+    _append(tieredbuf.open(url), [d0 + 5], "0")  # a record, on another day
+    path = Path(__file__).resolve().parents[2] / "examples" / "spark_backfill_time_range.py"
+    spec = importlib.util.spec_from_file_location("backfill_example_empty", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["backfill", url, str(out), "--from", "2020-01-01",
+                                      "--days", "2"])
+    try:
+        example.main()  # returns: exit 0
+    finally:
+        spark.conf.unset("spark.sql.sources.partitionOverwriteMode")
+    text = capsys.readouterr().out
+    assert "2020-01-01: no records ingested that day; nothing written" in text
+    assert "2020-01-01 .. 2020-01-02: the buffer holds no records" in text
+    assert not out.exists()
