@@ -111,8 +111,30 @@ SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 """Options Spark itself passes along to sources and sinks."""
 
 
+_DISPLAY = {n.lower(): n for n in (
+    "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
+    "failOnDataLoss", "slot", "consumer", "maxOffsetsPerTrigger", "maxBytesPerTrigger",
+    "splitStreamsBytes", "maxPartitionBytes", "minPartitions", "producerId", "batchVersion",
+    "maxObjectBytes", "compression", "createBuffer", "path",
+)}
+"""How the docs spell each option (Spark hands them over lower-cased)."""
+_STORE_DISPLAY = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken",
+                  "allowHttp", "maxRetries", "timeout", "connectTimeout", "retryTimeout")
+
+
+def did_you_mean(word: str, choices: Mapping[str, str]) -> str:
+    """`` (did you mean X?)`` for the nearest of ``choices`` (lower-case -> shown), or ""."""
+    import difflib
+
+    got = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {choices[got[0]]}?)" if got else ""
+
+
 def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) -> None:
-    """Refuse option names we do not know: a typo must not silently read everything."""
+    """Refuse option names we do not know: a typo must not silently read everything.
+
+    The error names the nearest valid option and lists the valid ones, each once in
+    the docs' spelling (store options in camelCase; snake_case works too)."""
     for k in options:
         if k.lower() in _REMOVED_OPTIONS:
             raise ConfigError(f"option {k} is no longer supported: {_REMOVED_OPTIONS[k.lower()]}")
@@ -121,9 +143,16 @@ def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) ->
         if k.lower() not in known | SPARK_OPTIONS and k.lower() not in _STORE_KEYS
     )
     if unknown:
+        mine = {n: _DISPLAY.get(n, n) for n in known if n != "path"}
+        store = {n.lower(): n for n in _STORE_DISPLAY}
+        store.update({k: v for k, v in ((a, store.get(a.replace("_", ""), a))
+                                       for a in _STORE_KEYS) if k not in store})
+        hint = did_you_mean(unknown[0], {**mine, **store})
         raise ConfigError(
-            f"unknown tieredbuf {what} option(s) {unknown}; known: "
-            f"{sorted(known | set(_STORE_KEYS))}"
+            f"unknown tieredbuf {what} option {unknown[0]!r}{hint}"
+            + (f" (and {unknown[1:]})" if len(unknown) > 1 else "")
+            + f"; valid {what} options: {', '.join(sorted(mine.values(), key=str.lower))};"
+            f" store options: {', '.join(_STORE_DISPLAY)}"
         )
 
 
@@ -165,6 +194,10 @@ def parse_bound(name: str, v: Any) -> str | int | None:
             return _sequence_of(name, doc["sequence"])
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {v!r}') from e
+    if not s.lstrip("-").isdigit():
+        hint = did_you_mean(s, {EARLIEST: EARLIEST, LATEST: LATEST})
+        raise ConfigError(f"option {name} must be earliest, latest, a sequence number or "
+                          f'{{"sequence": n}}, got {v!r}{hint}')
     return _sequence_of(name, s)
 
 
