@@ -297,3 +297,39 @@ def test_consume_json_and_parquet_for_records(tmp_path: Path) -> None:
     assert t.column("value").to_pylist() == [b"a", "\xff".encode()]
     assert t.column("metadata").to_pylist() == [b"m1", b"m1"]
     assert tieredbuf.open(url).snapshot().footer.entry_count == 1  # --no-ack: still queued
+
+
+# --- entries and retention -------------------------------------------------------------
+
+
+def test_entries_lists_the_queue_without_fencing_and_retention_shows_and_sets(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    for i in range(3):
+        r = tb("produce", url, "--metadata", f"m{i}", stdin=f"r{i}\n")
+        assert r.returncode == 0, r.stderr
+    epoch = tieredbuf.open(url).snapshot().footer.epoch
+    r = tb("entries", url, "--json")
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["sequence"], x["metadata"][0]["payload"]) for x in rows] == [
+        (0, "m0"), (1, "m1"), (2, "m2")]
+    assert all(x["location"].startswith("data/") and x["ingestion_time_ms"] for x in rows)
+    r = tb("entries", url, "--from", "1", "--limit", "1")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2  # header + one entry
+    assert r.stdout.splitlines()[1].split()[0] == "1"
+    assert tieredbuf.open(url).snapshot().footer.epoch == epoch
+    assert tb("consume", url, "--max-batches", "1").returncode == 0
+    r = tb("entries", url, "--json")  # sequence 0 was dequeued: it is not listed
+    assert [json.loads(x)["sequence"] for x in r.stdout.splitlines()] == [1, 2]
+    r = tb("entries", url, "--from", "0")
+    assert "sequences 0..0 are no longer in the queue" in r.stderr
+    assert tb("retention", url).stdout.startswith("none")
+    assert tb("retention", url, "--max-age", "7d").stdout.strip() == "max-age 7 days, 0:00:00"
+    r = tb("retention", url, "--max-bytes", "1GiB")  # the other limit is kept
+    assert r.stdout.strip() == f"max-age 7 days, 0:00:00, max-bytes {1 << 30}"
+    pol = tieredbuf.open(url).retention
+    assert pol is not None and pol.max_age_ms == 7 * 86_400_000 and pol.max_bytes == 1 << 30
+    assert tb("retention", url, "--none").stdout.startswith("none")
+    for cmd in ("entries", "retention"):
+        r = tb(cmd, f"file://{tmp_path}/typo")
+        assert r.returncode == EXIT_USAGE and "no tieredbuf buffer" in r.stderr

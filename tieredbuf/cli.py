@@ -5,6 +5,8 @@
     tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
                                          print records and bundles (or write them), then ack
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
+    tieredbuf entries URL [--from SEQ] [--limit N] [--json]   list the queue (read-only)
+    tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
     tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
     tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json]   (grace: the buffer's unless longer)
@@ -201,6 +203,18 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.cli_consume import cmd_consume as run
 
     return run(args, out, _open, Progress)
+
+
+def cmd_entries(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.cli_queue import cmd_entries as run
+
+    return run(args, out, _open_existing)
+
+
+def cmd_retention(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.cli_queue import cmd_retention as run
+
+    return run(args, out, _open_existing)
 
 
 def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, Any]:
@@ -620,6 +634,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_consume(sub, _store_args, parse_duration)
     sub.choices["consume"].set_defaults(fn=cmd_consume)
+    from tieredbuf.cli_queue import add_parsers as add_queue
+
+    add_queue(sub, _store_args, parse_duration, parse_size)
+    sub.choices["entries"].set_defaults(fn=cmd_entries)
+    sub.choices["retention"].set_defaults(fn=cmd_retention)
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
