@@ -101,19 +101,46 @@ def test_the_stage_binding_names_the_buffer_id_once_the_buffer_has_one(tmp_path:
     a = f"file://{tmp_path}/A"
     stage = tmp_path / "stage"
     _kill_after_local_acks(a, stage, "r", 2)
-    bid = tieredbuf.open(a).snapshot().buffer_id
     r = tb("drain", str(stage), a)
     assert r.returncode == EXIT_OK, r.stderr
     (bound,) = stage.glob("*/buffer.json")
-    assert json.loads(bound.read_text())["url"] == a
-    if bid is not None:  # the worker's export may not have created the root before SIGKILL
-        assert json.loads(bound.read_text())["buffer_id"] == bid
+    got = json.loads(bound.read_text())
+    assert got["url"] == a
+    assert got["buffer_id"] == tieredbuf.open(a).snapshot().buffer_id is not None
+
+
+def test_a_staged_producer_opens_and_acks_local_while_the_store_is_unreachable(
+        tmp_path: Path) -> None:
+    """The binding check needs no store at open: a stage with records, reopened for
+    its own (unreachable) buffer, still opens and acks LOCAL."""
+    url = "s3://bucket/prefix"
+    stage = tmp_path / "stage"
+    opts = ("endpoint='http://127.0.0.1:9', region='us-east-1', access_key_id='k', "
+            "secret_access_key='s'")
+    code = ("import tieredbuf\n"
+            f"buf = tieredbuf.open({url!r}, {opts})\n"
+            f"p = buf.producer(staging_dir={str(stage)!r})\n"
+            "p.produce([b'x']).wait(tieredbuf.Durability.LOCAL, timeout=30)\n"
+            "print('LOCAL', flush=True)\n"
+            "import os; os._exit(0)\n")
+    for _ in range(2):  # the second open finds records in the stage
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and "LOCAL" in p.stdout, p.stderr
 
 
 def test_a_buffer_recreated_at_the_same_url_is_another_buffer(tmp_path: Path) -> None:
+    """The stage learns its buffer's id at its first export (opening a stage never
+    needs the store); from then on a re-created buffer at the same URL is refused."""
     a = f"file://{tmp_path}/A"
     stage = tmp_path / "stage"
-    assert tb("produce", a, stdin="seed\n").returncode == 0  # the root (and its id) exist
+    code = ("import tieredbuf\n"
+            f"with tieredbuf.open({a!r}).producer(staging_dir={str(stage)!r}) as p:\n"
+            "    p.produce([b'seed'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (bound,) = stage.glob("*/buffer.json")
+    assert json.loads(bound.read_text())["buffer_id"] == tieredbuf.open(a).snapshot().buffer_id
     _kill_after_local_acks(a, stage, "r", 3)
     shutil.rmtree(tmp_path / "A")
     assert tb("produce", a, stdin="new\n").returncode == 0  # a new buffer, a new id

@@ -53,7 +53,12 @@ from datetime import timedelta
 
 from tieredbuf import forks, keys
 from tieredbuf.config import RetryConfig
-from tieredbuf.errors import FlushTimeoutError, PermanentStoreError, StagedDataLossError
+from tieredbuf.errors import (
+    FlushTimeoutError,
+    PermanentStoreError,
+    StageBufferMismatchError,
+    StagedDataLossError,
+)
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -113,11 +118,15 @@ class Exporter:
         failure_retry: RetryConfig = FAILURE_RETRY,
         on_lost: Callable[[str, StagedDataLossError], None] | None = None,
         manifest_writes_per_s: float = DEFAULT_WRITES_PER_S,
+        before_export: Callable[[], None] | None = None,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
         ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
         segment fails its CRC check and is quarantined instead of exported.
-        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced)."""
+        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced).
+        ``before_export()`` before new segments are uploaded (it checks the stage belongs
+        to this buffer: StageBufferMismatchError stops exports like a permanent store
+        error)."""
         self.stage = stage
         self.retry = retry or RetryConfig()
         self.failure_retry = failure_retry
@@ -155,6 +164,7 @@ class Exporter:
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
+        self._before_export = before_export
         self._last_transient: BaseException | None = None
         self._pool = ThreadPoolExecutor(max_uploads_in_flight, thread_name_prefix="tb-export")
         self._max_inflight = max_uploads_in_flight
@@ -243,7 +253,7 @@ class Exporter:
         while not self._stop.is_set():
             try:
                 worked, wait = self._export_ready()
-            except PermanentStoreError as e:
+            except (PermanentStoreError, StageBufferMismatchError) as e:
                 if self._stop.is_set():
                     return
                 self.stats.incr("export_permanent_failures")
@@ -281,7 +291,7 @@ class Exporter:
                 self._wake.wait(wait)
             self._wake.clear()
 
-    def _fail(self, e: PermanentStoreError) -> None:
+    def _fail(self, e: PermanentStoreError | StageBufferMismatchError) -> None:
         first = self._error is None
         if first:
             e.add_note(f"Nothing is lost: {describe_stage(self.stage)}.")
@@ -312,6 +322,12 @@ class Exporter:
                 del self._uploads[ulid]
         if not sealed and not self._uploads:
             return False, POLL_INTERVAL
+        if sealed and self._before_export is not None:
+            try:
+                self._before_export()
+            except PermanentStoreError:
+                self.stats.incr("store_permanent_errors")
+                raise
         with self._cond:
             self._idle = False
             urgent = self._urgent > 0 or self._stop.is_set()

@@ -4,17 +4,14 @@ Records LOCAL-acked into ``./stage`` for ``file://./A`` must never be exported i
 ``file://./B`` because ``./stage`` was reused for B.  So the first open of a stage
 (a :class:`~tieredbuf.staged.StagedProducer` or ``tieredbuf drain``) writes
 ``<stage>/<producer_id>/buffer.json``: the buffer's identity (root section 6's buffer
-id, when the root has one yet) and its URL (``file://`` made absolute).  Every later
-open compares:
-
-* both ids known: they must be equal (a buffer deleted and re-created at the same URL
-  is another buffer);
-* otherwise the URLs must be equal; an id learned later is recorded then.
-
-A mismatch on a stage that still holds records raises
-:class:`~tieredbuf.errors.StageBufferMismatchError` before anything is exported.  A
-stage that holds nothing (no WAL entry replayed, no sealed segment) is re-bound to the
-new buffer: there is nothing to misdirect.  The file is written under the stage lock,
+id, once the buffer has a root) and its URL (``file://`` made absolute).  A stage
+that held records when it was opened must be exported into the same buffer: the same
+URL (or, by id, the same buffer under another spelling) and, once the store can be
+asked, the same buffer id (a buffer deleted and re-created at the same URL is another
+buffer).  A mismatch raises :class:`~tieredbuf.errors.StageBufferMismatchError` before
+anything is exported.  A stage that held nothing when it was opened (no WAL entry
+replayed, no sealed segment) is re-bound to the new buffer: there is nothing to
+misdirect.  The file is written under the stage lock,
 atomically (temp file, fsync, rename).  This module sits beside the staged producer:
 the stage itself never talks to the object store.
 """
@@ -24,14 +21,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
 from tieredbuf.errors import StageBufferMismatchError
+from tieredbuf.stage import _fs
 
 if TYPE_CHECKING:
     from tieredbuf.buffer import Buffer
+    from tieredbuf.stage._fs import FileSystem
     from tieredbuf.stage.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,10 @@ def canonical_url(url: str) -> str:
     return url
 
 
-def read_binding(stage_path: Path) -> dict[str, Any] | None:
+def read_binding(stage_path: Path, fs: FileSystem | None = None) -> dict[str, Any] | None:
     """The recorded buffer of one producer stage (``{"buffer_id", "url"}``), or None."""
-    try:
-        raw = (stage_path / keys.STAGE_BUFFER_NAME).read_text("utf-8")
-    except FileNotFoundError:
+    raw = (fs or _fs.current()).read_if_exists(stage_path / keys.STAGE_BUFFER_NAME)
+    if raw is None:
         return None
     try:
         got = json.loads(raw)
@@ -70,51 +69,85 @@ def describe(binding: dict[str, Any] | None) -> str:
     return f"buffer {bid} at {binding['url']}" if bid else f"the buffer at {binding['url']}"
 
 
-def _write(stage_path: Path, binding: dict[str, Any]) -> None:
-    path = stage_path / keys.STAGE_BUFFER_NAME
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(binding, f)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(stage_path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _write(stage: Stage, binding: dict[str, Any]) -> None:
+    """Atomically and durably (temp file, fsync, rename, directory fsync)."""
+    stage.fs.write_atomic(stage.path / keys.STAGE_BUFFER_NAME,
+                          [json.dumps(binding).encode() + b"\n"])
 
 
 def _holds_records(stage: Stage) -> bool:
     return bool(stage.stats.replayed_entries or stage.sealed_segments() or stage.quarantined())
 
 
-def bind(stage: Stage, buf: Buffer) -> dict[str, Any]:
+class StageBinding:
+    """The check, in two steps so that opening a stage never needs the object store
+    (a staged producer must start, and ack LOCAL, while the store is down):
+
+    * :meth:`open_check` (at open, under the stage lock): compares URLs only.  A stage
+      holding records for another URL is refused unless the store says both URLs are
+      the same buffer (same id); an empty stage is re-bound to the new URL.
+    * :meth:`before_export` (the exporter calls it before each export until it
+      passes; the store is reachable then): compares buffer ids, and records the id
+      once the buffer has one.
+    """
+
+    def __init__(self, stage: Stage, buf: Buffer) -> None:
+        self.stage, self.buf = stage, buf
+        self.url = canonical_url(buf.url)
+        self._strict = False
+        """The stage held records bound to a buffer before this open: ids must match."""
+        self._verified = False
+        self._lock = threading.Lock()
+
+    def _mismatch(self, recorded: dict[str, Any], current: dict[str, Any]) -> Exception:
+        return StageBufferMismatchError(
+            f"stage {self.stage.path} holds records for {describe(recorded)}, not for "
+            f"{describe(current)}: nothing exported; drain it into its own buffer "
+            f"(tieredbuf drain {self.stage.path.parent} {recorded['url']}), use another "
+            f"staging directory, or delete {self.stage.path / keys.STAGE_BUFFER_NAME} to "
+            "send its records to the new buffer",
+            str(self.stage.path), recorded,
+        )
+
+    def open_check(self) -> None:
+        recorded = read_binding(self.stage.path, self.stage.fs)
+        holds = _holds_records(self.stage)
+        if recorded is None:
+            _write(self.stage, {"buffer_id": None, "url": self.url})
+            return
+        self._strict = holds
+        if recorded["url"] == self.url:
+            return
+        if not holds:
+            log.info("stage %s held nothing: re-bound from %s to the buffer at %s",
+                     self.stage.path, describe(recorded), self.url)
+            _write(self.stage, {"buffer_id": None, "url": self.url})
+            return
+        cur = self.buf.snapshot().buffer_id  # another spelling of the same buffer?
+        if recorded.get("buffer_id") is None or cur != recorded["buffer_id"]:
+            raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
+
+    def before_export(self) -> None:
+        """Raise StageBufferMismatchError if the buffer is not the stage's own; store
+        errors propagate (the exporter retries)."""
+        if self._verified:
+            return
+        with self._lock:
+            cur = self.buf.snapshot().buffer_id
+            recorded = (read_binding(self.stage.path, self.stage.fs)
+                        or {"buffer_id": None, "url": self.url})
+            if self._strict and recorded.get("buffer_id") not in (None, cur):
+                raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
+            if cur is None:
+                return  # no root yet: this export creates it; the id is recorded next time
+            if recorded.get("buffer_id") != cur:
+                _write(self.stage, {**recorded, "buffer_id": cur})
+            self._verified = True
+
+
+def bind(stage: Stage, buf: Buffer) -> StageBinding:
     """Check (or record) that ``stage`` belongs to ``buf``; call under the stage lock,
-    before exporting.  Returns the binding now recorded."""
-    current: dict[str, Any] = {"buffer_id": buf.snapshot().buffer_id,
-                               "url": canonical_url(buf.url)}
-    recorded = read_binding(stage.path)
-    if recorded is None:
-        _write(stage.path, current)
-        return current
-    ids = recorded.get("buffer_id"), current["buffer_id"]
-    same = ids[0] == ids[1] if None not in ids else recorded["url"] == current["url"]
-    if not same:
-        if _holds_records(stage):
-            raise StageBufferMismatchError(
-                f"stage {stage.path} holds records for {describe(recorded)}, not for "
-                f"{describe(current)}: nothing exported; drain it into its own buffer "
-                f"(tieredbuf drain {stage.path.parent} {recorded['url']}) or use another "
-                "staging directory",
-                str(stage.path), recorded,
-            )
-        log.info("stage %s held nothing: re-bound from %s to %s", stage.path,
-                 describe(recorded), describe(current))
-        _write(stage.path, current)
-        return current
-    if recorded != current and (ids[0] is None or recorded["url"] == current["url"]):
-        _write(stage.path, {**recorded, **{k: v for k, v in current.items() if v}})
-        return read_binding(stage.path) or current
-    return recorded
+    before exporting, and pass ``binding.before_export`` to the exporter."""
+    binding = StageBinding(stage, buf)
+    binding.open_check()
+    return binding

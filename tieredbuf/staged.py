@@ -11,6 +11,7 @@ until the stage is empty, so the node can go away (Danube's seal).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -19,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageConfig, WalConfig
-from tieredbuf.errors import ClosedError, ConfigError, DiskError
+from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
 from tieredbuf.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
 from tieredbuf.forks import ForkGuard
 from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
 from tieredbuf.prompt_seal import PromptSealer
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
-from tieredbuf.stage_binding import bind
+from tieredbuf.stage_binding import StageBinding, bind
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,7 +92,7 @@ class StagedProducer:
         try:
             self.binding = bind(self.stage, buf)  # before anything can be exported
             self.exporter = Exporter(
-                self.stage, buf.store, buf.queue,
+                self.stage, buf.store, buf.queue, before_export=self.binding.before_export,
                 retry=exp.get("retry", defaults.retry),
                 gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
                 max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
@@ -190,6 +193,7 @@ class StagedProducer:
             self._prompt.close()
             self.stage.seal_all()
             self.exporter.drain(timeout)
+            record_buffer_id(self.binding)
         finally:
             self.exporter.stop()
             self.stage.close()
@@ -230,18 +234,29 @@ def drain(
     """
     stage = Stage(staging_dir, producer_id)
     try:
-        bind(stage, buf)
+        binding = bind(stage, buf)  # ids are compared before the first export
         exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported,
-                            failure_retry=failure_retry)
+                            failure_retry=failure_retry, before_export=binding.before_export)
     except BaseException:
         stage.close()
         raise
     try:
         stage.seal_all()
         exporter.drain(timeout)
+        record_buffer_id(binding)  # if this drain's export created the buffer
     finally:
         exporter.stop()
         stage.close()
     return {**exporter.stats.snapshot(), "replayed_entries": stage.stats.replayed_entries,
             "segments_quarantined": stage.stats.segments_quarantined,
             "quarantined": [str(s.path) for s in stage.quarantined()]}
+
+
+def record_buffer_id(binding: StageBinding) -> None:
+    """After a clean export: the buffer's id, if that export created the buffer (the
+    check before each export could not know it yet).  Only bookkeeping: a store hiccup
+    here is not the caller's failure."""
+    try:
+        binding.before_export()
+    except TieredBufError as e:
+        log.info("stage %s: buffer id not recorded yet: %s", binding.stage.path, e)

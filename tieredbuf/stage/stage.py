@@ -590,6 +590,11 @@ class Stage(StageUpkeep):
                 raise StageError(f"not a sealed segment of this stage: {segment.path.name}")
         self._segments.link(segment, Path(dest))
 
+    @property
+    def fs(self) -> FileSystem:
+        """The file layer this stage does all its I/O through (stage/_fs.py)."""
+        return self._fs
+
     def sealed_segments(self) -> list[SealedSegment]:
         """Sealed segments not yet released, oldest first."""
         with self._lock:
