@@ -360,3 +360,45 @@ def test_entries_lists_the_queue_without_fencing_and_retention_shows_and_sets(
     for cmd in ("entries", "retention"):
         r = tb(cmd, f"file://{tmp_path}/typo")
         assert r.returncode == EXIT_USAGE and "no tieredbuf buffer" in r.stderr
+
+
+# --- progress: stderr, only on a terminal, never mixed with records -----------------------
+
+
+def _on_a_terminal(argv: list[str], both: bool) -> tuple[bytes, bytes]:
+    """Run with stderr on a pseudo-terminal (and stdout too when ``both``)."""
+    import pty
+
+    master, slave = pty.openpty()
+    out_r, out_w = os.pipe()
+    p = subprocess.Popen([EXE, *argv], stdin=subprocess.DEVNULL,
+                         stdout=slave if both else out_w, stderr=slave)
+    os.close(slave)
+    os.close(out_w)
+    term = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        term += chunk
+    p.wait(60)
+    os.close(master)
+    with os.fdopen(out_r, "rb") as f:
+        piped = f.read()
+    return term, piped
+
+
+def test_progress_is_drawn_on_a_terminal_stderr_and_never_among_records(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    _produce(url, ["a", "b"])
+    _produce(url, ["c"])
+    term, piped = _on_a_terminal(["consume", url, "--no-ack"], both=True)
+    assert b"a\r\nb\r\nc\r\n" in term and b"consume [" not in term and b"\rconsume" not in term
+    term, piped = _on_a_terminal(["consume", url, "--no-ack", "--out", str(tmp_path / "d")],
+                                 both=False)
+    assert b"\rconsume" in term and piped == b""  # the bar: on the terminal's stderr only
+    r = tb("consume", url, "--no-ack", "--out", str(tmp_path / "e"))  # not a terminal
+    assert "\r" not in r.stderr and r.stderr.startswith("consumed 2 batches")
