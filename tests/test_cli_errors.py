@@ -124,3 +124,52 @@ def test_the_table_in_getting_started_matches(tmp_path: Path) -> None:
     for what, _argv, code, _first in TABLE:
         row = re.search(rf"^\| {re.escape(what)} \|.*\| {code} \|", doc, re.M)
         assert row, f"docs/getting-started.md has no row for {what!r} with exit {code}"
+
+
+def test_a_second_ctrl_c_on_serve_forces_the_exit(tmp_path: Path) -> None:
+    """The store is unreachable, so the drain after the first Ctrl-C would retry until
+    --drain-timeout (5 min); the second Ctrl-C kills the workers and exits 130.  The
+    record stays staged (LOCAL) for the next start or tieredbuf drain."""
+    import json as _json
+    import time
+    import urllib.request
+
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    stage = tmp_path / "stage"
+    p = subprocess.Popen(
+        [EXE, "serve", "s3://bucket/p", "--staging", str(stage), "--port", "0",
+         "--workers", "1", "--endpoint", "http://127.0.0.1:9", "--region", "us-east-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **env})
+    try:
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline()
+        m = re.search(r"http://[0-9.]+:\d+", line)
+        assert m, line
+        url = m.group(0)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "never ready"
+                time.sleep(0.1)
+        req = urllib.request.Request(f"{url}/v1/produce?durability=local", data=b'{"n": 1}\n',
+                                     headers={"Content-Type": "application/x-ndjson"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert _json.load(r)["records"] == 1
+        p.send_signal(signal.SIGINT)
+        seen = []
+        while not seen or "Ctrl-C again" not in seen[-1]:  # the workers' log lines too
+            seen.append(p.stderr.readline())
+            assert seen[-1], f"no stopping line: {seen}"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert "second Ctrl-C: killing the workers" in err and "stopped (exit 130)" in out
+    assert list(stage.glob("worker-0/*/wal/*")), "the record stays staged"

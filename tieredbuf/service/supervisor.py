@@ -99,13 +99,28 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
     stop = threading.Event()
+    forced = threading.Event()
+    workers: list[_Worker] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()
+        if not stop.is_set():
+            stop.set()  # first: a second signal may arrive while this one prints
+            if signum == signal.SIGINT:
+                print("tieredbuf serve: stopping: the workers drain their stages "
+                      "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+            return
+        if signum != signal.SIGINT or forced.is_set():
+            return
+        forced.set()  # a second Ctrl-C: the operator will not wait for the drain
+        print("tieredbuf serve: second Ctrl-C: killing the workers; what they had not "
+              "exported stays staged and is recovered at the next start (or by tieredbuf "
+              "drain)", file=sys.stderr, flush=True)
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    workers: list[_Worker] = []
 
     def on_hup(signum: int, frame: object) -> None:
         # SIGHUP: the workers re-read the token file and the TLS certificate
@@ -168,5 +183,7 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
             if rc != 0 and code == 0:
                 code = 1
         sock.close()
+    if forced.is_set():
+        code = 130
     print(f"tieredbuf serve: stopped (exit {code})", file=out, flush=True)
     return code
