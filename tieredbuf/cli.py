@@ -224,6 +224,8 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
     ``verify`` also lists ``data/`` and checks every queued entry's object exists.
     """
     snap = buf.snapshot()
+    if not snap.exists:  # a mistyped URL is an error, never an empty buffer
+        raise BufferNotFoundError(buf.url, "a reader never creates one")
     root = snap.root
     now_ms = time.time_ns() // 1_000_000
     head = next(iter(snap.iter_from(snap.head)), None) if snap.footer.entry_count else None
@@ -271,8 +273,8 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    buf = _open_existing(args)
-    info = inspect_buffer(buf, verify=not args.quick)
+    buf = _open(args)
+    info = inspect_buffer(buf, verify=not args.quick)  # no buffer: exit 2, from its root GET
     # what this inspection itself cost: the store requests of this process, by
     # operation and object kind (a service's totals are in its /metrics)
     info["requests"] = buf.requests.as_dict()
