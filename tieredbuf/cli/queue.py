@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 import tieredbuf
+from tieredbuf.cli._common import open_existing, parse_duration, parse_size, store_args
 from tieredbuf.errors import ConfigError
 from tieredbuf.format.manifest import ManifestEntry
 
@@ -32,7 +33,7 @@ def entry_dict(e: ManifestEntry) -> dict[str, Any]:
     }
 
 
-def cmd_entries(args: argparse.Namespace, out: TextIO, open_existing: Any) -> int:
+def cmd_entries(args: argparse.Namespace, out: TextIO) -> int:
     import sys
 
     buf: tieredbuf.Buffer = open_existing(args)
@@ -65,7 +66,7 @@ def _show(policy: Any) -> str:
     return ", ".join(parts)
 
 
-def cmd_retention(args: argparse.Namespace, out: TextIO, open_existing: Any) -> int:
+def cmd_retention(args: argparse.Namespace, out: TextIO) -> int:
     buf: tieredbuf.Buffer = open_existing(args)
     if args.none and (args.max_age is not None or args.max_bytes is not None):
         raise ConfigError("--none clears the policy: give it alone")
@@ -86,7 +87,7 @@ def cmd_retention(args: argparse.Namespace, out: TextIO, open_existing: Any) -> 
     return 0
 
 
-def add_parsers(sub: Any, store_args: Any, parse_duration: Any, parse_size: Any) -> None:
+def add_parsers(sub: Any) -> None:
     en = sub.add_parser("entries", help="list the queue's entries (read-only)",
                         description="List the queue's entries in order: sequence, "
                                     "ingestion time, produce() calls in it, data object.  "
@@ -99,6 +100,7 @@ def add_parsers(sub: Any, store_args: Any, parse_duration: Any, parse_size: Any)
                     help="at most N entries; 0: all")
     en.add_argument("--json", action="store_true", help="one JSON object per entry")
     store_args(en)
+    en.set_defaults(fn=cmd_entries)
 
     re_ = sub.add_parser("retention", help="show or set the buffer's retention policy",
                          description="Show the buffer's retention policy (kept in its "
@@ -113,3 +115,4 @@ def add_parsers(sub: Any, store_args: Any, parse_duration: Any, parse_size: Any)
                           "(default: unchanged)")
     re_.add_argument("--none", action="store_true", help="clear the policy")
     store_args(re_)
+    re_.set_defaults(fn=cmd_retention)

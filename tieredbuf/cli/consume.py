@@ -33,13 +33,20 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 import tieredbuf
 from tieredbuf import keys
+from tieredbuf.cli._common import (
+    Progress,
+    open_buffer,
+    parse_duration,
+    plural,
+    require_buffer,
+    store_args,
+)
 from tieredbuf.consumer import ConsumedBatch
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.format.manifest import MetadataItem
@@ -364,7 +371,7 @@ def _ctrl_c(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
-def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls: Any) -> int:
+def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.start is not None and not args.no_ack:
         raise ConfigError("--from needs --no-ack (the acking consumer resumes after its "
                           "last ack: --after SEQ)")
@@ -393,7 +400,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     stop = threading.Event()
     forced = False
     # records go to stdout: a progress line there would mix with them
-    with bar_cls("consume", stream=sys.stderr if args.out else _NullTty()) as bar, \
+    with Progress("consume", stream=sys.stderr if args.out else cast(TextIO, _NullTty())) as bar, \
             _ctrl_c(stop):
         try:
             while not stop.is_set() and (args.max_batches is None
@@ -434,15 +441,6 @@ def cmd_consume(args: argparse.Namespace, out: TextIO, open_buffer: Any, bar_cls
     return 0
 
 
-def plural(n: int, word: str) -> str:
-    """``word`` for one, its plural otherwise."""
-    if n == 1:
-        return word
-    if word.endswith("y"):
-        return word[:-1] + "ies"
-    return word + ("es" if word.endswith(("s", "ch", "sh", "x")) else "s")
-
-
 class _NullTty:
     def isatty(self) -> bool:
         return False
@@ -454,22 +452,7 @@ class _NullTty:
         pass
 
 
-def require_buffer(buf: tieredbuf.Buffer, *, create: bool = False) -> None:
-    """A reader never creates a buffer: a URL with none is BufferNotFoundError (exit 2),
-    unless ``create`` (an explicit ``--create``)."""
-    if buf.exists():
-        return
-    if not create:
-        raise tieredbuf.BufferNotFoundError(buf.url, "a reader never creates one; "
-                                            "--create makes an empty one")
-    make = getattr(buf, "create", None)
-    if make is not None:
-        make()
-    else:  # before Buffer.create(): the first epoch bump writes the root
-        buf.queue.initialize(f"create/{time.time_ns()}")
-
-
-def add_parser(sub: Any, store_args: Any, parse_duration: Any) -> None:
+def add_parser(sub: Any) -> None:
     co = sub.add_parser(
         "consume", help="print or write the queue; acks unless --no-ack",
         description="Read the queue in order.  By default the buffer's fenced consumer: it "
@@ -508,3 +491,4 @@ def add_parser(sub: Any, store_args: Any, parse_duration: Any) -> None:
     co.add_argument("--create", action="store_true",
                     help="create an empty buffer at URL if there is none (default: exit 2)")
     store_args(co)
+    co.set_defaults(fn=cmd_consume)

@@ -72,3 +72,9 @@ def cmd_subscribers(args: argparse.Namespace, out: TextIO,
     if not subs:
         out.write("no subscribers\n")
     return EXIT_OK
+
+
+def cmd(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.cli._common import open_buffer
+
+    return cmd_subscribers(args, out, open_buffer)

@@ -1,0 +1,273 @@
+"""The ``tieredbuf`` command.
+
+    tieredbuf demo [URL]                 produce, land as objects + manifest entries, consume back
+    tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE)
+    tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
+                                         print records and bundles (or write them), then ack
+    tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
+    tieredbuf entries URL [--from SEQ] [--limit N] [--json]   list the queue (read-only)
+    tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
+    tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
+    tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
+    tieredbuf gc URL [--grace 1h] [--dry-run] [--json]   (grace: the buffer's unless longer)
+    tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
+    tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
+                                         export, empty it
+    tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
+                                         [--token-file F] [--tls-cert C --tls-key K] [--insecure]
+
+Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run, or
+its metrics could not be written or pushed; drain: a live producer holds a stage); 2 bad
+usage or configuration (a wrong URL or scheme, missing credentials, no buffer at a URL
+that is read, no stage in the directory, a stage that belongs to another buffer, a port
+in use, a missing input file); 3 the store or the data failed
+(credentials rejected, access denied, missing bucket, still unreachable at --timeout,
+corrupt, fenced).  Every failure is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import typing
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, TextIO
+
+import tieredbuf
+from tieredbuf.cli._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    Progress,
+    fmt_duration,
+    one_line,
+    parse_duration,
+    parse_size,
+    store_args,
+)
+from tieredbuf.cli.admin import cmd_gc, cmd_grace, cmd_inspect, inspect_buffer
+from tieredbuf.cli.consume import add_parser as add_consume
+from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd_produce
+from tieredbuf.cli.queue import add_parsers as add_queue
+from tieredbuf.cli.serve import cmd_serve
+from tieredbuf.cli.subscribers import cmd as cmd_subscribers
+from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
+from tieredbuf.redact import redact
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Every option's help shows its default unless it already says one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if ("default" in text or d is None or d is False or d is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        if isinstance(d, timedelta):
+            d = fmt_duration(d)
+        return f"{text} (default {d})" if text else f"(default {d})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (and exit 2), naming where to find the usage."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Help)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tieredbuf", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"tieredbuf {tieredbuf.__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    d = sub.add_parser("demo", help="stage, export, consume on a local directory")
+    d.add_argument("url", nargs="?", default=DEMO_URL, help=f"the buffer (default {DEMO_URL})")
+    d.add_argument("--staging", help=f"the producer's staging directory (default {DEMO_STAGE} "
+                   f"for the default URL, {DEMO_STAGE}-<hash of the URL> for another)")
+    d.add_argument("--calls", type=int, default=50,
+                   help="produce() calls of 10 records each, in 5 waves (default 50)")
+    d.set_defaults(fn=cmd_demo)
+
+    pr = sub.add_parser("produce", help="produce one record per input line")
+    pr.add_argument("url")
+    pr.add_argument("files", nargs="*", metavar="FILE",
+                    help="input files, one record per line ('-' or none: stdin)")
+    pr.add_argument("--batch", type=int, default=1000, metavar="N",
+                    help="records per produce() call")
+    pr.add_argument("--metadata", default="", metavar="TEXT",
+                    help="metadata payload for every call (default: empty)")
+    pr.add_argument("--flush-interval", type=parse_duration, default=timedelta(milliseconds=100),
+                    metavar="DURATION",
+                    help="the stateless producer's batching window, e.g. 100ms, 1s")
+    store_args(pr)
+    pr.set_defaults(fn=cmd_produce)
+
+    add_consume(sub)
+    add_queue(sub)
+
+    ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
+    ins.add_argument("url")
+    ins.add_argument("--json", action="store_true", help="one JSON object")
+    ins.add_argument("--quick", action="store_true",
+                     help="skip listing data/ (no stored_objects / missing_objects)")
+    store_args(ins)
+    ins.set_defaults(fn=cmd_inspect)
+
+    su = sub.add_parser("subscribers", help="list subscribers (or: subscribers remove URL NAME)",
+                        usage="tieredbuf subscribers URL [--json] | "
+                              "tieredbuf subscribers remove URL NAME")
+    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
+    su.add_argument("--json", action="store_true")
+    store_args(su)
+    su.set_defaults(fn=cmd_subscribers)
+
+    g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
+    g.add_argument("url")
+    g.add_argument("--grace", type=parse_duration, metavar="DURATION",
+                   help="e.g. 30m, 2h; honoured only if longer than the buffer's own grace "
+                        "period (default: the buffer's, see tieredbuf grace)")
+    g.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    g.add_argument("--json", action="store_true", help="the report as one JSON object")
+    g.add_argument("--metrics-file", metavar="FILE",
+                   help="write Prometheus metrics here (node_exporter textfile); if it "
+                        "cannot be written the summary still prints and gc exits 1")
+    g.add_argument("--pushgateway", metavar="HOST:PORT",
+                   help="push Prometheus metrics to this Pushgateway; if it is unreachable "
+                        "the summary still prints and gc exits 1")
+    store_args(g)
+    g.set_defaults(fn=cmd_gc)
+
+    gr = sub.add_parser("grace", help="show or set the buffer's GC grace period (in its root)")
+    gr.add_argument("url")
+    gr.add_argument("duration", nargs="?", type=parse_duration, metavar="DURATION",
+                    help="set it (e.g. 10m, 2h; 0 with --force); omit to show it")
+    gr.add_argument("--force", action="store_true",
+                    help="allow one under 2 x the link deadline (4m by default), with a "
+                         "warning")
+    store_args(gr)
+    gr.set_defaults(fn=cmd_grace)
+
+    dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
+    dr.add_argument("stage_dir", help="a staging directory (or a tieredbuf serve stage root)")
+    dr.add_argument("url", help="the buffer to export into; must be the stage's own")
+    dr.add_argument("--producer-id", metavar="ID",
+                    help="only this producer's stage (default: every one)")
+    dr.add_argument("--timeout", type=parse_duration, default=timedelta(minutes=15),
+                    metavar="DURATION",
+                    help="give up (exit 3, saying what is still staged) after this long "
+                         "while the store keeps failing transiently (default 15m)")
+    store_args(dr)
+    dr.set_defaults(fn=cmd_drain)
+
+    sv = sub.add_parser("serve", help="HTTP ingest service: POST /v1/produce, /metrics")
+    sv.add_argument("url")
+    sv.add_argument("--staging", required=True, metavar="DIR",
+                    help="stage root; worker i uses DIR/worker-<i>")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    sv.add_argument("--port", type=int, default=8080, help="TCP port; 0: any free port (printed)")
+    sv.add_argument("--workers", type=int, default=0, metavar="N",
+                    help="worker processes (default 0: one per CPU)")
+    sv.add_argument("--max-body", type=parse_size, default=16 << 20, metavar="SIZE",
+                    help="largest request body, e.g. 16MiB; larger: 413 (default 16MiB)")
+    sv.add_argument("--backpressure-wait", type=parse_duration, metavar="DURATION",
+                    default=timedelta(milliseconds=500), help="wait at a stage cap, then 503")
+    sv.add_argument("--remote-timeout", type=parse_duration, default=timedelta(seconds=30),
+                    metavar="DURATION",
+                    help="durability=remote requests wait this long for export, then 504")
+    sv.add_argument("--shutdown-timeout", type=parse_duration, default=timedelta(seconds=30),
+                    metavar="DURATION", help="on SIGTERM: time for in-flight requests")
+    sv.add_argument("--drain-timeout", type=parse_duration, default=timedelta(minutes=5),
+                    metavar="DURATION", help="on SIGTERM: time to seal and export the stage")
+    g2 = sv.add_argument_group("stage (see docs/operations.md: sizing the stage)")
+    g2.add_argument("--max-open-duration", type=parse_duration, metavar="DURATION",
+                    help="seal an open segment after this long (default 5s): REMOTE latency")
+    g2.add_argument("--wal-flush-interval", type=parse_duration, metavar="DURATION",
+                    help="WAL group-commit window (default 25ms): LOCAL latency")
+    g2.add_argument("--segment-size", type=parse_size, metavar="SIZE",
+                    help="seal at this size (default 32MiB)")
+    g2.add_argument("--size-cap", type=parse_size, metavar="SIZE",
+                    help="stage disk cap (default 16GiB)")
+    g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"),
+                    help="at the cap: wait (then 503), or drop the oldest sealed segment "
+                         "(default backpressure)")
+    g3 = sv.add_argument_group(
+        "security (see docs/operations.md: securing the service)",
+        "Tokens: --token-file, or $TIEREDBUF_SERVICE_TOKENS (comma-separated).  A host "
+        "other than loopback needs tokens unless --insecure.")
+    g3.add_argument("--token-file", metavar="FILE",
+                    help="bearer tokens, one per line; re-read when it changes "
+                    "and on SIGHUP (rotation without a restart)")
+    g3.add_argument("--protect-metrics", action="store_true",
+                    help="require a token on /metrics too")
+    g3.add_argument("--protect-health", action="store_true",
+                    help="require a token on /healthz and /readyz too")
+    g3.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS")
+    g3.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    g3.add_argument("--insecure", action="store_true",
+                    help="allow a non-loopback --host without tokens")
+    store_args(sv)
+    sv.set_defaults(fn=cmd_serve)
+    return p
+
+
+class _StderrLog(logging.Handler):
+    """tieredbuf's warnings as ``tieredbuf: ...`` lines on the current stderr (retries of
+    a store that is down, once per interval), redacted (:mod:`tieredbuf.redact`).
+    Errors that are also raised to the command are skipped: main() prints those once."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "tb_raised", False):
+            return
+        try:
+            sys.stderr.write(redact(f"tieredbuf: {record.getMessage()}\n"))
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    """WARNING and up (``TIEREDBUF_LOG_LEVEL`` to change) from tieredbuf's loggers."""
+    logger = logging.getLogger("tieredbuf")
+    if not any(isinstance(h, _StderrLog) for h in logger.handlers):
+        level = os.environ.get("TIEREDBUF_LOG_LEVEL", "").upper()
+        if level not in logging.getLevelNamesMapping():
+            level = ""
+        logger.addHandler(_StderrLog(level or logging.WARNING))
+        if level:
+            logger.setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _log_to_stderr()
+    try:
+        code: int = args.fn(args, out or sys.stdout)
+        return code
+    except ConfigError as e:
+        print(redact(f"tieredbuf: configuration error: {one_line(e)}"), file=sys.stderr)
+        return EXIT_USAGE
+    except BufferNotFoundError as e:
+        print(redact(f"tieredbuf: {one_line(e)}"), file=sys.stderr)
+        return EXIT_USAGE
+    except TieredBufError as e:
+        print(redact(f"tieredbuf: {type(e).__name__}: {one_line(e)}"), file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:
+        if type(e).__module__.split(".")[0] != "obstore":
+            raise
+        from tieredbuf.store.objstore import short
+
+        print(redact(f"tieredbuf: store error: {short(e)}"), file=sys.stderr)
+        return EXIT_FAILED
+
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "Progress", "build_parser",
+           "inspect_buffer", "main", "parse_duration", "parse_size"]

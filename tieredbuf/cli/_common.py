@@ -1,0 +1,159 @@
+"""What every ``tieredbuf`` command shares: exit codes, duration and size arguments,
+the progress line, the S3 options and how a command opens its buffer."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from datetime import timedelta
+from typing import Any, TextIO
+
+import tieredbuf
+
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``1048576``, ``64k``, ``16MiB``, ``4G`` (binary units)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 64k, 16MiB, 4G")
+    unit = m.group(2).lower().rstrip("b").rstrip("i")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+class Progress:
+    """One self-erasing status line on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None,
+                 interval: float = 0.1) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.label, self.total, self.interval = label, total, interval
+        self.done = 0
+        self.extra = ""
+        self._drawn = 0.0
+        self._width = 0
+
+    def update(self, n: int = 1, extra: str | None = None) -> None:
+        self.done += n
+        if extra is not None:
+            self.extra = extra
+        now = time.monotonic()
+        if self.enabled and now - self._drawn >= self.interval:
+            self._drawn = now
+            self._draw()
+
+    def _draw(self) -> None:
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            bar = "#" * int(frac * 20)
+            text = f"{self.label} [{bar:<20}] {self.done}/{self.total}"
+        else:
+            text = f"{self.label} {self.done}"
+        if self.extra:
+            text += f"  {self.extra}"
+        pad = max(0, self._width - len(text))
+        self._width = len(text)
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_duration(text: str) -> timedelta:
+    """``500ms``, ``30s``, ``10m``, ``2h``, ``1d``."""
+    if text.strip() == "0":  # zero needs no unit
+        return timedelta(0)
+    m = _DURATION.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 500ms, 30s, 10m, 2h")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def store_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("S3 options (default: the standard AWS_* environment)")
+    g.add_argument("--endpoint", metavar="URL",
+                   help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
+                        "AWS_ENDPOINT_URL, else AWS)")
+    g.add_argument("--region", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
+    g.add_argument("--allow-http", action="store_true", default=None,
+                   help="allow plain HTTP (implied by an http:// endpoint; AWS_ALLOW_HTTP)")
+    g.add_argument("--instance-metadata", action="store_true", default=None,
+                   help="take credentials from the cloud instance metadata service (EC2 role)")
+    g.add_argument("--skip-signature", action="store_true", default=None,
+                   help="send unsigned requests (a public bucket)")
+
+
+def open_buffer(args: argparse.Namespace) -> tieredbuf.Buffer:
+    opts: dict[str, Any] = {}
+    if args.url.startswith("s3://"):
+        opts = s3_opts(args)
+    return tieredbuf.open(args.url, **opts)
+
+
+def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
+    """A buffer that must exist: a mistyped URL is BufferNotFoundError (exit 2), never
+    an empty buffer read (or created) in its place."""
+    buf = open_buffer(args)
+    require_buffer(buf)
+    return buf
+
+
+_S3_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
+
+
+def s3_opts(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in _S3_FLAGS if getattr(args, k, None) is not None}
+
+
+def fmt_duration(d: timedelta) -> str:
+    s = d.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size and s % size == 0:
+            return f"{int(s // size)}{unit}"
+    return f"{round(s * 1000)}ms"
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n\nDebug source:", 1)[0].split())
+    return text or type(e).__name__
+
+
+def plural(n: int, word: str) -> str:
+    """``word`` for one, its plural otherwise."""
+    if n == 1:
+        return word
+    if word.endswith("y"):
+        return word[:-1] + "ies"
+    return word + ("es" if word.endswith(("s", "ch", "sh", "x")) else "s")
+
+
+def require_buffer(buf: tieredbuf.Buffer, *, create: bool = False) -> None:
+    """A reader never creates a buffer: a URL with none is BufferNotFoundError (exit 2),
+    unless ``create`` (an explicit ``--create``)."""
+    if buf.exists():
+        return
+    if not create:
+        raise tieredbuf.BufferNotFoundError(buf.url, "a reader never creates one; "
+                                            "--create makes an empty one")
+    make = getattr(buf, "create", None)
+    if make is not None:
+        make()
+    else:  # before Buffer.create(): the first epoch bump writes the root
+        buf.queue.initialize(f"create/{time.time_ns()}")

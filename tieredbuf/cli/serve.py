@@ -1,0 +1,55 @@
+"""``tieredbuf serve``: check the options once, then run the supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, TextIO
+
+import tieredbuf
+from tieredbuf.cli._common import (
+    s3_opts,
+)
+
+
+def _abspath(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from tieredbuf.service.auth import TokenSet, check_exposure
+    from tieredbuf.service.config import ServiceConfig
+    from tieredbuf.service.supervisor import serve
+    from tieredbuf.service.worker import tls_context
+
+    store: dict[str, Any] = s3_opts(args) if args.url.startswith("s3://") else {}
+    producer: dict[str, Any] = {}
+    for opt, key in (("max_open_duration", "max_open_duration"),
+                     ("wal_flush_interval", "flush_interval")):
+        v = getattr(args, opt)
+        if v is not None:
+            producer[key] = v.total_seconds()
+    for opt, key in (("segment_size", "target_size"), ("size_cap", "size_cap"),
+                     ("size_cap_policy", "size_cap_policy")):
+        v = getattr(args, opt)
+        if v is not None:
+            producer[key] = v
+    tieredbuf.open(args.url, **store).close()  # a bad URL or option fails here, exit 2
+    config = ServiceConfig(
+        url=args.url, staging_dir=args.staging, host=args.host, port=args.port,
+        workers=args.workers or os.cpu_count() or 1, store_options=store,
+        producer_options=producer, max_body_bytes=args.max_body,
+        backpressure_wait_s=args.backpressure_wait.total_seconds(),
+        remote_timeout_s=args.remote_timeout.total_seconds(),
+        shutdown_timeout_s=args.shutdown_timeout.total_seconds(),
+        drain_timeout_s=args.drain_timeout.total_seconds(),
+        token_file=_abspath(args.token_file), protect_metrics=args.protect_metrics,
+        protect_health=args.protect_health, tls_cert=_abspath(args.tls_cert),
+        tls_key=_abspath(args.tls_key), insecure=args.insecure,
+    )
+    # what the workers will load, checked once here: a bad token file, certificate or
+    # an exposed port without tokens is exit 2 before anything binds
+    tokens = TokenSet.from_config(config.token_file)
+    tls_context(config)
+    check_exposure(config.host, tokens, config.insecure, config.tls_cert is not None)
+    return serve(config, out)
