@@ -402,3 +402,13 @@ def test_progress_is_drawn_on_a_terminal_stderr_and_never_among_records(tmp_path
     assert b"\rconsume" in term and piped == b""  # the bar: on the terminal's stderr only
     r = tb("consume", url, "--no-ack", "--out", str(tmp_path / "e"))  # not a terminal
     assert "\r" not in r.stderr and r.stderr.startswith("consumed 2 batches")
+
+
+def test_consume_as_a_named_subscriber_leaves_the_default_consumer_alone(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    _produce(url, ["a"])
+    assert tb("consume", url, "--max-batches", "0").returncode == 0  # "default" starts here
+    r = tb("consume", url, "--subscriber", "etl")
+    assert r.returncode == 0 and r.stdout == "a\n", r.stderr
+    assert tb("consume", url, "--subscriber", "etl").stdout == ""  # etl is past it
+    assert tb("consume", url).stdout == "a\n"  # the default subscriber still had it

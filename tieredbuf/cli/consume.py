@@ -375,6 +375,8 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.start is not None and not args.no_ack:
         raise ConfigError("--from needs --no-ack (the acking consumer resumes after its "
                           "last ack: --after SEQ)")
+    if args.no_ack and args.subscriber != "default":
+        raise ConfigError("--subscriber is for the acking consumer; --no-ack reads without one")
     if args.after is not None and args.no_ack:
         raise ConfigError("--after is for the acking consumer; with --no-ack use --from SEQ")
     buf: tieredbuf.Buffer = open_buffer(args)
@@ -390,7 +392,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                 raise ConfigError(f"--after {args.after} is past the queue's last sequence "
                                   f"({nxt - 1 if nxt else 'none yet'}): resuming there would "
                                   "skip what is appended next")
-        consumer = buf.consumer()
+        consumer = buf.consumer(subscriber=args.subscriber)
         consumer.initialize(args.after)
         source = consumer
     follow = _Follow(source, args.poll_max.total_seconds()) if args.follow else None
@@ -474,6 +476,9 @@ def add_parser(sub: Any) -> None:
     co.add_argument("--after", type=_sequence, metavar="SEQ",
                     help="acking consumer: resume after this acked sequence (default: the "
                          "queue's head)")
+    co.add_argument("--subscriber", default="default", metavar="NAME",
+                    help="acking consumer: read and ack as this named subscriber (its own "
+                         "position; fences only older instances of NAME)")
     co.add_argument("--follow", action="store_true",
                     help="keep reading as entries land, until Ctrl-C")
     co.add_argument("--poll-max", type=parse_duration, default=dt.timedelta(seconds=1),
