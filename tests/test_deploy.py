@@ -59,3 +59,29 @@ def test_k8s_waits_for_the_drain_operations_md_promises() -> None:
     pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     grace = timedelta(seconds=pod["terminationGracePeriodSeconds"])
     assert grace >= _stop_budget(pod["containers"][0]["args"])
+
+
+def test_every_alert_rule_names_metrics_tieredbuf_exports() -> None:
+    """A rule over a metric nobody exports never fires: silently.  Every tieredbuf_*
+    name in deploy/prometheus/alerts.yml is one the package defines."""
+    import re
+
+    source = "\n".join(p.read_text() for p in (ROOT / "tieredbuf").rglob("*.py"))
+    names = set(re.findall(r'"(tieredbuf_[a-z0-9_]+)"', source))
+    defined = names | {f"{n}_total" for n in names}  # prometheus_client's Counter suffix
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    used = {name for group in rules["groups"] for rule in group["rules"]
+            for name in re.findall(r"tieredbuf_[a-z0-9_]+", rule["expr"])}
+    assert used and used <= defined, sorted(used - defined)
+
+
+def test_the_stuck_consumer_rule_is_judged_against_positions() -> None:
+    """An idle Spark stream keeps its last micro-batch queued: the rule that watches the
+    oldest record must also require new entries and a head that did not move."""
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    by_name = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    for name, position in (("TieredbufConsumerStuck", "tieredbuf_queue_depth"),
+                           ("TieredbufSubscriberStuck", "tieredbuf_subscriber_next_sequence")):
+        expr = by_name[name]
+        assert "changes(max(tieredbuf_queue_next_sequence)" in expr and position in expr
+    assert not any("oldest_age" in e and "changes(" not in e for e in by_name.values())
