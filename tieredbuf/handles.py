@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -32,10 +33,16 @@ class WriteOutcome:
 class DurabilityWatcher:
     """Observe or await a write's durability (RFC 0001's DurabilityWatcher)."""
 
-    __slots__ = ("_callbacks", "_cond", "_error", "_level", "_on_remote_wait", "_outcome")
+    __slots__ = ("_callbacks", "_error", "_level", "_lock", "_on_remote_wait", "_outcome",
+                 "_waiters")
 
     def __init__(self, on_remote_wait: Callable[[], None] | None = None) -> None:
-        self._cond = threading.Condition()
+        # A plain Lock, and a lock per *blocked* waiter made only when someone blocks
+        # (threading.Condition's own scheme): a staged producer makes one watcher per
+        # produce() call and building a Condition each time was ~4% of its Python time
+        # with four producer threads (py-spy, docs/architecture.md).
+        self._lock = threading.Lock()
+        self._waiters: list[threading.Lock] | None = None
         self._level = 0
         self._outcome: WriteOutcome | None = None
         self._error: BaseException | None = None
@@ -48,7 +55,7 @@ class DurabilityWatcher:
         """Outside the lock: tell the producer a REMOTE waiter arrived (once)."""
         if durability < Durability.REMOTE or self._on_remote_wait is None:
             return
-        with self._cond:
+        with self._lock:
             fn: Callable[[], None] | None = self._on_remote_wait
             self._on_remote_wait = None
             if self._level >= Durability.REMOTE or self._error is not None:
@@ -58,24 +65,31 @@ class DurabilityWatcher:
 
     # producer side
     def _reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
-        with self._cond:
+        with self._lock:
             if level > self._level:
                 self._level = int(level)
                 if outcome is not None:
                     self._outcome = outcome
-                self._cond.notify_all()
+                self._wake_all()
             fire = self._due_callbacks()
         for fn in fire:
             fn()
 
     def _fail(self, error: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             if self._error is None and self._level < Durability.REMOTE:
                 self._error = error
-                self._cond.notify_all()
+                self._wake_all()
             fire = self._due_callbacks()
         for fn in fire:
             fn()
+
+    def _wake_all(self) -> None:
+        """Under the lock: release every blocked waiter (each re-checks its level)."""
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            for w in waiters:
+                w.release()
 
     def _due_callbacks(self) -> list[Callable[[], None]]:
         """Under the lock: pop the callbacks whose level is reached (all, on failure)."""
@@ -94,7 +108,7 @@ class DurabilityWatcher:
         ``lambda: loop.call_soon_threadsafe(event.set)``; then call :meth:`wait` with
         ``timeout=0`` for the outcome.
         """
-        with self._cond:
+        with self._lock:
             ready = self._error is not None or self._level >= durability
             if not ready:
                 if self._callbacks is None:
@@ -108,7 +122,7 @@ class DurabilityWatcher:
     # caller side
     @property
     def level(self) -> Durability | None:
-        with self._cond:
+        with self._lock:
             return Durability(self._level) if self._level else None
 
     def result(self) -> WriteOutcome | None:
@@ -116,7 +130,7 @@ class DurabilityWatcher:
 
         A level reached wins over a failure reported earlier: a staged write whose REMOTE
         wait failed on a store error reaches REMOTE once the store works again."""
-        with self._cond:
+        with self._lock:
             if self._level >= Durability.REMOTE:
                 return self._outcome
             if self._error is not None:
@@ -130,17 +144,26 @@ class DurabilityWatcher:
         (for a staged write: LOCAL may be reached and REMOTE fail on a store error)."""
         if timeout != 0:
             self._someone_waits(durability)
-        with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._error is not None or self._level >= durability, timeout
-            )
-            if self._level >= durability:  # reached: a later failure (REMOTE) does not matter
-                return self._outcome or WriteOutcome(None, None, Durability(self._level))
-            if self._error is not None:
-                raise self._error
-            if not ok:
-                raise TimeoutError(f"write not {durability.name} after {timeout} s")
-            return self._outcome or WriteOutcome(None, None, Durability(self._level))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._level >= durability:  # reached: a later failure (REMOTE) does not matter
+                    return self._outcome or WriteOutcome(None, None, Durability(self._level))
+                if self._error is not None:
+                    raise self._error
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"write not {durability.name} after {timeout} s")
+                w = threading.Lock()
+                w.acquire()
+                if self._waiters is None:
+                    self._waiters = []
+                self._waiters.append(w)
+            # released by _wake_all; on a timeout the loop above re-checks and raises
+            if not w.acquire(timeout=-1 if remaining is None else remaining):
+                with self._lock:
+                    if self._waiters is not None and w in self._waiters:
+                        self._waiters.remove(w)
 
     await_durable = wait
 

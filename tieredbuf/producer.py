@@ -65,6 +65,8 @@ def _as_records(entries: object) -> list[bytes]:
         items = list(entries)  # type: ignore[call-overload]
     except TypeError as e:
         raise TypeError(f"produce() takes a list of byte records: {e}") from e
+    if all(type(r) is bytes for r in items):  # the common case: no per-record copy call
+        return items
     for i, r in enumerate(items):
         if not isinstance(r, (bytes, bytearray, memoryview)):
             raise TypeError(
