@@ -128,6 +128,7 @@ class Exporter:
         to this buffer: StageBufferMismatchError stops exports like a permanent store
         error)."""
         self.stage = stage
+        stage.expect_reader()  # it reads each segment soon after its seal
         self.retry = retry or RetryConfig()
         self.failure_retry = failure_retry
         self.stats = Stats()

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ulid import ULID
 
@@ -62,7 +63,7 @@ def _as_records(entries: object) -> list[bytes]:
     if isinstance(entries, (bytes, bytearray, memoryview, str)):
         raise TypeError("produce() takes a list of byte records, not a single bytes/str")
     try:
-        items = list(entries)  # type: ignore[call-overload]
+        items: list[Any] = list(entries)  # type: ignore[call-overload]
     except TypeError as e:
         raise TypeError(f"produce() takes a list of byte records: {e}") from e
     if all(type(r) is bytes for r in items):  # the common case: no per-record copy call

@@ -499,6 +499,11 @@ class SimFs(FileSystem):
             self._check_alive()
             self._fd(fd)
 
+    def drop_cache(self, fd: int) -> None:
+        with self._lock:  # a cache hint: nothing on the disk changes
+            self._check_alive()
+            self._fd(fd)
+
     def zero_range(self, fd: int, offset: int, length: int) -> None:
         with self._lock:
             o = self._fd(fd)

@@ -139,6 +139,12 @@ class FileSystem:
         if _sync_file_range is not None:
             _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_FLAGS)
 
+    def drop_cache(self, fd: int) -> None:
+        """Evict ``fd``'s clean pages from the page cache (``posix_fadvise(DONTNEED)``;
+        call it after an fdatasync).  Changes nothing on disk: a hint, best effort."""
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
     def zero_range(self, fd: int, offset: int, length: int) -> None:
         """``fallocate(FALLOC_FL_ZERO_RANGE)``: zeros, blocks kept allocated (not
         durable until an fsync).  OSError(EOPNOTSUPP) where unsupported."""

@@ -579,8 +579,15 @@ class Stage(StageUpkeep):
         return out
 
     def read_segment(self, segment: SealedSegment) -> bytes:
-        """A sealed segment's bytes (for the exporter)."""
-        return self._segments.read(segment)
+        """A sealed segment's bytes (for the exporter).  After :meth:`expect_reader`
+        its pages are evicted from the page cache once read."""
+        return self._segments.read(segment, drop_cache=not self._segments.drop_cache_at_seal)
+
+    def expect_reader(self) -> None:
+        """An exporter reads every sealed segment soon after its seal: keep a segment's
+        pages cached until :meth:`read_segment` (evicted then) instead of evicting them
+        at the seal (SegmentDir.drop_cache_at_seal)."""
+        self._segments.drop_cache_at_seal = False
 
     def link_segment(self, segment: SealedSegment, dest: str | os.PathLike[str]) -> None:
         """Give a sealed segment's file a second name, ``dest`` (a hard link; the
