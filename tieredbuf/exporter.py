@@ -523,8 +523,9 @@ class ExportTracker:
         """Call ``cb`` when ``seq`` is exported (at once if it already is); ``on_fail``
         when exports are stopped by a permanent store error (at once if they are)."""
         with self._lock:
-            lost = next((e for e in self._lost[kind]
-                         if any(lo <= seq <= hi for lo, hi in e.sequences)), None)
+            losts = self._lost[kind]  # almost always empty: no generator per call then
+            lost = next((e for e in losts if any(lo <= seq <= hi for lo, hi in e.sequences)),
+                        None) if losts else None
             if lost is not None:
                 error: BaseException | None = lost
             elif seq > self._through[kind]:
