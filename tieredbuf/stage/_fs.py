@@ -146,9 +146,11 @@ class FileSystem:
 
     def drop_cache(self, fd: int) -> None:
         """Evict ``fd``'s clean pages from the page cache (``posix_fadvise(DONTNEED)``;
-        call it after an fdatasync).  Changes nothing on disk: a hint, best effort."""
+        call it after an fdatasync).  Changes nothing on disk: a hint, best effort (an
+        error is ignored: a seal must not fail on it)."""
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def zero_range(self, fd: int, offset: int, length: int) -> None:
         """``fallocate(FALLOC_FL_ZERO_RANGE)``: zeros, blocks kept allocated (not
