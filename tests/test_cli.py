@@ -16,6 +16,10 @@ import pytest
 import tieredbuf
 from tieredbuf.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 
+# a pass over an unchanged buffer: the root read by the subscribers' publication and by
+# the snapshot, and the three listings; no group is read again
+UNCHANGED_PASS = {"get/root": 2, "list/data": 1, "list/group": 1, "list/subscriber": 1}
+
 
 def _run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
@@ -185,6 +189,35 @@ def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> 
     assert "tieredbuf_gc_runs_total 1.0" in body
     assert "tieredbuf_gc_deleted_objects_total 0.0" in body
     assert "tieredbuf_gc_last_run_timestamp_seconds" in body
+
+
+def test_gc_loop_caches_groups_across_passes_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+
+    from tieredbuf.config import TreeConfig
+
+    url = f"file://{tmp_path}/b"
+    with tieredbuf.open(url, tree=TreeConfig(m=2)).producer(  # m=2: the root links groups
+            flush_interval=timedelta(milliseconds=1)) as p:
+        for i in range(12):
+            p.produce([b"r%d" % i]).wait(timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tieredbuf.cli", "gc", url, "--loop", "100ms", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        reports = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == EXIT_OK, proc.stderr.read() if proc.stderr else ""
+    assert all(r["referenced"] == reports[0]["referenced"] > 0 for r in reports)
+    assert reports[0]["groups_read"] == reports[0]["requests"]["get/group"] > 0
+    for later in reports[1:]:  # nothing changed: the root and the two listings only
+        assert later["groups_read"] == 0
+        assert later["requests"] == UNCHANGED_PASS
 
 
 def test_drain_takes_over_every_worker_stage_of_a_dead_service(tmp_path: Path) -> None:

@@ -12,6 +12,10 @@ from tieredbuf import gc, keys
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import NewEntry
 
+# a pass over an unchanged buffer: the root read by the subscribers' publication and by
+# the snapshot, and the three listings; no group is read again
+UNCHANGED_PASS = {"get/root": 2, "list/data": 1, "list/group": 1, "list/subscriber": 1}
+
 MIN = 60_000
 
 
@@ -121,3 +125,88 @@ def test_I5_gc_reaps_orphan_and_unlinked_groups_and_keeps_every_reachable_object
     # every entry from the head on is still readable, objects of the partial group kept
     assert [x.location for x in buf.entries()] == objs[5:8]
     assert {m.key for m in buf.store.list("data/")} >= set(objs[4:8])
+
+
+def _grown(tmp_path, n: int):  # type: ignore[no-untyped-def]
+    import time
+
+    from tieredbuf.config import TreeConfig
+
+    buf = tieredbuf.open(f"file://{tmp_path}/b", tree=TreeConfig(m=2))
+    now = time.time_ns() // 1_000_000
+    objs = [_obj(buf, now - 60 * MIN + i) for i in range(n)]
+    for i, k in enumerate(objs):
+        buf.queue.append([NewEntry(k, ())], "p", i + 1)
+    return buf, objs, now
+
+
+def test_gc_with_a_cache_reads_only_the_root_and_listings_when_nothing_changed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    buf, _, now = _grown(tmp_path, 8)
+    linked = gc.reachable(buf)[1]
+    assert len(linked) >= 4  # m=2: the root links groups
+    cache = gc.GroupCache()
+    first = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now, cache=cache)
+    assert first.groups_read == len(linked) and first.groups_cached == 0
+    assert first.requests["get/group"] == len(linked)
+    assert len(cache) == len(linked)
+    second = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now, cache=cache)
+    assert second.groups_read == 0 and second.groups_cached == len(linked)
+    assert second.requests == UNCHANGED_PASS
+    # without a cache, every pass reads every group again
+    uncached = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now)
+    assert uncached.requests["get/group"] == len(linked)
+
+
+def test_gc_with_a_cache_reads_only_the_groups_linked_since_its_last_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    buf, objs, now = _grown(tmp_path, 8)
+    cache = gc.GroupCache()
+    gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now, cache=cache)
+    before = gc.reachable(buf)[1]
+    more = [_obj(buf, now - 30 * MIN + i) for i in range(8)]
+    for i, k in enumerate(more):
+        buf.queue.append([NewEntry(k, ())], "p", 9 + i)
+    after = gc.reachable(buf)[1]
+    new = after - before
+    assert new and before & after  # some groups are new, some were read before
+    report = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now, cache=cache)
+    assert report.groups_read == len(new) == report.requests["get/group"]
+    assert report.referenced == len(objs) + len(more)
+
+
+def test_I5_gc_with_a_cache_decides_as_one_without_and_forgets_unlinked_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    buf, objs, now = _grown(tmp_path, 12)
+    cache = gc.GroupCache()
+    gc.run_once(buf, grace=timedelta(minutes=10), now_ms=now, cache=cache)
+    e = buf.queue.initialize("c")
+    buf.queue.dequeue(6, e)  # unlinks the groups below the head
+    later = now + 10**9
+    with_cache = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=later, dry_run=True,
+                             cache=cache)
+    without = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=later, dry_run=True)
+    assert with_cache.deleted_keys == without.deleted_keys
+    assert any(k.startswith("data/") for k in with_cache.deleted_keys)
+    assert any(k.startswith(keys.GROUPS_PREFIX) for k in with_cache.deleted_keys)
+    assert set(cache.nodes) == gc.reachable(buf)[1]  # bounded by the linked tree (I8)
+    report = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=later, cache=cache)
+    assert report.deleted_keys == without.deleted_keys
+    assert [x.location for x in buf.entries()] == objs[7:]
+
+
+def test_gc_run_forever_keeps_its_cache_across_passes_until_stopped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    buf, _, _ = _grown(tmp_path, 8)
+    stop = threading.Event()
+    reports: list[gc.GcReport] = []
+
+    def seen(report: gc.GcReport, seconds: float) -> None:
+        reports.append(report)
+        if len(reports) == 3:
+            stop.set()
+
+    gc.run_forever(buf, interval=timedelta(0), stop=stop, on_report=seen)
+    assert len(reports) == 3
+    assert reports[0].groups_read > 0
+    assert [r.groups_read for r in reports[1:]] == [0, 0]
+    assert all(r.requests == UNCHANGED_PASS
+               for r in reports[1:])

@@ -25,13 +25,21 @@ so a cron GC moves the head for subscribers whose instances are gone quiet.
 
 Deletes run in bulk; failures are logged and counted and retried next pass.
 The decision is the pure function :func:`select_garbage`; :func:`run_once` does I/O.
+
+Groups never change once written (ULID-named, create-if-absent), so a GC that runs
+again (:func:`run_forever`, ``tieredbuf gc --loop``) keeps what it read in a
+:class:`GroupCache` and a pass reads only the root, the groups linked since the last
+pass and the listings (``data/``, ``queue/groups/``, ``queue/subscribers/``).  The
+cache holds the groups the last pass reached, no more (I8).  Each report carries the
+requests its pass sent (``GcReport.requests``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -40,11 +48,12 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import GcConfig
-from tieredbuf.errors import StoreError
+from tieredbuf.errors import CorruptError, StoreError
 from tieredbuf.format import tree as ft
 from tieredbuf.queue import tree
 from tieredbuf.queue.nodes import NodeStore, node_key
 from tieredbuf.queue.subscribers import ProgressStore, publish
+from tieredbuf.store.counting import diff
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,14 @@ class GcReport:
     grace_override_ignored: bool = False
     """An explicit grace shorter than the buffer's was asked for (the buffer's was used)."""
     dry_run: bool = False
+    groups_read: int = 0
+    """Tree nodes this pass fetched from the store (the rest came from its GroupCache)."""
+    groups_cached: int = 0
+    """Tree nodes this pass took from its GroupCache (read by an earlier pass)."""
+    requests: dict[str, int] = field(default_factory=dict)
+    """Store requests sent during the pass, ``{"op/kind": n}`` (tieredbuf/store/counting.py):
+    the buffer's meter before and after, so exact when nothing else in the process uses
+    the same Buffer meanwhile (as in ``tieredbuf gc``)."""
     deleted_keys: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -157,19 +174,59 @@ def select_progress_garbage(
     return out
 
 
-def reachable(buf: Any, snap: Any = None) -> tuple[list[str], set[str]]:
+class GroupCache:
+    """Decoded tree nodes a GC read, kept across passes (nodes are immutable).
+
+    Keyed by the node's object key (its first sequence, ULID and kind: a key is never
+    written twice).  After each pass it keeps only the nodes that pass reached, so
+    it is as large as the linked tree and no larger.  Not thread-safe: one per GC loop.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, ft.Node] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def retain(self, keep: set[str]) -> None:
+        """Forget every node not in ``keep`` (unlinked by a dequeue or retention)."""
+        self.nodes = {k: n for k, n in self.nodes.items() if k in keep}
+
+
+def reachable(buf: Any, snap: Any = None, *, cache: GroupCache | None = None,
+              report: GcReport | None = None) -> tuple[list[str], set[str]]:
     """(data locations of every linked entry in order, keys of every linked tree node and
-    registered progress object)."""
+    registered progress object).
+
+    Each node is fetched at most once.  With a ``cache``, nodes it holds are not
+    fetched at all, fetched ones are added, and afterwards it keeps only the nodes
+    reached here.
+    """
     snap = buf.snapshot() if snap is None else snap
     nodes = NodeStore(buf.store, cache_nodes=4)
     seen: set[str] = set()
+    cache = GroupCache() if cache is None else cache  # a walk reads each node once
+    known = cache.nodes
 
     def load(ref: ft.Ref) -> ft.Node:
-        seen.add(node_key(ref))
-        return nodes.load(ref)
+        key = node_key(ref)
+        seen.add(key)
+        node = known.get(key)
+        if node is not None:
+            if node.level != ref.level or node.first != ref.first or node.last != ref.last:
+                raise CorruptError(ft.WHAT_NODE, key, 0, "node does not match its reference")
+            return node
+        node = nodes.load(ref)
+        if report is not None:
+            report.groups_read += 1
+        known[key] = node
+        return node
 
     locations = [e.location for e in tree.iter_from(snap.root, snap.root.linked_first, load)]
     _walk_refs(snap.root.refs, load)
+    cache.retain(seen)
+    if report is not None:
+        report.groups_cached = len(seen) - report.groups_read
     for reg in snap.root.registry.values():
         if not reg.is_default:
             seen.add(keys.progress_key(reg.name, ULID.from_bytes(reg.reg_id)))
@@ -223,8 +280,12 @@ def run_once(
     dry_run: bool = False,
     config: GcConfig | None = None,
     now_ms: int | None = None,
+    cache: GroupCache | None = None,
 ) -> GcReport:
     """One GC pass over ``buf`` (a :class:`tieredbuf.Buffer`).
+
+    ``cache``: the groups earlier passes read (see :class:`GroupCache`); a pass reads
+    only the groups it does not hold.
 
     The grace period is the buffer's (its root's section 6, which writers read too).
     ``grace`` overrides it only when longer: a shorter one is ignored (logged, and
@@ -236,17 +297,30 @@ def run_once(
     """
     cfg = config or GcConfig()
     report = GcReport(dry_run=dry_run)
+    counts = getattr(buf.store, "counts", None)
+    before = counts.snapshot() if counts is not None else None
+    try:
+        _pass(buf, grace, dry_run, cfg, now_ms, cache, report)
+    finally:
+        if counts is not None and before is not None:
+            report.requests = {f"{op}/{kind}": n
+                               for (op, kind), n in sorted(diff(counts.snapshot(), before).items())}
+    return report
+
+
+def _pass(buf: Any, grace: timedelta | None, dry_run: bool, cfg: GcConfig, now_ms: int | None,
+          cache: GroupCache | None, report: GcReport) -> None:
     queue = getattr(buf, "queue", None)
     if not dry_run and queue is not None:
-        before = queue.stats.get("publications")
+        published = queue.stats.get("publications")
         publish(queue, ProgressStore(queue))
-        report.publications = queue.stats.get("publications") - before
+        report.publications = queue.stats.get("publications") - published
     # Snapshot (and walk) first, list second: an object enqueued after the snapshot
     # was uploaded before it, and is protected by the oldest-entry and grace rules; a
     # group linked after it is younger than the writers' link deadline (< grace).
     snap = buf.snapshot()
     grace = effective_grace(snap.gc_grace_ms, grace, cfg, report)
-    locations, linked_nodes = reachable(buf, snap)
+    locations, linked_nodes = reachable(buf, snap, cache=cache, report=report)
     referenced = set(locations)
     oldest: int | None = None
     for loc in locations[:1]:
@@ -263,7 +337,7 @@ def run_once(
     progress_garbage = select_progress_garbage(progress, linked_nodes, now, grace, report)
     if dry_run:
         report.deleted_keys = garbage + group_garbage + progress_garbage
-        return report
+        return
     deleted = _delete(buf, garbage, cfg, report)
     report.deleted += len(deleted)
     report.deleted_keys.extend(deleted)
@@ -273,4 +347,37 @@ def run_once(
     pdeleted = _delete(buf, progress_garbage, cfg, report)
     report.progress_deleted += len(pdeleted)
     report.deleted_keys.extend(pdeleted)
-    return report
+
+
+def run_forever(
+    buf: Any,
+    *,
+    interval: timedelta | None = None,
+    stop: threading.Event | None = None,
+    on_report: Callable[[GcReport, float], None] | None = None,
+    grace: timedelta | None = None,
+    dry_run: bool = False,
+    config: GcConfig | None = None,
+) -> None:
+    """GC passes every ``interval`` (``config.gc_interval``, 5 min) until ``stop`` is set.
+
+    One :class:`GroupCache` lives across the passes, so after the first a pass reads
+    only the root, the new groups and the listings.  ``on_report(report, seconds)``
+    is called after each pass.  A pass that fails with a store error is logged and
+    retried at the next interval (its cache is kept: what it holds is still true);
+    any other error propagates.
+    """
+    cfg = config or GcConfig()
+    wait = (cfg.gc_interval if interval is None else interval).total_seconds()
+    stop = stop or threading.Event()
+    cache = GroupCache()
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            report = run_once(buf, grace=grace, dry_run=dry_run, config=cfg, cache=cache)
+        except StoreError as e:
+            log.warning("gc: pass failed (retried in %ss): %s", wait, e)
+        else:
+            if on_report is not None:
+                on_report(report, time.monotonic() - t0)
+        stop.wait(wait)

@@ -9,7 +9,8 @@
     tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
     tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
     tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
-    tieredbuf gc URL [--grace 1h] [--dry-run] [--json]   (grace: the buffer's unless longer)
+    tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
+                                         unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "period (default: the buffer's, see tieredbuf grace)")
     g.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     g.add_argument("--json", action="store_true", help="the report as one JSON object")
+    g.add_argument("--loop", type=parse_duration, metavar="INTERVAL",
+                   help="run a pass every INTERVAL until SIGTERM, caching the groups it read")
     g.add_argument("--metrics-file", metavar="FILE",
                    help="write Prometheus metrics here (node_exporter textfile); if it "
                         "cannot be written the summary still prints and gc exits 1")

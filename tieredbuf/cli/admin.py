@@ -151,21 +151,18 @@ def _write_gc_metrics(args: argparse.Namespace, report: Any, seconds: float) -> 
         push_to_gateway(args.pushgateway, job="tieredbuf_gc", registry=registry)
 
 
-def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
-    buf = open_existing(args)
-    t0 = time.monotonic()
-    with Progress("gc: objects") as bar:
-        report = gc_mod.run_once(_GcView(buf, bar), grace=args.grace, dry_run=args.dry_run)
+def _gc_output(args: argparse.Namespace, report: Any, seconds: float, out: TextIO) -> str | None:
+    """Write one pass's report (and its metrics); the metrics failure, if any."""
     metrics_failed = None
     if args.metrics_file or args.pushgateway:
         try:
-            _write_gc_metrics(args, report, time.monotonic() - t0)
+            _write_gc_metrics(args, report, seconds)
         except OSError as e:  # URLError too: the summary still prints, exit 1
             metrics_failed = f"metrics not written: {one_line(e)}"
     if args.json:
         d = report.as_dict()
         d["deleted_keys"] = d["deleted_keys"][:1000]
-        d["seconds"] = round(time.monotonic() - t0, 3)
+        d["seconds"] = round(seconds, 3)
         out.write(json.dumps(d) + "\n")
     else:
         verb = "would delete" if args.dry_run else "deleted"
@@ -174,11 +171,43 @@ def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
             f"listed {report.listed}, referenced {report.referenced}, {verb} {n}, "
             f"failed {report.failed}, kept (young) {report.kept_young}, "
             f"kept (newer than oldest entry) {report.kept_newer_than_oldest}, "
-            f"groups deleted {report.groups_deleted}\n"
+            f"groups deleted {report.groups_deleted}, "
+            f"requests {sum(report.requests.values())} "
+            f"(groups read {report.groups_read}, cached {report.groups_cached})\n"
         )
+    out.flush()
     if metrics_failed:
         print(f"tieredbuf: {metrics_failed}", file=sys.stderr)
+    return metrics_failed
+
+
+def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+    buf = open_existing(args)
+    if args.loop is not None:
+        return _gc_loop(args, buf, out)
+    t0 = time.monotonic()
+    with Progress("gc: objects") as bar:
+        report = gc_mod.run_once(_GcView(buf, bar), grace=args.grace, dry_run=args.dry_run)
+    metrics_failed = _gc_output(args, report, time.monotonic() - t0, out)
     return EXIT_PARTIAL if report.failed or metrics_failed else EXIT_OK
+
+
+def _gc_loop(args: argparse.Namespace, buf: tieredbuf.Buffer, out: TextIO) -> int:
+    """``gc --loop INTERVAL``: a pass every INTERVAL until SIGTERM or SIGINT; groups read
+    once are cached across passes (gc.run_forever)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def on_report(report: gc_mod.GcReport, seconds: float) -> None:
+        _gc_output(args, report, seconds, out)
+
+    gc_mod.run_forever(buf, interval=args.loop, stop=stop, grace=args.grace,
+                       dry_run=args.dry_run, on_report=on_report)
+    return EXIT_OK
 
 
 def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
