@@ -406,8 +406,10 @@ class GcMetrics(Collector):
     def observe(self, report: Any, duration_s: float, now: float | None = None) -> None:
         with self._lock:
             t = self._totals
-            for key in ("listed", "deleted", "groups_deleted", "failed", "candidates"):
-                t[key] = t.get(key, 0) + getattr(report, key)
+            for key in ("listed", "deleted", "groups_deleted", "failed", "candidates",
+                        "groups_read"):
+                t[key] = t.get(key, 0) + getattr(report, key, 0)
+            t["requests"] = t.get("requests", 0) + sum(getattr(report, "requests", {}).values())
             t["runs"] = t.get("runs", 0) + 1
             t["last_run"] = time.time() if now is None else now
             t["last_duration"] = duration_s
@@ -426,6 +428,9 @@ GC_SERIES: tuple[Series, ...] = (
     Series("groups_deleted", "tieredbuf_gc_deleted_groups_total", "Tree group objects deleted."),
     Series("failed", "tieredbuf_gc_delete_failures_total",
            "Deletes that failed (retried next pass)."),
+    Series("groups_read", "tieredbuf_gc_groups_read_total",
+           "Tree group objects GC fetched (a looping GC fetches each linked group once)."),
+    Series("requests", "tieredbuf_gc_requests_total", "Store requests GC passes sent."),
     Series("last_run", "tieredbuf_gc_last_run_timestamp_seconds", "When the last pass ended.",
            kind="gauge"),
     Series("last_duration", "tieredbuf_gc_last_duration_seconds", "How long the last pass took.",
