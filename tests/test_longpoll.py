@@ -1,0 +1,100 @@
+"""The footer long poll: an idle reader costs <= 0.5 requests/s and sees new entries
+within the backoff's cap.  Time is simulated (the poll's clock and sleep): no test
+sleeps 60 s; the requests are counted exactly by the buffer's meter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tieredbuf
+from tieredbuf.format.manifest import NewEntry
+from tieredbuf.queue.longpoll import IDLE_BACKOFF_MAX_S, FooterPoll
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        assert s >= 0
+        self.t += s
+
+
+def _buf(tmp_path: Path) -> tuple[tieredbuf.Buffer, int]:
+    buf = tieredbuf.open(f"file://{tmp_path}/b")
+    buf.queue.append([NewEntry("data/a", ())], "p", 1)
+    return buf, buf.queue.read_footer().next_sequence
+
+
+def _poll(buf: tieredbuf.Buffer, clock: _Clock) -> FooterPoll:
+    return FooterPoll(buf.queue.read_footer, clock=clock, sleep=clock.sleep)
+
+
+def test_an_idle_long_poll_costs_at_most_half_a_request_a_second(tmp_path: Path) -> None:
+    buf, nxt = _buf(tmp_path)
+    clock = _Clock()
+    poll = _poll(buf, clock)
+    before = buf.requests.snapshot()
+    start = clock.t
+    while clock.t - start < 60:  # a reader calling next_batch(timeout=1 s) for 60 s
+        assert poll.wait(nxt, 1.0) is None
+    sent = {k: v - before.get(k, 0) for k, v in buf.requests.snapshot().items()
+            if v != before.get(k, 0)}
+    assert set(sent) == {("get_range", "root")}  # the 22-byte footer, nothing else
+    assert sent[("get_range", "root")] == poll.footer_reads
+    # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s, then every 2 s: 0.5/s once idle
+    assert 60 * 0.5 - 1 <= poll.footer_reads <= 60 * 0.5 + 5
+    # the steady state: over any later 10 s, at most 5 reads
+    reads = poll.footer_reads
+    start = clock.t
+    while clock.t - start < 10:
+        poll.wait(nxt, 0.5)
+    assert poll.footer_reads - reads <= 10 * 0.5
+
+
+def test_a_long_poll_sees_a_new_entry_within_the_backoff_cap(tmp_path: Path) -> None:
+    buf, nxt = _buf(tmp_path)
+    clock = _Clock()
+    poll = _poll(buf, clock)
+    for _ in range(30):  # long idle: the backoff is at its cap
+        poll.wait(nxt, 1.0)
+    buf.queue.append([NewEntry("data/b", ())], "p", 2)
+    appended_at = clock.t
+    reads = poll.footer_reads
+    footer = poll.wait(nxt, 30.0)
+    assert footer is not None and footer.next_sequence == nxt + 1
+    assert clock.t - appended_at <= IDLE_BACKOFF_MAX_S
+    assert poll.footer_reads == reads + 1
+    assert not poll.idle  # a change ends the idle period: the next one starts at 0.1 s
+    t0 = clock.t
+    assert poll.wait(nxt + 1, 0.05) is None and poll.footer_reads == reads + 1
+    poll.wait(nxt + 1, 1.0)  # reads 0.1, 0.3 and 0.7 s into the new idle period
+    assert poll.footer_reads == reads + 4 and clock.t - t0 <= 1.05 + 1e-9
+
+
+def test_I4_a_long_poll_returns_when_the_epoch_moves(tmp_path: Path) -> None:
+    buf, nxt = _buf(tmp_path)
+    epoch = buf.queue.initialize("me")
+    clock = _Clock()
+    poll = _poll(buf, clock)
+    assert poll.wait(nxt, 5.0, epoch=epoch) is None
+    newer = buf.queue.initialize("someone else")  # fences us: the reader must find out
+    footer = poll.wait(nxt, 30.0, epoch=epoch)
+    assert footer is not None and footer.epoch == newer != epoch
+    assert footer.next_sequence == nxt  # nothing new: only the epoch says it
+
+
+def test_wake_ends_a_long_poll(tmp_path: Path) -> None:
+    import threading
+
+    buf, nxt = _buf(tmp_path)
+    poll = FooterPoll(buf.queue.read_footer)  # real clock: wake interrupts the sleep
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(poll.wait(nxt, 3600.0)))
+    t.start()
+    poll.wake()
+    t.join(timeout=60)
+    assert not t.is_alive() and got == [None]
