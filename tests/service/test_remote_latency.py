@@ -18,3 +18,19 @@ def test_the_service_answers_durability_remote_without_waiting_out_max_open(
     r = srv.post(ndjson([{"i": 1}]), NDJSON, "remote")
     assert r.status == 200 and r.json()["sequence"] == 0
     assert srv.terminate() == 0
+
+
+def test_serve_takes_the_manifest_write_budget_and_refuses_a_negative_one(
+    tmp_path: Path, serve: Callable[..., Server]
+) -> None:
+    import io
+
+    from tieredbuf.cli import EXIT_USAGE, main
+
+    srv = serve(f"file://{tmp_path}/buf", "--manifest-writes-per-s", "10")
+    r = srv.post(ndjson([{"i": 1}]), NDJSON, "remote")
+    assert r.status == 200 and r.json()["sequence"] == 0
+    assert srv.terminate() == 0
+    code = main(["serve", f"file://{tmp_path}/buf", "--staging", str(tmp_path / "s2"),
+                 "--manifest-writes-per-s", "-1"], out=io.StringIO())
+    assert code == EXIT_USAGE

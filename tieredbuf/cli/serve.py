@@ -10,6 +10,7 @@ import tieredbuf
 from tieredbuf.cli._common import (
     s3_opts,
 )
+from tieredbuf.errors import ConfigError
 
 
 def _abspath(path: str | None) -> str | None:
@@ -29,6 +30,11 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         v = getattr(args, opt)
         if v is not None:
             producer[key] = v.total_seconds()
+    if args.manifest_writes_per_s is not None:
+        if args.manifest_writes_per_s < 0:
+            raise ConfigError(f"--manifest-writes-per-s must be >= 0, got "
+                              f"{args.manifest_writes_per_s:g}")
+        producer["manifest_writes_per_s"] = args.manifest_writes_per_s
     for opt, key in (("segment_size", "target_size"), ("size_cap", "size_cap"),
                      ("size_cap_policy", "size_cap_policy")):
         v = getattr(args, opt)
