@@ -61,6 +61,8 @@ def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str])
     subprocess.Popen[str], int
 ]:
     seal = ["--max-open-duration", args.max_open_duration] if args.max_open_duration else []
+    if args.manifest_writes_per_s is not None:
+        seal += ["--manifest-writes-per-s", str(args.manifest_writes_per_s)]
     cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
            "--port", "0", "--workers", str(args.workers), *seal, *args.serve_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -226,6 +228,8 @@ def main() -> None:
     p.add_argument("--low-seconds", type=float, default=20.0, help="seconds of the low rate")
     p.add_argument("--max-open-duration", default=None,
                    help="segment seal interval (default: the library's 5 s)")
+    p.add_argument("--manifest-writes-per-s", type=float, default=None,
+                   help="the buffer's manifest append budget (default: the library's 5/s)")
     p.add_argument("--serve-args", nargs="*", default=[])
     args = p.parse_args()
 
@@ -255,7 +259,9 @@ def main() -> None:
 
     print(f"tieredbuf serve on 127.0.0.1, store {args.store}, {args.workers} workers, "
           f"{args.records} x {args.record_size} B records per request, max_open_duration "
-          f"{args.max_open_duration or 'default (5s)'}; load average "
+          f"{args.max_open_duration or 'default (5s)'}, manifest_writes_per_s "
+          f"{'default (5)' if args.manifest_writes_per_s is None else args.manifest_writes_per_s}"
+          f"; load average "
           + " ".join(f"{x:.2f}" for x in load))
     print_table(
         ["durability", "load", "ok", "errors", "req/s", "records/s", "p50 ms", "p99 ms",
