@@ -1,9 +1,11 @@
 """Idle costs nothing: over 10 s of idleness each role sends no store request (counted
 exactly: by the buffer's request counter in this process, and by the S3 server for the
-service)."""
+service); a consumer waiting in ``next_batch(timeout=...)`` (default and named
+subscriber) sends at most 0.5 a second, each a 22-byte footer read."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,12 +50,51 @@ def _exporter(tmp_path: Path) -> tuple[tieredbuf.Buffer, Callable[[], None]]:
     return buf, close
 
 
+def _consumer(tmp_path: Path, subscriber: str) -> tuple[tieredbuf.Buffer, Callable[[], None]]:
+    """A consumer at the tail calling next_batch(timeout=1) in a loop, as an application
+    waiting for records would; returned once its backoff has reached its cap."""
+    buf = tieredbuf.open(f"file://{tmp_path}/consumer-{subscriber}")
+    with buf.producer() as p:
+        p.produce([b"warm"]).wait(timeout=30)
+    c = buf.consumer(subscriber=subscriber)
+    c.initialize()
+    stop = threading.Event()
+    got: list[object] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            b = c.next_batch(timeout=1.0)
+            if b is not None:
+                got.append(b)
+                c.ack(b.sequence)
+
+    t = threading.Thread(target=loop)
+    t.start()
+    deadline = time.monotonic() + 60
+    while c._poll.footer_reads < 5:
+        assert time.monotonic() < deadline and t.is_alive()
+        time.sleep(0.05)
+    assert len(got) == 1
+
+    def close() -> None:
+        stop.set()
+        t.join(timeout=30)
+        c.close()
+
+    return buf, close
+
+
+POLLERS = ("consumer (default)", "consumer (named subscriber)")
+
+
 @pytest.mark.s3
 def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
     roles: dict[str, tuple[tieredbuf.Buffer, Callable[[], None]]] = {
         "direct producer": _direct(tmp_path),
         "staged producer": _staged(tmp_path),
         "exporter": _exporter(tmp_path),
+        "consumer (default)": _consumer(tmp_path, "default"),
+        "consumer (named subscriber)": _consumer(tmp_path, "etl"),
     }
     with recording_moto_server() as (ep, rec):
         bucket = ep.new_bucket()
@@ -80,4 +121,8 @@ def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
         close()
     sent = {name: diff(after[name], before[name]) for name in roles}
     sent["service"] = idle_service
+    for name in POLLERS:  # at most 0.5/s, each a footer read (a ranged GET of the root)
+        polls = sent.pop(name)
+        assert set(polls) <= {("get_range", "root")}, (name, polls)
+        assert sum(polls.values()) <= 0.5 * IDLE_S, (name, polls)
     assert sent == {name: {} for name in sent}

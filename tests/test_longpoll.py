@@ -98,3 +98,76 @@ def test_wake_ends_a_long_poll(tmp_path: Path) -> None:
     poll.wake()
     t.join(timeout=60)
     assert not t.is_alive() and got == [None]
+
+
+def _wait_until(cond, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _produce(url: str, data: bytes) -> None:
+    from datetime import timedelta
+
+    with tieredbuf.open(url).producer(flush_interval=timedelta(milliseconds=1)) as p:
+        p.produce([data]).wait(timeout=60)
+
+
+def _when_idle_produce(c: object, url: str, data: bytes) -> None:
+    _wait_until(lambda: c._poll.idle, "the consumer waits")  # type: ignore[attr-defined]
+    _produce(url, data)
+
+
+def test_next_batch_with_a_timeout_returns_what_arrives_while_it_waits(tmp_path: Path) -> None:
+    import threading
+
+    url = f"file://{tmp_path}/b"
+    _produce(url, b"first")
+    for name in ("default", "etl"):
+        buf = tieredbuf.open(url)
+        c = buf.consumer() if name == "default" else buf.consumer(subscriber=name)
+        c.initialize()
+        got = c.next_batch(timeout=5)
+        assert got is not None and b"first" in got.data
+        c.ack(got.sequence)
+        while (more := c.next_batch()) is not None:  # etl also finds the default's second
+            c.ack(more.sequence)
+        before = buf.requests.snapshot()
+        assert c.next_batch(timeout=0.3) is None  # nothing new: footer reads only
+        sent = {k: v - before.get(k, 0) for k, v in buf.requests.snapshot().items()
+                if v != before.get(k, 0)}
+        assert set(sent) <= {("get_range", "root")}, sent
+        t = threading.Thread(target=_when_idle_produce, args=(c, url, b"second-" + name.encode()))
+        t.start()
+        got = c.next_batch(timeout=60)
+        t.join()
+        assert got is not None and b"second-" + name.encode() in got.data
+        c.ack(got.sequence)
+        c.close()
+
+
+def test_I4_a_long_polling_default_consumer_learns_it_was_fenced(tmp_path: Path) -> None:
+    import threading
+
+    import pytest
+
+    from tieredbuf.errors import FencedError
+
+    url = f"file://{tmp_path}/b"
+    _produce(url, b"x")
+    c = tieredbuf.open(url).consumer()
+    c.initialize()
+    assert c.next_batch(timeout=5) is not None
+    newer = tieredbuf.open(url).consumer()
+    t = threading.Thread(target=lambda: (
+        _wait_until(lambda: c._poll.idle, "the consumer waits"),
+        newer.initialize()))
+    t.start()
+    with pytest.raises(FencedError):
+        c.next_batch(timeout=60)
+    t.join()
+    c.close()
+    newer.close()

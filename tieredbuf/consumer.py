@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,8 +46,9 @@ from tieredbuf.errors import (
 from tieredbuf.forks import ForkGuard
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
-from tieredbuf.format.manifest import ManifestEntry, MetadataItem
+from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
 from tieredbuf.queue.backoff import Stats
+from tieredbuf.queue.longpoll import FooterPoll
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.store.base import Store
@@ -55,6 +57,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+
+IDLE_POLL_MAX_S = 2.5
+"""The longest pause between footer reads of an idle ``next_batch(timeout=...)``: 0.4
+requests/s, so any 10 s holds at most 5 (the goal: <= 0.5/s)."""
 
 WINDOW = 1024
 """Entries decoded per refresh of the manifest."""
@@ -120,6 +126,8 @@ class Consumer:
         self._low = 0
         self._tail = 0
         self._checked_ms = 0
+        self._poll = FooterPoll(queue.read_footer, max_s=IDLE_POLL_MAX_S)
+        self._footer: Footer | None = None  # a footer the long poll just read
         self._gaps: dict[int, int] = {}
         self._prefetch: dict[int, Future[bytes]] = {}
         self._pool = ThreadPoolExecutor(
@@ -159,6 +167,7 @@ class Consumer:
             except FencedError as e:
                 log.info("close of a fenced consumer wrote nothing: %s", e)
         self._closed = True
+        self._poll.wake()
         self._cancel_prefetch()
         self._pool.shutdown(wait=True)
 
@@ -215,7 +224,9 @@ class Consumer:
         ``publish_interval`` (an idle fenced instance has nothing to land)."""
         if self._cursor < self._tail:
             return False
-        footer = self.queue.read_footer()
+        footer, self._footer = self._footer, None
+        if footer is None:
+            footer = self.queue.read_footer()
         if self.subscription.is_default and footer.epoch != self.epoch:
             raise FencedError(self._epoch(), footer.epoch)
         if footer.next_sequence > self._tail:
@@ -247,8 +258,38 @@ class Consumer:
         self._gaps[first] = last  # acks step over the skipped range
         self._ack_gaps()
 
-    def next_batch(self) -> ConsumedBatch | None:
-        """The entry after the last one returned, with its data; None if none is queued."""
+    def next_batch(self, timeout: float | None = None) -> ConsumedBatch | None:
+        """The entry after the last one returned, with its data; None if none is queued.
+
+        ``timeout`` (seconds): at the tail, wait up to this long for an entry (a long
+        poll, :mod:`tieredbuf.queue.longpoll`): the root's 22-byte footer is read
+        0.1 s after the consumer went idle, then with a backoff doubling to 2.5 s, so
+        an idle consumer calling ``next_batch(timeout=...)`` in a loop sends at most
+        one small GET every 2.5 s (the backoff carries over from call to call) and
+        sees a new entry within 2.5 s.  The default consumer learns of a newer epoch from the
+        same footer (FencedError); a named subscriber checks its epoch when an entry
+        arrives (its acks land only through its fenced progress CAS).  Without a
+        timeout, one check (at the tail: one footer GET) and no wait.
+        """
+        if timeout is None or timeout <= 0:
+            return self._next_batch()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._poll.idle:
+                batch = self._next_batch()
+                if batch is not None or self._cursor < self._tail:
+                    return batch
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            epoch = self.epoch if self.subscription.is_default else None
+            footer = self._poll.wait(self._tail, remaining, epoch=epoch)
+            if footer is None:
+                self._check_not_closed()
+                return None
+            self._footer = footer  # something moved: the next check needs no second GET
+
+    def _next_batch(self) -> ConsumedBatch | None:
         self._epoch()
         if self._cursor in self._entries:
             self._check()
