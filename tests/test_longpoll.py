@@ -171,3 +171,23 @@ def test_I4_a_long_polling_default_consumer_learns_it_was_fenced(tmp_path: Path)
     t.join()
     c.close()
     newer.close()
+
+
+def test_a_consumer_that_rewinds_after_idling_reads_at_once(tmp_path: Path) -> None:
+    """The long poll waits only at the tail: initialize() back to an earlier position
+    ends the idle period, so the entries there are returned without waiting for the
+    footer to change (it will not)."""
+    url = f"file://{tmp_path}/b"
+    _produce(url, b"a")
+    _produce(url, b"b")
+    c = tieredbuf.open(url).consumer()
+    c.initialize()
+    first = c.next_batch(timeout=5)
+    assert first is not None and first.sequence == 0
+    c.ack(0)
+    assert c.next_batch(timeout=5) is not None
+    assert c.next_batch(timeout=0.3) is None and c._poll.idle
+    c.initialize(last_acked_sequence=0)  # read sequence 1 again
+    again = c.next_batch(timeout=3600)
+    assert again is not None and again.sequence == 1
+    c.close()

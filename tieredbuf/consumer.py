@@ -151,6 +151,8 @@ class Consumer:
             raise ValueError(f"last_acked_sequence must be >= 0, got {last_acked_sequence}")
         self._cancel_prefetch()
         self._entries = {}
+        self._poll.reset()
+        self._footer = None
         self._cursor = self.subscription.initialize(last_acked_sequence, start)
         self.epoch = self.subscription.epoch
         self._acked = self._cursor - 1
@@ -275,9 +277,10 @@ class Consumer:
             return self._next_batch()
         deadline = time.monotonic() + timeout
         while True:
-            if not self._poll.idle:
+            if not self._poll.idle or self._cursor < self._tail:
                 batch = self._next_batch()
                 if batch is not None or self._cursor < self._tail:
+                    self._poll.reset()
                     return batch
             remaining = deadline - time.monotonic()
             if remaining <= 0:
