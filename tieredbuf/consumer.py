@@ -211,6 +211,7 @@ class Consumer:
         ``WINDOW`` entries), so a long backlog costs one group GET per window.
         """
         snap = self.queue.read()
+        self._footer = None  # older than this read
         self._check(snap)
         start = max(self._cursor, snap.low)
         window = max(WINDOW, self.config.read_ahead + 1)
