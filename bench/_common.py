@@ -120,11 +120,13 @@ server.stop()
 
 
 @contextmanager
-def moto_server(in_process: bool = False) -> Iterator[S3Endpoint]:
+def moto_server(in_process: bool = False, child: str | None = None) -> Iterator[S3Endpoint]:
     """A moto S3 server on 127.0.0.1, port 0 (everything it stores lives in RAM).
 
     By default it runs in a child process, so the server's Python work does not share
     the benchmark's GIL; ``in_process=True`` runs it on a thread, as the tests do.
+    ``child``: other code for that process (it prints its port, serves until stdin
+    closes).
     """
     if in_process:
         from moto.server import ThreadedMotoServer
@@ -138,7 +140,7 @@ def moto_server(in_process: bool = False) -> Iterator[S3Endpoint]:
             server.stop()
         return
     proc = subprocess.Popen(
-        [sys.executable, "-c", _MOTO_CHILD],
+        [sys.executable, "-c", child or _MOTO_CHILD],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -41,7 +41,6 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import S3Endpoint, print_table, write_json
+from _common import S3Endpoint, moto_server, print_table, write_json
 
 import tieredbuf
 from tieredbuf.format.batch import encode_batch
@@ -76,23 +75,9 @@ server.shutdown()
 """
 
 
-@contextmanager
 def serial_moto() -> Any:
-    proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if not line.isdigit():
-            raise RuntimeError(f"moto did not start ({line!r})")
-        yield S3Endpoint(f"http://127.0.0.1:{int(line)}")
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """moto in a child process, writes serialised (atomic conditional PUTs)."""
+    return moto_server(child=_MOTO_CHILD)
 
 
 def seed(buf: tieredbuf.Buffer, n: int) -> None:

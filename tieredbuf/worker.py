@@ -38,18 +38,14 @@ from tieredbuf.consumer import ConsumedBatch, fetch_object
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
-    ConflictError,
     DataLossError,
     LeaseExpiredError,
     ObjectNotFoundError,
-    OutcomeUnknownError,
-    PermanentStoreError,
-    StoreError,
 )
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import Lease, Progress
 from tieredbuf.queue import shared
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import NamedSubscription
 from tieredbuf.store.base import Store
@@ -392,19 +388,9 @@ class Worker:
         self._schedule_prefetch()
 
     def _cas(self, new: Progress, attempt: int) -> bool:
-        sub = self.subscription
-        assert sub.etag is not None
-        try:
-            sub.etag = sub.progress_store.cas(new, sub.etag)
-            sub.progress = new
-            return True
-        except PermanentStoreError:
-            raise  # credentials, access, bucket: retrying cannot help
-        except (ConflictError, OutcomeUnknownError, StoreError):
-            self.queue.stats.incr("progress_conflicts")
-        self.queue.sleep(backoff_delay(self.queue.retry, attempt))
-        sub.reload()
-        return False
+        """One CAS of the shared progress object (the subscription's, with its backoff
+        and re-read after a failure)."""
+        return self.subscription._write(new, attempt)
 
     @property
     def held(self) -> list[int]:
