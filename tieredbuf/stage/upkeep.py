@@ -1,4 +1,5 @@
-"""The stage's upkeep: its sealer threads (timer, size and cap triggers), what a seal
+"""The stage's upkeep: its caps (open-segment memory, disk: what an append at a cap
+asks for), its sealer threads (timer, size and cap triggers), what a seal
 that fails on a disk error does (re-seal from the WAL), and what becomes of a sealed
 segment after export (release once the WAL cursor passes it) or when it is corrupt
 (quarantine).  Stage (stage/stage.py) holds the state; docs/format-local.md, "Disk
@@ -79,6 +80,9 @@ class StageUpkeep:
         _replay_frontier: int | None
         _segments: SegmentDir
         _wal: WalWriter | None
+        _sealing_bytes: int
+        _written_bytes: int
+        _sealed_bytes: int
 
         def _take(self, kind: str) -> _SealJob | None: ...
         def _run_seal(self, job: _SealJob) -> SealedSegment: ...
@@ -88,6 +92,65 @@ class StageUpkeep:
         def _add_sealed(self, seg: SealedSegment) -> None: ...
         def _forget_sealed(self, seg: SealedSegment) -> bool: ...
         def _write_sequence(self, through: int | None = None) -> None: ...
+
+    # --- the caps (I8): open-segment memory and stage disk -----------------------------
+
+    def _over_cap(self, n: int) -> str | None:
+        open_bytes = self._open_bytes() + self._sealing_bytes
+        if open_bytes and open_bytes + n > self.config.segment.max_open_bytes:
+            return "open-segment memory"
+        # open and sealing segments are disk bytes about to be written, written ones
+        # are on disk uncommitted (I8: the cap holds for the files on disk at every
+        # moment, not just between seals)
+        ahead = open_bytes + self._written_bytes + n
+        segs = self._sealed_bytes + self._released_bytes + self._segments.spare_bytes()
+        wal = self._wal
+        if wal is not None and segs + wal.config.max_size + 4096 + ahead <= self.config.size_cap:
+            return None  # the WAL keeps itself under max_size (+ a header): no need to ask
+        if self._disk_bytes() + ahead > self.config.size_cap:
+            return "disk"
+        return None
+
+    def _relieve(self, reason: str) -> None:
+        """Under the lock, at a cap: ask for seals; with drop_oldest, drop sealed data."""
+        want = {k for k, a in (("batch", self._records), ("qseg", self._bundles)) if a}
+        if not want <= self._seal_requested:
+            # notify only for a new request: producers waiting at the cap each call this,
+            # and an unconditional notify_all woke the others into a ping-pong (33 k
+            # wake-ups in a 1 s run at 64 KiB) that starved the sealer of the GIL
+            self._seal_requested |= want
+            self._cond.notify_all()
+        if reason != "disk":
+            return
+        try:
+            self._relieve_disk()
+        except OSError as e:
+            raise disk_error(e, "freeing stage disk space", self.path) from e
+
+    def _relieve_disk(self) -> None:
+        if self._segments.drop_spares() > 0:
+            return
+        if self._wal is not None and self._wal.reclaim() > 0:
+            return
+        if self.config.size_cap_policy == "drop_oldest" and self._sealed:
+            seg = next(iter(self._sealed.values()))
+            self._write_sequence(seg.last_sequence)
+            self._forget_sealed(seg)
+            self._segments.delete(seg)
+            self.stats.dropped_segments += 1
+            if seg.kind == "batch":
+                self.stats.dropped_records += seg.record_count
+            else:
+                self.stats.dropped_bundles += seg.record_count
+            log.warning("drop_oldest: deleted unexported segment %s (%d entries)",
+                        seg.path.name, seg.entry_count)
+
+    def _open_bytes(self) -> int:
+        return sum(a.nbytes for a in (self._records, self._bundles) if a is not None)
+
+    def _disk_bytes(self) -> int:
+        return (self._sealed_bytes + self._released_bytes + self._segments.spare_bytes()
+                + (self._wal.disk_bytes() if self._wal is not None else 0))
 
     # --- sealer threads and seal failures ---------------------------------------------
 
