@@ -1,11 +1,12 @@
-"""Stream a tieredbuf buffer on S3 into Parquet, as the queue's fenced consumer.
+"""Stream a tieredbuf buffer on S3 into Parquet, as a named subscriber of the buffer.
 
     python examples/spark_stream_to_parquet.py s3://bucket/prefix /data/out /data/ckpt \
         [--endpoint http://127.0.0.1:9000] [--available-now]
 
 Credentials come from the standard AWS environment variables.  The checkpoint makes
-restarts resume where the last run stopped; ``consumer`` makes each committed
-micro-batch dequeue from the buffer (one micro-batch late, see docs/spark.md), and a
+restarts resume where the last run stopped; ``consumer`` makes the job the buffer's
+subscriber of that name: each committed micro-batch is acked (one micro-batch late,
+see docs/spark.md), other subscribers read the same buffer independently, and a
 second copy of this job with the same consumer name fences the first.
 """
 
