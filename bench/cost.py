@@ -122,6 +122,7 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
     t0 = time.time()
     for _ in range(calls):
         p.produce(records)
+    t_close = time.time()
     p.close()
     t1 = time.time()
     stats = p.stats if isinstance(p.stats, dict) else p.stats.snapshot()
@@ -135,6 +136,7 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         "records": calls * per_call,
         "bytes": calls * per_call * size,
         "t0": t0,
+        "t_close": t_close,
         "t1": t1,
     })
     buf.close()
@@ -232,7 +234,20 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         "cas": len(cas),
         "cas_max_10s": _max_window(cas, 10.0),
         "conflicts_in_first_second": sum(1 for t in lost if t < 1.0),
+        "conflicts_in_first_2s": sum(1 for t in lost if t < 2.0),
         "conflicts_after_first_close": sum(1 for t in lost if t >= first_done),
+        # where the conflicts come from: a writer's before its own first successful CAS
+        # (it had not yet appended, so no root showed it to the others), and those
+        # during its close() (its last appends, after its last produce() returned)
+        "conflicts_before_own_first_cas": sum(
+            sum(1 for t in r["conflict_times"] if not r["cas_times"] or t < min(r["cas_times"]))
+            for r in results),
+        "conflicts_in_own_close": sum(
+            sum(1 for t in r["conflict_times"] if t >= r["t_close"]) for r in results),
+        "first_close_s": first_done,
+        "first_cas_s": (min(cas) - t0) if cas else None,
+        "conflict_times_s": [round(t, 3) for t in lost],
+        "close_times_s": sorted(round(r["t_close"] - t0, 3) for r in results),
     }
 
 
@@ -465,6 +480,15 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
              sum(r[f"read_{k}"]["requests"].values()), f"{r[f'read_{k}']['per_gib']:.1f}",
              f"{r[f'read_{k}']['price']['dollars_per_month']:,.2f}"]
             for r, k in reads])
+    print()
+    print("Where the conflicts are (seconds from the start of the row):")
+    print_table(["kind", "rec B", "N", "pacing", "s", "conflicts", "first 2 s", "rest",
+                 "before own 1st CAS", "in own close()", "after 1st close", "1st close s"], [
+        [r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
+         f"{r['seconds']:.1f}", r["conflicts"], r["conflicts_in_first_2s"],
+         r["conflicts"] - r["conflicts_in_first_2s"], r["conflicts_before_own_first_cas"],
+         r["conflicts_in_own_close"], r["conflicts_after_first_close"],
+         f"{r['first_close_s']:.1f}"] for r in rows])
     print()
     paced = [r for r in rows if r["rate"]]
     ok_puts = all(r["puts_per_segment"] <= 2 for r in paced)
