@@ -13,12 +13,18 @@ run concurrently, as they do on S3):
    4x faster than the consumer.
 2. **Append rate with subscribers.**  ``--producers`` (4) producer processes append
    one entry per awaited call for ``--seconds``; baseline: no subscriber at all; then
-   ``--subscribers`` (4) named subscriber processes read and ack at full speed (they
-   poll every ``--poll-ms`` (10 ms) once caught up).  Goal: the append rate drops by
-   at most 10 %.  Control, same run: 4 plain readers (``buf.reader()`` + the data GETs,
-   no acks, no progress objects) -- what reading alone costs the producers on this
-   machine.  The subscribers' root writes (publications) are counted: their acks and
-   positions go to their own progress objects, not the root.
+   ``--subscribers`` (4) named subscriber processes read and ack every entry as it
+   arrives, waiting at the tail as a real user would: ``next_batch(timeout=--wait-s)``,
+   the long poll on the root's 22-byte footer (``tieredbuf.queue.longpoll``).  Goal: the
+   append rate drops by at most 10 %.  Control, same run: 4 plain readers
+   (``buf.reader()`` + the data GETs, no acks, no progress objects) waiting at the tail
+   with the same footer long poll -- what reading alone costs the producers on this
+   machine.  ``--spin-ms N`` brings back the earlier loop (both kinds re-poll every N ms
+   when caught up: ~100 GETs/s per reader at 10 ms).  After the producers stop, every
+   subscriber and reader reads on to the tail: each must have seen every appended entry,
+   once, in order (the script fails otherwise), and the lag of each entry (its ack time
+   minus its ingestion time) is reported.  The subscribers' root writes (publications) are
+   counted: their acks and positions go to their own progress objects, not the root.
 
 Usage::
 
@@ -48,12 +54,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import S3Endpoint, moto_server, print_table, write_json
+from _common import S3Endpoint, moto_server, print_table, summarize, write_json
 
 import tieredbuf
+from tieredbuf.consumer import IDLE_POLL_MAX_S
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import data_key
+from tieredbuf.queue.longpoll import FooterPoll
 
 _MOTO_CHILD = """
 import sys, threading
@@ -183,46 +191,116 @@ def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: flo
     while time.time() < end:
         p.produce([b"x" * 100]).wait(timeout=60)
         n += 1
-    elapsed = time.time() - start_at
+    last_done = time.time()
+    elapsed = last_done - start_at
     p.close()
-    print(json.dumps({"appends": n, "elapsed": elapsed, **buf.queue.stats.snapshot()}),
-          flush=True)
+    print(json.dumps({"appends": n, "elapsed": elapsed, "last_done": last_done,
+                      **buf.queue.stats.snapshot()}), flush=True)
+
+
+DRAIN_LIMIT_S = 120.0
+"""How long a subscriber or reader may take, after the producers stopped, to reach the tail."""
+
+
+class _Tally:
+    """What one subscriber or reader saw: every sequence once, in order, and each lag."""
+
+    def __init__(self, buf: tieredbuf.Buffer, stop: str) -> None:
+        self.buf, self.stop = buf, Path(stop)
+        self.next_seq = 0
+        self.lags_ms: list[int] = []
+        self.last_t = 0.0
+        self.target: int | None = None
+        self.stop_seen = 0.0
+        self.behind_at_stop = 0
+        self.t0 = time.time()
+        self.requests_at_stop: dict[str, Any] = {}
+
+    def done(self) -> bool:
+        """True once the producers stopped and everything they appended was seen."""
+        if self.target is None and self.stop.exists():
+            self.target = int(json.loads(self.stop.read_text())["tail"])
+            self.stop_seen = time.time()
+            self.behind_at_stop = self.target - self.next_seq
+            self.requests_at_stop = self.buf.requests.as_dict()
+        if self.target is None:
+            return False
+        if self.next_seq > self.target:
+            raise RuntimeError(f"read sequence {self.next_seq - 1} past the tail {self.target}")
+        if self.next_seq == self.target:
+            return True
+        if time.time() > self.stop_seen + DRAIN_LIMIT_S:
+            raise RuntimeError(f"still at {self.next_seq} of {self.target} "
+                               f"{DRAIN_LIMIT_S:.0f} s after the producers stopped")
+        return False
+
+    def saw(self, sequence: int, metadata: Any) -> None:
+        if sequence != self.next_seq:  # a gap or a repeat: the row is void
+            raise RuntimeError(f"expected sequence {self.next_seq}, got {sequence}")
+        self.next_seq += 1
+        self.last_t = time.time()
+        self.lags_ms.append(int(self.last_t * 1000) - metadata[0].ingestion_time_ms)
+
+    def report(self, **extra: Any) -> None:
+        window = max(1e-9, self.stop_seen - self.t0)
+        print(json.dumps({
+            "seen": self.next_seq, "last_t": self.last_t, "behind_at_stop": self.behind_at_stop,
+            "lag_ms": summarize(self.lags_ms),
+            "requests_until_stop": self.requests_at_stop.get("total", 0),
+            "requests_per_s_until_stop": round(self.requests_at_stop.get("total", 0) / window,
+                                               1),
+            "requests_until_stop_by": self.requests_at_stop.get("requests", {}),
+            **self.buf.queue.stats.snapshot(), **extra}), flush=True)
 
 
 def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str,
-                     poll_ms: int) -> None:
+                     wait_s: float, spin_ms: int) -> None:
     buf = tieredbuf.open(url, **opts)
     c = buf.consumer(name)
     c.initialize()
+    tally = _Tally(buf, stop)
     print("READY", flush=True)
-    n = 0
-    while not os.path.exists(stop):
-        b = c.next_batch()
-        if b is None:
-            time.sleep(poll_ms / 1000)  # caught up: poll for new entries
-            continue
+    while not tally.done():
+        if spin_ms:  # the earlier loop: one check, then a fixed pause when caught up
+            b = c.next_batch()
+            if b is None:
+                time.sleep(spin_ms / 1000)
+                continue
+        else:  # what a user writes: the long poll waits at the tail
+            b = c.next_batch(timeout=wait_s)
+            if b is None:
+                continue
+        tally.saw(b.sequence, b.metadata)
         c.ack(b.sequence)
-        n += 1
     c.close()
-    print(json.dumps({"acked": n, **buf.queue.stats.snapshot(),
-                      **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()}}), flush=True)
+    tally.report(acked=c.stats.snapshot().get("acks", 0),
+                 last_acked=c.last_acked_sequence,
+                 **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()})
 
 
-def child_reader(url: str, opts: dict[str, Any], stop: str, poll_ms: int) -> None:
+def child_reader(url: str, opts: dict[str, Any], stop: str, wait_s: float,
+                 spin_ms: int) -> None:
     """The control: reads every entry and its data like a subscriber, acks nothing."""
     buf = tieredbuf.open(url, **opts)
     r = buf.reader()
+    # the same footer long poll (and backoff) as Consumer.next_batch(timeout=...)
+    waiter = FooterPoll(buf.queue.read_footer, max_s=IDLE_POLL_MAX_S)
+    tally = _Tally(buf, stop)
     print("READY", flush=True)
-    n = 0
-    while not os.path.exists(stop):
-        got = r.poll(max_entries=8)
-        if not got:
-            time.sleep(poll_ms / 1000)
-            continue
-        with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(8) as pool:
+        while not tally.done():
+            got = r.poll(max_entries=8)
+            if not got:
+                if spin_ms:
+                    time.sleep(spin_ms / 1000)
+                else:
+                    waiter.wait(r.next_sequence, wait_s)
+                continue
+            waiter.reset()
             list(pool.map(buf.read_object, got))
-        n += len(got)
-    print(json.dumps({"acked": n, **buf.queue.stats.snapshot()}), flush=True)
+            for e in got:
+                tally.saw(e.sequence, e.metadata)
+    tally.report(footer_reads=waiter.footer_reads)
 
 
 def _child(*args: str) -> subprocess.Popen[str]:
@@ -245,13 +323,16 @@ def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float,
 
 
 def _with_readers(ep: S3Endpoint, kind: str, n: int, producers: int, seconds: float,
-                  tmp: Path, poll_ms: int) -> tuple[float, list[Any], list[Any]]:
+                  tmp: Path, wait_s: float, spin_ms: int
+                  ) -> tuple[float, list[Any], list[Any], dict[str, Any]]:
     url = f"s3://{ep.new_bucket('app')}/buf"
-    tieredbuf.open(url, **ep.options()).create()
+    buf = tieredbuf.open(url, **ep.options())
+    buf.create()
     stop = tmp / f"stop-{time.monotonic_ns()}"
     o = json.dumps(ep.options())
-    readers = [_child("subscriber", url, o, f"s{i}", str(stop), str(poll_ms))
-               if kind == "subscriber" else _child("reader", url, o, str(stop), str(poll_ms))
+    readers = [_child("subscriber", url, o, f"s{i}", str(stop), str(wait_s), str(spin_ms))
+               if kind == "subscriber"
+               else _child("reader", url, o, str(stop), str(wait_s), str(spin_ms))
                for i in range(n)]
     for r in readers:
         assert r.stdout is not None
@@ -259,28 +340,49 @@ def _with_readers(ep: S3Endpoint, kind: str, n: int, producers: int, seconds: fl
         if not line.startswith("READY"):
             raise RuntimeError(r.stderr.read() if r.stderr else line)
     rate, out = _producers(ep, url, producers, seconds)
-    stop.write_text("stop")
+    tail = buf.queue.read().root.next_seq
+    appended = sum(x["appends"] for x in out)
+    if tail != appended:  # I2: every awaited append landed once
+        raise RuntimeError(f"the tail is {tail} after {appended} awaited appends")
+    last_done = max(x["last_done"] for x in out)
+    tmp_stop = stop.with_suffix(".tmp")
+    tmp_stop.write_text(json.dumps({"tail": tail}))
+    tmp_stop.rename(stop)  # readers see the whole file or none
     r_out = []
     for r in readers:
-        got, err = r.communicate(timeout=120)
+        got, err = r.communicate(timeout=DRAIN_LIMIT_S + 60)
         if r.returncode != 0:
             raise RuntimeError(err)
         r_out.append(json.loads(got.strip().splitlines()[-1]))
-    return rate, out, r_out
+    lags = [x["lag_ms"] for x in r_out]
+    summary = {
+        "appended": appended,
+        "seen": [x["seen"] for x in r_out],
+        "behind_at_stop": [x["behind_at_stop"] for x in r_out],
+        "end_lag_s": [round(x["last_t"] - last_done, 3) for x in r_out],
+        "lag_ms_p50": [round(x["p50"]) for x in lags],
+        "lag_ms_p99": [round(x["p99"]) for x in lags],
+        "lag_ms_max": [round(x["max"]) for x in lags],
+        "requests_per_s": [x["requests_per_s_until_stop"] for x in r_out],
+    }
+    return rate, out, r_out, summary
 
 
 def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
-               tmp: Path, poll_ms: int) -> dict[str, Any]:
+               tmp: Path, wait_s: float, spin_ms: int) -> dict[str, Any]:
     url0 = f"s3://{ep.new_bucket('app')}/buf"
     tieredbuf.open(url0, **ep.options()).create()
     base_rate, base_out = _producers(ep, url0, producers, seconds)
-    rate, out, sub_out = _with_readers(ep, "subscriber", subscribers, producers, seconds, tmp,
-                                       poll_ms)
-    ctl_rate, _, ctl_out = _with_readers(ep, "reader", subscribers, producers, seconds, tmp,
-                                         poll_ms)
+    rate, out, sub_out, sub_sum = _with_readers(ep, "subscriber", subscribers, producers,
+                                                seconds, tmp, wait_s, spin_ms)
+    ctl_rate, _, ctl_out, ctl_sum = _with_readers(ep, "reader", subscribers, producers,
+                                                  seconds, tmp, wait_s, spin_ms)
+    if any(x["acked"] != x["seen"] or x["last_acked"] != sub_sum["appended"] - 1
+           for x in sub_out):
+        raise RuntimeError(f"a subscriber did not ack every entry: {sub_out}")
     return {
         "producers": producers, "subscribers": subscribers, "seconds": seconds,
-        "poll_ms": poll_ms,
+        "loop": f"spin {spin_ms} ms" if spin_ms else f"next_batch(timeout={wait_s})",
         "appends_per_s_no_subscribers": round(base_rate, 1),
         "appends_per_s_with_subscribers": round(rate, 1),
         "appends_per_s_with_plain_readers": round(ctl_rate, 1),
@@ -289,12 +391,15 @@ def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
         "ratio_subscribers_to_plain_readers": round(rate / ctl_rate, 3),
         "conflicts_no_subscribers": sum(o.get("conflicts", 0) for o in base_out),
         "conflicts_with_subscribers": sum(o.get("conflicts", 0) for o in out),
-        "appends_with_subscribers": sum(o.get("appends", 0) for o in out),
+        "appends_with_subscribers": sub_sum["appended"],
+        "subscriber_reads": sub_sum,
         "acked_per_subscriber": [o["acked"] for o in sub_out],
-        "read_per_plain_reader": [o["acked"] for o in ctl_out],
+        "plain_readers": ctl_sum,
         "subscriber_root_writes": sum(o.get("publications", 0) + o.get("registrations", 0)
                                       for o in sub_out),
         "subscriber_progress_writes": sum(o.get("progress_writes", 0) for o in sub_out),
+        "subscriber_requests_until_stop": [o["requests_until_stop_by"] for o in sub_out],
+        "plain_reader_requests_until_stop": [o["requests_until_stop_by"] for o in ctl_out],
     }
 
 
@@ -310,8 +415,11 @@ def main() -> None:
     ap.add_argument("--producers", type=int, default=4)
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--poll-ms", type=int, default=10,
-                    help="how often a caught-up subscriber polls for new entries")
+    ap.add_argument("--wait-s", type=float, default=1.0,
+                    help="the long poll's timeout: next_batch(timeout=...) at the tail")
+    ap.add_argument("--spin-ms", type=int, default=0,
+                    help="instead of the long poll, re-poll every N ms when caught up "
+                         "(the earlier loop; 0: long poll)")
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     if args.child:
@@ -319,9 +427,10 @@ def main() -> None:
         if kind == "producer":
             child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]))
         elif kind == "subscriber":
-            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3], int(rest[4]))
+            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3], float(rest[4]),
+                             int(rest[5]))
         else:
-            child_reader(rest[0], json.loads(rest[1]), rest[2], int(rest[3]))
+            child_reader(rest[0], json.loads(rest[1]), rest[2], float(rest[3]), int(rest[4]))
         return
     if args.quick:
         args.entries, args.seconds = 800, 8.0
@@ -341,18 +450,26 @@ def main() -> None:
                           r["progress_cas"]] for r in runs])
         if "append" in rows:
             runs = [row_append(ep, args.producers, args.subscribers, args.seconds, tmp,
-                               args.poll_ms) for _ in range(args.repeat)]
+                               args.wait_s, args.spin_ms) for _ in range(args.repeat)]
             results["append"] = runs
             results["append_median_ratio"] = statistics.median(r["ratio"] for r in runs)
             print_table(["producers", "appends/s: alone",
                          f"with {args.subscribers} subscribers", "ratio (goal >= 0.9)",
                          f"with {args.subscribers} plain readers", "ratio",
-                         "subscriber root writes", "appends"],
+                         "subscriber root writes", "appends", "acked per subscriber",
+                         "lag p50/p99 ms", "end lag s", "req/s per subscriber"],
                         [[r["producers"], r["appends_per_s_no_subscribers"],
                           r["appends_per_s_with_subscribers"], r["ratio"],
                           r["appends_per_s_with_plain_readers"], r["ratio_plain_readers"],
-                          r["subscriber_root_writes"], r["appends_with_subscribers"]]
+                          r["subscriber_root_writes"], r["appends_with_subscribers"],
+                          r["acked_per_subscriber"],
+                          f"{max(r['subscriber_reads']['lag_ms_p50'])}/"
+                          f"{max(r['subscriber_reads']['lag_ms_p99'])}",
+                          max(r["subscriber_reads"]["end_lag_s"]),
+                          r["subscriber_reads"]["requests_per_s"]]
                          for r in runs])
+            print("plain readers: seen", [r["plain_readers"]["seen"] for r in runs],
+                  "req/s each", [r["plain_readers"]["requests_per_s"] for r in runs])
     results["load_after"] = os.getloadavg()
     print(f"load average before {results['load_before']}, after {results['load_after']}")
     print("written to", write_json("subscribers", results))
