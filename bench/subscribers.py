@@ -12,7 +12,9 @@ run concurrently, as they do on S3):
    ``--claim-batch`` (8, the default, and 16).  Goal: the workers drain them at least
    4x faster than the consumer.
 2. **Append rate with subscribers.**  ``--producers`` (4) producer processes append
-   one entry per awaited call for ``--seconds``; baseline: no subscriber at all; then
+   one entry per awaited call for ``--seconds``, unpaced (``--writes-per-s 0``: the
+   library's default group commit at 5 appends/s per buffer would cap the row's rate
+   whatever the readers do); baseline: no subscriber at all; then
    ``--subscribers`` (4) named subscriber processes read and ack every entry as it
    arrives, waiting at the tail as a real user would: ``next_batch(timeout=--wait-s)``,
    the long poll on the root's 22-byte footer (``tieredbuf.queue.longpoll``).  Goal: the
@@ -181,9 +183,10 @@ def _drain_with_workers(buf: tieredbuf.Buffer, entries: int, work: float, worker
 # --- row 2: append rate -----------------------------------------------------------------
 
 
-def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: float) -> None:
+def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: float,
+                   writes_per_s: float) -> None:
     buf = tieredbuf.open(url, **opts)
-    p = buf.producer(flush_interval=timedelta(0))
+    p = buf.producer(flush_interval=timedelta(0), manifest_writes_per_s=writes_per_s)
     while time.time() < start_at:
         time.sleep(0.005)  # all producers start together
     n = 0
@@ -197,6 +200,9 @@ def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: flo
     print(json.dumps({"appends": n, "elapsed": elapsed, "last_done": last_done,
                       **buf.queue.stats.snapshot()}), flush=True)
 
+
+WRITES_PER_S = [0.0]
+"""The producers' ``manifest_writes_per_s`` (``--writes-per-s``; set by main)."""
 
 DRAIN_LIMIT_S = 120.0
 """How long a subscriber or reader may take, after the producers stopped, to reach the tail."""
@@ -310,8 +316,8 @@ def _child(*args: str) -> subprocess.Popen[str]:
 
 def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float, list[Any]]:
     start_at = time.time() + 2.0
-    procs = [_child("producer", url, json.dumps(ep.options()), str(seconds), str(start_at))
-             for _ in range(n)]
+    procs = [_child("producer", url, json.dumps(ep.options()), str(seconds), str(start_at),
+                    str(WRITES_PER_S[0])) for _ in range(n)]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=seconds + 120)
@@ -382,6 +388,7 @@ def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
         raise RuntimeError(f"a subscriber did not ack every entry: {sub_out}")
     return {
         "producers": producers, "subscribers": subscribers, "seconds": seconds,
+        "manifest_writes_per_s": WRITES_PER_S[0],
         "loop": f"spin {spin_ms} ms" if spin_ms else f"next_batch(timeout={wait_s})",
         "appends_per_s_no_subscribers": round(base_rate, 1),
         "appends_per_s_with_subscribers": round(rate, 1),
@@ -420,18 +427,24 @@ def main() -> None:
     ap.add_argument("--spin-ms", type=int, default=0,
                     help="instead of the long poll, re-poll every N ms when caught up "
                          "(the earlier loop; 0: long poll)")
+    ap.add_argument("--writes-per-s", type=float, default=0.0,
+                    help="the producers' manifest_writes_per_s; 0 (default): no pacing, "
+                         "so the row measures what readers cost the store (paced at the "
+                         "library's 5/s, four producers together append ~5/s, whoever reads)")
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "producer":
-            child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]))
+            child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]),
+                           float(rest[4]))
         elif kind == "subscriber":
             child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3], float(rest[4]),
                              int(rest[5]))
         else:
             child_reader(rest[0], json.loads(rest[1]), rest[2], float(rest[3]), int(rest[4]))
         return
+    WRITES_PER_S[0] = args.writes_per_s
     if args.quick:
         args.entries, args.seconds = 800, 8.0
     rows = set(args.rows.split(","))
