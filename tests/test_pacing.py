@@ -154,7 +154,11 @@ def test_paced_producers_append_about_rate_times_seconds_in_all(n: int) -> None:
     # learning of each other from the root they read)
     bound = 2 * n + 5 * elapsed * 1.5
     assert 1 <= appends <= bound, (appends, bound)
-    assert objects <= appends + n  # a batch is cut about one upload before its slot
+    # a batch is cut about one upload before its slot, so about one object per append
+    # and producer; under load an upload can outlast its estimate and a second cut go
+    # into the same append (seen in CI: 26 objects, 19 appends, n=4): hence 2x.  Cut
+    # every flush_interval (2 ms) instead, it would be hundreds per producer.
+    assert objects <= 2 * appends + n, (objects, appends)
 
 
 def test_without_pacing_the_same_load_appends_far_more_often() -> None:
