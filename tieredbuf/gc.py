@@ -125,6 +125,36 @@ def select_garbage(
     return out
 
 
+def _unnamed_past_grace(
+    listed: Iterable[str],
+    parse: Callable[[str], tuple[Any, ...] | None],
+    named: set[str],
+    now_ms: int,
+    grace: timedelta,
+    report: GcReport,
+) -> tuple[list[str], int, int]:
+    """The keys among ``listed`` that ``parse`` accepts (its second field is the key's
+    ULID), ``named`` does not hold, and whose ULID is past the grace period; with how
+    many were listed and how many named."""
+    grace_ms = int(grace.total_seconds() * 1000)
+    out: list[str] = []
+    n_listed = n_named = 0
+    for key in listed:
+        n_listed += 1
+        parsed = parse(key)
+        if parsed is None:
+            report.skipped_foreign += 1
+            continue
+        if key in named:
+            n_named += 1
+            continue
+        if now_ms - parsed[1].milliseconds <= grace_ms:
+            report.kept_young += 1
+            continue
+        out.append(key)
+    return out, n_listed, n_named
+
+
 def select_group_garbage(
     listed: Iterable[str],
     referenced: set[str],
@@ -133,21 +163,10 @@ def select_group_garbage(
     report: GcReport,
 ) -> list[str]:
     """Tree node keys nothing reachable from the root refers to, older than the grace period."""
-    grace_ms = int(grace.total_seconds() * 1000)
-    out: list[str] = []
-    for key in listed:
-        report.groups_listed += 1
-        parsed = keys.parse_group_key(key)
-        if parsed is None:
-            report.skipped_foreign += 1
-            continue
-        if key in referenced:
-            report.groups_referenced += 1
-            continue
-        if now_ms - parsed[1].milliseconds <= grace_ms:
-            report.kept_young += 1
-            continue
-        out.append(key)
+    out, n_listed, n_referenced = _unnamed_past_grace(
+        listed, keys.parse_group_key, referenced, now_ms, grace, report)
+    report.groups_listed += n_listed
+    report.groups_referenced += n_referenced
     return out
 
 
@@ -157,20 +176,9 @@ def select_progress_garbage(
 ) -> list[str]:
     """Progress objects no registration in the root names, older than the grace period
     (by their registration ULID: registration lands within the link deadline, < grace)."""
-    grace_ms = int(grace.total_seconds() * 1000)
-    out: list[str] = []
-    for key in listed:
-        report.progress_listed += 1
-        parsed = keys.parse_progress_key(key)
-        if parsed is None:
-            report.skipped_foreign += 1
-            continue
-        if key in registered:
-            continue
-        if now_ms - parsed[1].milliseconds <= grace_ms:
-            report.kept_young += 1
-            continue
-        out.append(key)
+    out, n_listed, _ = _unnamed_past_grace(
+        listed, keys.parse_progress_key, registered, now_ms, grace, report)
+    report.progress_listed += n_listed
     return out
 
 
