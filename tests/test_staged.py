@@ -139,3 +139,37 @@ def test_a_second_producer_on_the_same_stage_is_refused(tmp_path: Path) -> None:
 def test_unknown_staged_option_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown staged producer option"):
         tieredbuf.open("memory://").producer(staging_dir=tmp_path / "s", flush_sise=1)
+
+
+def test_a_handle_waited_for_local_only_registers_nothing_until_asked_for_more(
+    tmp_path: Path,
+) -> None:
+    """A call waited for LOCAL (or not at all) is not wired to the export tracker; a
+    handle asked for REMOTE later, after its export, still gets the export's outcome."""
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    p = buf.producer(staging_dir=tmp_path / "stage")  # default 5 s segments: no seal yet
+    handles = [p.produce([b"r%d" % i]) for i in range(20)]
+    for h in handles:
+        assert h.wait(Durability.LOCAL, timeout=10).durability == Durability.LOCAL
+    assert p._tracker._waiting == {}
+    p.flush(timeout=30)  # sealed and exported, nobody told: the tracker remembers
+    outcomes = [h.result() for h in handles]
+    assert all(o is not None and o.durability == Durability.REMOTE for o in outcomes)
+    assert {o.location for o in outcomes if o is not None} == {outcomes[0].location}
+    assert outcomes[0] is not None and outcomes[0].location.endswith(".batch")
+    # a LOCAL wait after the export reports where the write got: REMOTE, with its entry
+    late = p.produce([b"late"])
+    p.flush(timeout=30)
+    got = late.wait(Durability.LOCAL, timeout=10)
+    assert got.durability == Durability.REMOTE and got.location is not None
+    p.close()
+    assert [r for b in _drain_consumer(buf) for r in b.entries] == \
+        [b"r%d" % i for i in range(20)] + [b"late"]
+
+
+def test_a_local_wait_times_out_with_the_level_it_waited_for(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    with buf.producer(staging_dir=tmp_path / "stage", flush_interval=timedelta(seconds=30)) as p:
+        h = p.produce([b"x"])
+        with pytest.raises(TimeoutError, match="not LOCAL after 0 s"):
+            h.wait(Durability.LOCAL, timeout=0)

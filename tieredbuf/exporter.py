@@ -467,7 +467,7 @@ class ExportTracker:
     registered: its segment is still staged, and reaches REMOTE once exports work.
     """
 
-    def __init__(self, remember: int = 256) -> None:
+    def __init__(self, remember: int = 1024) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[
             tuple[str, int],
@@ -515,6 +515,10 @@ class ExportTracker:
         for f in failed:
             assert error is not None
             f(error)
+
+    def exported_through(self, kind: str) -> int:
+        """The highest sequence of ``kind`` exported so far (-1: none)."""
+        return self._through[kind]
 
     def wait_for(
         self, kind: str, seq: int, cb: Callable[[Exported], None],

@@ -132,9 +132,10 @@ class StagedProducer:
 
     def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
         # the first wait for REMOTE asks for a prompt seal (tieredbuf/prompt_seal.py)
-        handle = WriteHandle(DurabilityWatcher(on_remote_wait=self._prompt.request))
-        w = handle.watcher
+        return WriteHandle(_StagedWatcher(fut, kind, self, self._prompt.request))
 
+    def _follow(self, w: DurabilityWatcher, kind: str, fut: Future[StageAck]) -> None:
+        """Push the write's LOCAL ack and then its export into ``w`` as they happen."""
         def remote(ex: Exported) -> None:
             w._reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
                                                     Durability.REMOTE))
@@ -148,7 +149,6 @@ class StagedProducer:
             self._tracker.wait_for(kind, f.result().sequence, remote, w._fail)
 
         fut.add_done_callback(local)
-        return handle
 
     def produce(
         self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
@@ -203,6 +203,60 @@ class StagedProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _StagedWatcher(DurabilityWatcher):
+    """A staged write's watcher, wired to its stage future and to the export tracker
+    only when someone asks for more than LOCAL (a REMOTE wait, ``when``, ``level``,
+    ``result``).  Most calls are only waited for LOCAL, or not at all: they then cost
+    no callback on the WAL's flusher thread and no entry in the tracker -- with four
+    producer threads at 1 KiB records that wiring was ~20 % of the producer's Python
+    time (docs/architecture.md).  Once wired it behaves as any watcher."""
+
+    __slots__ = ("_fut", "_kind", "_producer")
+
+    def __init__(self, fut: Future[StageAck], kind: str, producer: StagedProducer,
+                 on_remote_wait: Any) -> None:
+        super().__init__(on_remote_wait)
+        self._fut = fut
+        self._kind = kind
+        self._producer: StagedProducer | None = producer
+        """Set until the watcher is wired (then None)."""
+
+    def _wire(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer._follow(self, self._kind, self._fut)
+
+    def wait(
+        self, durability: Durability = Durability.REMOTE, timeout: float | None = None
+    ) -> WriteOutcome:
+        producer = self._producer
+        if durability <= Durability.LOCAL and producer is not None:
+            try:
+                ack = self._fut.result(timeout)  # raises the write's failure as is
+            except TimeoutError:
+                raise TimeoutError(f"write not {durability.name} after {timeout} s") from None
+            if ack.sequence > producer._tracker.exported_through(self._kind):
+                return WriteOutcome(None, None, Durability.LOCAL)
+        self._wire()  # exported already (its outcome is REMOTE), or more than LOCAL
+        return super().wait(durability, timeout)
+
+    await_durable = wait
+
+    def when(self, durability: Durability, fn: Any) -> None:
+        self._wire()
+        super().when(durability, fn)
+
+    @property
+    def level(self) -> Durability | None:
+        self._wire()
+        return super().level
+
+    def result(self) -> WriteOutcome | None:
+        self._wire()
+        return super().result()
 
 
 def stage_producer_ids(staging_dir: Path) -> list[str]:
