@@ -63,7 +63,8 @@ from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, AppendPacer
-from tieredbuf.stage.segments import SealedSegment, verify
+from tieredbuf.stage.segment_check import verify
+from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import LinkingStore, Store
 
@@ -395,8 +396,11 @@ class Exporter:
                 return
             if seg.ulid in self._uploads:
                 continue
-            body = self.stage.read_segment(seg)
-            why = verify(seg, body)
+            link = self._link_for(seg)
+            # a store taking the file as a hard link needs its bytes only if the link is
+            # refused (then ``reload`` reads them): check the file in place
+            body = b"" if link is not None else self.stage.read_segment(seg)
+            why = self.stage.verify_segment(seg) if link is not None else verify(seg, body)
             if why is not None:  # never upload bad bytes (I7); say loudly what is lost
                 dest = self.stage.quarantine(seg, why)
                 self.stats.incr("segments_quarantined")
@@ -405,8 +409,8 @@ class Exporter:
                 continue
             suffix = keys.SEGMENT_SUFFIX if seg.kind == "qseg" else keys.BATCH_SUFFIX
             p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
-                        reload=functools.partial(_read_verified, self.stage, seg),
-                        link=self._link_for(seg))
+                        reload=functools.partial(_read_verified, self.stage, seg), link=link)
+            p.size = seg.size
             fut = self._pool.submit(self._upload, seg.kind, p)
             self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
             running += 1

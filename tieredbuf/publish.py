@@ -113,7 +113,7 @@ class Publisher:
     def upload(self, p: Pending) -> None:
         """PUT ``p`` under a fresh ULID (create-if-absent), retrying transient errors."""
         p.ulid = self._new_ulid()
-        if not p.body and p.reload is not None:
+        if not p.body and p.reload is not None and p.link is None:
             p.body = p.reload()
         attempt = 0
         started = time.perf_counter_ns()
@@ -133,6 +133,8 @@ class Publisher:
                         # the link itself failed (EXDEV: another file system): upload
                         log.info("%s: no hard link (%s); uploading its bytes", p.location, e)
                         p.link = None
+                        if not p.body and p.reload is not None:
+                            p.body = p.reload()
                         continue
                     self.stats.incr("objects_linked")
                 else:

@@ -39,12 +39,13 @@ Thread-safe (one lock); file descriptors are plain ints from 1000 up.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -479,6 +480,11 @@ class SimFs(FileSystem):
             if node.is_dir:
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
             return bytes(node.data)
+
+    @contextlib.contextmanager
+    def read_view(self, path: Path) -> Iterator[bytes]:  # type: ignore[override]
+        """The live bytes (what a map of the page cache shows)."""
+        yield self.read_bytes(path)
 
     def lock(self, path: Path) -> int:
         fd = self.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -21,7 +21,8 @@ from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import StagedDataLossError
 from tieredbuf.exporter import Exporter
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.stage.segments import SealedSegment, verify
+from tieredbuf.stage.segment_check import verify
+from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store import open_store
 
@@ -172,13 +173,18 @@ def test_I7_a_segment_corrupted_before_upload_fails_its_handles_with_data_loss(
     assert len(store.data_puts) == 2, "the corrupt segment was never uploaded"
 
 
-def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path,
+                                                                where: str) -> None:
+    """Uploaded (memory://) or handed over as a hard link (a file:// store on the same
+    disk, checked in place): a segment whose bytes changed after the open never lands."""
     seg = _sealed_stage(tmp_path)
     st = Stage(tmp_path, "p1", CFG)  # verified fine at open
     _flip(seg.path)
-    store = open_store("memory://")
+    store = open_store("memory://" if where == "memory" else f"file://{tmp_path}/store")
     lost: list[StagedDataLossError] = []
     ex = Exporter(st, store, ManifestQueue(store), on_lost=lambda k, e: lost.append(e))
+    assert ex._linking == (where == "file")
     try:
         ex.drain(timeout=30)
     finally:

@@ -52,17 +52,15 @@ from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave
 from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.format.segment import (
-    SEGMENT_MAGIC,
-    TRAILER_SIZE,
     SegmentBuilder,
     SegmentBundle,
 )
 from tieredbuf.stage import _fs
 from tieredbuf.stage._fs import FileSystem, IoGate
+from tieredbuf.stage.segment_check import QSEG, verify_file
 
 log = logging.getLogger(__name__)
 
-QSEG = "qseg"
 BATCH = "batch"
 SPARE_PREFIX = "free."
 """A released segment file kept for reuse by the next seal (see SegmentDir)."""
@@ -135,28 +133,6 @@ def seq_runs(seqs: Sequence[int]) -> tuple[tuple[int, int], ...]:
         elif not out or s > out[-1][1]:
             out.append([s, s])
     return tuple((a, b) for a, b in out)
-
-
-def verify(seg: SealedSegment, data: bytes | memoryview | None = None) -> str | None:
-    """None when ``seg``'s bytes (``data``, else read from its file) match its CRC;
-    otherwise what is wrong."""
-    if data is None:
-        data = seg.path.read_bytes()
-    view = memoryview(data)
-    if len(view) != seg.size:
-        return f"{len(view)} bytes, the sidecar says {seg.size}"
-    if seg.kind == QSEG:
-        if len(view) < TRAILER_SIZE or bytes(view[-12:-4]) != SEGMENT_MAGIC:
-            return "no segment trailer"
-        stored = int.from_bytes(view[-4:], "little")
-        actual = crc32(view[:-4], 0)
-    elif seg.crc32 is None:
-        return None
-    else:
-        stored, actual = seg.crc32, crc32(view, 0)
-    if stored != actual:
-        return f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
-    return None
 
 
 # --- accumulators -----------------------------------------------------------------
@@ -465,13 +441,24 @@ class SegmentDir:
         caller holds the bytes; see :attr:`drop_cache_at_seal`)."""
         data = self.fs.read_bytes(seg.path)
         if drop_cache:
-            with contextlib.suppress(OSError):  # a hint: a failure changes nothing
-                fd = self.fs.open(seg.path, os.O_RDONLY)
-                try:
-                    self.fs.drop_cache(fd)
-                finally:
-                    self.fs.close(fd)
+            self._evict(seg)
         return data
+
+    def check(self, seg: SealedSegment, drop_cache: bool = False) -> str | None:
+        """:func:`verify_file` of a sealed segment (its pages read in place, not copied);
+        ``drop_cache`` as for :meth:`read`."""
+        why = verify_file(self.fs, seg)
+        if drop_cache:
+            self._evict(seg)
+        return why
+
+    def _evict(self, seg: SealedSegment) -> None:
+        with contextlib.suppress(OSError):  # a hint: a failure changes nothing
+            fd = self.fs.open(seg.path, os.O_RDONLY)
+            try:
+                self.fs.drop_cache(fd)
+            finally:
+                self.fs.close(fd)
 
     def link(self, seg: SealedSegment, dest: Path) -> None:
         """Give a sealed segment's file the second name ``dest`` (a hard link: no byte is
@@ -511,7 +498,7 @@ class SegmentDir:
                     fs.rename(p, p.with_name(name + ".orphan"))
                     changed = True
                     continue
-                if verify_crc and (why := verify(seg, fs.read_bytes(p))) is not None:
+                if verify_crc and (why := verify_file(fs, seg, p)) is not None:
                     self.quarantine(seg, why, fsync=False)
                     changed = True
                     continue

@@ -526,6 +526,11 @@ class Stage(StageUpkeep):
         its pages are evicted from the page cache once read."""
         return self._segments.read(segment, drop_cache=not self._segments.drop_cache_at_seal)
 
+    def verify_segment(self, segment: SealedSegment) -> str | None:
+        """What is wrong with a sealed segment's file (None: intact), checked over its
+        pages in place; evicted afterwards as :meth:`read_segment` does."""
+        return self._segments.check(segment, drop_cache=not self._segments.drop_cache_at_seal)
+
     def expect_reader(self) -> None:
         """An exporter reads every sealed segment soon after its seal: keep a segment's
         pages cached until :meth:`read_segment` (evicted then) instead of evicting them
