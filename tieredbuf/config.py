@@ -309,6 +309,10 @@ class StageConfig:
     """At a cap: ``backpressure`` blocks appends (up to ``backpressure_timeout``, then
     BackpressureError); ``drop_oldest`` deletes the oldest sealed segment and counts it."""
     backpressure_timeout: timedelta = timedelta(seconds=30)
+    keep_freed_memory: bool = True
+    """glibc only, process-wide: keep up to 64 MiB of freed heap for reuse instead of
+    returning it to the OS after each seal (``stage/_malloc.py``; skipped when the
+    environment sets glibc's malloc thresholds)."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("wal", "segment_only"):

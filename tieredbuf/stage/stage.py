@@ -47,6 +47,7 @@ from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
 from tieredbuf.stage import _fs
 from tieredbuf.stage._fs import FileSystem, IoGate, disk_error
+from tieredbuf.stage._malloc import keep_freed_heap
 from tieredbuf.stage.append_item import (
     PRODUCER_ID_RE,
     BundleOrRecords,
@@ -105,6 +106,8 @@ class Stage(StageUpkeep):
         config: StageConfig | None = None, *, fs: FileSystem | None = None,
     ) -> None:
         self.config = config or StageConfig()
+        if self.config.keep_freed_memory:
+            keep_freed_heap()  # bodies of the next segment reuse the last one's pages
         self._fs = fs = fs or _fs.current()
         """Every file operation goes through this (stage/_fs.py)."""
         root = Path(staging_dir)
