@@ -173,3 +173,19 @@ def test_a_local_wait_times_out_with_the_level_it_waited_for(tmp_path: Path) -> 
         h = p.produce([b"x"])
         with pytest.raises(TimeoutError, match="not LOCAL after 0 s"):
             h.wait(Durability.LOCAL, timeout=0)
+
+
+def test_I8_the_exporter_starts_all_its_upload_threads_at_once(tmp_path: Path) -> None:
+    """Flat thread count from the start: uploads that first overlap later in a run
+    start no new threads (the soak's leak check would see them as growth)."""
+    buf = tieredbuf.open(f"file://{tmp_path}/buf")
+    with buf.producer(staging_dir=tmp_path / "stage", max_uploads_in_flight=3) as p:
+        assert len(_pool_threads(p)) == 3  # before any upload
+        for i in range(20):
+            p.produce([b"%d" % i])
+        p.flush(timeout=30)
+        assert len(_pool_threads(p)) == 3
+
+
+def _pool_threads(p: object) -> set[object]:
+    return set(p.exporter._pool._threads)  # type: ignore[attr-defined]

@@ -169,6 +169,7 @@ class Exporter:
         self._before_export = before_export
         self._last_transient: BaseException | None = None
         self._pool = ThreadPoolExecutor(max_uploads_in_flight, thread_name_prefix="tb-export")
+        _start_all(self._pool, max_uploads_in_flight)
         self._max_inflight = max_uploads_in_flight
         self._cond = threading.Condition()
         self._idle = True
@@ -439,6 +440,16 @@ class Exporter:
             if self._on_exported is not None:
                 self._on_exported(Exported(kind, up.segment.sequences, seq,
                                            up.pending.location))
+
+
+def _start_all(pool: ThreadPoolExecutor, workers: int) -> None:
+    """Start every worker thread of ``pool`` now rather than at the first uploads that
+    overlap: the process's thread count is then flat from the start (a thread count
+    that grows minutes later looks like a leak; tests/test_soak.py checks it)."""
+    gate = threading.Barrier(workers)
+    # each task blocks until all have a thread of their own: the pool must start them all
+    for f in [pool.submit(gate.wait, 30) for _ in range(workers)]:
+        f.result()
 
 
 @dataclass(eq=False, slots=True)
