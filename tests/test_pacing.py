@@ -187,9 +187,26 @@ def test_a_lone_producer_appends_with_one_request_per_append() -> None:
     p.close()
     root = {op: n - before.get((op, kind), 0)
             for (op, kind), n in buf.requests.snapshot().items() if kind == "root"}
-    assert root == {"put_conditional": 3, "get": 0}  # no read before each CAS
-    assert buf.queue.stats.get("optimistic_attempts") == 3
+    # the second append reads once (the only root read so far did not show this writer:
+    # no evidence it is alone); from then on no read before each CAS
+    assert root == {"put_conditional": 3, "get": 1}
+    assert buf.queue.stats.get("optimistic_attempts") == 2
     assert [len(e.location) > 0 for e in buf.entries()] == [True] * 4
+
+
+def test_a_writer_whose_read_root_does_not_show_it_yet_is_not_alone() -> None:
+    """Writers started together all read an empty root: the first to append must not
+    CAS its next append blind against the root it wrote (the others' first appends
+    would make it a lost CAS, a wasted PUT)."""
+    clock = _Clock()
+    q = _queue_seeing(clock, {})
+    q.knows_root = True  # it has written the root (its first append)
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono, clock_ms=clock.ms)
+    assert pacer.active_writers() == 1 and not pacer.alone()
+    q.last_read = _queue_seeing(clock, {"me": 0}).last_read  # a read that shows it alone
+    assert pacer.alone()
+    q.last_read = _queue_seeing(clock, {"me": 0, "b": 0}).last_read
+    assert not pacer.alone()
 
 
 @pytest.mark.parametrize("lost_response", [False, True])

@@ -114,10 +114,18 @@ class AppendPacer:
         return len(self._active_ids())
 
     def alone(self) -> bool:
-        """True when no other writer appended recently (and this one has appended before):
+        """True when the last root read shows this writer and no other appending recently:
         its next append may CAS against the root it wrote last without reading it
-        (``ManifestQueue.append(optimistic=True)``: one request, one round trip)."""
-        return self.queue.knows_root and self.active_writers() == 1
+        (``ManifestQueue.append(optimistic=True)``: one request, one round trip).
+
+        A root that does not show this writer yet (read before its first append) is no
+        evidence: writers started together all read an empty root, and the first to
+        append would CAS its second append blind against the others' (bench/cost.py saw
+        3 of 7 conflicts so).  So a lone writer's second append reads once more."""
+        if not self.queue.knows_root:
+            return False
+        n = self.active_writers()
+        return n == 1 and self._known
 
     def interval(self) -> float:
         """Seconds between this writer's appends under load now (0: unpaced)."""
