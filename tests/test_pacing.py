@@ -272,3 +272,82 @@ def test_after_a_lost_cas_a_paced_writer_waits_for_its_turn_before_reading_again
     with retry_turn(lambda: events.append("turn")):
         assert q.append([_e("b")], "me", 1) == [1]
     assert events == ["read", "cas", "turn", "read", "cas"]
+
+
+# --- a lost CAS carries what became ready meanwhile ---------------------------------
+
+
+@pytest.mark.parametrize("lost_response", [False, True])
+def test_I2_a_regrouped_retry_after_a_lost_cas_appends_each_entry_once(
+    lost_response: bool,
+) -> None:
+    """``append(regroup=True)`` hands a lost CAS back to its caller, which retries with
+    the same entries plus new ones.  With ``lost_response`` the refused CAS had landed
+    (a retried PUT meeting its own write): the retry finds the first entry under the
+    watermark, appends only the new one, and places the first by its location."""
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.queue.manifest_queue import LostCas, ManifestQueue
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    name = f"memory://regroup-{uuid.uuid4().hex}"
+    store = FaultInjectingStore(open_store(name))
+    q = ManifestQueue(store, sleep=lambda s: None)
+    ManifestQueue(open_store(name)).append([_e("other")], "other", 1)
+    store.arm("put", key=MANIFEST_KEY, when="after" if lost_response else "before",
+              error=PreconditionFailedError)
+    with pytest.raises(LostCas) as lost:
+        q.append([_e("a")], "me", 1, regroup=True)
+    assert lost.value.attempt == 1
+    seqs = q.append([_e("a"), _e("b")], "me", 2, regroup=True, first_attempt=1)
+    assert [e.location for e in q.read().entries()] == ["other", "a", "b"]
+    assert seqs == [1, 2]
+    # this call's one CAS appended both, or only "b" when "a" had landed
+    assert q.stats.get("appends") == 1
+    assert q.stats.get("entries_appended") == (1 if lost_response else 2)
+
+
+def test_a_direct_producer_that_lost_a_cas_retries_with_the_batches_cut_meanwhile() -> None:
+    """One append, not two, for the batch whose CAS was lost and the one uploaded while
+    it waited for its turn: the conflict costs no extra append later."""
+    from tieredbuf.config import ProducerConfig
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.producer import Producer
+    from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    name = f"memory://regroup-p-{uuid.uuid4().hex}"
+    store = FaultInjectingStore(open_store(name))
+    q = ManifestQueue(store)
+    p = Producer(store, q, ProducerConfig(flush_interval=timedelta(milliseconds=1),
+                                          manifest_writes_per_s=0))
+    second: list[Any] = []
+
+    def conflict_after_a_second_batch(key: str) -> Exception:
+        # on the appender thread, while the first batch's CAS is refused: a second
+        # produce() is cut and uploaded before the retry
+        second.append(p.produce([b"b"]))
+        deadline = time.monotonic() + 10
+        while p.stats.get("objects_uploaded") < 2:
+            assert time.monotonic() < deadline, "the second batch was never uploaded"
+            time.sleep(0.005)
+        return PreconditionFailedError(key, "injected: another writer won")
+
+    store.arm("put", key=MANIFEST_KEY, when="before", error=conflict_after_a_second_batch)
+    first = p.produce([b"a"])
+    assert first.wait(timeout=10).sequence == 0
+    assert second[0].wait(timeout=10).sequence == 1
+    p.close()
+    assert q.stats.get("conflicts") == 1
+    assert q.stats.get("appends") == 1  # both batches in the retry
+    assert p.stats.get("regrouped_appends") == 1
+    assert p.stats.get("objects_uploaded") == 2
+    assert [e.location for e in q.read().entries()] == [
+        keys_of(first), keys_of(second[0])]
+
+
+def keys_of(handle: Any) -> str:
+    return str(handle.wait(timeout=10).location)

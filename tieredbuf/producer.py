@@ -353,10 +353,21 @@ class Producer:
                 group = []
                 while self._inflight and self._inflight[0][1].done():
                     group.append(self._inflight.popleft())
+            def more(group: list[Any] = group) -> list[Pending]:
+                """After a lost CAS and the wait for this writer's turn: the batches
+                uploaded meanwhile join the retry (one append for all of them)."""
+                with self._cond:
+                    extra = []
+                    while (self._inflight and self._inflight[0][1].done()
+                           and self._inflight[0][1].exception() is None):
+                        extra.append(self._inflight.popleft())
+                group.extend(extra)
+                return [p for p, _, _ in extra]
+
             try:
                 for _, fut, _b in group:
                     fut.result()
-                seqs = self._publisher.append([p for p, _, _ in group])
+                seqs = self._publisher.append([p for p, _, _ in group], more)
             except BaseException as e:
                 self._die(e, [b for _, _, b in group])
                 return

@@ -13,6 +13,7 @@ are closed here:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -28,7 +29,7 @@ from tieredbuf.config import RetryConfig
 from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, retry_turn, stop_on
-from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.manifest_queue import LostCas, ManifestQueue, Snapshot
 from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)
@@ -174,14 +175,21 @@ class Publisher:
         if stale:
             raise _Stale(stale)
 
-    def append(self, group: Sequence[Pending]) -> list[int | None]:
-        """Append ``group`` (uploaded, consecutive producer_seq) in one CAS, exactly once."""
+    def append(
+        self, group: Sequence[Pending], more: Callable[[], Sequence[Pending]] | None = None,
+    ) -> list[int | None]:
+        """Append ``group`` (uploaded, consecutive producer_seq) in one CAS, exactly once.
+
+        ``more``: after a lost CAS (and the wait for this writer's turn), returns the
+        objects uploaded meanwhile (next in producer_seq): the retry carries them too,
+        so the lost CAS costs no extra append later.  The result then has one sequence
+        per object of ``group`` and of every ``more()``, in order."""
         if not group:
             return []
         for a, b in itertools.pairwise(group):
             if b.producer_seq != a.producer_seq + 1:
                 raise ValueError("a group's producer sequence numbers must be consecutive")
-        return self._append(group, explicit=False)
+        return self._append(group, explicit=False, more=more)
 
     def append_increasing(self, group: Sequence[Pending]) -> list[int | None]:
         """Append ``group`` (uploaded, strictly increasing producer_seq, gaps allowed) in one
@@ -198,17 +206,33 @@ class Publisher:
                 raise ValueError("a group's producer sequence numbers must strictly increase")
         return self._append(group, explicit=True)
 
-    def _append(self, group: Sequence[Pending], *, explicit: bool) -> list[int | None]:
-        seqs = [p.producer_seq for p in group] if explicit else None
+    def _append(self, group: Sequence[Pending], *, explicit: bool,
+                more: Callable[[], Sequence[Pending]] | None = None) -> list[int | None]:
+        group = list(group)
+        attempt = 0
         while True:
+            seqs = [p.producer_seq for p in group] if explicit else None
             entries = [NewEntry(p.location, p.metadata, p.size) for p in group]
             try:
                 with stop_on(self.stop), retry_turn(self.between_attempts):
                     return self.queue.append(
                         entries, self.producer_id, group[-1].producer_seq,
-                        before_write=lambda snap: self._check_fresh(group, snap),
+                        before_write=functools.partial(self._check_fresh, group),
                         producer_seqs=seqs, optimistic=self.optimistic(),
+                        regroup=more is not None, first_attempt=attempt,
                     )
+            except LostCas as lost:
+                attempt = lost.attempt
+                assert more is not None
+                extra = list(more())
+                for a, b in itertools.pairwise([group[-1], *extra]):
+                    if b.producer_seq != a.producer_seq + 1:
+                        raise ValueError(
+                            "more() must return the next producer sequence numbers") from None
+                if extra:
+                    self.stats.incr("regrouped_appends")
+                    self.stats.incr("objects_regrouped", len(extra))
+                group.extend(extra)
             except _Stale as s:
                 for p in s.stale:
                     self.stats.incr("reuploads_for_grace")

@@ -86,6 +86,17 @@ class _LinkTooLate(Exception):
     """This attempt's new group objects are too old to link safely (GC grace)."""
 
 
+class LostCas(Exception):
+    """``append(regroup=True)``: a CAS was refused (a conflict) and the retry pause is
+    over; the caller retries with the same entries plus any that became ready meanwhile
+    (``append(..., first_attempt=attempt)``), and that call decides from a fresh read
+    whether any of them landed (I2)."""
+
+    def __init__(self, attempt: int) -> None:
+        super().__init__(f"lost the root CAS (attempt {attempt})")
+        self.attempt = attempt
+
+
 class ManifestQueue:
     """CAS operations on ``queue/manifest``; safe to share between threads."""
 
@@ -189,25 +200,32 @@ class ManifestQueue:
         ``data`` may be a builder that writes group objects first (rebalance,
         retention); its store errors count as a failed attempt like the CAS's.
         """
+        return self._attempt_why(snap, data, attempt) is None
+
+    def _attempt_why(
+        self, snap: Snapshot, data: bytes | Callable[[], bytes], attempt: int
+    ) -> str | None:
+        """:meth:`_attempt`, saying why it failed (the stat counted), None on success."""
         try:
             started = self.clock_ms()
             payload = data() if callable(data) else data
             if self.clock_ms() - started > self.tree.link_deadline.total_seconds() * 1000:
                 raise _LinkTooLate()
             self._cas(snap, payload)
-            return True
+            return None
         except PermanentStoreError:
             self.stats.incr("permanent_errors")
             raise  # credentials, access, bucket: retrying cannot help (stop, never spin)
         except _LinkTooLate:
-            self._pause(attempt, "late_links")
+            why = "late_links"
         except ConflictError:
-            self._pause(attempt, "conflicts")
+            why = "conflicts"
         except OutcomeUnknownError:
-            self._pause(attempt, "unknown_outcomes")
+            why = "unknown_outcomes"
         except StoreError:
-            self._pause(attempt, "transient_errors")
-        return False
+            why = "transient_errors"
+        self._pause(attempt, why)
+        return why
 
     def _read_retrying(self, attempt: int) -> Snapshot:
         while True:
@@ -233,11 +251,17 @@ class ManifestQueue:
         create: bool = True,
         strict: bool = False,
         optimistic: bool = False,
+        regroup: bool = False,
+        first_attempt: int = 0,
     ) -> list[int | None]:
         """Append ``new`` exactly once; returns the sequence given to each entry.
 
         ``optimistic``: the first attempt CASes against the root this queue last read or
         wrote, unread (a lone writer's one request); a stale root only fails that CAS.
+        ``regroup``: after a lost CAS (a conflict) and its retry pause, raise
+        :class:`LostCas` instead of retrying the same entries, so the caller retries with
+        what became ready meanwhile too (one append then carries both: a conflict costs
+        no extra append later); ``first_attempt``: the attempt count so far (backoff).
 
         ``new[i]`` is the producer's append number ``producer_seqs[i]`` if given (strictly
         increasing, ending at ``last_producer_seq``), else ``last_producer_seq - len(new) +
@@ -257,7 +281,7 @@ class ManifestQueue:
         if n == 0:
             return []
         pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
-        attempt = 0
+        attempt = first_attempt
         while True:
             if optimistic and attempt == 0 and self.knows_root:
                 snap = self._latest_snapshot()
@@ -275,7 +299,7 @@ class ManifestQueue:
                 assert wm is not None
                 if attempt:
                     self.stats.incr("deduplicated_appends")
-                if producer_seqs is None:
+                if producer_seqs is None and not first_attempt:  # one group, one CAS
                     last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
                     return list(range(last - n + 1, last + 1))
                 return self._landed(snap, new, pseqs, wm)
@@ -289,11 +313,20 @@ class ManifestQueue:
             draft = self._draft(snap)
             draft.watermarks = wms
             first = tree.append_entries(draft, todo, now)
-            if self._attempt(snap, partial(self._finish, draft, now), attempt):
+            why = self._attempt_why(snap, partial(self._finish, draft, now), attempt)
+            if why is None:
                 self.stats.incr("appends")
                 self.stats.incr("entries_appended", len(todo))
-                return [None] * done + list(range(first, first + len(todo)))
+                prior: list[int | None] = [None] * done
+                if (done and first_attempt and wm is not None
+                        and wm.producer_seq == pseqs[done - 1]):
+                    # landed by an earlier attempt whose response was lost (a regrouped
+                    # retry): placed by location, as a whole landed group is
+                    prior = self._landed(snap, new[:done], pseqs[:done], wm)
+                return prior + list(range(first, first + len(todo)))
             attempt += 1
+            if regroup and why == "conflicts":
+                raise LostCas(attempt)
 
     def append_once(
         self,
