@@ -351,3 +351,69 @@ def test_a_direct_producer_that_lost_a_cas_retries_with_the_batches_cut_meanwhil
 
 def keys_of(handle: Any) -> str:
     return str(handle.wait(timeout=10).location)
+
+
+# --- a newcomer's back-off after a lost CAS ----------------------------------------
+
+
+class _Top:
+    """An rng whose uniform(a, b) is b: the back-off window's far end."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_a_writer_the_root_does_not_show_backs_off_over_a_doubling_window() -> None:
+    """Newcomers that met in a CAS would meet again in a fresh phase of the same small
+    cycle: each CAS lost in a row doubles the window (in slots of 1 / rate), up to
+    MAX_BACKOFF_SLOTS; an append resets it."""
+    from tieredbuf.queue.pacing import MAX_BACKOFF_SLOTS
+
+    clock = _Clock()
+    q = _queue_seeing(clock, {"other": 0})  # the root read shows another writer, not "me"
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono, clock_ms=clock.ms,
+                        rng=_Top())  # type: ignore[arg-type]
+    windows = []
+    waited: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waited.append(seconds)
+        clock.s += seconds
+
+    for _ in range(8):
+        windows.append(pacer.after_loss())
+    assert windows == pytest.approx([0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 12.8, 12.8])
+    assert MAX_BACKOFF_SLOTS == 64
+    pacer.appended()  # it landed: the next loss starts over
+    pacer.wait_turn(lambda: False, wait)
+    assert waited == pytest.approx([0.4])
+    # the rng draws inside the window, from its start
+    lo = AppendPacer(q, "me", 5.0, clock=clock.mono, clock_ms=clock.ms,
+                     rng=SimpleNamespace(uniform=lambda a, b: a))  # type: ignore[arg-type]
+    assert lo.after_loss() == 0.0
+
+
+def test_a_writer_the_root_shows_waits_for_its_slot_after_a_loss_not_a_back_off() -> None:
+    clock = _Clock()
+    ages = {"a": 0, "me": 0, "c": 0, "d": 0}
+    pacer = AppendPacer(_queue_seeing(clock, ages), "me", 5.0, clock=clock.mono,
+                        clock_ms=clock.ms, rng=_Top())  # type: ignore[arg-type]
+    pacer.appended()
+    pacer.appended()
+    for _ in range(3):  # the same slot every time: rank 3 of (a, c, d, me), a 0.8 s cycle
+        left = pacer.after_loss()
+        assert left == pytest.approx(pacer.due_in(turn=True))
+        assert ((clock.ms() / 1000 + left) / 0.8) % 1.0 == pytest.approx(0.75)
+
+
+def test_while_a_newcomer_backs_off_it_is_not_due_so_a_flusher_keeps_gathering() -> None:
+    clock = _Clock()
+    pacer = AppendPacer(_queue_seeing(clock, {"other": 0}), "me", 5.0, clock=clock.mono,
+                        clock_ms=clock.ms, rng=_Top())  # type: ignore[arg-type]
+    clock.s += 10  # tokens in hand: without the back-off it would be due at once
+    assert pacer.due_in() <= 0
+    assert pacer.after_loss() == pytest.approx(0.4)
+    assert pacer.due_in() == pytest.approx(0.4)
+    assert pacer.due_in(ahead=1) == pytest.approx(0.4 + 2 / 5)  # then one interval more
+    clock.s += 0.4
+    assert pacer.due_in() <= 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,9 @@ BURST = 2.0
 """Appends a writer may make back to back after being below its share for a while."""
 SLACK = 0.5
 """A slot may be taken with this much of a token still owed (timing noise)."""
+MAX_BACKOFF_SLOTS = 64
+"""The back-off window of a writer the root does not show yet stops doubling here
+(64 slots: 12.8 s at 5/s)."""
 
 
 def _id_phase(producer_id: str) -> float:
@@ -73,6 +77,7 @@ class AppendPacer:
         *,
         clock: Callable[[], float] = time.monotonic,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        rng: random.Random | None = None,
     ) -> None:
         if writes_per_s < 0:
             raise ValueError(f"manifest_writes_per_s must be >= 0, got {writes_per_s}")
@@ -90,6 +95,12 @@ class AppendPacer:
         self._interval = 0.0
         self._known = False
         """The last root read showed this writer's watermark (its slot is by rank)."""
+        self._losses = 0
+        """CASes lost in a row while the root did not show this writer (its back-off)."""
+        self._backoff_until = 0.0
+        """The end of that back-off (``clock()``): no append before it (due_in says so,
+        so a flusher keeps gathering into one batch meanwhile)."""
+        self._rng = rng or random.Random()
         self._lock = threading.Lock()
 
     def _active_ids(self) -> list[str]:
@@ -162,6 +173,9 @@ class AppendPacer:
         with self._lock:
             self._refill(interval)
             owed = 1 + ahead - self._tokens
+            backoff = self._backoff_until - self._clock()
+        if backoff > 0:  # a newcomer backing off after a lost CAS
+            return backoff + ahead * interval
         if owed <= 0 and not (turn and interval * self.writes_per_s > 1):
             return 0.0  # below its share: at once
         # over its share: its next slot by which it has (nearly) earned the token
@@ -182,12 +196,31 @@ class AppendPacer:
         does not show yet (started together, say) spread out instead of meeting."""
         return _id_phase(f"{self.producer_id}/{cycle}")
 
+    def after_loss(self) -> float:
+        """Seconds to wait after a lost CAS before reading the root again.
+
+        A writer the root showed waits for its next slot by rank.  One the root does not
+        show yet (a newcomer: writers started together) cannot know how many others are
+        in its place, so it backs off at random over a window that doubles with each CAS
+        it loses in a row: 2, 4, 8 ... slots (at most MAX_BACKOFF_SLOTS), instead of a
+        fresh phase in the same small cycle, where the losers of one round meet again."""
+        interval, phase = self._schedule()
+        if interval == 0:
+            return 0.0
+        if phase is not None:
+            return self.due_in(turn=True)
+        with self._lock:
+            self._losses += 1
+            slots = min(MAX_BACKOFF_SLOTS, 2 ** self._losses)
+            left = self._rng.uniform(0.0, slots) / self.writes_per_s
+            self._backoff_until = self._clock() + left
+        return left
+
     def wait_turn(self, stop: Callable[[], bool], wait: Callable[[float], object]) -> None:
-        """After a lost CAS: wait for this writer's next slot (it has just re-read the root,
-        so it knows the writers), not the CAS loop's few milliseconds -- writers that met
-        once would meet again.  ``stop()`` ends the wait (a close with a timeout);
-        ``wait(seconds)`` sleeps, interruptibly."""
-        left = self.due_in(turn=True)
+        """After a lost CAS: wait as :meth:`after_loss` says, not the CAS loop's few
+        milliseconds -- writers that met once would meet again.  ``stop()`` ends the wait
+        (a close with a timeout); ``wait(seconds)`` sleeps, interruptibly."""
+        left = self.after_loss()
         deadline = self._clock() + left
         while left > 0 and not stop():
             wait(left)
@@ -197,6 +230,7 @@ class AppendPacer:
         """An append landed (or was found landed): it takes a token."""
         interval = self.interval()
         with self._lock:
+            self._losses = 0
             self._refill(interval)
             if interval > 0:
                 self._tokens = max(-BURST, self._tokens - 1)
