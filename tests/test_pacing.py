@@ -417,3 +417,51 @@ def test_while_a_newcomer_backs_off_it_is_not_due_so_a_flusher_keeps_gathering()
     assert pacer.due_in(ahead=1) == pytest.approx(0.4 + 2 / 5)  # then one interval more
     clock.s += 0.4
     assert pacer.due_in() <= 0
+
+
+# --- a newcomer's probe read ---------------------------------------------------------
+
+
+class _ReadCounting:
+    """A queue stub whose read() 'finds' a root showing ``shows`` (and counts reads)."""
+
+    def __init__(self, clock: _Clock, shows: dict[str, int]) -> None:
+        self.reads = 0
+        self.last_read: Any = None
+        self.knows_root = False
+        self._seen = _queue_seeing(clock, shows).last_read
+
+    def read(self) -> None:
+        self.reads += 1
+        self.last_read, self.knows_root = self._seen, True
+
+
+def test_a_newcomer_reads_the_root_once_before_its_first_slot() -> None:
+    """Its first slot is then chosen in a cycle of the writers the root shows, not in
+    the one-slot cycle of a writer that has read nothing (16 producers started together
+    met in one 0.2 s cycle: bench/cost.py)."""
+    clock = _Clock()
+    q = _ReadCounting(clock, {"a": 0, "b": 0, "c": 0})
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono,  # type: ignore[arg-type]
+                        clock_ms=clock.ms)
+    assert pacer.interval() == pytest.approx(1 / 5)  # nothing read: itself alone
+    pacer.probe()
+    pacer.probe()
+    assert q.reads == 1
+    assert pacer.interval() == pytest.approx(4 / 5)  # a, b, c and itself
+    assert -0.1 <= pacer.due_in() < 0.8  # (a slot begun under half a slot ago: now)
+    # an append due right after the probe CASes against it (no second read), once
+    assert pacer.optimistic() and not pacer.optimistic()
+
+
+def test_a_stale_probe_is_not_cased_against_and_unpaced_writers_do_not_probe() -> None:
+    clock = _Clock()
+    q = _ReadCounting(clock, {"a": 0})
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono,  # type: ignore[arg-type]
+                        clock_ms=clock.ms)
+    pacer.probe()
+    clock.s += 0.5  # it waited for its slot: the append reads the root again
+    assert not pacer.optimistic()
+    off = _ReadCounting(clock, {"a": 0})
+    AppendPacer(off, "me", 0.0, clock=clock.mono, clock_ms=clock.ms).probe()  # type: ignore[arg-type]
+    assert off.reads == 0

@@ -150,7 +150,7 @@ class Exporter:
             for kind, pub in self._publishers.items()
         }
         for kind, pub in self._publishers.items():
-            pub.optimistic = self._pacers[kind].alone
+            pub.optimistic = self._pacers[kind].optimistic
             pub.between_attempts = functools.partial(self._wait_turn, kind)
         self._uploads: dict[str, _Upload] = {}
         """Sealed segments whose upload started (by segment ULID), until appended."""
@@ -363,6 +363,8 @@ class Exporter:
                 if up.future.exception() is not None:
                     del self._uploads[up.segment.ulid]  # uploaded again on the next pass
                     up.future.result()
+            if not urgent:  # a first append: learn the writers before the first slot
+                self._pacers[kind].probe()
             # a drain takes its turn: many producers closing together is a CAS storm
             due = 0.0 if urgent else self._pacers[kind].due_in(turn=draining)
             if due > 0:

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ class Producer:
             gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
         )
         self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
-        self._publisher.optimistic = self._pacer.alone
+        self._publisher.optimistic = self._pacer.optimistic
         self._publisher.between_attempts = self._wait_turn
         self._upload_s = 0.0
         """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
@@ -342,6 +343,7 @@ class Producer:
             except BaseException as e:
                 self._die(e)
                 return
+            self._pacer.probe()  # a first append: learn the writers before the first slot
             with self._cond:
                 # this writer's slot (group commit across producers); uploads go on
                 while not (self._urgent or self._error is not None):
@@ -356,11 +358,7 @@ class Producer:
             def more(group: list[Any] = group) -> list[Pending]:
                 """After a lost CAS and the wait for this writer's turn: the batches
                 uploaded meanwhile join the retry (one append for all of them)."""
-                with self._cond:
-                    extra = []
-                    while (self._inflight and self._inflight[0][1].done()
-                           and self._inflight[0][1].exception() is None):
-                        extra.append(self._inflight.popleft())
+                extra = self._uploaded_meanwhile()
                 group.extend(extra)
                 return [p for p, _, _ in extra]
 
@@ -386,6 +384,23 @@ class Producer:
                 self._buffered_inputs -= released_inputs
                 self._buffered_bytes -= released_bytes
                 self._cond.notify_all()
+
+    def _uploaded_meanwhile(self) -> list[tuple[Pending, Future[None], _OpenBatch]]:
+        """On the appender thread (the only one taking from ``_inflight``): the batches
+        cut since, in order, once uploaded.  One still uploading was cut about one upload
+        before this turn: it is waited for, up to twice the recent upload time."""
+        extra: list[tuple[Pending, Future[None], _OpenBatch]] = []
+        while True:
+            with self._cond:
+                if not self._inflight:
+                    return extra
+                head = self._inflight[0][1]
+            if not head.done():
+                futures_wait([head], timeout=max(0.05, 2 * self._upload_s))
+            with self._cond:
+                if not (head.done() and head.exception() is None):
+                    return extra  # failed or slow: the next append deals with it
+                extra.append(self._inflight.popleft())
 
     def _die(self, error: BaseException, batches: list[_OpenBatch] | None = None) -> None:
         log.error("producer %s failed: %s", self.producer_id, error, extra={"tb_raised": True})

@@ -36,6 +36,7 @@ append as soon as it is ready: the rate then grows with the writers).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import random
@@ -43,6 +44,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from tieredbuf.errors import StoreError
 
 if TYPE_CHECKING:
     from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -55,6 +58,8 @@ BURST = 2.0
 """Appends a writer may make back to back after being below its share for a while."""
 SLACK = 0.5
 """A slot may be taken with this much of a token still owed (timing noise)."""
+PROBE_FRESH_S = 0.02
+"""A first append due within this long of its probe read CASes against that read."""
 MAX_BACKOFF_SLOTS = 64
 """The back-off window of a writer the root does not show yet stops doubling here
 (64 slots: 12.8 s at 5/s)."""
@@ -101,6 +106,8 @@ class AppendPacer:
         """The end of that back-off (``clock()``): no append before it (due_in says so,
         so a flusher keeps gathering into one batch meanwhile)."""
         self._rng = rng or random.Random()
+        self._probed_at: float | None = None
+        """When :meth:`probe` read the root (None: not yet, or that read was used)."""
         self._lock = threading.Lock()
 
     def _active_ids(self) -> list[str]:
@@ -137,6 +144,30 @@ class AppendPacer:
             return False
         n = self.active_writers()
         return n == 1 and self._known
+
+    def probe(self) -> None:
+        """Before a writer's first append: read the root once, if this process has not,
+        so the first slot is chosen among the writers it shows (a cycle of ``N`` slots,
+        not the one slot of a writer that sees none).  A store error is left to the
+        append itself.  No request when unpaced or once a root was read."""
+        if self.writes_per_s == 0 or self._probed_at is not None:
+            return
+        if self.queue.last_read is not None:
+            return
+        self._probed_at = self._clock()
+        with contextlib.suppress(StoreError):
+            self.queue.read()
+
+    def optimistic(self) -> bool:
+        """CAS the next append against the root this process last read or wrote, unread:
+        when :meth:`alone`, or once for a first append due right after its probe (that
+        read is the one the CAS needs: a newcomer's probe costs no extra request)."""
+        with self._lock:
+            probed = self._probed_at
+            fresh = probed is not None and self._clock() - probed <= PROBE_FRESH_S
+            if fresh:
+                self._probed_at = -1.0  # used
+        return fresh or self.alone()
 
     def interval(self) -> float:
         """Seconds between this writer's appends under load now (0: unpaced)."""
