@@ -465,3 +465,41 @@ def test_a_stale_probe_is_not_cased_against_and_unpaced_writers_do_not_probe() -
     off = _ReadCounting(clock, {"a": 0})
     AppendPacer(off, "me", 0.0, clock=clock.mono, clock_ms=clock.ms).probe()  # type: ignore[arg-type]
     assert off.reads == 0
+
+
+def test_an_exporter_that_lost_a_cas_retries_with_the_segments_sealed_meanwhile(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The staged producer's exporter: one group commit for the segment whose CAS was
+    lost and the one sealed while it waited for its turn."""
+    from tieredbuf import exporter
+    from tieredbuf.errors import PreconditionFailedError
+    from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.store import open_store
+    from tieredbuf.store.faults import FaultInjectingStore
+
+    # the retry waits for the new segment's upload at least this long: long enough for
+    # any load, so the test does not depend on how fast the upload is
+    monkeypatch.setattr(exporter, "REGROUP_WAIT_S", 60.0)
+    faulty = FaultInjectingStore(open_store(f"file://{tmp_path}/buf"))
+    buf = tieredbuf.Buffer(faulty)
+    p = buf.producer(staging_dir=tmp_path / "stage", manifest_writes_per_s=0)
+    second: list[Any] = []
+
+    def conflict_after_a_second_segment(key: str) -> Exception:
+        # on the exporter thread, while the first segment's CAS is refused
+        second.append(p.produce([b"b"]))
+        second[0].wait(tieredbuf.Durability.LOCAL, timeout=10)
+        p.stage.seal_all()
+        return PreconditionFailedError(key, "injected: another writer won")
+
+    faulty.arm("put", key=MANIFEST_KEY, when="before", error=conflict_after_a_second_segment)
+    first = p.produce([b"a"])
+    assert first.wait(timeout=10).sequence == 0
+    assert second[0].wait(timeout=10).sequence == 1
+    p.close()
+    assert buf.queue.stats.get("conflicts") == 1
+    assert buf.queue.stats.get("appends") == 1  # both segments in the retry
+    assert p.stats["regrouped_appends"] == 1
+    assert p.stats["group_commits"] == 1
+    assert [e.location for e in buf.entries()] == [keys_of(first), keys_of(second[0])]

@@ -48,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,6 +70,9 @@ from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)
+
+REGROUP_WAIT_S = 0.05
+"""A lost CAS's retry waits at least this long for a segment still uploading."""
 
 KINDS = ("batch", "qseg")
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
@@ -426,12 +430,37 @@ class Exporter:
         p.drop_body()  # it waits for its append on disk, not in memory
         self._wake.set()
 
+    def _uploaded_meanwhile(self, kind: str, group: list[_Upload]) -> list[Pending]:
+        """After a lost CAS and the wait for this kind's turn: the segments of ``kind``
+        sealed since, next in order after ``group``, once uploaded; they join the retry
+        (appended to ``group``).  Uploads start here (this thread waited), and one still
+        running is waited for up to twice the recent upload time (REGROUP_WAIT_S at
+        least)."""
+        sealed = self.stage.sealed_segments()
+        self._start_uploads(sealed)
+        taken = {u.segment.ulid for u in group}
+        last = max(u.segment.last_sequence for u in group)
+        extra: list[_Upload] = []
+        for seg in sorted((s for s in sealed if s.kind == kind and s.ulid not in taken),
+                          key=lambda s: s.last_sequence):
+            up = self._uploads.get(seg.ulid)
+            if up is None or seg.last_sequence <= last:
+                break  # not started (uploads in flight at most), or out of order: stop
+            if not up.future.done():
+                futures_wait([up.future], timeout=max(REGROUP_WAIT_S, 2 * self.upload_s))
+            if not up.future.done() or up.future.exception() is not None:
+                break  # the next pass deals with it
+            extra.append(up)
+        group.extend(extra)
+        return [u.pending for u in extra]
+
     def _append(self, kind: str, ready: list[_Upload]) -> None:
         # Group commit: every uploaded segment of this kind in one CAS.  Append numbers
         # (each segment's last per-core sequence + 1) increase with gaps; the manifest
         # skips those its watermark already covers (a regrouped retry after a crash).
         pending = [u.pending for u in ready]
-        seqs = self._publishers[kind].append_increasing(pending)
+        seqs = self._publishers[kind].append_increasing(
+            pending, functools.partial(self._uploaded_meanwhile, kind, ready))
         self._pacers[kind].appended()
         self.stats.incr("group_commits")
         for up, seq in zip(ready, seqs, strict=True):

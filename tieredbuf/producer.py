@@ -319,9 +319,12 @@ class Producer:
 
     def _wait_turn(self) -> None:
         """After a lost CAS (on the appender thread): wait for this writer's slot."""
+        def wait(seconds: float) -> None:
+            self._cond.notify_all()  # the flusher times its next cut from this wait
+            self._cond.wait(seconds)
+
         with self._cond:
-            self._pacer.wait_turn(lambda: bool(self._urgent) or self._error is not None,
-                                  self._cond.wait)
+            self._pacer.wait_turn(lambda: bool(self._urgent) or self._error is not None, wait)
 
     def _upload(self, p: Pending) -> None:
         started = time.monotonic()

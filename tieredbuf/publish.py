@@ -191,20 +191,23 @@ class Publisher:
                 raise ValueError("a group's producer sequence numbers must be consecutive")
         return self._append(group, explicit=False, more=more)
 
-    def append_increasing(self, group: Sequence[Pending]) -> list[int | None]:
+    def append_increasing(
+        self, group: Sequence[Pending], more: Callable[[], Sequence[Pending]] | None = None,
+    ) -> list[int | None]:
         """Append ``group`` (uploaded, strictly increasing producer_seq, gaps allowed) in one
         CAS, exactly once (group commit).
 
         Numbers the producer's watermark already covers landed before (a retry, or a
         regrouped retry after a restart) and are skipped; their sequences are recovered
-        when the whole group landed together, else ``None``.
+        when the whole group landed together, else ``None``.  ``more`` as in :meth:`append`
+        (the objects it returns have higher numbers).
         """
         if not group:
             return []
         for a, b in itertools.pairwise(group):
             if b.producer_seq <= a.producer_seq:
                 raise ValueError("a group's producer sequence numbers must strictly increase")
-        return self._append(group, explicit=True)
+        return self._append(group, explicit=True, more=more)
 
     def _append(self, group: Sequence[Pending], *, explicit: bool,
                 more: Callable[[], Sequence[Pending]] | None = None) -> list[int | None]:
@@ -226,7 +229,8 @@ class Publisher:
                 assert more is not None
                 extra = list(more())
                 for a, b in itertools.pairwise([group[-1], *extra]):
-                    if b.producer_seq != a.producer_seq + 1:
+                    if (b.producer_seq <= a.producer_seq if explicit
+                            else b.producer_seq != a.producer_seq + 1):
                         raise ValueError(
                             "more() must return the next producer sequence numbers") from None
                 if extra:
