@@ -101,7 +101,8 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         for pc in pacers:  # a staged producer's exporter has one per kind: the known one
             ids = pc._active_ids()
             if not out or pc._known:
-                out = {"n": len(ids), "known": pc._known, "rank": ids.index(pc.producer_id)}
+                out = {"n": len(ids), "known": pc._known, "rank": ids.index(pc.producer_id),
+                       "losses": pc._losses}
         return out
 
     class _Timed:  # the times of root reads and CAS writes (rate check, conflict causes)
@@ -161,6 +162,7 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         "conflict_times": lost,
         "attempts": attempts,
         "objects": stats.get("segments_exported", stats.get("objects_uploaded", 0)),
+        "regrouped": stats.get("objects_regrouped", 0),
         "records": calls * per_call,
         "bytes": calls * per_call * size,
         "t0": t0,
@@ -256,6 +258,7 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         "requests": requests,
         "conflicts": sum(sum(r["conflicts"].values()) for r in results),
         "objects": sum(r["objects"] for r in results),
+        "objects_regrouped": sum(r["regrouped"] for r in results),
         "records": sum(r["records"] for r in results),
         "bytes": sum(r["bytes"] for r in results),
         "seconds": t1 - t0,
@@ -299,7 +302,7 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
             out.append({
                 "t": round(a["start"] - t0, 3),
                 "gap_ms": None if a["read"] is None else round((a["start"] - a["read"]) * 1000, 1),
-                "n": a.get("n"), "known": a.get("known"),
+                "n": a.get("n"), "known": a.get("known"), "losses": a.get("losses"),
                 "winners": [{"n": w.get("n"), "known": w.get("known"),
                              "before_ms": round((a["start"] - w["end"]) * 1000, 1)}
                             for w, _ in won],
@@ -569,11 +572,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
     print("Why the conflicts happened (per lost CAS: the loser's pacer; gap = its root GET "
           "-> conditional PUT; winners = other writers' CAS landing in that window):")
-    print_table(["kind", "rec B", "N", "pacing", "conflicts", "loser not in root",
-                 "optimistic", "gap p50 ms", "gap max ms", "gap > 50 ms",
+    print_table(["kind", "rec B", "N", "pacing", "conflicts", "regrouped objects",
+                 "loser not in root", "optimistic", "gap p50 ms", "gap max ms", "gap > 50 ms",
                  "known vs newcomer", "known, same N", "known, other N"], [
         [r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
-         r["conflicts"], r["why"]["loser_not_in_root"], r["why"]["optimistic"],
+         r["conflicts"], r["objects_regrouped"], r["why"]["loser_not_in_root"],
+         r["why"]["optimistic"],
          r["why"]["gap_p50_ms"], r["why"]["gap_max_ms"], r["why"]["gap_over_50ms"],
          r["why"]["known_vs_not_in_root"], r["why"]["known_same_n"],
          r["why"]["known_other_n"]] for r in rows])
