@@ -307,6 +307,11 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
                              "before_ms": round((a["start"] - w["end"]) * 1000, 1)}
                             for w, _ in won],
             })
+    # how long a root CAS takes (PUT call to its answer) and how long a loser held the
+    # root it read before its PUT was answered: the window another writer's CAS hits
+    took = sorted((a["end"] - a["start"]) * 1000 for r in results for a in r["attempts"])
+    held = sorted((a["end"] - a["read"]) * 1000 for r in results for a in r["attempts"]
+                  if not a["ok"] and a["read"] is not None)
     first = [c for c in out if not c["known"]]
     known = [c for c in out if c["known"]]
     gaps = sorted(c["gap_ms"] for c in out if c["gap_ms"] is not None)
@@ -317,6 +322,9 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
         "gap_over_50ms": sum(1 for g in gaps if g > 50),
         "gap_p50_ms": gaps[len(gaps) // 2] if gaps else None,
         "gap_max_ms": gaps[-1] if gaps else None,
+        "cas_p50_ms": round(took[len(took) // 2], 1) if took else None,
+        "cas_max_ms": round(took[-1], 1) if took else None,
+        "held_p50_ms": round(held[len(held) // 2], 1) if held else None,
         "known_vs_not_in_root": sum(1 for c in known
                                     if any(not w["known"] for w in c["winners"])),
         "known_same_n": sum(1 for c in known if c["winners"] and all(
@@ -574,11 +582,13 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           "-> conditional PUT; winners = other writers' CAS landing in that window):")
     print_table(["kind", "rec B", "N", "pacing", "conflicts", "regrouped objects",
                  "loser not in root", "optimistic", "gap p50 ms", "gap max ms", "gap > 50 ms",
-                 "known vs newcomer", "known, same N", "known, other N"], [
+                 "CAS p50/max ms", "loser read->answer p50 ms", "known vs newcomer",
+                 "known, same N", "known, other N"], [
         [r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
          r["conflicts"], r["objects_regrouped"], r["why"]["loser_not_in_root"],
          r["why"]["optimistic"],
          r["why"]["gap_p50_ms"], r["why"]["gap_max_ms"], r["why"]["gap_over_50ms"],
+         f"{r['why']['cas_p50_ms']}/{r['why']['cas_max_ms']}", r["why"]["held_p50_ms"],
          r["why"]["known_vs_not_in_root"], r["why"]["known_same_n"],
          r["why"]["known_other_n"]] for r in rows])
     print()
