@@ -29,6 +29,18 @@ latency under load: 0.2 s for one writer at the default 5/s, 0.8 s for four, 3.2
 for sixteen (docs/operations.md).  A new writer's first append waits for its slot
 too (writers started together would otherwise all CAS at once).
 
+A writer the root does not show yet (a newcomer) knows only what it reads: before its
+first slot it reads the root once (:meth:`AppendPacer.probe`), so its first phase is
+drawn in a cycle of the writers shown, and an append due right after that read CASes
+against it (no second GET).  Newcomers started together cannot see each other, so
+they still meet; after a lost CAS a newcomer backs off at random over 2, 4, 8 ... slots
+(doubling with each loss in a row, at most ``MAX_BACKOFF_SLOTS``) instead of a fresh
+phase in the same cycle, and a writer the root shows waits for its slot by rank.  A
+lost CAS's retry carries what its writer uploaded meanwhile (the producer's batches,
+the exporter's segments: ``ManifestQueue.append(regroup=True)``), so a conflict costs
+no extra append later.  A writer CASes unread (optimistic) only once a root it read
+shows it alone: the empty root read before a first append is no evidence.
+
 The rate must be the same for every writer of a buffer (as ``TreeConfig.m`` must):
 a writer with a higher rate takes a larger share.  ``0`` turns pacing off (every
 append as soon as it is ready: the rate then grows with the writers).
