@@ -503,3 +503,25 @@ def test_an_exporter_that_lost_a_cas_retries_with_the_segments_sealed_meanwhile(
     assert p.stats["regrouped_appends"] == 1
     assert p.stats["group_commits"] == 1
     assert [e.location for e in buf.entries()] == [keys_of(first), keys_of(second[0])]
+
+
+@pytest.mark.parametrize("error", ["transient", "corrupt"])
+def test_I7_a_probe_that_fails_leaves_the_error_to_the_append(error: str) -> None:
+    """The probe is advice: a store error or a corrupt root must not stop the appender
+    (the append reads the same root and raises it, so it is never silent)."""
+    from tieredbuf.errors import CorruptError, TransientStoreError
+
+    clock = _Clock()
+    q = _ReadCounting(clock, {"a": 0})
+
+    def fail() -> None:
+        q.reads += 1
+        raise (TransientStoreError("down") if error == "transient"
+               else CorruptError("manifest", "queue/manifest", 3, "bad magic"))
+
+    q.read = fail  # type: ignore[method-assign]
+    pacer = AppendPacer(q, "me", 5.0, clock=clock.mono,  # type: ignore[arg-type]
+                        clock_ms=clock.ms)
+    pacer.probe()
+    assert q.reads == 1 and pacer.active_writers() == 1  # nothing learnt, nothing raised
+    assert not pacer.optimistic()  # the append reads the root itself

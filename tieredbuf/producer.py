@@ -343,10 +343,10 @@ class Producer:
             head = self._inflight[0][1]
             try:
                 head.result()
+                self._pacer.probe()  # a first append: learn the writers before its slot
             except BaseException as e:
                 self._die(e)
                 return
-            self._pacer.probe()  # a first append: learn the writers before the first slot
             with self._cond:
                 # this writer's slot (group commit across producers); uploads go on
                 while not (self._urgent or self._error is not None):

@@ -48,7 +48,6 @@ append as soon as it is ready: the rate then grows with the writers).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import random
@@ -57,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tieredbuf.errors import StoreError
+from tieredbuf.errors import TieredBufError
 
 if TYPE_CHECKING:
     from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -119,7 +118,7 @@ class AppendPacer:
         so a flusher keeps gathering into one batch meanwhile)."""
         self._rng = rng or random.Random()
         self._probed_at: float | None = None
-        """When :meth:`probe` read the root (None: not yet, or that read was used)."""
+        """When :meth:`probe` read the root (None: not yet; -1: failed, or already used)."""
         self._lock = threading.Lock()
 
     def _active_ids(self) -> list[str]:
@@ -160,15 +159,19 @@ class AppendPacer:
     def probe(self) -> None:
         """Before a writer's first append: read the root once, if this process has not,
         so the first slot is chosen among the writers it shows (a cycle of ``N`` slots,
-        not the one slot of a writer that sees none).  A store error is left to the
-        append itself.  No request when unpaced or once a root was read."""
+        not the one slot of a writer that sees none).  An error (the store's, a corrupt
+        root) is left to the append itself, which reads the same root and reports it.
+        No request when unpaced or once a root was read."""
         if self.writes_per_s == 0 or self._probed_at is not None:
             return
         if self.queue.last_read is not None:
             return
-        self._probed_at = self._clock()
-        with contextlib.suppress(StoreError):
+        self._probed_at = -1.0  # tried: once is enough
+        try:
             self.queue.read()
+        except TieredBufError:
+            return
+        self._probed_at = self._clock()
 
     def optimistic(self) -> bool:
         """CAS the next append against the root this process last read or wrote, unread:
@@ -176,7 +179,8 @@ class AppendPacer:
         read is the one the CAS needs: a newcomer's probe costs no extra request)."""
         with self._lock:
             probed = self._probed_at
-            fresh = probed is not None and self._clock() - probed <= PROBE_FRESH_S
+            fresh = probed is not None and probed >= 0 and (
+                self._clock() - probed <= PROBE_FRESH_S)
             if fresh:
                 self._probed_at = -1.0  # used
         return fresh or self.alone()
