@@ -10,11 +10,13 @@ medians are reported.
    threads, and a flusher thread that fdatasyncs at most every 25 ms; a call is acked
    once an fdatasync covering it returned (the stage's own contract).  Producer threads
    keep up to ``--window`` calls in flight and wait on the oldest, so acks share
-   fdatasyncs.  Measured on ``Stage.append_records`` directly and through
+   fdatasyncs.  After each run its files are removed and ``os.sync()`` is called,
+   untimed, so no run shares the disk with the previous run's write-back.  Measured
+   on ``Stage.append_records`` directly and through
    ``StagedProducer.produce`` (which also runs its exporter), once exporting to a
    ``memory://`` store (the object store off this disk, as S3 is) and once to a
-   ``file://`` store on the same disk (which then takes every byte a third time;
-   ``--export memory|file`` runs one).  Target >= 0.6.
+   ``file://`` store on the same disk (which takes each sealed segment as a hard
+   link; ``--export memory|file`` runs one).  Target >= 0.6.
    A diagnostic side, ``raw_2x``, adds to raw what the stage adds on the disk: the same
    bytes written again into 32 MiB files (writev + fdatasync + rename) by a background
    thread, which bounds what a WAL + sealed-segment design can reach here.  The stage
@@ -420,6 +422,9 @@ def bench_produce_case(args: argparse.Namespace, scratch: Scratch, threads: int,
                 else:
                     r = produce_producer(d, recs, calls, args.window, via[9:])
                 shutil.rmtree(d, ignore_errors=True)
+                # untimed: the next run (the other side, often) starts with nothing of
+                # this one still being written back or discarded on the same disk
+                os.sync()
                 r["records_per_s"] = n_rec / r["seconds"]
                 r["mib_per_s"] = nbytes / MiB / r["seconds"]
                 r["loadavg"] = loadavg()
