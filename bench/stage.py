@@ -694,7 +694,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
         print("   'producer-*' rows: StagedProducer, its exporter uploading in the background "
               "(not awaited: the clock stops at the last LOCAL ack) to a memory:// store "
               "(-memory: the object store off this disk, as S3 is) or a file:// store on the "
-              "same disk (-file: the disk takes every byte a third time)")
+              "same disk (-file: it takes each sealed segment as a hard link)")
         print("   'raw_2x' (diagnostic): raw plus the same bytes rewritten into 32 MiB files "
               "by a background thread, i.e. the stage's double write without its Python work")
         for key, r in res["produce"].items():
