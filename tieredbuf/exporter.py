@@ -63,16 +63,13 @@ from tieredbuf.errors import (
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, AppendPacer
+from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, REGROUP_WAIT_S, AppendPacer
 from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)
-
-REGROUP_WAIT_S = 0.05
-"""A lost CAS's retry waits at least this long for a segment still uploading."""
 
 KINDS = ("batch", "qseg")
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
@@ -404,10 +401,13 @@ class Exporter:
             if seg.ulid in self._uploads:
                 continue
             link = self._link_for(seg)
-            # a store taking the file as a hard link needs its bytes only if the link is
-            # refused (then ``reload`` reads them): check the file in place
-            body = b"" if link is not None else self.stage.read_segment(seg)
-            why = self.stage.verify_segment(seg) if link is not None else verify(seg, body)
+            if link is not None:
+                # a store taking the file as a hard link needs its bytes only if the link
+                # is refused (then ``reload`` reads them): check the file in place
+                body, why = b"", self.stage.verify_segment(seg)
+            else:
+                body = self.stage.read_segment(seg)
+                why = verify(seg, body)
             if why is not None:  # never upload bad bytes (I7); say loudly what is lost
                 dest = self.stage.quarantine(seg, why)
                 self.stats.incr("segments_quarantined")

@@ -39,7 +39,7 @@ from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteO
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.queue.pacing import AppendPacer
+from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ class Producer:
                     return extra
                 head = self._inflight[0][1]
             if not head.done():
-                futures_wait([head], timeout=max(0.05, 2 * self._upload_s))
+                futures_wait([head], timeout=max(REGROUP_WAIT_S, 2 * self._upload_s))
             with self._cond:
                 if not (head.done() and head.exception() is None):
                     return extra  # failed or slow: the next append deals with it

@@ -71,6 +71,10 @@ SLACK = 0.5
 """A slot may be taken with this much of a token still owed (timing noise)."""
 PROBE_FRESH_S = 0.02
 """A first append due within this long of its probe read CASes against that read."""
+REGROUP_WAIT_S = 0.05
+"""A lost CAS's retry waits at least this long (or twice the recent upload time) for an
+object still uploading, to carry it too (the producer's batches, the exporter's
+segments)."""
 MAX_BACKOFF_SLOTS = 64
 """The back-off window of a writer the root does not show yet stops doubling here
 (64 slots: 12.8 s at 5/s)."""
