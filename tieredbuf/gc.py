@@ -53,6 +53,7 @@ from tieredbuf.format import tree as ft
 from tieredbuf.queue import tree
 from tieredbuf.queue.nodes import NodeStore, node_key
 from tieredbuf.queue.subscribers import ProgressStore, publish
+from tieredbuf.signals import Stop
 from tieredbuf.store.counting import diff
 
 log = logging.getLogger(__name__)
@@ -361,7 +362,7 @@ def run_forever(
     buf: Any,
     *,
     interval: timedelta | None = None,
-    stop: threading.Event | None = None,
+    stop: Stop | None = None,
     on_report: Callable[[GcReport, float], None] | None = None,
     grace: timedelta | None = None,
     dry_run: bool = False,
@@ -377,7 +378,8 @@ def run_forever(
     """
     cfg = config or GcConfig()
     wait = (cfg.gc_interval if interval is None else interval).total_seconds()
-    stop = stop or threading.Event()
+    if stop is None:
+        stop = threading.Event()
     cache = GroupCache()
     while not stop.is_set():
         t0 = time.monotonic()

@@ -196,9 +196,10 @@ def _gc_loop(args: argparse.Namespace, buf: tieredbuf.Buffer, out: TextIO) -> in
     """``gc --loop INTERVAL``: a pass every INTERVAL until SIGTERM or SIGINT; groups read
     once are cached across passes (gc.run_forever)."""
     import signal
-    import threading
 
-    stop = threading.Event()
+    from tieredbuf.signals import SignalEvent
+
+    stop = SignalEvent()  # a threading.Event set from a handler may deadlock its waiter
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 

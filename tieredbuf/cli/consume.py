@@ -50,6 +50,7 @@ from tieredbuf.cli._common import (
 from tieredbuf.consumer import ConsumedBatch
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.signals import SignalEvent, Stop
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -338,7 +339,7 @@ class _Follow:
             params = {}  # type: ignore[assignment]
         self.long_poll = "timeout" in params
 
-    def next_batch(self, stop: threading.Event) -> ConsumedBatch | None:
+    def next_batch(self, stop: Stop) -> ConsumedBatch | None:
         if self.long_poll:
             got: ConsumedBatch | None = self.source.next_batch(timeout=self.poll_max)
             return got
@@ -352,7 +353,7 @@ class _Follow:
 
 
 @contextlib.contextmanager
-def _ctrl_c(stop: threading.Event) -> Iterator[None]:
+def _ctrl_c(stop: SignalEvent) -> Iterator[None]:
     """The first Ctrl-C sets ``stop`` (the current batch is finished, written and acked,
     then the summary prints); a second one raises KeyboardInterrupt at once."""
     if threading.current_thread() is not threading.main_thread():
@@ -399,11 +400,11 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     batches = records = 0
     unacked: list[int] = []
     acked: int | None = None
-    stop = threading.Event()
+    stop = SignalEvent()  # set by the Ctrl-C handler: a threading.Event may deadlock there
     forced = False
     # records go to stdout: a progress line there would mix with them
-    with Progress("consume", stream=sys.stderr if args.out else cast(TextIO, _NullTty())) as bar, \
-            _ctrl_c(stop):
+    with stop, Progress("consume", stream=sys.stderr if args.out
+                        else cast(TextIO, _NullTty())) as bar, _ctrl_c(stop):
         try:
             while not stop.is_set() and (args.max_batches is None
                                          or batches < args.max_batches):

@@ -23,13 +23,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from tieredbuf.service.config import ServiceConfig
+from tieredbuf.signals import SignalEvent
 
 log = logging.getLogger("tieredbuf.service")
 
@@ -98,8 +98,10 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
                           f"{os.strerror(e.errno) if e.errno else e}{hint}") from None
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
-    stop = threading.Event()
-    forced = threading.Event()
+    # both are set by the signal handler: a threading.Event set there can deadlock the
+    # main thread waiting on it (tieredbuf.signals)
+    stop = SignalEvent()
+    forced = SignalEvent()
     workers: list[_Worker] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -185,5 +187,7 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
         sock.close()
     if forced.is_set():
         code = 130
+    stop.close()
+    forced.close()
     print(f"tieredbuf serve: stopped (exit {code})", file=out, flush=True)
     return code
