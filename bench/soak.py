@@ -131,6 +131,22 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
+def _thread_names() -> dict[str, int]:
+    """Python threads by name, numbers stripped (``tb-export_3`` counts as ``tb-export``)."""
+    return dict(collections.Counter(t.name.rstrip("0123456789_-")
+                                    for t in threading.enumerate()))
+
+
+def _named_growth(early: list[dict[str, Any]], late: list[dict[str, Any]]) -> str:
+    """Which named threads a failure is made of: each name's max count, early -> late."""
+    def peak(samples: list[dict[str, Any]], name: str) -> int:
+        return max(s["thread_names"].get(name, 0) for s in samples)
+    names = {n for s in late for n in s["thread_names"]}
+    grew = [f"{n} {peak(early, n)} -> {peak(late, n)}" for n in sorted(names)
+            if peak(late, n) > peak(early, n)]
+    return f"; by name: {', '.join(grew)}" if grew else "; no Python thread grew (native)"
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
@@ -234,6 +250,7 @@ class Soak:
             "rss_bytes": _status("VmRSS") * 1024,
             "open_fds": len(os.listdir("/proc/self/fd")),
             "threads": _status("Threads"),
+            "thread_names": _thread_names(),
             "stage_disk_bytes": sum(_dir_bytes(s) for s in self.stages),
             "store_bytes": _dir_bytes(self.workdir / "buf") if self.args.store == "file" else None,
             "queued_entries": snap.root.next_seq - snap.low,
@@ -288,8 +305,9 @@ class Soak:
                 growth[metric] = {"early_max": a, "late_max": b, "allowed": allowed,
                                   "grew": grew}
                 if grew:
+                    why = _named_growth(early, late) if metric == "threads" else ""
                     failed.append(f"{metric} grew after warm-up: {a} -> {b} "
-                                  f"(allowed +{allowed})")
+                                  f"(allowed +{allowed}){why}")
             hooks = {"subscriber_read": named_subscriber in SUBSCRIBERS,
                      "worker_acked": shared_worker in SUBSCRIBERS}
             for metric in ("consumed", "read_entries", *(m for m, on in hooks.items() if on)):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -47,6 +47,7 @@ from tieredbuf.forks import ForkGuard
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
+from tieredbuf.pools import started_pool
 from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.longpoll import FooterPoll
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
@@ -130,9 +131,7 @@ class Consumer:
         self._footer: Footer | None = None  # a footer the long poll just read
         self._gaps: dict[int, int] = {}
         self._prefetch: dict[int, Future[bytes]] = {}
-        self._pool = ThreadPoolExecutor(
-            max(1, self.config.read_ahead), thread_name_prefix="tb-readahead"
-        )
+        self._pool = started_pool(max(1, self.config.read_ahead), "tb-readahead")
         self._guard = ForkGuard("consumer")  # its read-ahead threads do not survive fork()
         self._closed = False
 

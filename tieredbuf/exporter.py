@@ -47,7 +47,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,6 +60,7 @@ from tieredbuf.errors import (
     StageBufferMismatchError,
     StagedDataLossError,
 )
+from tieredbuf.pools import started_pool
 from tieredbuf.publish import Pending, Publisher
 from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -169,8 +170,7 @@ class Exporter:
         self._on_lost = on_lost
         self._before_export = before_export
         self._last_transient: BaseException | None = None
-        self._pool = ThreadPoolExecutor(max_uploads_in_flight, thread_name_prefix="tb-export")
-        _start_all(self._pool, max_uploads_in_flight)
+        self._pool = started_pool(max_uploads_in_flight, "tb-export")
         self._max_inflight = max_uploads_in_flight
         self._cond = threading.Condition()
         self._idle = True
@@ -471,16 +471,6 @@ class Exporter:
             if self._on_exported is not None:
                 self._on_exported(Exported(kind, up.segment.sequences, seq,
                                            up.pending.location))
-
-
-def _start_all(pool: ThreadPoolExecutor, workers: int) -> None:
-    """Start every worker thread of ``pool`` now rather than at the first uploads that
-    overlap: the process's thread count is then flat from the start (a thread count
-    that grows minutes later looks like a leak; tests/test_soak.py checks it)."""
-    gate = threading.Barrier(workers)
-    # each task blocks until all have a thread of their own: the pool must start them all
-    for f in [pool.submit(gate.wait, 30) for _ in range(workers)]:
-        f.result()
 
 
 @dataclass(eq=False, slots=True)

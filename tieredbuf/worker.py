@@ -28,7 +28,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import timedelta
 
 from ulid import ULID
@@ -44,6 +44,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import Lease, Progress
+from tieredbuf.pools import started_pool
 from tieredbuf.queue import shared
 from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
@@ -101,8 +102,7 @@ class Worker:
         """The last CAS met another worker's write: read the progress object before the next."""
         self._snap_at = 0.0
         self._prefetch: dict[int, Future[bytes]] = {}
-        self._pool = ThreadPoolExecutor(max(1, self.config.read_ahead),
-                                        thread_name_prefix="tb-worker")
+        self._pool = started_pool(max(1, self.config.read_ahead), "tb-worker")
         self._initialized = False
         self._closed = False
         self.on_applied: Callable[[list[int]], None] | None = None
