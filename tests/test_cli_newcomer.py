@@ -412,3 +412,24 @@ def test_consume_as_a_named_subscriber_leaves_the_default_consumer_alone(tmp_pat
     assert r.returncode == 0 and r.stdout == "a\n", r.stderr
     assert tb("consume", url, "--subscriber", "etl").stdout == ""  # etl is past it
     assert tb("consume", url).stdout == "a\n"  # the default subscriber still had it
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_consume_out_file_refuses_records_and_bundles_together_before_any_ack(
+        tmp_path: Path, suffix: str) -> None:
+    """Records and slot-0 bundles would share one output file: refused before any ack,
+    and no unreadable file is left behind (an ack never follows unreadable output)."""
+    url = f"file://{tmp_path}/b"
+    assert tb("produce", url, stdin="a\nb\n").returncode == 0
+    _ingest(url, tmp_path / "stage")
+    out = tmp_path / f"rows{suffix}"
+    r = tb("consume", url, "--out", str(out))
+    assert r.returncode != 0
+    assert "--out DIR" in r.stderr and "acked" not in r.stderr
+    assert not out.exists()  # nothing half-written under the name a reader would open
+    assert list(tmp_path.glob(f"rows*{suffix}*")) == []
+    # nothing was acked: the acking consumer still finds all three entries
+    assert tieredbuf.open(url).snapshot().footer.entry_count == 3
+    r = tb("consume", url, "--out", str(tmp_path / "dir"))
+    assert r.returncode == 0, r.stderr
+    assert "acked through sequence 2" in r.stderr

@@ -132,6 +132,7 @@ class Sink(Protocol):
     def write(self, b: ConsumedBatch) -> int: ...
     def commit(self) -> None: ...
     def close(self) -> None: ...
+    def abort(self) -> None: ...
 
 
 class StdoutSink:
@@ -156,6 +157,9 @@ class StdoutSink:
         self.out.flush()
 
     def close(self) -> None:
+        self.out.flush()
+
+    def abort(self) -> None:
         self.out.flush()
 
 
@@ -189,20 +193,26 @@ class DirSink:
     def close(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass  # each file is complete (fsynced) before its ack; unacked ones are read again
+
 
 class ArrowFileSink:
     """Rows into one Arrow IPC or Parquet file.
 
     Records become (sequence, index, ingestion_time, metadata, value) rows; bundle slot
     0 goes to the file as its batches are, slot ``k`` > 0 to ``<stem>.slot<k><suffix>``.
-    A file holds one schema: records and slot-0 bundles in one buffer, or a slot whose
-    schema changes, fail with OutputSchemaError (use ``--out DIR``).  A file is complete
-    only when closed, so the acking consumer acks only after :meth:`commit`, at the end.
+    A file holds one kind of row and one schema: records and slot-0 bundles in one
+    buffer, or a slot whose schema changes, fail with OutputSchemaError (use ``--out
+    DIR``).  Each file is written under ``<name>.partial`` and renamed to its name only
+    once closed and fsynced, so a file under the final name is always complete; the
+    acking consumer acks only after :meth:`commit`, at the end.  :meth:`abort` removes
+    the partial files of a failed run.
     """
 
     def __init__(self, path: Path, parquet: bool) -> None:
         self.path, self.parquet = path, parquet
-        self._writers: dict[int, tuple[Any, pa.Schema, Path]] = {}
+        self._writers: dict[Path, tuple[Any, pa.Schema, str]] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def _target(self, slot: int) -> Path:
@@ -210,20 +220,29 @@ class ArrowFileSink:
             return self.path
         return self.path.with_name(f"{self.path.stem}.slot{slot}{self.path.suffix}")
 
+    @staticmethod
+    def _partial(target: Path) -> Path:
+        return target.with_name(target.name + ".partial")
+
     def _put(self, slot: int, batch: pa.RecordBatch, seq: int) -> None:
         import pyarrow as pa
 
-        got = self._writers.get(slot)
+        target = self._target(slot)
+        what = "records" if slot < 0 else f"slot-{slot} bundles"
+        got = self._writers.get(target)
         if got is None:
-            target = self._target(slot)
             if self.parquet:
                 import pyarrow.parquet as pq
 
-                w: Any = pq.ParquetWriter(target, batch.schema)
+                w: Any = pq.ParquetWriter(self._partial(target), batch.schema)
             else:
-                w = pa.ipc.new_file(target, batch.schema)
-            got = self._writers[slot] = (w, batch.schema, target)
-        w, schema, target = got
+                w = pa.ipc.new_file(self._partial(target), batch.schema)
+            got = self._writers[target] = (w, batch.schema, what)
+        w, schema, holds = got
+        if holds != what:
+            raise OutputSchemaError(
+                f"sequence {seq}: {what} and {holds} would share {target}; write to a "
+                "directory (--out DIR) instead")
         if not batch.schema.equals(schema):
             raise OutputSchemaError(
                 f"sequence {seq}: its rows ({', '.join(batch.schema.names)}) do not match"
@@ -258,17 +277,28 @@ class ArrowFileSink:
         return len(recs)
 
     def commit(self) -> None:
-        """Close every file and fsync it (and its folder): the rows are durable."""
-        for w, _, target in self._writers.values():
+        """Close every file, fsync it, rename it to its name and fsync the folder: the rows
+        are durable and every file under its final name is complete."""
+        for target, (w, _, _) in self._writers.items():
             w.close()
-            with open(target, "rb+") as f:
+            partial = self._partial(target)
+            with open(partial, "rb+") as f:
                 os.fsync(f.fileno())
+            os.replace(partial, target)
         if self._writers:
             _fsync_dir(self.path.parent)
         self._writers.clear()
 
     def close(self) -> None:
         self.commit()
+
+    def abort(self) -> None:
+        """A failed run: drop the partial files (nothing was acked)."""
+        for target, (w, _, _) in self._writers.items():
+            with contextlib.suppress(Exception):
+                w.close()
+            self._partial(target).unlink(missing_ok=True)
+        self._writers.clear()
 
 
 def _metadata_of(b: ConsumedBatch, i: int) -> bytes:
@@ -426,6 +456,9 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                         acked, unacked = unacked[-1], []
         except KeyboardInterrupt:  # a second Ctrl-C
             forced = True
+        except BaseException:
+            sink.abort()  # nothing unacked is left under a name a reader would open
+            raise
         interrupted = forced or stop.is_set()
         sink.close()
         if consumer is not None:
