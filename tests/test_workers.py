@@ -256,3 +256,129 @@ def test_under_a_slow_refill_a_worker_leases_more_per_cas_within_its_limits() ->
     assert w._claim_n() == 2
     w._refill_s, w._item_s = 4.0, 1.5  # wants 6, but only 3 fit in half a lease
     assert w._claim_n() == 3
+
+
+# --- a delivery is a claim() that returned the entry ---------------------------------------
+
+
+def test_max_deliveries_counts_only_entries_claim_returned_not_a_refills_hand_back() -> None:
+    """Review finding: worker A leased a refill batch, returned one entry, acked it and
+    closed; the seven it never returned were rejected "after 1 deliveries"."""
+    buf = tieredbuf.open("memory://")
+    fill(buf, 8)
+    a = _worker(buf, max_deliveries=1, claim_batch=8)
+    got = a.claim()
+    assert got is not None and got.sequence == 0
+    a.ack(0)
+    a.close()
+    b = _worker(buf, max_deliveries=1, claim_batch=8)
+    assert sorted(x.sequence for x in iter(b.claim, None)) == list(range(1, 8))
+    assert _progress(buf).rejected == ()
+
+
+def test_max_deliveries_ignores_leases_a_worker_let_lapse_before_handing_them_out() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 4)
+    clock = Clock()
+    a = _worker(buf, clock, max_deliveries=1, claim_batch=4, lease=timedelta(seconds=10))
+    assert a.claim() is not None  # 0 handed out; 1..3 leased, not handed out
+    a.ack(0)
+    clock.t += 60_000  # 1..3 lapse unused: dropped locally, handed back with the next CAS
+    assert sorted(x.sequence for x in iter(a.claim, None)) == [1, 2, 3]
+    assert _progress(buf).rejected == ()
+
+
+def test_max_deliveries_charges_a_dead_worker_only_for_the_entry_claim_returned() -> None:
+    """A worker killed after a refill (it stops writing: its leases lapse) is charged a
+    delivery for the entry it was on -- the lowest of its lease -- not for the rest."""
+    buf = tieredbuf.open("memory://")
+    fill(buf, 4)
+    clock = Clock()
+    dead = _worker(buf, clock, max_deliveries=1, claim_batch=4, lease=timedelta(seconds=10))
+    assert dead.claim() is not None  # then the process dies holding 0..3
+    clock.t += 60_000
+    b = _worker(buf, clock, max_deliveries=1, claim_batch=4)
+    assert sorted(x.sequence for x in iter(b.claim, None)) == [1, 2, 3]
+    assert [(r.seq, r.deliveries, r.reason) for r in _progress(buf).rejected] == [
+        (0, 1, b"max_deliveries reached")]
+
+
+def test_a_deferred_entry_counts_as_delivered_once_per_claim() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    w = _worker(buf, max_deliveries=2, claim_batch=1)
+    for _ in range(2):
+        got = w.claim()
+        assert got is not None and got.sequence == 0
+        w.defer(0)
+    assert w.claim() is None
+    assert [(r.seq, r.deliveries) for r in _progress(buf).rejected] == [(0, 2)]
+
+
+# --- a retry that finds its own landed write keeps that write's decisions --------------------
+
+
+def test_I2_a_refused_late_ack_stays_refused_when_its_cas_response_was_lost() -> None:
+    """Review finding: worker 1's lease lapsed and worker 2 re-claimed the entry; worker
+    1's ack was written (refused inside it) and the response lost; the retry found its
+    own write and reported the ack as applied."""
+    store = FaultInjectingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(store)
+    fill(buf, 1)
+    clock = Clock()
+    w1 = _worker(buf, clock, claim_batch=1, lease=timedelta(seconds=10))
+    w2 = _worker(buf, clock, claim_batch=1, lease=timedelta(seconds=10))
+    applied: dict[str, list[int]] = {"w1": [], "w2": []}
+    w1.on_applied = applied["w1"].extend
+    w2.on_applied = applied["w2"].extend
+    first = w1.claim()
+    assert first is not None
+    clock.t += 60_000
+    again = w2.claim()
+    assert again is not None and again.sequence == first.sequence
+    key = next(m.key for m in store.list(keys.SUBSCRIBERS_PREFIX))
+    fault = store.arm("put", key=key, when="after", error=OutcomeUnknownError, times=1)
+    with pytest.raises(LeaseExpiredError):
+        w1.ack(first.sequence)  # past its lapse: applied at once
+    assert fault.fired == 1
+    w2.ack(again.sequence)
+    w2.flush()
+    assert applied == {"w1": [], "w2": [first.sequence]}
+    assert _progress(buf).next_sequence == 1
+
+
+def test_I2_an_auto_reject_is_reported_when_its_cas_response_was_lost() -> None:
+    store = FaultInjectingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(store)
+    fill(buf, 1)
+    clock = Clock()
+    w = _worker(buf, clock, claim_batch=1, lease=timedelta(seconds=1), max_deliveries=1)
+    assert w.claim() is not None
+    clock.t += 2_000  # it died on it
+    key = next(m.key for m in store.list(keys.SUBSCRIBERS_PREFIX))
+    fault = store.arm("put", key=key, when="after", error=OutcomeUnknownError, times=1)
+    assert w.claim() is None
+    assert fault.fired == 1
+    assert w.stats.get("auto_rejected") == 1
+    assert [r.seq for r in _progress(buf).rejected] == [0]
+
+
+# --- request costs --------------------------------------------------------------------------
+
+
+def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
+    """docs/subscribers.md: an idle worker poll is a footer GET and a progress GET."""
+    counting = KeyCountingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(counting)
+    fill(buf, 1)
+    w = _worker(buf, claim_batch=1, publish_interval=timedelta(hours=1))
+    b = w.claim()
+    assert b is not None
+    w.ack(b.sequence)
+    w.flush()
+    assert w.claim() is None  # the root read here is at most publish_interval old now
+    counting.reset()
+    assert w.claim() is None
+    assert counting.of("root") == {"get_suffix": 1}
+    assert counting.of("progress") == {"get": 1}
+    assert sum(counting.counts.values()) == 2

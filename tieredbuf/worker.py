@@ -128,8 +128,9 @@ class Worker:
             return
         try:
             if self._initialized:
-                for seq, h in self._held.items():
-                    self._ops.append(shared.Op("defer", seq, h.token))
+                for seq, h in self._held.items():  # returned by claim(): a delivery
+                    kind: shared.OpKind = "defer" if h.handed_out else "release"
+                    self._ops.append(shared.Op(kind, seq, h.token))
                 if self._ops:
                     self._apply(0)
                 self.subscription.maybe_publish(force=True)
@@ -172,8 +173,7 @@ class Worker:
                 if h is None:
                     continue
                 if h.expires_ms - self._margin_ms <= now:
-                    del self._held[seq]  # lapsed before it was handed out: others may take it
-                    self.stats.incr("lapsed_before_use")
+                    self._release(seq, h)
                     continue
                 h.handed_out = True
                 self.stats.incr("claimed")
@@ -183,6 +183,20 @@ class Worker:
             if not self._apply(self._claim_n()):
                 return None
             self._refill_s = _ewma(self._refill_s, time.monotonic() - t0)
+
+    def _release(self, seq: int, h: _Held) -> None:
+        """A lease about to lapse before claim() returned its entry: hand it back with the
+        next CAS, no delivery charged (others may take it)."""
+        del self._held[seq]
+        self._ops.append(shared.Op("release", seq, h.token))
+        self.stats.incr("lapsed_before_use")
+
+    def _release_lapsing(self) -> None:
+        now = self.clock_ms()
+        for seq in self._ready:
+            h = self._held.get(seq)
+            if h is not None and not h.handed_out and h.expires_ms - self._margin_ms <= now:
+                self._release(seq, h)
 
     def _claim_n(self) -> int:
         """How many to lease in the next refill: ``claim_batch``, or more when a refill takes
@@ -303,22 +317,29 @@ class Worker:
         it leased anything.  Raises DataLossError / LeaseExpiredError *after* the CAS
         landed (what it leased stays queued for the next claim())."""
         sub = self.subscription
+        self._release_lapsing()
         ops = list(self._ops)
-        op_token = ULID().bytes
         limits = dataclasses.replace(self._limits, claim_n=claim_n)
+        tried: dict[bytes, shared.Applied] = {}
+        """Each attempt's decisions by its operation token: a retry that finds one of them
+        landed (its response was lost) reports *that* attempt's decisions."""
         attempt = 0
         wrote, fresh = True, False
         if self._contended:
             sub.reload()  # others wrote since our last CAS: a blind CAS would only conflict
             fresh = True
+        snap = self._root(sub.progress, claim_n)
         while True:
             p = sub.progress
             assert p is not None and sub.etag is not None
-            snap = self._root(p, claim_n)
-            if attempt and shared.landed(p, self.worker_id, op_token):
-                applied = shared.Applied(p, shared.mine(p, op_token))
+            found = shared.landed_op(p, self.worker_id, tried)
+            if found is not None:
+                op_token = found
+                applied = dataclasses.replace(tried[found], progress=p,
+                                              claimed=shared.mine(p, found))
                 self.queue.stats.incr("worker_ops_found_landed")
                 break
+            op_token = ULID().bytes
             applied = shared.apply(p, ops, worker_id=self.worker_id, op_token=op_token,
                                    now_ms=self.clock_ms(), limits=limits,
                                    next_seq=snap.root.next_seq, low=snap.low,
@@ -332,15 +353,18 @@ class Worker:
                 applied.progress = p  # nothing to change: an idle poll costs no write
                 wrote = False
                 break
+            tried[op_token] = applied
             if self._cas(applied.progress, attempt):
                 break
             attempt += 1
+            snap = self._root(sub.progress, claim_n)
         self._ops = self._ops[len(ops):]
         self.stats.incr("cas" if wrote else "idle_polls")
         self._contended = attempt > 0
         if self.on_applied is not None and ops:
             refused = set(applied.expired)
-            self.on_applied([op.seq for op in ops if op.kind != "defer" and op.seq not in refused])
+            self.on_applied([op.seq for op in ops if op.kind in ("ack", "reject")
+                             and op.seq not in refused])
         sub.written = applied.progress.position
         sub.observe(snap)
         new = [x for x in applied.claimed if x.token == op_token]
@@ -364,14 +388,15 @@ class Worker:
                 f"(retention) before they were acked; on_lost='skip' moves on")
         return bool(new)
 
-    def _root(self, p: Progress, claim_n: int) -> Snapshot:
+    def _root(self, p: Progress | None, claim_n: int) -> Snapshot:
         """The root as of at most ``publish_interval`` ago, re-read sooner when new entries
         may be claimable (one 22-byte footer GET tells): a refill of a long backlog does
         not read (and decode) the whole root every time."""
         now = time.monotonic()
         snap = self._snap
         stale = snap is None or now - self._snap_at >= self.subscription.publish_interval_ms / 1000
-        if not stale and snap is not None and p.claim_cursor + claim_n > snap.root.next_seq:
+        if (not stale and snap is not None and p is not None
+                and p.claim_cursor + claim_n > snap.root.next_seq):
             stale = self.queue.read_footer().next_sequence != snap.root.next_seq
         if stale or snap is None:
             snap = self.queue.read()

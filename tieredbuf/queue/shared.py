@@ -12,6 +12,17 @@ An ack (or reject) counts only under the lease it was handed out with (the claim
 operation's token): once another claim has re-leased a lapsed sequence, the old
 holder's ack is refused (``expired``) and changes nothing.  A lapsed lease nobody
 re-claimed may still be acked.
+
+**Deliveries.** A delivery is a ``claim()`` that returned the entry, not a lease: a
+refill leases a batch of which the worker may return only some.  A lease's
+``deliveries`` counts the deliveries *before* it; it is charged when the holder says
+so -- a ``defer`` (or a reject) of an entry it returned -- and a ``release`` (an entry
+leased but never returned: handed back on close, or dropped locally when its lease
+was about to lapse) charges nothing.  A holder that goes silent (killed, or stalled
+past its lease) says nothing: when its lease has lapsed, the next CAS charges one
+delivery to the lowest sequence it still held -- the one a worker returning entries in
+order was on -- and hands the rest back uncharged.  ``max_deliveries`` refuses to
+lease an entry already delivered that many times.
 """
 
 from __future__ import annotations
@@ -30,13 +41,15 @@ from tieredbuf.format.progress import (
     WorkerMark,
 )
 
-OpKind = Literal["ack", "reject", "defer"]
+OpKind = Literal["ack", "reject", "defer", "release"]
 MAX_DELIVERIES_REASON = b"max_deliveries reached"
 
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """A worker's resolution of one sequence it was handed under ``token``."""
+    """A worker's resolution of one sequence it leased under ``token``: ``ack``,
+    ``reject`` and ``defer`` of an entry claim() returned, ``release`` of one it never
+    returned (no delivery is charged)."""
 
     kind: OpKind
     seq: int
@@ -102,16 +115,23 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
         if op.seq >= p.claim_cursor:
             raise ValueError(f"sequence {op.seq} was never claimed")
         if x is None or x.token != op.token:
-            (out.ignored_defers if op.kind == "defer" else out.expired).append(op.seq)
+            if op.kind in ("defer", "release"):
+                out.ignored_defers.append(op.seq)
+            else:
+                out.expired.append(op.seq)
+            continue
+        if op.kind == "release":
+            leases[op.seq] = dataclasses.replace(x, expires_ms=0)
             continue
         if op.kind == "defer":
-            leases[op.seq] = dataclasses.replace(x, expires_ms=0)
+            leases[op.seq] = dataclasses.replace(x, expires_ms=0, deliveries=_plus1(x))
             continue
         del leases[op.seq]
         done.add(op.seq)
         if op.kind == "reject":
-            rejected.append(Rejected(op.seq, now_ms, x.deliveries, op.reason))
+            rejected.append(Rejected(op.seq, now_ms, _plus1(x), op.reason))
             rejected_total += 1
+    _settle_lapsed(leases, now_ms)
     position, cursor, lost = p.position, p.claim_cursor, p.lost
     lost_seqs = [s for s in range(position, min(low, cursor))
                  if s not in done and not (s in leases and live(leases[s], now_ms))]
@@ -142,14 +162,14 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
                 rejected_total += 1
                 out.auto_rejected.append(s)
                 continue
-            leases[s] = Lease(s, min(x.deliveries + 1, 0xFFFF), now_ms + limits.lease_ms, op_token)
+            leases[s] = Lease(s, x.deliveries, now_ms + limits.lease_ms, op_token)
             out.claimed.append(leases[s])
         while position in done:
             done.discard(position)
             position += 1
         while (len(out.claimed) < limits.claim_n and cursor < next_seq
                and cursor < position + limits.max_span):
-            leases[cursor] = Lease(cursor, 1, now_ms + limits.lease_ms, op_token)
+            leases[cursor] = Lease(cursor, 0, now_ms + limits.lease_ms, op_token)
             out.claimed.append(leases[cursor])
             cursor += 1
     if len(rejected) > REJECTED_CAP:
@@ -166,10 +186,31 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
     return out
 
 
-def landed(p: Progress, worker_id: bytes, op_token: bytes) -> bool:
-    """True when this worker's operation ``op_token`` is the last it applied (a retry after an
-    unknown outcome finds its own write)."""
-    return any(w.worker_id == worker_id and w.last_op == op_token for w in p.workers)
+def _plus1(x: Lease) -> int:
+    return min(x.deliveries + 1, 0xFFFF)
+
+
+def _settle_lapsed(leases: dict[int, Lease], now_ms: int) -> None:
+    """Leases whose holder went silent past their lapse: charge one delivery to the lowest
+    sequence of each such claim (the entry its worker was on) and hand all of them back
+    (``expires_ms = 0``), so the rest are never charged later.  The token stays: the old
+    holder may still ack what nobody re-claimed."""
+    charged: set[bytes] = set()
+    for s in sorted(leases):
+        x = leases[s]
+        if x.expires_ms == 0 or live(x, now_ms):
+            continue
+        first = x.token not in charged
+        charged.add(x.token)
+        leases[s] = dataclasses.replace(x, expires_ms=0,
+                                        deliveries=_plus1(x) if first else x.deliveries)
+
+
+def landed_op(p: Progress, worker_id: bytes, tokens: Iterable[bytes]) -> bytes | None:
+    """Which of this worker's operations ``tokens`` is the last it applied, if any (a retry
+    after an unknown outcome finds its own write, and so that write's decisions)."""
+    mark = next((w.last_op for w in p.workers if w.worker_id == worker_id), None)
+    return mark if mark is not None and mark in tokens else None
 
 
 def mine(p: Progress, op_token: bytes) -> list[Lease]:
