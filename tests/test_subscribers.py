@@ -383,4 +383,9 @@ def test_I6_the_registry_is_capped_so_the_root_stays_bounded() -> None:
     assert len(root) < 100_000  # the registry at its cap: <= 92,170 bytes of it
     with pytest.raises(ConfigError, match="1024 subscribers"):
         buf.consumer("one-too-many").initialize()
+    with pytest.raises(ConfigError, match="1024 subscribers"):
+        buf.worker("one-too-many").claim()
+    # review finding: the default consumer registers too, and got a raw ValueError
+    with pytest.raises(ConfigError, match="1024 subscribers"):
+        buf.consumer().initialize()
     assert buf.store.get(keys.MANIFEST_KEY).data == root

@@ -423,9 +423,11 @@ class ManifestQueue:
                 return False  # our bump landed although its CAS reported a failure
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
+            reg = draft.registry.get(freg.DEFAULT)
+            if reg is None:
+                require_room(draft)
             target.append(snap.footer.epoch + 1)
             draft.epoch, draft.owner = target[-1], owner
-            reg = draft.registry.get(freg.DEFAULT)
             first = draft.next_seq if start == "latest" else draft.low
             pub = first if reg is None else reg.published_next
             if position is not None and position < pub:
@@ -587,6 +589,14 @@ class ManifestQueue:
         if draft.nodes_written:
             self.stats.incr("groups_written", len(draft.nodes_written))
         return draft.encode()
+
+
+def require_room(draft: tree.Root) -> None:
+    """Raise ConfigError when the registry is at its cap (a new registration would not fit
+    in the bounded root, I6)."""
+    if len(draft.registry) >= freg.MAX_SUBSCRIBERS:
+        raise ConfigError(f"the buffer already has {freg.MAX_SUBSCRIBERS} subscribers "
+                          "(the cap that keeps the root bounded): remove one first")
 
 
 def _policy(max_age: timedelta | None, max_bytes: int | None) -> fm.RetentionPolicy:

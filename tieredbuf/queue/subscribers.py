@@ -30,7 +30,6 @@ from tieredbuf import keys
 from tieredbuf.errors import (
     AlreadyExistsError,
     BufferNotFoundError,
-    ConfigError,
     ObjectNotFoundError,
     PermanentStoreError,
     StoreError,
@@ -40,7 +39,7 @@ from tieredbuf.format import registry as freg
 from tieredbuf.format import tree as ft
 from tieredbuf.queue import shared, tree
 from tieredbuf.queue.backoff import backoff_delay
-from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot, require_room
 from tieredbuf.store.base import IfMatch
 
 _PARALLEL_READS = 8
@@ -134,9 +133,7 @@ def register(queue: ManifestQueue, reg: freg.Registration,
         if cur is not None:
             winner.append(cur)
             return False
-        if len(draft.registry) >= freg.MAX_SUBSCRIBERS:
-            raise ConfigError(f"the buffer already has {freg.MAX_SUBSCRIBERS} subscribers "
-                              "(the cap that keeps the root bounded): remove one first")
+        require_room(draft)
         if check is not None:
             check(snap)
         draft.registry[reg.name] = reg
