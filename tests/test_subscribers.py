@@ -206,6 +206,44 @@ def test_I9_retention_wins_over_a_stalled_subscriber_who_is_told() -> None:
     assert info["stalled"].lost_now == 3
 
 
+@pytest.mark.parametrize("read_ahead", [0, 4])
+def test_I9_a_skipping_subscriber_whose_read_window_was_unlinked_and_reaped_moves_on(
+        read_ahead: int) -> None:
+    """Review finding: a named subscriber held a window of entries; retention unlinked them
+    and GC deleted their objects (legal past the grace period).  Every next_batch raised
+    DataLossError blaming a grace-period violation, and on_lost="skip" never skipped.  The
+    window is checked against the root before a missing object is called data loss."""
+    from tieredbuf.format.batch import encode_batch
+
+    buf = _buf()
+    fill(buf, 12)
+    c = buf.consumer("etl", on_lost="skip", read_ahead=read_ahead)
+    c.initialize()
+    first = c.next_batch()
+    assert first is not None and first.sequence == 0  # the window 0..11 is decoded now
+    c.ack(0)
+    buf.set_retention(max_bytes=2 * len(encode_batch([b"r10"])))  # keeps 10 and 11
+    assert buf.snapshot().low == 10
+    linked = {e.location for e in buf.snapshot().iter_from(10)}
+    gone = [m.key for m in buf.store.list(keys.DATA_PREFIX) if m.key not in linked]
+    assert len(gone) == 10
+    assert not buf.store.delete_many(gone)  # what GC does past the grace period
+    got = drain(c)
+    lost = c.stats.get("lost_sequences")
+    # each of 1..11 is delivered once, in order, or counted lost: entries read ahead before
+    # the objects were reaped are delivered (their data was read while they were linked)
+    assert got[-2:] == [10, 11] and got == sorted(set(got)) and len(got) + lost == 11
+    if read_ahead == 0:
+        assert got == [10, 11] and lost == 9
+    c.flush()
+    info = {s.name: s for s in buf.subscribers()}
+    assert info["etl"].lost == lost and info["etl"].next_sequence == 12
+    strict = buf.consumer("strict")
+    strict.initialize(last_acked_sequence=0)
+    with pytest.raises(DataLossError, match=r"sequences 1\.\.9 were unlinked"):
+        strict.next_batch()
+
+
 def test_readers_never_create_a_buffer() -> None:
     buf = tieredbuf.open("memory://typo")
     for make in (buf.consumer, lambda: buf.consumer("etl")):

@@ -382,3 +382,31 @@ def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
     assert counting.of("root") == {"get_suffix": 1}
     assert counting.of("progress") == {"get": 1}
     assert sum(counting.counts.values()) == 2
+
+
+@pytest.mark.parametrize("read_ahead", [0, 4])
+def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_moves_on(
+        read_ahead: int) -> None:
+    """The worker twin of the subscriber finding: leased entries that retention unlinked
+    and GC reaped are skipped and counted with on_lost="skip", never raised over and over."""
+    from tieredbuf.format.batch import encode_batch
+
+    buf = tieredbuf.open("memory://")
+    fill(buf, 12)
+    w = _worker(buf, on_lost="skip", claim_batch=12, read_ahead=read_ahead)
+    first = w.claim()
+    assert first is not None and first.sequence == 0  # 1..11 leased too
+    w.ack(0)
+    buf.set_retention(max_bytes=2 * len(encode_batch([b"r10"])))  # keeps 10 and 11
+    linked = {e.location for e in buf.snapshot().iter_from(10)}
+    gone = [m.key for m in buf.store.list(keys.DATA_PREFIX) if m.key not in linked]
+    assert not buf.store.delete_many(gone)  # what GC does past the grace period
+    got = [b.sequence for b in iter(w.claim, None)]
+    for s in got:
+        w.ack(s)
+    w.close()
+    info = _progress(buf)
+    assert got[-2:] == [10, 11] and got == sorted(set(got))
+    assert len(got) + info.lost == 11 and info.next_sequence == 12
+    if read_ahead == 0:
+        assert got == [10, 11] and info.lost == 9

@@ -40,6 +40,7 @@ from tieredbuf.errors import (
     ClosedError,
     DataLossError,
     FencedError,
+    MissingObjectError,
     NotInitializedError,
     ObjectNotFoundError,
 )
@@ -97,9 +98,10 @@ def fetch_object(store: Store, entry: ManifestEntry) -> bytes:
     try:
         return store.get(entry.location).data
     except ObjectNotFoundError as e:
-        raise DataLossError(
+        raise MissingObjectError(
             f"data object {entry.location} of sequence {entry.sequence} is missing from the "
-            "store (deleted by hand, or by GC after a grace-period violation)"
+            "store (deleted by hand, or by GC after a grace-period violation)",
+            entry.location, entry.sequence,
         ) from e
 
 
@@ -300,16 +302,27 @@ class Consumer:
             return None
         else:
             self._refresh()
-        if self._cursor < self._low:
-            self._lost()
-            if self._cursor not in self._entries:
+        while True:
+            if self._cursor < self._low:
+                self._lost()
+                if self._cursor not in self._entries:
+                    self._refresh()
+            seq = self._cursor
+            entry = self._entries.get(seq)
+            if entry is None:
+                return None
+            fut = self._prefetch.pop(seq, None)
+            try:
+                data = fut.result() if fut is not None else fetch_object(self.store, entry)
+                break
+            except MissingObjectError:
+                # the window may predate a retention pass whose unlinked objects GC has
+                # since reaped: that is retention's loss (told, or skipped), judged from a
+                # fresh root; an object the root still links is missing for another reason
+                self._cancel_prefetch()
                 self._refresh()
-        seq = self._cursor
-        entry = self._entries.get(seq)
-        if entry is None:
-            return None
-        fut = self._prefetch.pop(seq, None)
-        data = fut.result() if fut is not None else fetch_object(self.store, entry)
+                if self._cursor >= self._low:
+                    raise
         self._cursor = seq + 1
         self._entries.pop(seq, None)
         self._schedule_prefetch()

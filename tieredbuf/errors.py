@@ -179,6 +179,17 @@ class DataLossError(TieredBufError):
     """Data the manifest refers to (or a sequence asked for) is gone."""
 
 
+class MissingObjectError(DataLossError):
+    """A data object an entry names is missing from the store.  Raised only after the root
+    was read again and still links the entry (else it was retention's unlinking: a
+    ``DataLossError`` saying so, or a skip with ``on_lost="skip"``)."""
+
+    def __init__(self, message: str, location: str, sequence: int) -> None:
+        super().__init__(message)
+        self.location = location
+        self.sequence = sequence
+
+
 class StagedDataLossError(DataLossError):
     """A sealed segment in a stage failed its CRC check: it was quarantined (renamed
     ``.corrupt``), never uploaded, and its records are lost unless the WAL still held

@@ -40,6 +40,7 @@ from tieredbuf.errors import (
     ClosedError,
     DataLossError,
     LeaseExpiredError,
+    MissingObjectError,
     ObjectNotFoundError,
 )
 from tieredbuf.format.manifest import ManifestEntry
@@ -175,21 +176,26 @@ class Worker:
                 if h.expires_ms - self._margin_ms <= now:
                     self._release(seq, h)
                     continue
+                try:
+                    batch = self._batch(seq)
+                except MissingObjectError as e:
+                    self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
+                    continue
                 h.handed_out = True
                 self.stats.incr("claimed")
                 self._handed_at = time.monotonic()
-                return self._batch(seq)
+                return batch
             t0 = time.monotonic()
             if not self._apply(self._claim_n()):
                 return None
             self._refill_s = _ewma(self._refill_s, time.monotonic() - t0)
 
-    def _release(self, seq: int, h: _Held) -> None:
-        """A lease about to lapse before claim() returned its entry: hand it back with the
-        next CAS, no delivery charged (others may take it)."""
+    def _release(self, seq: int, h: _Held, why: str = "lapsed_before_use") -> None:
+        """Hand back a lease whose entry claim() never returned (one about to lapse before
+        its turn, by default) with the next CAS: no delivery is charged."""
         del self._held[seq]
         self._ops.append(shared.Op("release", seq, h.token))
-        self.stats.incr("lapsed_before_use")
+        self.stats.incr(why)
 
     def _release_lapsing(self) -> None:
         now = self.clock_ms()
@@ -217,6 +223,27 @@ class Worker:
         data = fut.result() if fut is not None else fetch_object(self.store, entry)
         self._schedule_prefetch()
         return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
+
+    def _unlinked(self, seq: int, err: MissingObjectError) -> None:
+        """The object of leased ``seq`` is gone.  If a fresh root no longer links it,
+        retention unlinked it (and GC reaped it) while this worker held the lease: every
+        held entry below the root's first sequence is released (the next CAS resolves them
+        as lost, counted with ``on_lost="skip"``) and, unless skipping, DataLossError says
+        so.  An object the root still links is missing for another reason: re-raised."""
+        snap = self._snap = self.queue.read()
+        self._snap_at = time.monotonic()
+        if seq >= snap.low:
+            raise err
+        for s in sorted(x for x, h in self._held.items() if x < snap.low and not h.handed_out):
+            self._entries.pop(s, None)
+            fut = self._prefetch.pop(s, None)
+            if fut is not None:
+                fut.cancel()
+            self._release(s, self._held[s], "unlinked_while_leased")
+        if self.config.on_lost != "skip":
+            raise DataLossError(
+                f"subscriber {self.subscriber!r}: sequences before {snap.low} were unlinked "
+                f"(retention) before they were acked; on_lost='skip' moves on")
 
     def _schedule_prefetch(self) -> None:
         for seq in itertools.islice(self._ready, self.config.read_ahead):
