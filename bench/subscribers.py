@@ -59,7 +59,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import S3Endpoint, moto_server, print_table, summarize, write_json
 
 import tieredbuf
-from tieredbuf.consumer import IDLE_POLL_MAX_S
+from tieredbuf.consume.consumer import IDLE_POLL_MAX_S
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import data_key

@@ -17,7 +17,7 @@ from tieredbuf import gc, keys
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BufferNotFoundError, ConfigError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.publish import Pending, Publisher
+from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
 

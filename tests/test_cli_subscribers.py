@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import tieredbuf
-import tieredbuf.metrics
+import tieredbuf.ops.metrics
 from tests.subscriber_util import drain, fill
 from tieredbuf.cli import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, main
 
@@ -84,7 +84,7 @@ def test_subscribers_remove_releases_and_reports(tmp_path: Path) -> None:
 def test_metrics_have_per_subscriber_lag(tmp_path: Path) -> None:
     buf = _setup(f"file://{tmp_path}/b")
     reg = CollectorRegistry()
-    tieredbuf.metrics.register(buf, reg, min_interval=0)
+    tieredbuf.ops.metrics.register(buf, reg, min_interval=0)
     lag = {s.labels["subscriber"]: s.value
            for fam in reg.collect() if fam.name == "tieredbuf_subscriber_lag_entries"
            for s in fam.samples}

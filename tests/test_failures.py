@@ -402,7 +402,7 @@ def serve(tmp_path: Path) -> Any:
 def test_retry_log_reports_once_per_interval_and_the_recovery(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tieredbuf.queue.backoff import RetryLog
+    from tieredbuf.runtime.retry import RetryLog
 
     now = [0.0]
     rl = RetryLog(logging.getLogger("tieredbuf.test"), interval=30, clock=lambda: now[0])

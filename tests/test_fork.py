@@ -3,7 +3,7 @@ spawn), and what cannot survive a fork fails at once instead of hanging.
 
 obstore's async runtime does not survive fork(): measured before the fix, the child's
 first request hung until a 15 s timeout.  A forked child's S3 store now talks through
-botocore (tieredbuf/forks.py); producers and consumers created before the fork raise
+botocore (tieredbuf/runtime/forks.py); producers and consumers created before the fork raise
 ForkedError in the child.  Each start method runs a real child process on moto.
 """
 
@@ -20,9 +20,10 @@ import pytest
 import tieredbuf
 from tests import fork_worker
 from tests.endpoint import S3Endpoint
-from tieredbuf import Durability, forks
+from tieredbuf import Durability
 from tieredbuf.errors import ForkedError
 from tieredbuf.format.batch import decode_batch
+from tieredbuf.runtime import forks
 from tieredbuf.store import ObjStore
 
 CHILD_TIMEOUT_S = 120.0

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tieredbuf.handles import Durability, DurabilityWatcher, WriteOutcome
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteOutcome
 
 
 def _poll(pred: object, deadline: float = 10.0) -> None:

@@ -15,7 +15,7 @@ import pytest
 import tieredbuf
 from tests.servers import recording_moto_server
 from tests.service.server import start_server
-from tieredbuf.exporter import Exporter
+from tieredbuf.produce.exporter import Exporter
 from tieredbuf.service.bodies import NDJSON
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.counting import diff

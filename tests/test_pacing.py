@@ -248,8 +248,8 @@ def test_after_a_lost_cas_a_paced_writer_waits_for_its_turn_before_reading_again
     newcomer would lose every time to writers that keep their slots."""
     from tieredbuf.errors import PreconditionFailedError
     from tieredbuf.keys import MANIFEST_KEY
-    from tieredbuf.queue.backoff import interruptible_sleep, retry_turn
     from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.runtime.retry import interruptible_sleep, retry_turn
     from tieredbuf.store import open_store
     from tieredbuf.store.faults import FaultInjectingStore
 
@@ -314,7 +314,7 @@ def test_a_direct_producer_that_lost_a_cas_retries_with_the_batches_cut_meanwhil
     from tieredbuf.config import ProducerConfig
     from tieredbuf.errors import PreconditionFailedError
     from tieredbuf.keys import MANIFEST_KEY
-    from tieredbuf.producer import Producer
+    from tieredbuf.produce.producer import Producer
     from tieredbuf.queue.manifest_queue import ManifestQueue
     from tieredbuf.store import open_store
     from tieredbuf.store.faults import FaultInjectingStore
@@ -472,9 +472,9 @@ def test_an_exporter_that_lost_a_cas_retries_with_the_segments_sealed_meanwhile(
 ) -> None:
     """The staged producer's exporter: one group commit for the segment whose CAS was
     lost and the one sealed while it waited for its turn."""
-    from tieredbuf import exporter
     from tieredbuf.errors import PreconditionFailedError
     from tieredbuf.keys import MANIFEST_KEY
+    from tieredbuf.produce import exporter
     from tieredbuf.store import open_store
     from tieredbuf.store.faults import FaultInjectingStore
 

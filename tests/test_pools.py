@@ -8,7 +8,7 @@ import threading
 from datetime import timedelta
 
 import tieredbuf
-from tieredbuf.pools import started_pool
+from tieredbuf.runtime.pools import started_pool
 
 
 def _named(prefix: str) -> int:

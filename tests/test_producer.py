@@ -12,7 +12,7 @@ import tieredbuf
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BackpressureError, ClosedError
 from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.publish import Pending, Publisher
+from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
 

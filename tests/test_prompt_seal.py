@@ -1,4 +1,4 @@
-"""A REMOTE waiter gets its segment sealed promptly (tieredbuf/prompt_seal.py).
+"""A REMOTE waiter gets its segment sealed promptly (tieredbuf/produce/prompt_seal.py).
 
 Every test sets ``max_open_duration`` to an hour, so a write can only reach REMOTE
 through a prompt seal (or a close): nothing here asserts a wall-clock time.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tieredbuf
-from tieredbuf.handles import Durability
+from tieredbuf.produce.handles import Durability
 
 HOUR = timedelta(hours=1)
 
@@ -74,12 +74,13 @@ def test_without_a_remote_waiter_nothing_is_sealed_early(tmp_path: Path) -> None
 
 def test_a_reached_or_failed_write_asks_nothing(tmp_path: Path) -> None:
     calls: list[int] = []
-    w = tieredbuf.handles.DurabilityWatcher(on_remote_wait=lambda: calls.append(1))
-    w._reach(Durability.REMOTE, tieredbuf.handles.WriteOutcome(1, "data/x", Durability.REMOTE))
+    handles = tieredbuf.produce.handles
+    w = handles.DurabilityWatcher(on_remote_wait=lambda: calls.append(1))
+    w._reach(Durability.REMOTE, handles.WriteOutcome(1, "data/x", Durability.REMOTE))
     w.wait(Durability.REMOTE, timeout=1)
     w.when(Durability.REMOTE, lambda: None)
     assert calls == []
-    w2 = tieredbuf.handles.DurabilityWatcher(on_remote_wait=lambda: calls.append(2))
+    w2 = tieredbuf.produce.handles.DurabilityWatcher(on_remote_wait=lambda: calls.append(2))
     with pytest.raises(TimeoutError):
         w2.wait(Durability.REMOTE, timeout=0.01)
     w2.when(Durability.REMOTE, lambda: None)

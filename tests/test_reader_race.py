@@ -12,10 +12,10 @@ import pytest
 
 from tieredbuf import gc, keys
 from tieredbuf.config import TreeConfig
+from tieredbuf.consume.reader import ContinuousReader
 from tieredbuf.errors import StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.reader import ContinuousReader
 from tieredbuf.store import open_store
 from tieredbuf.store.faults import FaultInjectingStore
 

@@ -34,7 +34,7 @@ from tests.servers import serial_moto_server
 from tests.service.server import Server, start_server
 from tests.service.util import ndjson
 from tieredbuf.errors import TieredBufError
-from tieredbuf.redact import fingerprint
+from tieredbuf.runtime.redact import fingerprint
 from tieredbuf.service.auth import TOKENS_ENV
 from tieredbuf.service.bodies import NDJSON
 
@@ -206,7 +206,7 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
                 if step == "snapshot":
                     buf.snapshot()
                 elif step == "gc":
-                    tieredbuf.gc.run_once(buf)
+                    tieredbuf.ops.gc.run_once(buf)
                 elif step == "produce":
                     with buf.producer() as p:
                         p.produce([b"r"]).wait(timeout=60)

@@ -1,4 +1,4 @@
-"""tieredbuf.signals.SignalEvent: a stop flag a signal handler can set without deadlock.
+"""tieredbuf.runtime.signals.SignalEvent: a stop flag a signal handler can set without deadlock.
 
 ``threading.Event.set()`` from a handler can land while the main thread holds the
 Event's lock inside ``wait()``; the process then hangs.  That hung ``consume --follow``
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tieredbuf.signals import SignalEvent
+from tieredbuf.runtime.signals import SignalEvent
 
 
 def test_a_handler_that_sets_it_wakes_the_main_thread_wait() -> None:
@@ -62,7 +62,7 @@ def test_set_after_close_writes_nothing_and_close_is_idempotent() -> None:
 
 CHILD = textwrap.dedent("""
     import signal, sys
-    from tieredbuf.signals import SignalEvent
+    from tieredbuf.runtime.signals import SignalEvent
     box = [SignalEvent()]
     done = SignalEvent()
     hits = [0]

@@ -11,7 +11,7 @@ import pytest
 import tieredbuf
 from tieredbuf import Durability
 from tieredbuf.errors import ConfigError, StageLockedError
-from tieredbuf.publish import Pending, Publisher
+from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.stage.stage import Stage
 
 FAST = {"max_open_duration": timedelta(milliseconds=20)}

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.fuzzing import FUZZ, bits, canonical, cuts, damage, flips
 from tieredbuf import keys
 from tieredbuf.config import TreeConfig
+from tieredbuf.consume.reader import TreeReader
 from tieredbuf.errors import DataLossError
 from tieredbuf.format import tree as ft
 from tieredbuf.format.manifest import (
@@ -21,7 +22,6 @@ from tieredbuf.format.manifest import (
     iter_entries,
 )
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.reader import TreeReader
 from tieredbuf.store import open_store
 from tieredbuf.store.faults import CountingStore
 

@@ -33,7 +33,7 @@ class Clock:
 
 
 def _worker(buf: tieredbuf.Buffer, clock: Clock | None = None, name: str = "jobs",
-            **kw: Any) -> tieredbuf.worker.Worker:  # type: ignore[name-defined]
+            **kw: Any) -> tieredbuf.consume.worker.Worker:  # type: ignore[name-defined]
     w = buf.worker(name, **kw)
     if clock is not None:
         w.subscription.clock_ms = clock

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from tieredbuf import errors, gc
+from tieredbuf import errors
 from tieredbuf.buffer import Buffer, open
 from tieredbuf.config import (
     Compression,
@@ -22,7 +22,7 @@ from tieredbuf.config import (
     TreeConfig,
     WorkerConfig,
 )
-from tieredbuf.consumer import ConsumedBatch, Consumer
+from tieredbuf.consume.consumer import ConsumedBatch, Consumer
 from tieredbuf.errors import (
     AckOrderError,
     BufferNotFoundError,
@@ -36,9 +36,20 @@ from tieredbuf.errors import (
     TieredBufError,
 )
 from tieredbuf.format.manifest import MetadataItem, RetentionPolicy
-from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.ops import gc
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``tieredbuf.metrics`` (:mod:`tieredbuf.ops.metrics`), imported on first use: it
+    brings in prometheus_client, which a producer or consumer never needs."""
+    if name == "metrics":
+        from tieredbuf.ops import metrics
+
+        return metrics
+    raise AttributeError(f"module 'tieredbuf' has no attribute {name!r}")
 
 __all__ = [
     "AckOrderError",

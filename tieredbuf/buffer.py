@@ -8,22 +8,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
-from tieredbuf.consumer import Consumer, fetch_object
+from tieredbuf.consume.consumer import Consumer, fetch_object
+from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.keys import MANIFEST_KEY
-from tieredbuf.queue.backoff import interruptible_sleep
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscribers import SubscriberInfo
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
-from tieredbuf.reader import ContinuousReader, OnLost, Position, TreeReader
+from tieredbuf.runtime.retry import interruptible_sleep
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
 
 if TYPE_CHECKING:
-    from tieredbuf.worker import Worker
+    from tieredbuf.consume.worker import Worker
 
 
 def _build(cls: Any, kind: str, options: dict[str, Any]) -> Any:
@@ -66,10 +66,10 @@ class Buffer:
         directory, the local tier's fields), e.g. ``flush_interval=timedelta(ms=100)``.
         """
         if staging_dir is None:
-            from tieredbuf.producer import Producer
+            from tieredbuf.produce.producer import Producer
 
             return Producer(self.store, self.queue, _build(ProducerConfig, "producer", config))
-        from tieredbuf.staged import StagedProducer
+        from tieredbuf.produce.staged import StagedProducer
 
         return StagedProducer(self, Path(staging_dir), **config)
 
@@ -87,7 +87,7 @@ class Buffer:
         """A worker of the shared work queue ``subscriber``: ``claim()`` leases entries,
         ``ack`` / ``defer`` / ``reject`` resolve them (any order).  Keyword arguments are
         :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...)."""
-        from tieredbuf.worker import Worker
+        from tieredbuf.consume.worker import Worker
 
         return Worker(self.store, self.queue, subscriber,
                       _build(WorkerConfig, "worker", config))
@@ -140,7 +140,7 @@ class Buffer:
         return self.snapshot().entries()
 
     def lookup_sequence(self, seq: int, *, on_lost: OnLost = "raise") -> Position:
-        """Find entry ``seq`` (one GET per tree level; see :mod:`tieredbuf.reader`)."""
+        """Find entry ``seq`` (one GET per tree level; see :mod:`tieredbuf.consume.reader`)."""
         return TreeReader(self.queue).lookup_sequence(seq, on_lost=on_lost)
 
     def lookup_time(self, time_ms: int, *, on_lost: OnLost = "raise") -> Position:

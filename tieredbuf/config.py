@@ -217,7 +217,7 @@ S3_CREDENTIAL_ENV: tuple[str, ...] = (
 
 SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 """S3 options (and their ``AWS_*`` variables) whose values never appear in any output
-(errors, logs, HTTP answers, inspect, metrics): see :mod:`tieredbuf.redact`."""
+(errors, logs, HTTP answers, inspect, metrics): see :mod:`tieredbuf.runtime.redact`."""
 
 
 def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:

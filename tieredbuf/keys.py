@@ -132,6 +132,6 @@ def key_kind(key: str) -> str:
 STAGE_LOCK_NAME = "stage.lock"
 STAGE_ID_NAME = "producer.id"
 STAGE_BUFFER_NAME = "buffer.json"
-"""Which buffer a producer stage belongs to (tieredbuf/stage_binding.py)."""
+"""Which buffer a producer stage belongs to (tieredbuf/produce/stage_binding.py)."""
 WAL_DIR_NAME = "wal"
 SEGMENTS_DIR_NAME = "segments"

@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import tieredbuf
-import tieredbuf.metrics
+import tieredbuf.ops.metrics
 from tests.service.server import Server
 from tests.service.util import FAST, ndjson, samples
 from tieredbuf.service.bodies import NDJSON
@@ -108,8 +108,8 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     reg = CollectorRegistry()
     producer = buf.producer(staging_dir=tmp_path / "stage",
                             max_open_duration=timedelta(milliseconds=20))
-    tieredbuf.metrics.register(producer, reg, labels={"producer": "p1"})
-    tieredbuf.metrics.register(buf, reg, min_interval=0)
+    tieredbuf.ops.metrics.register(producer, reg, labels={"producer": "p1"})
+    tieredbuf.ops.metrics.register(buf, reg, min_interval=0)
     for _ in range(3):
         producer.produce([b"a" * 10, b"b"], metadata=b"m").wait(
             tieredbuf.Durability.REMOTE, timeout=30)
@@ -125,7 +125,7 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     producer.close()
 
     consumer = buf.consumer()
-    tieredbuf.metrics.register(consumer, reg, min_interval=0)
+    tieredbuf.ops.metrics.register(consumer, reg, min_interval=0)
     consumer.initialize()
     depth = get("tieredbuf_queue_depth")
     assert get("tieredbuf_consumer_lag_sequences") == depth
@@ -144,7 +144,7 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     consumer.close()
 
     stateless = buf.producer()
-    tieredbuf.metrics.register(stateless, reg, labels={"producer": "direct"})
+    tieredbuf.ops.metrics.register(stateless, reg, labels={"producer": "direct"})
     stateless.produce([b"x"]).wait(timeout=30)
     stateless.close()
     assert get("tieredbuf_producer_records_in_total", {"producer": "direct"}) == 1

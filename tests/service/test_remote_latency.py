@@ -1,5 +1,5 @@
 """durability=remote is answered once the request's segment is exported: a waiting
-request has it sealed at once (tieredbuf/prompt_seal.py), whatever max_open_duration."""
+request has it sealed at once (tieredbuf/produce/prompt_seal.py), whatever max_open_duration."""
 
 from __future__ import annotations
 

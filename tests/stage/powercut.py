@@ -53,9 +53,9 @@ from tests.stage.simfs import SimFs
 from tieredbuf.buffer import Buffer
 from tieredbuf.config import RetryConfig, SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import AlreadyExistsError, DiskError
-from tieredbuf.exporter import Exporter
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
+from tieredbuf.produce.exporter import Exporter
 from tieredbuf.stage._fs import FileSystem
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import GetResult

@@ -29,9 +29,9 @@ from tests.stage.powercut import FAST_RETRY, ROOT, CutResult, run_cut
 from tests.stage.simfs import SimFs
 from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import CorruptError, DiskError
-from tieredbuf.exporter import Exporter
 from tieredbuf.format import wal as wal_fmt
 from tieredbuf.format.batch import decode_batch
+from tieredbuf.produce.exporter import Exporter
 from tieredbuf.stage.stage import Stage
 from tieredbuf.stage.wal import ACTIVE_NAME, NEW_NAME, WalWriter
 

@@ -19,7 +19,7 @@ import tieredbuf
 from tieredbuf import Durability
 from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import StagedDataLossError
-from tieredbuf.exporter import Exporter
+from tieredbuf.produce.exporter import Exporter
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.segments import SealedSegment

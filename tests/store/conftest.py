@@ -26,7 +26,7 @@ BACKENDS = [
     pytest.param("moto-metered", marks=pytest.mark.s3),
     pytest.param("moto", marks=pytest.mark.s3),
     pytest.param("seaweedfs", marks=pytest.mark.s3),
-    # the botocore client a process forked after obstore started uses (tieredbuf/forks.py)
+    # the botocore client a process forked after obstore started uses (tieredbuf/runtime/forks.py)
     pytest.param("moto-botocore", marks=pytest.mark.s3),
     pytest.param("seaweedfs-botocore", marks=pytest.mark.s3),
 ]

@@ -57,7 +57,7 @@ from tieredbuf.cli.queue import add_parsers as add_queue
 from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
 from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
-from tieredbuf.redact import redact
+from tieredbuf.runtime.redact import redact
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _StderrLog(logging.Handler):
     """tieredbuf's warnings as ``tieredbuf: ...`` lines on the current stderr (retries of
-    a store that is down, once per interval), redacted (:mod:`tieredbuf.redact`).
+    a store that is down, once per interval), redacted (:mod:`tieredbuf.runtime.redact`).
     Errors that are also raised to the command are skipped: main() prints those once."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -136,7 +136,7 @@ class _GcView:
 def _write_gc_metrics(args: argparse.Namespace, report: Any, seconds: float) -> None:
     from prometheus_client import CollectorRegistry, push_to_gateway, write_to_textfile
 
-    from tieredbuf.metrics import GcMetrics
+    from tieredbuf.ops.metrics import GcMetrics
 
     registry = CollectorRegistry()
     gcm = GcMetrics()
@@ -197,7 +197,7 @@ def _gc_loop(args: argparse.Namespace, buf: tieredbuf.Buffer, out: TextIO) -> in
     once are cached across passes (gc.run_forever)."""
     import signal
 
-    from tieredbuf.signals import SignalEvent
+    from tieredbuf.runtime.signals import SignalEvent
 
     stop = SignalEvent()  # a threading.Event set from a handler may deadlock its waiter
     for sig in (signal.SIGTERM, signal.SIGINT):

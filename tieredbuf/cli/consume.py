@@ -47,10 +47,10 @@ from tieredbuf.cli._common import (
     require_buffer,
     store_args,
 )
-from tieredbuf.consumer import ConsumedBatch
+from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.signals import SignalEvent, Stop
+from tieredbuf.runtime.signals import SignalEvent, Stop
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -72,7 +72,7 @@ def demo_stage(url: str) -> str:
     ``./demo-stage-<12 hex digits of the URL>`` (a stage belongs to one buffer)."""
     import hashlib
 
-    from tieredbuf.stage_binding import canonical_url
+    from tieredbuf.produce.stage_binding import canonical_url
 
     if canonical_url(url) == canonical_url(DEMO_URL):
         return DEMO_STAGE
@@ -142,8 +142,8 @@ def _stage_roots(root: Path) -> list[Path]:
 
 def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.errors import StageBufferMismatchError, StageLockedError
-    from tieredbuf.stage_binding import canonical_url, describe, read_binding
-    from tieredbuf.staged import drain, stage_producer_ids
+    from tieredbuf.produce.stage_binding import canonical_url, describe, read_binding
+    from tieredbuf.produce.staged import drain, stage_producer_ids
 
     stage_dir = Path(args.stage_dir)
     if not stage_dir.is_dir():

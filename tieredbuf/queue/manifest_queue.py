@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from functools import partial
+from typing import TypeVar
 
 from ulid import ULID
 
@@ -54,36 +54,27 @@ from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig, TreeConfig
 from tieredbuf.errors import (
     BufferNotFoundError,
     ConfigError,
-    ConflictError,
     FencedError,
     ObjectNotFoundError,
     OutcomeUnknownError,
-    PermanentStoreError,
     ProducerIdReusedError,
-    StoreError,
-    TieredBufError,
 )
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import registry as freg
 from tieredbuf.keys import MANIFEST_KEY
-from tieredbuf.queue import tree
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue import cas, tree
 from tieredbuf.queue.nodes import NodeStore
 from tieredbuf.queue.snapshot import Snapshot as Snapshot  # re-exported
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import IfMatch, PutMode, Store
 
 log = logging.getLogger(__name__)
 
+D = TypeVar("D")
+R = TypeVar("R")
+
 WATERMARK_CAP = 16384
 """At most this many producer watermarks are kept (most recently active first)."""
-
-
-class _NothingToDo(Exception):
-    """A maintenance pass found nothing to change."""
-
-
-class _LinkTooLate(Exception):
-    """This attempt's new group objects are too old to link safely (GC grace)."""
 
 
 class LostCas(Exception):
@@ -178,65 +169,44 @@ class ManifestQueue:
             raise FencedError(epoch, footer.epoch)
         return footer
 
-    # --- the retry loop ----------------------------------------------------
+    # --- the CAS primitive over the root -----------------------------------------
 
-    def _cas(self, snap: Snapshot, data: bytes) -> None:
-        mode: PutMode = "create" if snap.etag is None else IfMatch(snap.etag)
-        etag = self.store.put(self.key, data, mode=mode)
+    def remember(self, data: bytes, etag: str) -> None:
+        """The root this queue just wrote (an optimistic append CASes against it next)."""
         self._latest = (data, etag)
 
-    def _pause(self, attempt: int, why: str) -> None:
-        self.stats.incr(why)
-        self.stats.incr("retries")
-        if self.max_transient_retries is not None and attempt >= self.max_transient_retries:
-            raise TieredBufError(f"manifest operation gave up after {attempt} retries ({why})")
-        self.sleep(backoff_delay(self.retry, attempt))
+    def _run(
+        self,
+        decide: Callable[[cas.Read[Snapshot], int], cas.Write[D] | cas.Skip[R]],
+        done: Callable[[D, str], R],
+        *,
+        landed: Callable[[cas.Read[Snapshot], Sequence[D]], R | None] | None = None,
+        first: cas.Read[Snapshot] | None = None,
+        after_conflict: Callable[[int], None] | None = None,
+        attempt: int = 0,
+    ) -> R:
+        """One CAS loop over the root (:func:`tieredbuf.queue.cas.run`)."""
+        return cas.run(
+            _Root(self), decide, done, retries=self.cas_retries(), stats=self.stats,
+            landed=landed, first=first, after_conflict=after_conflict, attempt=attempt,
+            what="manifest operation",
+        )
 
-    def _attempt(
-        self, snap: Snapshot, data: bytes | Callable[[], bytes], attempt: int
-    ) -> bool:
-        """One CAS; True if it succeeded, False if the caller must re-read and decide.
+    def cas_retries(self) -> cas.Retries:
+        """How this queue's CAS loops back off (its progress objects' too)."""
+        return cas.Retries(self.retry, self.sleep, self.max_transient_retries)
 
-        ``data`` may be a builder that writes group objects first (rebalance,
-        retention); its store errors count as a failed attempt like the CAS's.
-        """
-        return self._attempt_why(snap, data, attempt) is None
-
-    def _attempt_why(
-        self, snap: Snapshot, data: bytes | Callable[[], bytes], attempt: int
-    ) -> str | None:
-        """:meth:`_attempt`, saying why it failed (the stat counted), None on success."""
-        try:
+    def _build(self, draft: tree.Root, now_ms: int) -> Callable[[], bytes]:
+        """The bytes of ``draft`` (group PUTs happen here); a build that took longer than
+        the tree's link deadline re-plans instead (its new groups might be GC's already)."""
+        def build() -> bytes:
             started = self.clock_ms()
-            payload = data() if callable(data) else data
+            data = self._finish(draft, now_ms)
             if self.clock_ms() - started > self.tree.link_deadline.total_seconds() * 1000:
-                raise _LinkTooLate()
-            self._cas(snap, payload)
-            return None
-        except PermanentStoreError:
-            self.stats.incr("permanent_errors")
-            raise  # credentials, access, bucket: retrying cannot help (stop, never spin)
-        except _LinkTooLate:
-            why = "late_links"
-        except ConflictError:
-            why = "conflicts"
-        except OutcomeUnknownError:
-            why = "unknown_outcomes"
-        except StoreError:
-            why = "transient_errors"
-        self._pause(attempt, why)
-        return why
+                raise cas.Replan("late_links")
+            return data
 
-    def _read_retrying(self, attempt: int) -> Snapshot:
-        while True:
-            try:
-                return self.read()
-            except PermanentStoreError:
-                self.stats.incr("permanent_errors")
-                raise
-            except StoreError:
-                self._pause(attempt, "transient_errors")
-                attempt += 1
+        return build
 
     # --- append --------------------------------------------------------------
 
@@ -281,13 +251,10 @@ class ManifestQueue:
         if n == 0:
             return []
         pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
-        attempt = first_attempt
-        while True:
-            if optimistic and attempt == 0 and self.knows_root:
-                snap = self._latest_snapshot()
-                self.stats.incr("optimistic_attempts")
-            else:
-                snap = self._read_retrying(attempt)
+
+        def decide(read: cas.Read[Snapshot], attempt: int
+                   ) -> cas.Write[_Appended] | cas.Skip[list[int | None]]:
+            snap = read.state
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
             view = snap.view
@@ -295,14 +262,14 @@ class ManifestQueue:
             done = 0 if wm is None else bisect.bisect_right(pseqs, wm.producer_seq)
             if strict and wm is not None and done and wm.producer_seq != pseqs[-1]:
                 raise ProducerIdReusedError(producer_id, wm.producer_seq, pseqs[-1])
-            if done == n:
+            if done == n:  # landed before this call (a restart, or a regrouped retry)
                 assert wm is not None
                 if attempt:
                     self.stats.incr("deduplicated_appends")
                 if producer_seqs is None and not first_attempt:  # one group, one CAS
                     last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
-                    return list(range(last - n + 1, last + 1))
-                return self._landed(snap, new, pseqs, wm)
+                    return cas.Skip(list(range(last - n + 1, last + 1)))
+                return cas.Skip(self._landed(snap, new, pseqs, wm))
             if before_write is not None:
                 before_write(snap)
             todo = new[done:]
@@ -313,20 +280,45 @@ class ManifestQueue:
             draft = self._draft(snap)
             draft.watermarks = wms
             first = tree.append_entries(draft, todo, now)
-            why = self._attempt_why(snap, partial(self._finish, draft, now), attempt)
-            if why is None:
-                self.stats.incr("appends")
-                self.stats.incr("entries_appended", len(todo))
-                prior: list[int | None] = [None] * done
-                if (done and first_attempt and wm is not None
-                        and wm.producer_seq == pseqs[done - 1]):
-                    # landed by an earlier attempt whose response was lost (a regrouped
-                    # retry): placed by location, as a whole landed group is
-                    prior = self._landed(snap, new[:done], pseqs[:done], wm)
-                return prior + list(range(first, first + len(todo)))
-            attempt += 1
-            if regroup and why == "conflicts":
-                raise LostCas(attempt)
+            prior: list[int | None] = [None] * done
+            if done and first_attempt and wm is not None and wm.producer_seq == pseqs[done - 1]:
+                # landed by an earlier attempt whose response was lost (a regrouped
+                # retry): placed by location, as a whole landed group is
+                prior = self._landed(snap, new[:done], pseqs[:done], wm)
+            return cas.Write(self._build(draft, now),
+                             _Appended(prior, first, len(todo), last_seq, now))
+
+        def done(d: _Appended, etag: str) -> list[int | None]:
+            self.stats.incr("appends")
+            self.stats.incr("entries_appended", d.count)
+            return d.sequences()
+
+        def landed(read: cas.Read[Snapshot], tried: Sequence[_Appended]
+                   ) -> list[int | None] | None:
+            wm = read.state.view.watermarks.get(producer_id)
+            if wm is None or wm.producer_seq != pseqs[-1]:
+                return None
+            for d in tried:  # this call's own write, found after its response was lost
+                if (wm.last_sequence, wm.updated_ms) == (d.last_seq, d.now_ms):
+                    self.stats.incr("deduplicated_appends")
+                    got = d.sequences()
+                    if None in d.prior:  # landed before this call: placed by location
+                        located = self._landed(read.state, new, pseqs, wm)
+                        got[: len(d.prior)] = located[: len(d.prior)]
+                    return got
+            return None
+
+        first: cas.Read[Snapshot] | None = None
+        if optimistic and first_attempt == 0 and self.knows_root:
+            snap = self._latest_snapshot()
+            first = cas.Read(snap, snap.etag)
+            self.stats.incr("optimistic_attempts")
+
+        def lost_cas(attempt: int) -> None:
+            raise LostCas(attempt)
+
+        return self._run(decide, done, landed=landed, first=first,
+                         after_conflict=lost_cas if regroup else None, attempt=first_attempt)
 
     def append_once(
         self,
@@ -347,12 +339,25 @@ class ManifestQueue:
         n = len(new)
         if n == 0:
             return []
-        tried: list[int] = []
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
+
+        def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[int]:
+            snap = read.state
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
+            if before_write is not None:
+                before_write(snap)
+            now = self.clock_ms()
+            draft = self._draft(snap)
+            first = tree.append_entries(draft, new, now)
+            return cas.Write(self._build(draft, now), first)
+
+        def done(first: int, etag: str) -> list[int]:
+            self.stats.incr("appends")
+            self.stats.incr("entries_appended", n)
+            return list(range(first, first + n))
+
+        def landed(read: cas.Read[Snapshot], tried: Sequence[int]) -> list[int] | None:
+            snap = read.state
             for first in tried:
                 if first >= snap.root.next_seq:
                     continue
@@ -364,17 +369,9 @@ class ManifestQueue:
                 if got is not None and got.location == new[0].location:
                     self.stats.incr("deduplicated_appends")
                     return list(range(first, first + n))
-            if before_write is not None:
-                before_write(snap)
-            now = self.clock_ms()
-            draft = self._draft(snap)
-            first = tree.append_entries(draft, new, now)
-            tried.append(first)
-            if self._attempt(snap, partial(self._finish, draft, now), attempt):
-                self.stats.incr("appends")
-                self.stats.incr("entries_appended", n)
-                return list(range(first, first + n))
-            attempt += 1
+            return None
+
+        return self._run(decide, done, landed=landed)
 
     def _landed(self, snap: Snapshot, new: Sequence[fm.NewEntry], pseqs: Sequence[int],
                 wm: fm.Watermark) -> list[int | None]:
@@ -458,38 +455,34 @@ class ManifestQueue:
         returns False when there is nothing (more) to write; it decides from what it finds,
         so a retry after an unknown outcome recognises its own landed write.  Retention,
         the head and rebalancing are applied in the same write.  True if this call wrote."""
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
-            draft = self._draft(snap)
-            if not change(snap, draft):
-                return False
-            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
-                self.stats.incr(stat)
-                return True
-            attempt += 1
+        def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None] | cas.Skip[bool]:
+            draft = self._draft(read.state)
+            if not change(read.state, draft):
+                return cas.Skip(False)
+            return cas.Write(self._build(draft, self.clock_ms()), None)
+
+        return self._run(decide, lambda _d, _e: self._counted(stat, True))
+
+    def _counted(self, stat: str, result: R) -> R:
+        self.stats.incr(stat)
+        return result
 
     def apply_retention(self) -> None:
         """One CAS that only applies retention and rebalancing (e.g. from a cron job)."""
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
-            before = snap.root
-            draft = self._draft(snap)
+        def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None]:
+            before = read.state.root
+            draft = self._draft(read.state)
+            build = self._build(draft, self.clock_ms())
 
-            def build(d: tree.Root = draft, b: tree.Root = before) -> bytes:
-                data = self._finish(d, self.clock_ms())
-                if d.same_links(b) and d.retention == b.retention:
-                    raise _NothingToDo()
+            def unless_unchanged() -> bytes:
+                data = build()
+                if draft.same_links(before) and draft.retention == before.retention:
+                    raise cas.Unchanged()  # nothing to unlink: no write (idempotent)
                 return data
 
-            try:
-                if self._attempt(snap, build, attempt):
-                    self.stats.incr("retention_passes")
-                    return
-            except _NothingToDo:
-                return  # nothing to unlink: no write (idempotent)
-            attempt += 1
+            return cas.Write(unless_unchanged, None)
+
+        self._run(decide, lambda _d, _e: self._counted("retention_passes", None))
 
     def set_retention(
         self, max_age: timedelta | None = None, max_bytes: int | None = None
@@ -501,17 +494,16 @@ class ManifestQueue:
         policy; idempotent (a root already at this policy is not written).
         """
         want = _policy(max_age, max_bytes)
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
-            if snap.root.retention == want:
-                return want
-            draft = self._draft(snap)
+
+        def decide(read: cas.Read[Snapshot], attempt: int
+                   ) -> cas.Write[None] | cas.Skip[fm.RetentionPolicy]:
+            if read.state.root.retention == want:
+                return cas.Skip(want)
+            draft = self._draft(read.state)
             draft.retention = want
-            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
-                self.stats.incr("retention_sets")
-                return want
-            attempt += 1
+            return cas.Write(self._build(draft, self.clock_ms()), None)
+
+        return self._run(decide, lambda _d, _e: self._counted("retention_sets", want))
 
     def set_gc_grace_period(self, grace: timedelta, *, force: bool = False) -> timedelta:
         """Store the buffer's GC grace period in the root (one CAS; idempotent); GC and
@@ -526,18 +518,17 @@ class ManifestQueue:
                 "pass force=True only when no writer runs concurrently"
             )
         want = grace // timedelta(milliseconds=1)
-        attempt = 0
-        while True:
-            snap = self._read_retrying(attempt)
-            if snap.gc_grace_ms == want:
-                return grace
-            draft = self._draft(snap)
+
+        def decide(read: cas.Read[Snapshot], attempt: int
+                   ) -> cas.Write[None] | cas.Skip[timedelta]:
+            if read.state.gc_grace_ms == want:
+                return cas.Skip(grace)
+            draft = self._draft(read.state)
             assert draft.buffer is not None
             draft.buffer = dataclasses.replace(draft.buffer, gc_grace_ms=want)
-            if self._attempt(snap, partial(self._finish, draft, self.clock_ms()), attempt):
-                self.stats.incr("grace_sets")
-                return grace
-            attempt += 1
+            return cas.Write(self._build(draft, self.clock_ms()), None)
+
+        return self._run(decide, lambda _d, _e: self._counted("grace_sets", grace))
 
     # --- tree maintenance inside a CAS attempt ----------------------------------
 
@@ -589,6 +580,39 @@ class ManifestQueue:
         if draft.nodes_written:
             self.stats.incr("groups_written", len(draft.nodes_written))
         return draft.encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Appended:
+    """What one append attempt decided: the sequences it gives its entries."""
+
+    prior: list[int | None]
+    """Entries an earlier attempt had landed (their sequences, where known)."""
+    first: int
+    count: int
+    last_seq: int
+    now_ms: int
+    """The watermark it writes: (last_seq, now_ms) is how a retry recognises it."""
+
+    def sequences(self) -> list[int | None]:
+        return self.prior + list(range(self.first, self.first + self.count))
+
+
+class _Root:
+    """The root as a :class:`~tieredbuf.queue.cas.CasObject` of its queue."""
+
+    def __init__(self, queue: ManifestQueue) -> None:
+        self.queue = queue
+
+    def read(self) -> cas.Read[Snapshot]:
+        snap = self.queue.read()
+        return cas.Read(snap, snap.etag)
+
+    def write(self, data: bytes, etag: str | None) -> str:
+        mode: PutMode = "create" if etag is None else IfMatch(etag)
+        written = self.queue.store.put(self.queue.key, data, mode=mode)
+        self.queue.remember(data, written)
+        return written
 
 
 def require_room(draft: tree.Root) -> None:

@@ -26,7 +26,8 @@ from tieredbuf.errors import (
     StoreError,
 )
 from tieredbuf.format import tree as ft
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.runtime.retry import backoff_delay
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 

@@ -38,8 +38,8 @@ from tieredbuf.format import progress as fp
 from tieredbuf.format import registry as freg
 from tieredbuf.format import tree as ft
 from tieredbuf.queue import shared, tree
-from tieredbuf.queue.backoff import backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot, require_room
+from tieredbuf.runtime.retry import backoff_delay
 from tieredbuf.store.base import IfMatch
 
 _PARALLEL_READS = 8
@@ -85,9 +85,10 @@ class ProgressStore:
             self.store.put(progress_key(p.name, p.reg_id), fp.encode(p), mode="create")
         self.queue.stats.incr("progress_writes")
 
-    def cas(self, p: fp.Progress, etag: str) -> str:
-        """Replace-if-match; store errors propagate (the caller re-reads and decides)."""
-        new = self.store.put(progress_key(p.name, p.reg_id), fp.encode(p), mode=IfMatch(etag))
+    def cas_bytes(self, name: str, reg_id: bytes, data: bytes, etag: str) -> str:
+        """Replace-if-match of an encoded progress object; store errors propagate (the CAS
+        primitive re-reads and decides)."""
+        new = self.store.put(progress_key(name, reg_id), data, mode=IfMatch(etag))
         self.queue.stats.incr("progress_writes")
         return new
 

@@ -20,30 +20,28 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeVar
 
 from ulid import ULID
 
 from tieredbuf.errors import (
     BufferNotFoundError,
     ConfigError,
-    ConflictError,
     DataLossError,
     FencedError,
     NotInitializedError,
-    OutcomeUnknownError,
-    PermanentStoreError,
-    StoreError,
     SubscriberRemovedError,
 )
 from tieredbuf.format import progress as fp
 from tieredbuf.format import registry as freg
+from tieredbuf.queue import cas
 from tieredbuf.queue import subscribers as subs
-from tieredbuf.queue.backoff import backoff_delay
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 
 Start = Literal["earliest", "latest"]
+D = TypeVar("D")
+R = TypeVar("R")
 
 
 def _check_start(start: str) -> None:
@@ -224,37 +222,66 @@ class NamedSubscription(Subscription):
 
     def _bump_epoch(self, want: int | None) -> fp.Progress:
         owner = f"{self.owner_prefix}/{ULID()}"
-        target: int | None = None
-        attempt = 0
-        while True:
-            p, etag = self.progress, self.etag
-            assert p is not None and etag is not None
-            if target is not None and p.owner == owner and p.epoch == target:
-                return p
-            target = p.epoch + 1
-            pos = p.position if want is None else want
-            new = dataclasses.replace(p, epoch=target, owner=owner, position=pos,
-                                      claim_cursor=pos, updated_ms=self.clock_ms())
-            if self._write(new, attempt):
-                self.queue.stats.incr("subscriber_epoch_bumps")
-                return new
-            attempt += 1
 
-    def _write(self, new: fp.Progress, attempt: int) -> bool:
-        """One CAS of the progress object; False after a failure (re-read: the caller
-        decides again from what it finds)."""
-        assert self.etag is not None and self.reg_id is not None
-        try:
-            self.etag = self.progress_store.cas(new, self.etag)
-            self.progress = new
-            return True
-        except PermanentStoreError:
-            raise  # credentials, access, bucket: retrying cannot help
-        except (ConflictError, OutcomeUnknownError, StoreError):
-            self.queue.stats.incr("progress_conflicts")
-        self.queue.sleep(backoff_delay(self.queue.retry, attempt))
-        self.reload()
-        return False
+        def decide(p: fp.Progress, attempt: int) -> tuple[fp.Progress, fp.Progress]:
+            pos = p.position if want is None else want
+            new = dataclasses.replace(p, epoch=p.epoch + 1, owner=owner, position=pos,
+                                      claim_cursor=pos, updated_ms=self.clock_ms())
+            return new, new
+
+        def landed(p: fp.Progress, tried: Sequence[fp.Progress]) -> fp.Progress | None:
+            return p if any(p.owner == t.owner and p.epoch == t.epoch for t in tried) else None
+
+        def done(new: fp.Progress) -> fp.Progress:
+            self.queue.stats.incr("subscriber_epoch_bumps")
+            return new
+
+        return self.cas(decide, done, landed)
+
+    def cas(
+        self,
+        decide: Callable[[fp.Progress, int], tuple[fp.Progress, D] | cas.Skip[R]],
+        done: Callable[[D], R],
+        landed: Callable[[fp.Progress, Sequence[D]], R | None] | None = None,
+        *,
+        fenced: bool = False,
+        blind: bool = True,
+    ) -> R:
+        """Write this subscriber's progress object through the one CAS primitive
+        (:func:`tieredbuf.queue.cas.run`): ``decide(progress, attempt)`` returns the new
+        progress and what it decided (or a Skip); the first attempt is decided from the
+        progress as last read or written (``blind``: no GET), a failure re-reads it.
+        ``fenced``: every attempt first checks this instance's epoch (FencedError)."""
+        epoch = self._epoch() if fenced else None
+
+        def fence(p: fp.Progress) -> None:
+            if epoch is not None and p.epoch != epoch:
+                raise FencedError(epoch, p.epoch, self.name)
+
+        def write(read: cas.Read[fp.Progress], attempt: int
+                  ) -> cas.Write[tuple[fp.Progress, D]] | cas.Skip[R]:
+            got = decide(read.state, attempt)
+            if isinstance(got, cas.Skip):
+                return got
+            return cas.Write(fp.encode(got[0]), got)
+
+        def finish(new: tuple[fp.Progress, D], etag: str) -> R:
+            self.progress, self.etag = new[0], etag
+            return done(new[1])
+
+        def found(read: cas.Read[fp.Progress], tried: Sequence[tuple[fp.Progress, D]]
+                  ) -> R | None:
+            assert landed is not None
+            return landed(read.state, [d for _, d in tried])
+
+        assert self.progress is not None and self.etag is not None and self.reg_id is not None
+        first = cas.Read(self.progress, self.etag) if blind else None
+        return cas.run(
+            _ProgressObject(self), write, finish, retries=self.queue.cas_retries(),
+            stats=self.queue.stats, fence=fence if fenced else None,
+            landed=found if landed is not None else None, first=first,
+            stat_prefix="progress_", what=f"the progress of subscriber {self.name!r}",
+        )
 
     def reload(self) -> fp.Progress:
         assert self.reg_id is not None
@@ -283,23 +310,20 @@ class NamedSubscription(Subscription):
         """Write the position (one CAS of the progress object, fenced by its epoch), then
         publish it into the root if this subscriber holds the head back (``publish``:
         whenever it is behind what the progress object says)."""
-        epoch = self._epoch()
-        attempt = 0
-        while self.position != self.written or self.lost != (self.progress.lost
-                                                            if self.progress else 0):
-            p = self.progress
-            assert p is not None
-            if p.epoch != epoch:
-                raise FencedError(epoch, p.epoch, self.name)
-            if p.position == self.position and p.lost == self.lost:
-                self.written = self.position  # our write landed; its response was lost
-                break
-            new = dataclasses.replace(p, position=self.position, claim_cursor=self.position,
-                                      lost=self.lost, updated_ms=self.clock_ms())
-            if self._write(new, attempt):
-                self.written = self.position
-                break
-            attempt += 1
+        self._epoch()
+        position, lost = self.position, self.lost
+        if self.progress is None or (self.progress.position, self.progress.lost) != (
+                position, lost):
+
+            def decide(p: fp.Progress, attempt: int
+                       ) -> tuple[fp.Progress, None] | cas.Skip[None]:
+                if (p.position, p.lost) == (position, lost):
+                    return cas.Skip(None)  # our write landed; its response was lost
+                return dataclasses.replace(p, position=position, claim_cursor=position,
+                                           lost=lost, updated_ms=self.clock_ms()), None
+
+            self.cas(decide, lambda _: None, fenced=True)
+        self.written = position
         self.maybe_publish(force=publish)
 
     def maybe_publish(self, force: bool = False) -> bool:
@@ -324,6 +348,23 @@ class NamedSubscription(Subscription):
         self._head = subs.publish(self.queue, self.progress_store)
         self._published = self.written
         return True
+
+
+class _ProgressObject:
+    """A named subscriber's progress object as a :class:`~tieredbuf.queue.cas.CasObject`:
+    a read refreshes the subscription's copy (SubscriberRemovedError once it is gone)."""
+
+    def __init__(self, sub: NamedSubscription) -> None:
+        self.sub = sub
+
+    def read(self) -> cas.Read[fp.Progress]:
+        p = self.sub.reload()
+        assert self.sub.etag is not None
+        return cas.Read(p, self.sub.etag)
+
+    def write(self, data: bytes, etag: str | None) -> str:
+        assert etag is not None and self.sub.reg_id is not None
+        return self.sub.progress_store.cas_bytes(self.sub.name, self.sub.reg_id, data, etag)
 
 
 def open_subscription(queue: ManifestQueue, name: str = freg.DEFAULT, **kw: object

@@ -36,10 +36,10 @@ from prometheus_client import (
 )
 
 import tieredbuf
-from tieredbuf import metrics
 from tieredbuf.errors import BackpressureError, ClosedError, DiskError, TieredBufError
-from tieredbuf.handles import Durability, WriteHandle
-from tieredbuf.redact import redact
+from tieredbuf.ops import metrics
+from tieredbuf.produce.handles import Durability, WriteHandle
+from tieredbuf.runtime.redact import redact
 from tieredbuf.service import auth, bodies
 from tieredbuf.service.config import ServiceConfig
 

@@ -14,8 +14,8 @@ A request without credentials gets 401 (``WWW-Authenticate: Bearer``), one with 
 token that matches none gets 403.  Every candidate is compared with
 :func:`hmac.compare_digest` (no early exit), so timing says nothing about how much
 of a token was right.  No token is ever logged or echoed: log lines name tokens by
-:func:`tieredbuf.redact.fingerprint`, and every token is registered with
-:mod:`tieredbuf.redact`.
+:func:`tieredbuf.runtime.redact.fingerprint`, and every token is registered with
+:mod:`tieredbuf.runtime.redact`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from tieredbuf import redact
 from tieredbuf.errors import ConfigError
+from tieredbuf.runtime import redact
 
 log = logging.getLogger("tieredbuf.service.auth")
 

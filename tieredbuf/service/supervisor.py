@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from tieredbuf.runtime.signals import SignalEvent
 from tieredbuf.service.config import ServiceConfig
-from tieredbuf.signals import SignalEvent
 
 log = logging.getLogger("tieredbuf.service")
 
@@ -99,7 +99,7 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
     # both are set by the signal handler: a threading.Event set there can deadlock the
-    # main thread waiting on it (tieredbuf.signals)
+    # main thread waiting on it (tieredbuf.runtime.signals)
     stop = SignalEvent()
     forced = SignalEvent()
     workers: list[_Worker] = []

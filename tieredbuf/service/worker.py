@@ -22,8 +22,8 @@ import sys
 
 from aiohttp import web
 
-from tieredbuf import redact
 from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.runtime import redact
 from tieredbuf.service.app import build_app
 from tieredbuf.service.auth import TokenSet
 from tieredbuf.service.config import ServiceConfig

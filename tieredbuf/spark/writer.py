@@ -93,7 +93,7 @@ def _now_ms() -> int:
 
 def _put(buf: tieredbuf.Buffer, key: str, body: bytes) -> None:
     # One conditional PUT whatever the size: obstore 0.12.1 has no conditional multipart
-    # (see tieredbuf/publish.py), and S3 takes up to 5 GiB in one PUT.
+    # (see tieredbuf/produce/publish.py), and S3 takes up to 5 GiB in one PUT.
     # AlreadyExists on a fresh ULID key is our own attempt whose response was lost.
     with contextlib.suppress(AlreadyExistsError):
         buf.store.put(key, body, mode="create")

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tieredbuf import redact
 from tieredbuf.config import (
     S3_CREDENTIAL_ENV,
     S3_OPTION_ENV,
@@ -22,6 +21,7 @@ from tieredbuf.config import (
     store_options_from_env,
 )
 from tieredbuf.errors import ConfigError, MissingCredentialsError
+from tieredbuf.runtime import redact
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode, Store
 from tieredbuf.store.botostore import S3Settings
 from tieredbuf.store.localdir import LocalDirStore

@@ -1,6 +1,6 @@
 """The Store contract over botocore, for S3 in a process forked after obstore started.
 
-obstore's async runtime does not survive ``fork()`` (see :mod:`tieredbuf.forks`), so an
+obstore's async runtime does not survive ``fork()`` (see :mod:`tieredbuf.runtime.forks`), so an
 S3 :class:`~tieredbuf.store.objstore.ObjStore` in such a child sends its requests
 through this class, built from the same settings (endpoint, region, credentials,
 timeouts, retries).  Semantics match ObjStore's: create-if-absent is ``If-None-Match:
@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from tieredbuf import forks
 from tieredbuf.errors import (
     AlreadyExistsError,
     ObjectNotFoundError,
     OutcomeUnknownError,
     StoreError,
 )
-from tieredbuf.redact import redacted_copy as redacted
-from tieredbuf.redact import scrub
+from tieredbuf.runtime import forks
+from tieredbuf.runtime.redact import redacted_copy as redacted
+from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 from tieredbuf.store.errmap import Facts, classify, is_metadata_uri

@@ -12,7 +12,7 @@ connection was ever made -- and :func:`classify` turns those into the error tree
   OutcomeUnknownError; one that was never sent is StoreUnreachableError.
 
 Messages are one line: the library's debug dump stays in ``__cause__`` (a copy with
-credentials masked: :mod:`tieredbuf.redact`).
+credentials masked: :mod:`tieredbuf.runtime.redact`).
 """
 
 from __future__ import annotations

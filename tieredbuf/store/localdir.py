@@ -57,7 +57,7 @@ from tieredbuf.errors import (
     PreconditionFailedError,
     StoreError,
 )
-from tieredbuf.fsutil import fsync_dir
+from tieredbuf.runtime.fsutil import fsync_dir
 from tieredbuf.store._common import check_key, check_prefix, check_range, os_error, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 

@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import obstore as obs
 from obstore import exceptions as obx
 
-from tieredbuf import forks
 from tieredbuf.errors import (
     BucketNotFoundError,
     ObjectNotFoundError,
     OutcomeUnknownError,
     StoreError,
 )
-from tieredbuf.redact import redacted_copy as redacted
-from tieredbuf.redact import scrub
+from tieredbuf.runtime import forks
+from tieredbuf.runtime.redact import redacted_copy as redacted
+from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
@@ -145,7 +145,7 @@ def map_error(
 ) -> Exception:
     """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``
     (see :func:`tieredbuf.store.errmap.classify`), its message redacted (a server's
-    answer may quote the request's credentials: :mod:`tieredbuf.redact`).  Callers
+    answer may quote the request's credentials: :mod:`tieredbuf.runtime.redact`).  Callers
     chain it to :func:`redacted` (``e``), never to ``e``."""
     return scrub(classify(obstore_facts(e), key, write=write, bucket=bucket, where=where))
 
@@ -170,7 +170,7 @@ def _meta(m: Any) -> ObjectMeta:
 class ObjStore:
     """A Store over one obstore ObjectStore (S3Store with a prefix, or MemoryStore).
 
-    In a process forked after obstore's runtime started (:mod:`tieredbuf.forks`), an S3
+    In a process forked after obstore's runtime started (:mod:`tieredbuf.runtime.forks`), an S3
     store sends its requests through botocore instead (:mod:`.botostore`), built from
     the same ``s3`` settings: obstore's network calls would hang there.
     """

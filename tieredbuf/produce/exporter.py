@@ -52,7 +52,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tieredbuf import forks, keys
+from tieredbuf import keys
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import (
     FlushTimeoutError,
@@ -60,11 +60,13 @@ from tieredbuf.errors import (
     StageBufferMismatchError,
     StagedDataLossError,
 )
-from tieredbuf.pools import started_pool
-from tieredbuf.publish import Pending, Publisher
-from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay
+from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, REGROUP_WAIT_S, AppendPacer
+from tieredbuf.runtime import forks
+from tieredbuf.runtime.pools import started_pool
+from tieredbuf.runtime.retry import RetryLog, backoff_delay
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from tieredbuf.config import RetryConfig
 
@@ -68,26 +67,6 @@ def interruptible_sleep(seconds: float) -> None:
         turn()
         if event is not None and event.is_set():
             raise Stopped("stopped while retrying a store operation")
-
-
-@dataclass
-class Stats:
-    """Thread-safe counters a role reports (conflicts, retries, ...)."""
-
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def incr(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            self.counts[name] = self.counts.get(name, 0) + n
-
-    def get(self, name: str) -> int:
-        with self._lock:
-            return self.counts.get(name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counts)
 
 
 class RetryLog:

@@ -32,14 +32,14 @@ from ulid import ULID
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig
 from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
-from tieredbuf.forks import ForkGuard, stop_at_exit
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
-from tieredbuf.publish import Pending, Publisher
-from tieredbuf.queue.backoff import Stats
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
+from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)

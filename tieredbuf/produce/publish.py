@@ -28,8 +28,9 @@ from tieredbuf import keys
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, retry_turn, stop_on
 from tieredbuf.queue.manifest_queue import LostCas, ManifestQueue, Snapshot
+from tieredbuf.runtime.retry import RetryLog, backoff_delay, retry_turn, stop_on
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import LinkingStore, Store
 
 log = logging.getLogger(__name__)

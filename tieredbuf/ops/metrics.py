@@ -1,7 +1,7 @@
 """Prometheus metrics for producers, consumers, buffers and GC.
 
     from prometheus_client import start_http_server
-    import tieredbuf, tieredbuf.metrics
+    import tieredbuf
 
     buf = tieredbuf.open("s3://bucket/prefix")
     producer = buf.producer(staging_dir="./stage")
@@ -396,7 +396,7 @@ class RequestCollector(Collector):
 
 
 class GcMetrics(Collector):
-    """Totals over :func:`tieredbuf.gc.run_once` reports; call :meth:`observe` after each."""
+    """Totals over :func:`tieredbuf.ops.gc.run_once` reports; call :meth:`observe` after each."""
 
     def __init__(self, labels: Mapping[str, str] | None = None) -> None:
         self._lock = threading.Lock()
@@ -445,9 +445,9 @@ def collector_for(
 ) -> Collector:
     """The collector for a producer (staged or stateless), a consumer or a buffer."""
     from tieredbuf.buffer import Buffer
-    from tieredbuf.consumer import Consumer
-    from tieredbuf.producer import Producer
-    from tieredbuf.staged import StagedProducer
+    from tieredbuf.consume.consumer import Consumer
+    from tieredbuf.produce.producer import Producer
+    from tieredbuf.produce.staged import StagedProducer
 
     if isinstance(obj, StagedProducer):
         return _Multi([

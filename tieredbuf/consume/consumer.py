@@ -44,15 +44,15 @@ from tieredbuf.errors import (
     NotInitializedError,
     ObjectNotFoundError,
 )
-from tieredbuf.forks import ForkGuard
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
-from tieredbuf.pools import started_pool
-from tieredbuf.queue.backoff import Stats
 from tieredbuf.queue.longpoll import FooterPoll
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import Subscription, open_subscription
+from tieredbuf.runtime.forks import ForkGuard
+from tieredbuf.runtime.pools import started_pool
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 if TYPE_CHECKING:

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 from tieredbuf import keys
 from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
-from tieredbuf.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
-from tieredbuf.forks import ForkGuard
-from tieredbuf.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
-from tieredbuf.prompt_seal import PromptSealer
+from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.produce.prompt_seal import PromptSealer
+from tieredbuf.produce.stage_binding import StageBinding, bind
+from tieredbuf.runtime.forks import ForkGuard
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
-from tieredbuf.stage_binding import StageBinding, bind
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class StagedProducer:
             raise ClosedError("producer is closed")
 
     def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
-        # the first wait for REMOTE asks for a prompt seal (tieredbuf/prompt_seal.py)
+        # the first wait for REMOTE asks for a prompt seal (tieredbuf/produce/prompt_seal.py)
         return WriteHandle(_StagedWatcher(fut, kind, self, self._prompt.request))
 
     def _follow(self, w: DurabilityWatcher, kind: str, fut: Future[StageAck]) -> None:
@@ -154,7 +154,7 @@ class StagedProducer:
         self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
     ) -> WriteHandle:
         """Stage one call's records; LOCAL after fdatasync, REMOTE once in the queue."""
-        from tieredbuf.producer import _as_records
+        from tieredbuf.produce.producer import _as_records
 
         records = _as_records(entries)
         self._check_open()

@@ -2,7 +2,7 @@
 
 Records LOCAL-acked into ``./stage`` for ``file://./A`` must never be exported into
 ``file://./B`` because ``./stage`` was reused for B.  So the first open of a stage
-(a :class:`~tieredbuf.staged.StagedProducer` or ``tieredbuf drain``) writes
+(a :class:`~tieredbuf.produce.staged.StagedProducer` or ``tieredbuf drain``) writes
 ``<stage>/<producer_id>/buffer.json``: the buffer's identity (root section 6's buffer
 id, once the buffer has a root) and its URL (``file://`` made absolute).  A stage
 that held records when it was opened must be exported into the same buffer: the same

@@ -53,7 +53,7 @@ from tieredbuf.format import tree as ft
 from tieredbuf.queue import tree
 from tieredbuf.queue.nodes import NodeStore, node_key
 from tieredbuf.queue.subscribers import ProgressStore, publish
-from tieredbuf.signals import Stop
+from tieredbuf.runtime.signals import Stop
 from tieredbuf.store.counting import diff
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from tieredbuf import forks
+from tieredbuf.runtime import forks
 
 if TYPE_CHECKING:
-    from tieredbuf.exporter import Exporter
+    from tieredbuf.produce.exporter import Exporter
     from tieredbuf.stage.stage import Stage
 
 log = logging.getLogger(__name__)

@@ -27,14 +27,14 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 
 from ulid import ULID
 
 from tieredbuf.config import WorkerConfig
-from tieredbuf.consumer import ConsumedBatch, fetch_object
+from tieredbuf.consume.consumer import ConsumedBatch, fetch_object
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -45,11 +45,11 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import Lease, Progress
-from tieredbuf.pools import started_pool
-from tieredbuf.queue import shared
-from tieredbuf.queue.backoff import Stats
+from tieredbuf.queue import cas, shared
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import NamedSubscription
+from tieredbuf.runtime.pools import started_pool
+from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,16 @@ def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
 
 WINDOW = 1024
 """Entries decoded ahead of the claims (as a consumer reads a window of the backlog)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Apply:
+    """What one refill CAS decided, under its operation token, from the root it judged."""
+
+    applied: shared.Applied
+    token: bytes
+    root: Snapshot
+    wrote: bool = True
 
 
 @dataclasses.dataclass(slots=True)
@@ -347,47 +357,51 @@ class Worker:
         self._release_lapsing()
         ops = list(self._ops)
         limits = dataclasses.replace(self._limits, claim_n=claim_n)
-        tried: dict[bytes, shared.Applied] = {}
-        """Each attempt's decisions by its operation token: a retry that finds one of them
-        landed (its response was lost) reports *that* attempt's decisions."""
-        attempt = 0
-        wrote, fresh = True, False
-        if self._contended:
-            sub.reload()  # others wrote since our last CAS: a blind CAS would only conflict
-            fresh = True
-        snap = self._root(sub.progress, claim_n)
-        while True:
-            p = sub.progress
-            assert p is not None and sub.etag is not None
-            found = shared.landed_op(p, self.worker_id, tried)
-            if found is not None:
-                op_token = found
-                applied = dataclasses.replace(tried[found], progress=p,
-                                              claimed=shared.mine(p, found))
-                self.queue.stats.incr("worker_ops_found_landed")
-                break
-            op_token = ULID().bytes
-            applied = shared.apply(p, ops, worker_id=self.worker_id, op_token=op_token,
+        roots: list[Snapshot] = []
+        retried: list[int] = []
+        skip_lost = self.config.on_lost == "skip"
+
+        def decide(p: Progress, attempt: int
+                   ) -> tuple[Progress, _Apply] | cas.Skip[_Apply]:
+            if attempt:
+                retried.append(attempt)
+            if attempt or not roots:
+                roots.append(self._root(p, claim_n))
+            snap = roots[-1]
+            token = ULID().bytes  # each attempt its own: a retry knows which one landed
+            applied = shared.apply(p, ops, worker_id=self.worker_id, op_token=token,
                                    now_ms=self.clock_ms(), limits=limits,
                                    next_seq=snap.root.next_seq, low=snap.low,
-                                   skip_lost=self.config.on_lost == "skip")
-            if not (ops or applied.claimed or applied.auto_rejected or (
-                    applied.lost is not None and self.config.on_lost == "skip")):
-                if not fresh:  # the cached progress may be stale: judge from a fresh read
-                    sub.reload()
-                    fresh = True
-                    continue
+                                   skip_lost=skip_lost)
+            if not (ops or applied.claimed or applied.auto_rejected
+                    or (applied.lost is not None and skip_lost)):
                 applied.progress = p  # nothing to change: an idle poll costs no write
-                wrote = False
-                break
-            tried[op_token] = applied
-            if self._cas(applied.progress, attempt):
-                break
-            attempt += 1
-            snap = self._root(sub.progress, claim_n)
+                return cas.Skip(_Apply(applied, token, snap, wrote=False))
+            return applied.progress, _Apply(applied, token, snap)
+
+        def landed(p: Progress, tried: Sequence[_Apply]) -> _Apply | None:
+            token = shared.landed_op(p, self.worker_id, [t.token for t in tried])
+            if token is None:
+                return None
+            self.queue.stats.incr("worker_ops_found_landed")
+            mine = next(t for t in tried if t.token == token)
+            return dataclasses.replace(mine, applied=dataclasses.replace(
+                mine.applied, progress=p, claimed=shared.mine(p, token)))
+
+        def same(a: _Apply) -> _Apply:
+            return a
+
+        def run(blind: bool) -> _Apply:
+            return sub.cas(decide, same, landed, blind=blind)
+
+        # after contention a blind CAS (from the cached progress) would only conflict
+        got = run(blind=not self._contended)
+        if not got.wrote and not self._contended:
+            got = run(blind=False)  # the cached progress may be stale: judge from a fresh read
+        applied, op_token, snap, wrote = got.applied, got.token, got.root, got.wrote
         self._ops = self._ops[len(ops):]
         self.stats.incr("cas" if wrote else "idle_polls")
-        self._contended = attempt > 0
+        self._contended = bool(retried)
         if self.on_applied is not None and ops:
             refused = set(applied.expired)
             self.on_applied([op.seq for op in ops if op.kind in ("ack", "reject")
@@ -438,11 +452,6 @@ class Worker:
         live = {h.token for h in self._held.values()} | {op.token for op in self._ops}
         self._expiries = {t: e for t, e in self._expiries.items() if t in live}
         self._schedule_prefetch()
-
-    def _cas(self, new: Progress, attempt: int) -> bool:
-        """One CAS of the shared progress object (the subscription's, with its backoff
-        and re-read after a failure)."""
-        return self.subscription._write(new, attempt)
 
     @property
     def held(self) -> list[int]:

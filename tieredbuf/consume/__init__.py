@@ -1,0 +1,8 @@
+"""The read path: subscribers, work-queue workers and plain readers of the queue.
+
+| module | what it holds |
+|---|---|
+| `consumer.py` | the fenced consumer of one subscriber (default or named), `ConsumedBatch` |
+| `worker.py` | a worker of a shared work queue: claim / ack / defer / reject under leases |
+| `reader.py` | readers that never fence: a tree walk from a position, and a continuous tail |
+"""

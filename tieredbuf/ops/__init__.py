@@ -1,0 +1,7 @@
+"""Operations: what runs beside the roles.
+
+| module | what it holds |
+|---|---|
+| `gc.py` | garbage collection of unreferenced objects (`tieredbuf gc`, from cron) |
+| `metrics.py` | Prometheus metrics of producers, consumers, buffers and GC passes |
+"""

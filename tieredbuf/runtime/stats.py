@@ -1,0 +1,26 @@
+"""``Stats``: the thread-safe counters every role reports (conflicts, retries, ...)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """Thread-safe counters a role reports (conflicts, retries, ...)."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def incr(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self.counts.get(name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
