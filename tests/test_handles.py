@@ -39,11 +39,11 @@ def test_waiter_blocked_for_remote_stays_blocked_at_local_and_wakes_at_remote() 
     w = DurabilityWatcher()
     out: list[object] = []
     t = _blocked_waiter(w, Durability.REMOTE, out)
-    w._reach(Durability.LOCAL)
+    w.reach(Durability.LOCAL)
     _poll(lambda: w._waiters)  # woken, re-checked, blocked again
     assert out == [] and t.is_alive()
     outcome = WriteOutcome(7, "data/x.batch", Durability.REMOTE)
-    w._reach(Durability.REMOTE, outcome)
+    w.reach(Durability.REMOTE, outcome)
     t.join(10)
     assert out == [outcome]
 
@@ -53,7 +53,7 @@ def test_several_waiters_all_wake() -> None:
     outs: list[list[object]] = [[] for _ in range(3)]
     threads = [_blocked_waiter(w, Durability.LOCAL, o) for o in outs]
     _poll(lambda: w._waiters is not None and len(w._waiters) == 3)
-    w._reach(Durability.LOCAL)
+    w.reach(Durability.LOCAL)
     for t in threads:
         t.join(10)
     assert [o[0].durability for o in outs] == [Durability.LOCAL] * 3  # type: ignore[union-attr]
@@ -64,7 +64,7 @@ def test_failure_wakes_a_blocked_waiter_with_the_error() -> None:
     out: list[object] = []
     t = _blocked_waiter(w, Durability.REMOTE, out)
     err = OSError("store says no")
-    w._fail(err)
+    w.fail(err)
     t.join(10)
     assert out == [err]
 
@@ -76,5 +76,5 @@ def test_timeout_raises_and_leaves_no_waiter_behind() -> None:
     assert not w._waiters
     with pytest.raises(TimeoutError):
         w.wait(Durability.LOCAL, timeout=0)
-    w._reach(Durability.LOCAL)
+    w.reach(Durability.LOCAL)
     assert w.wait(Durability.LOCAL, timeout=0).durability == Durability.LOCAL

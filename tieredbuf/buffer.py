@@ -5,25 +5,27 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, overload
 
 from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
 from tieredbuf.consume.consumer import Consumer, fetch_object
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
+from tieredbuf.consume.worker import Worker
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
+from tieredbuf.format.registry import check_name
 from tieredbuf.keys import MANIFEST_KEY
+from tieredbuf.produce.api import RecordProducer
+from tieredbuf.produce.producer import Producer
+from tieredbuf.produce.staged import StagedProducer, drain
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
-from tieredbuf.queue.subscribers import SubscriberInfo
+from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, remove
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.runtime.retry import interruptible_sleep
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
-
-if TYPE_CHECKING:
-    from tieredbuf.consume.worker import Worker
 
 
 def _build(cls: Any, kind: str, options: dict[str, Any]) -> Any:
@@ -59,19 +61,29 @@ class Buffer:
         GC pass opened through it."""
         return self.store.counts
 
-    def producer(self, staging_dir: str | Path | None = None, **config: Any) -> Any:
+    @overload
+    def producer(self, staging_dir: None = None, **config: Any) -> Producer: ...
+
+    @overload
+    def producer(self, staging_dir: str | Path, **config: Any) -> StagedProducer: ...
+
+    def producer(self, staging_dir: str | Path | None = None, **config: Any) -> RecordProducer:
         """A producer.  ``staging_dir=None``: stateless (REMOTE acks only).
 
         Keyword arguments are :class:`ProducerConfig` fields (and, with a staging
         directory, the local tier's fields), e.g. ``flush_interval=timedelta(ms=100)``.
+        Both kinds are a :class:`~tieredbuf.produce.api.RecordProducer`.
         """
         if staging_dir is None:
-            from tieredbuf.produce.producer import Producer
-
             return Producer(self.store, self.queue, _build(ProducerConfig, "producer", config))
-        from tieredbuf.produce.staged import StagedProducer
+        return StagedProducer(self.store, self.queue, Path(staging_dir), **config)
 
-        return StagedProducer(self, Path(staging_dir), **config)
+    def drain_stage(self, staging_dir: str | Path, producer_id: str, *,
+                    on_exported: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        """Take over a (dead) producer's stage into this buffer: recover its WAL, seal,
+        export, release (``tieredbuf drain``; :func:`tieredbuf.produce.staged.drain`)."""
+        return drain(self.store, self.queue, Path(staging_dir), producer_id,
+                     on_exported=on_exported, timeout=timeout)
 
     def consumer(self, subscriber: str = "default", **config: Any) -> Consumer:
         """A consumer of ``subscriber`` ("default": RFC 0001's consumer); call
@@ -87,8 +99,6 @@ class Buffer:
         """A worker of the shared work queue ``subscriber``: ``claim()`` leases entries,
         ``ack`` / ``defer`` / ``reject`` resolve them (any order).  Keyword arguments are
         :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...)."""
-        from tieredbuf.consume.worker import Worker
-
         return Worker(self.store, self.queue, subscriber,
                       _build(WorkerConfig, "worker", config))
 
@@ -106,17 +116,12 @@ class Buffer:
         """Unregister ``name`` and release its hold on the buffer (its unacked entries may
         then be unlinked); live instances fail with SubscriberRemovedError.  False if it
         was not registered."""
-        from tieredbuf.format.registry import check_name
-        from tieredbuf.queue.subscribers import remove
-
         return remove(self.queue, check_name(name))
 
     def publish_subscribers(self) -> int:
         """Copy every named subscriber's position from its progress object into the root
         (one CAS, only if one moved): what a cron GC does for subscribers gone quiet.
         Returns the head afterwards."""
-        from tieredbuf.queue.subscribers import ProgressStore, publish
-
         return publish(self.queue, ProgressStore(self.queue))
 
     def exists(self) -> bool:

@@ -57,7 +57,7 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         handles.append(producer.produce(chunk, metadata=args.metadata.encode()))
         n += len(chunk)
     producer.close()
-    seqs = sorted({h.wait().sequence for h in handles} - {None})
+    seqs = sorted(s for s in {h.wait().sequence for h in handles} if s is not None)
     span = f"sequences {seqs[0]}..{seqs[-1]}" if seqs else "nothing"
     print(f"produced {n} {plural(n, 'record')} in {len(handles)} {plural(len(handles), 'call')}"
           f" -> {span}", file=out)
@@ -143,7 +143,7 @@ def _stage_roots(root: Path) -> list[Path]:
 def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.errors import StageBufferMismatchError, StageLockedError
     from tieredbuf.produce.stage_binding import canonical_url, describe, read_binding
-    from tieredbuf.produce.staged import drain, stage_producer_ids
+    from tieredbuf.produce.staged import stage_producer_ids
 
     stage_dir = Path(args.stage_dir)
     if not stage_dir.is_dir():
@@ -170,7 +170,7 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
                 bar.update(1, ex.location)
 
             try:
-                stats = drain(buf, root, pid, on_exported=progress, timeout=timeout)
+                stats = buf.drain_stage(root, pid, on_exported=progress, timeout=timeout)
             except StageLockedError:
                 print(f"{pid}: skipped, a live producer holds its stage", file=out)
                 busy += 1

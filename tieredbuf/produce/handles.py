@@ -64,7 +64,7 @@ class DurabilityWatcher:
             fn()
 
     # producer side
-    def _reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
+    def reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
         with self._lock:
             if level > self._level:
                 self._level = int(level)
@@ -75,7 +75,7 @@ class DurabilityWatcher:
         for fn in fire:
             fn()
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
         with self._lock:
             if self._error is None and self._level < Durability.REMOTE:
                 self._error = error

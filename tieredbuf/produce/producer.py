@@ -60,7 +60,7 @@ class _OpenBatch:
     opened: float = 0.0
 
 
-def _as_records(entries: object) -> list[bytes]:
+def as_records(entries: object) -> list[bytes]:
     if isinstance(entries, (bytes, bytearray, memoryview, str)):
         raise TypeError("produce() takes a list of byte records, not a single bytes/str")
     try:
@@ -133,7 +133,7 @@ class Producer:
         Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
         waiting longer.
         """
-        records = _as_records(entries)
+        records = as_records(entries)
         meta = bytes(metadata)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16
         cfg = self.config
@@ -380,7 +380,7 @@ class Producer:
             for (p, _, b), seq in zip(group, seqs, strict=True):
                 outcome = WriteOutcome(seq, p.location, Durability.REMOTE)
                 for w in b.watchers:
-                    w._reach(Durability.REMOTE, outcome)
+                    w.reach(Durability.REMOTE, outcome)
                 released_inputs += len(b.watchers)
                 released_bytes += b.size
             with self._cond:
@@ -415,5 +415,5 @@ class Producer:
             self._open = _OpenBatch()
             for b in failed:
                 for w in b.watchers:
-                    w._fail(error)
+                    w.fail(error)
             self._cond.notify_all()

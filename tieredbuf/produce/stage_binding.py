@@ -30,7 +30,7 @@ from tieredbuf.errors import StageBufferMismatchError
 from tieredbuf.stage import _fs
 
 if TYPE_CHECKING:
-    from tieredbuf.buffer import Buffer
+    from tieredbuf.queue.manifest_queue import ManifestQueue
     from tieredbuf.stage._fs import FileSystem
     from tieredbuf.stage.stage import Stage
 
@@ -91,9 +91,9 @@ class StageBinding:
       once the buffer has one.
     """
 
-    def __init__(self, stage: Stage, buf: Buffer) -> None:
-        self.stage, self.buf = stage, buf
-        self.url = canonical_url(buf.url)
+    def __init__(self, stage: Stage, queue: ManifestQueue) -> None:
+        self.stage, self.queue = stage, queue
+        self.url = canonical_url(queue.store.url)
         self._strict = False
         """The stage held records bound to a buffer before this open: ids must match."""
         self._verified = False
@@ -123,7 +123,7 @@ class StageBinding:
                      self.stage.path, describe(recorded), self.url)
             _write(self.stage, {"buffer_id": None, "url": self.url})
             return
-        cur = self.buf.snapshot().buffer_id  # another spelling of the same buffer?
+        cur = self.queue.read().buffer_id  # another spelling of the same buffer?
         if recorded.get("buffer_id") is None or cur != recorded["buffer_id"]:
             raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
 
@@ -133,7 +133,7 @@ class StageBinding:
         if self._verified:
             return
         with self._lock:
-            cur = self.buf.snapshot().buffer_id
+            cur = self.queue.read().buffer_id
             recorded = (read_binding(self.stage.path, self.stage.fs)
                         or {"buffer_id": None, "url": self.url})
             if self._strict and recorded.get("buffer_id") not in (None, cur):
@@ -145,9 +145,9 @@ class StageBinding:
             self._verified = True
 
 
-def bind(stage: Stage, buf: Buffer) -> StageBinding:
-    """Check (or record) that ``stage`` belongs to ``buf``; call under the stage lock,
-    before exporting, and pass ``binding.before_export`` to the exporter."""
-    binding = StageBinding(stage, buf)
+def bind(stage: Stage, queue: ManifestQueue) -> StageBinding:
+    """Check (or record) that ``stage`` belongs to the buffer of ``queue``; call under the
+    stage lock, before exporting, and pass ``binding.before_export`` to the exporter."""
+    binding = StageBinding(stage, queue)
     binding.open_check()
     return binding

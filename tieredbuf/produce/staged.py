@@ -23,18 +23,20 @@ from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageCo
 from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
 from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
 from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.produce.producer import as_records
 from tieredbuf.produce.prompt_seal import PromptSealer
 from tieredbuf.produce.stage_binding import StageBinding, bind
+from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard
 from tieredbuf.stage.segments import StageAck
 from tieredbuf.stage.stage import Stage
+from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tieredbuf.buffer import Buffer
 
 _EXPORTER_FIELDS = {
     "gc_grace_period", "retry", "max_uploads_in_flight", "producer_id", "failure_retry",
@@ -80,7 +82,8 @@ def split_config(options: dict[str, Any]) -> tuple[StageConfig, dict[str, Any]]:
 class StagedProducer:
     """A producer with a local tier; one per process per staging directory."""
 
-    def __init__(self, buf: Buffer, staging_dir: Path, **options: Any) -> None:
+    def __init__(self, store: Store, queue: ManifestQueue, staging_dir: Path,
+                 **options: Any) -> None:
         stage_config, exp = split_config(options)
         defaults = ProducerConfig()
         self.stage = Stage(staging_dir, exp.get("producer_id"), stage_config)
@@ -90,9 +93,9 @@ class StagedProducer:
         self._closed = False
         self._guard = ForkGuard("staged producer")
         try:
-            self.binding = bind(self.stage, buf)  # before anything can be exported
+            self.binding = bind(self.stage, queue)  # before anything can be exported
             self.exporter = Exporter(
-                self.stage, buf.store, buf.queue, before_export=self.binding.before_export,
+                self.stage, store, queue, before_export=self.binding.before_export,
                 retry=exp.get("retry", defaults.retry),
                 gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
                 max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
@@ -137,16 +140,16 @@ class StagedProducer:
     def _follow(self, w: DurabilityWatcher, kind: str, fut: Future[StageAck]) -> None:
         """Push the write's LOCAL ack and then its export into ``w`` as they happen."""
         def remote(ex: Exported) -> None:
-            w._reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
+            w.reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
                                                     Durability.REMOTE))
 
         def local(f: Future[StageAck]) -> None:
             err = f.exception()
             if err is not None:
-                w._fail(err)
+                w.fail(err)
                 return
-            w._reach(Durability.LOCAL)
-            self._tracker.wait_for(kind, f.result().sequence, remote, w._fail)
+            w.reach(Durability.LOCAL)
+            self._tracker.wait_for(kind, f.result().sequence, remote, w.fail)
 
         fut.add_done_callback(local)
 
@@ -154,9 +157,7 @@ class StagedProducer:
         self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
     ) -> WriteHandle:
         """Stage one call's records; LOCAL after fdatasync, REMOTE once in the queue."""
-        from tieredbuf.produce.producer import _as_records
-
-        records = _as_records(entries)
+        records = as_records(entries)
         self._check_open()
         return self._handle("batch", self.stage.append_records(records, bytes(metadata), timeout))
 
@@ -271,7 +272,8 @@ def stage_producer_ids(staging_dir: Path) -> list[str]:
 
 
 def drain(
-    buf: Buffer,
+    store: Store,
+    queue: ManifestQueue,
     staging_dir: Path,
     producer_id: str,
     *,
@@ -288,8 +290,8 @@ def drain(
     """
     stage = Stage(staging_dir, producer_id)
     try:
-        binding = bind(stage, buf)  # ids are compared before the first export
-        exporter = Exporter(stage, buf.store, buf.queue, on_exported=on_exported,
+        binding = bind(stage, queue)  # ids are compared before the first export
+        exporter = Exporter(stage, store, queue, on_exported=on_exported,
                             failure_retry=failure_retry, before_export=binding.before_export)
     except BaseException:
         stage.close()
