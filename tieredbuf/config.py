@@ -25,6 +25,8 @@ class Compression(IntEnum):
 
 
 DEFAULT_GC_GRACE_PERIOD = timedelta(minutes=10)
+MAX_UPLOADS_IN_FLIGHT = 4
+"""Data object uploads one producer (or one exporter) keeps in flight at a time."""
 """The GC grace period a buffer gets when its root's buffer section is first written
 (``Buffer.set_gc_grace_period`` changes it), and the fallback for a root without one."""
 

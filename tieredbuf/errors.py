@@ -237,10 +237,6 @@ class ProducerIdReusedError(TieredBufError):
         self.attempted = attempted
 
 
-class EnqueueTimeoutError(TieredBufError):
-    """An append kept failing past the point where its object could be reclaimed by GC."""
-
-
 class BackpressureError(TieredBufError):
     """A bounded buffer is full and the caller asked not to wait (or the wait timed out)."""
 

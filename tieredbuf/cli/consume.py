@@ -50,6 +50,7 @@ from tieredbuf.cli._common import (
 from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.runtime.fsutil import fsync_dir
 from tieredbuf.runtime.signals import SignalEvent, Stop
 
 if TYPE_CHECKING:
@@ -163,14 +164,6 @@ class StdoutSink:
         self.out.flush()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class DirSink:
     """Each data object as ``DIR/<sequence>.batch|.qseg``, fsynced before its ack."""
 
@@ -188,7 +181,7 @@ class DirSink:
         return 0 if is_bundles(b) else len(b.entries)
 
     def commit(self) -> None:
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def close(self) -> None:
         pass
@@ -286,7 +279,7 @@ class ArrowFileSink:
                 os.fsync(f.fileno())
             os.replace(partial, target)
         if self._writers:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         self._writers.clear()
 
     def close(self) -> None:

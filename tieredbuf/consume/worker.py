@@ -44,7 +44,7 @@ from tieredbuf.errors import (
     ObjectNotFoundError,
 )
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.progress import Lease, Progress
+from tieredbuf.format.progress import MAX_REASON, Lease, Progress
 from tieredbuf.queue import cas, shared
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import NamedSubscription
@@ -312,8 +312,8 @@ class Worker:
     def reject(self, sequence: int, reason: bytes = b"") -> None:
         """``sequence`` failed for good: recorded as rejected (listed by ``tieredbuf
         subscribers``), never redelivered.  Buffered like an ack."""
-        if len(reason) > 1024:
-            raise ValueError(f"reject reason of {len(reason)} bytes: at most 1024")
+        if len(reason) > MAX_REASON:
+            raise ValueError(f"reject reason of {len(reason)} bytes: at most {MAX_REASON}")
         h = self._take(sequence)
         del self._held[sequence]
         self._ops.append(shared.Op("reject", sequence, h.token, bytes(reason)))

@@ -72,17 +72,5 @@ class Reader:
         return out
 
 
-def pack_u16(v: int) -> bytes:
-    return _U16.pack(v)
-
-
 def pack_u32(v: int) -> bytes:
     return _U32.pack(v)
-
-
-def pack_u64(v: int) -> bytes:
-    return _U64.pack(v)
-
-
-def pack_i64(v: int) -> bytes:
-    return _I64.pack(v)

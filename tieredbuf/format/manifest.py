@@ -420,9 +420,10 @@ def iter_entries(view: ManifestView) -> Iterator[ManifestEntry]:
         raise r.fail(f"{r.remaining()} bytes after {view.footer.entry_count} entries")
 
 
-def skip_entries(view: ManifestView, k: int) -> int:
-    """Byte offset of entry ``k`` (0-based), walking lengths only."""
-    r = Reader(view.raw, WHAT, view.obj, 0, view.entries_end)
+def skip_entries(view: ManifestView, k: int, start: int = 0) -> int:
+    """Byte offset of the entry ``k`` entries after the one at byte ``start`` (0: the
+    first), walking lengths only."""
+    r = Reader(view.raw, WHAT, view.obj, start, view.entries_end)
     for i in range(k):
         r.take(r.u32(f"entry {i} length"), f"entry {i}")
     return r.pos

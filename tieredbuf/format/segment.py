@@ -40,9 +40,9 @@ SEGMENT_VERSION = 1
 FOOTER_V1_SIZE = 34
 TRAILER_SIZE = 16
 ALIGN = 64
-_FOOTER = struct.Struct("<HIIQIQI")
-_TRAILER_HEAD = struct.Struct("<I8s")
-_U32 = struct.Struct("<I")
+FOOTER = struct.Struct("<HIIQIQI")
+TRAILER_HEAD = struct.Struct("<I8s")
+U32 = struct.Struct("<I")
 WHAT = "segment"
 _MATCH_WINDOW = 4
 
@@ -198,16 +198,16 @@ class SegmentBuilder:
         dir_off = pos
         man_off = dir_off + directory.size
         parts += [directory, manifest]
-        footer = _FOOTER.pack(
+        footer = FOOTER.pack(
             SEGMENT_VERSION, len(rows), len(self._manifest),
             dir_off, directory.size, man_off, manifest.size,
         )
-        trailer_head = _TRAILER_HEAD.pack(len(footer), SEGMENT_MAGIC)
+        trailer_head = TRAILER_HEAD.pack(len(footer), SEGMENT_MAGIC)
         parts += [footer, trailer_head]
         crc = 0
         for p in parts:
             crc = crc32(p if isinstance(p, bytes) else memoryview(p), crc)
-        parts.append(_U32.pack(crc))
+        parts.append(U32.pack(crc))
         return parts
 
 
@@ -431,11 +431,11 @@ class SegmentReader:
         if n < TRAILER_SIZE + FOOTER_V1_SIZE:
             raise self._fail(0, f"truncated: {n} bytes cannot hold footer and trailer")
         t_at = n - TRAILER_SIZE
-        footer_size, magic = _TRAILER_HEAD.unpack_from(view, t_at)
+        footer_size, magic = TRAILER_HEAD.unpack_from(view, t_at)
         if magic != SEGMENT_MAGIC:
             raise self._fail(t_at + 4, f"bad trailer magic {magic!r}")
         if verify_crc:
-            (stored,) = _U32.unpack_from(view, n - 4)
+            (stored,) = U32.unpack_from(view, n - 4)
             actual = crc32(view[: n - 4], 0)
             if stored != actual:
                 raise self._fail(
@@ -450,7 +450,7 @@ class SegmentReader:
         if footer_size < FOOTER_V1_SIZE:
             raise self._fail(t_at, f"footer_size {footer_size} < {FOOTER_V1_SIZE}")
         (_, stream_count, bundle_count, dir_off, dir_len, man_off, man_len) = (
-            _FOOTER.unpack_from(view, f_at)
+            FOOTER.unpack_from(view, f_at)
         )
         self.stream_count = stream_count
         self.bundle_count = bundle_count

@@ -11,13 +11,13 @@ import pyarrow as pa
 
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format.segment import (
-    _FOOTER,
-    _TRAILER_HEAD,
-    _U32,
+    FOOTER,
     FOOTER_V1_SIZE,
     SEGMENT_MAGIC,
     SEGMENT_VERSION,
+    TRAILER_HEAD,
     TRAILER_SIZE,
+    U32,
     WHAT,
     StreamInfo,
     directory_rows,
@@ -74,7 +74,7 @@ def _tail_footer(tail: bytes | memoryview, obj: str | None,
         raise CorruptError(WHAT, obj, max(end - n, 0) if file_size is not None else -n,
                            f"truncated: {n} bytes cannot hold footer and trailer")
     t_rel = n - TRAILER_SIZE
-    footer_size, magic = _TRAILER_HEAD.unpack_from(view, t_rel)
+    footer_size, magic = TRAILER_HEAD.unpack_from(view, t_rel)
     if magic != SEGMENT_MAGIC:
         raise CorruptError(WHAT, obj, end - TRAILER_SIZE + 4, f"bad trailer magic {magic!r}")
     if not 2 <= footer_size <= t_rel:
@@ -89,7 +89,7 @@ def _tail_footer(tail: bytes | memoryview, obj: str | None,
     if footer_size < FOOTER_V1_SIZE:
         raise CorruptError(WHAT, obj, end - TRAILER_SIZE,
                            f"footer_size {footer_size} < {FOOTER_V1_SIZE}")
-    (_, scount, bcount, dir_off, dir_len, man_off, man_len) = _FOOTER.unpack_from(view, f_rel)
+    (_, scount, bcount, dir_off, dir_len, man_off, man_len) = FOOTER.unpack_from(view, f_rel)
     if file_size is None:
         f_at = man_off + man_len  # SegmentBuilder writes the manifest right before the footer
         size = f_at + footer_size + TRAILER_SIZE
@@ -180,7 +180,7 @@ def stream_schema_size(head: bytes | memoryview, stream: StreamInfo,
     at = stream.byte_offset
     if len(view) < 16 or bytes(view[:8]) != _IPC_FILE_MAGIC:
         raise CorruptError(WHAT, obj, at, f"stream {stream.stream_id}: no Arrow file magic")
-    (cont,) = _U32.unpack_from(view, 8)
+    (cont,) = U32.unpack_from(view, 8)
     if cont == _IPC_CONTINUATION:
         n: int = _I32.unpack_from(view, 12)[0]
         need = 16 + n

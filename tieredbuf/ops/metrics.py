@@ -33,6 +33,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tieredbuf.buffer import Buffer
+from tieredbuf.consume.consumer import Consumer
+from tieredbuf.keys import KINDS
+from tieredbuf.produce.producer import Producer
+from tieredbuf.produce.staged import StagedProducer
+from tieredbuf.queue.subscribers import listing
+from tieredbuf.store.counting import OPS
+
 
 @dataclass(frozen=True, slots=True)
 class Series:
@@ -277,8 +285,6 @@ SUBSCRIBER_GAUGES: tuple[Series, ...] = (
 def subscriber_figures(buffer: Any, now_ms: int | None = None) -> dict[str, dict[str, float]]:
     """Per subscriber: position, lag (entries, bytes, age), lost and work-queue counts, from
     one root read plus one GET per named subscriber (``buf.subscribers()``)."""
-    from tieredbuf.queue.subscribers import listing
-
     out: dict[str, dict[str, float]] = {}
     for info in listing(buffer.queue, now_ms):
         work = info.work or {}
@@ -372,9 +378,6 @@ class RequestCollector(Collector):
         self._labels = dict(labels or {})
 
     def collect(self) -> Iterator[Metric]:
-        from tieredbuf.keys import KINDS
-        from tieredbuf.store.counting import OPS
-
         names, values = list(self._labels), list(self._labels.values())
         snap = self._counts.snapshot()
         req = CounterMetricFamily(
@@ -444,11 +447,6 @@ def collector_for(
     obj: Any, labels: Mapping[str, str] | None = None, *, min_interval: float = 5.0
 ) -> Collector:
     """The collector for a producer (staged or stateless), a consumer or a buffer."""
-    from tieredbuf.buffer import Buffer
-    from tieredbuf.consume.consumer import Consumer
-    from tieredbuf.produce.producer import Producer
-    from tieredbuf.produce.staged import StagedProducer
-
     if isinstance(obj, StagedProducer):
         return _Multi([
             StatsCollector(lambda: obj.stats, PRODUCER_SERIES, labels),

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from tieredbuf import keys
-from tieredbuf.config import RetryConfig
+from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, MAX_UPLOADS_IN_FLIGHT, RetryConfig
 from tieredbuf.errors import (
     FlushTimeoutError,
     PermanentStoreError,
@@ -116,8 +116,8 @@ class Exporter:
         queue: ManifestQueue,
         *,
         retry: RetryConfig | None = None,
-        gc_grace_period: timedelta = timedelta(minutes=10),
-        max_uploads_in_flight: int = 4,
+        gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD,
+        max_uploads_in_flight: int = MAX_UPLOADS_IN_FLIGHT,
         on_exported: Callable[[Exported], None] | None = None,
         on_error: Callable[[BaseException | None], None] | None = None,
         failure_retry: RetryConfig = FAILURE_RETRY,

@@ -30,7 +30,7 @@ from typing import Any
 from ulid import ULID
 
 from tieredbuf import keys
-from tieredbuf.config import ProducerConfig
+from tieredbuf.config import MAX_UPLOADS_IN_FLIGHT, ProducerConfig
 from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
@@ -44,7 +44,6 @@ from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 
-MAX_UPLOADS_IN_FLIGHT = 4
 
 
 def _left(deadline: float | None) -> float | None:

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
-from tieredbuf.config import ProducerConfig, RetryConfig, SegmentConfig, StageConfig, WalConfig
+from tieredbuf.config import (
+    MAX_UPLOADS_IN_FLIGHT,
+    ProducerConfig,
+    RetryConfig,
+    SegmentConfig,
+    StageConfig,
+    WalConfig,
+)
 from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
 from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
 from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
@@ -98,7 +105,7 @@ class StagedProducer:
                 self.stage, store, queue, before_export=self.binding.before_export,
                 retry=exp.get("retry", defaults.retry),
                 gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
-                max_uploads_in_flight=exp.get("max_uploads_in_flight", 4),
+                max_uploads_in_flight=exp.get("max_uploads_in_flight", MAX_UPLOADS_IN_FLIGHT),
                 on_exported=self._tracker.exported,
                 on_error=self._tracker.fail,
                 on_lost=self._tracker.lost,

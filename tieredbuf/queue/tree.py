@@ -21,7 +21,6 @@ from tieredbuf.errors import CorruptError
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import registry as freg
 from tieredbuf.format import tree as ft
-from tieredbuf.format._reader import Reader
 
 Load = Callable[[ft.Ref], ft.Node]
 """Fetch the node a ref points at (cached, retried)."""
@@ -341,7 +340,7 @@ def rebalance(root: Root, m: int, put: Put) -> None:
         raw_stats = root.stats_raw
         offs = [0]
         for _ in range(k):
-            offs.append(_skip_from(view, offs[-1], m))
+            offs.append(fm.skip_entries(view, m, offs[-1]))
         new_refs = []
         for i in range(k):
             first = root.entries_first + i * m
@@ -371,13 +370,6 @@ def rebalance(root: Root, m: int, put: Put) -> None:
             root.nodes_written.append((level + 1, first))
         refs[start : start + k * m] = made
         root.refs = refs
-
-
-def _skip_from(view: fm.ManifestView, start: int, k: int) -> int:
-    r = Reader(view.raw, fm.WHAT, view.obj, start, view.entries_end)
-    for i in range(k):
-        r.take(r.u32(f"entry {i} length"), f"entry {i}")
-    return r.pos
 
 
 def _trim_refs(refs: Sequence[ft.Ref], p: Policy, total: int, load: Load,
