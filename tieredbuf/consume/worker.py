@@ -140,8 +140,8 @@ class Worker:
         try:
             if self._initialized:
                 for seq, h in self._held.items():  # returned by claim(): a delivery
-                    kind: shared.OpKind = "defer" if h.handed_out else "release"
-                    self._ops.append(shared.Op(kind, seq, h.token))
+                    action: shared.Action = "defer" if h.handed_out else "release"
+                    self._ops.append(shared.Op(action, seq, h.token))
                 if self._ops:
                     self._apply(0)
                 self.subscription.maybe_publish(force=True)
@@ -404,7 +404,7 @@ class Worker:
         self._contended = bool(retried)
         if self.on_applied is not None and ops:
             refused = set(applied.expired)
-            self.on_applied([op.seq for op in ops if op.kind in ("ack", "reject")
+            self.on_applied([op.seq for op in ops if op.action in ("ack", "reject")
                              and op.seq not in refused])
         sub.written = applied.progress.position
         sub.observe(snap)

@@ -41,7 +41,7 @@ from tieredbuf.format.progress import (
     WorkerMark,
 )
 
-OpKind = Literal["ack", "reject", "defer", "release"]
+Action = Literal["ack", "reject", "defer", "release"]
 MAX_DELIVERIES_REASON = b"max_deliveries reached"
 
 
@@ -51,7 +51,7 @@ class Op:
     ``reject`` and ``defer`` of an entry claim() returned, ``release`` of one it never
     returned (no delivery is charged)."""
 
-    kind: OpKind
+    action: Action
     seq: int
     token: bytes
     reason: bytes = b""
@@ -115,20 +115,20 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
         if op.seq >= p.claim_cursor:
             raise ValueError(f"sequence {op.seq} was never claimed")
         if x is None or x.token != op.token:
-            if op.kind in ("defer", "release"):
+            if op.action in ("defer", "release"):
                 out.ignored_defers.append(op.seq)
             else:
                 out.expired.append(op.seq)
             continue
-        if op.kind == "release":
+        if op.action == "release":
             leases[op.seq] = dataclasses.replace(x, expires_ms=0)
             continue
-        if op.kind == "defer":
+        if op.action == "defer":
             leases[op.seq] = dataclasses.replace(x, expires_ms=0, deliveries=_plus1(x))
             continue
         del leases[op.seq]
         done.add(op.seq)
-        if op.kind == "reject":
+        if op.action == "reject":
             rejected.append(Rejected(op.seq, now_ms, _plus1(x), op.reason))
             rejected_total += 1
     _settle_lapsed(leases, now_ms)
