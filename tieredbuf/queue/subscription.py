@@ -312,8 +312,7 @@ class NamedSubscription(Subscription):
         whenever it is behind what the progress object says)."""
         self._epoch()
         position, lost = self.position, self.lost
-        if self.progress is None or (self.progress.position, self.progress.lost) != (
-                position, lost):
+        if position != self.written or lost != (self.progress.lost if self.progress else 0):
 
             def decide(p: fp.Progress, attempt: int
                        ) -> tuple[fp.Progress, None] | cas.Skip[None]:
