@@ -1,4 +1,5 @@
-"""Real S3 servers for the tests, on loopback: moto (serialised) and SeaweedFS.
+"""Real object-store servers for the tests, on loopback: moto (serialised), SeaweedFS
+(S3) and Azurite (Azure Blob).
 
 Shared by tests/conftest.py (session fixtures) and the store contract suite.
 """
@@ -22,10 +23,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from tests.endpoint import S3Endpoint
+from tests.endpoint import AzureEndpoint, S3Endpoint
 from tieredbuf import keys
 
 SEAWEED_READY_TIMEOUT = 60.0
+AZURITE_READY_TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parent.parent
+AZURITE_VERSION = "3.37.0"
+"""The Azurite release .ci/run installs (npm install azurite@3.37.0)."""
 
 
 def _weed_binary() -> str | None:
@@ -46,6 +51,61 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def azurite_binary() -> str | None:
+    """``azurite-blob``: $TIEREDBUF_AZURITE_BLOB, the repository's node_modules (where
+    .ci/run installs it), or the PATH."""
+    given = os.environ.get("TIEREDBUF_AZURITE_BLOB")
+    if given:
+        return given
+    local = ROOT / "node_modules" / ".bin" / "azurite-blob"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("azurite-blob")
+
+
+@contextmanager
+def azurite_server(base: Path) -> Iterator[AzureEndpoint | None]:
+    """Azurite (Azure Blob only) on a free loopback port, its data under ``base``.
+
+    Yields None when the binary is missing.  ``--skipApiVersionCheck``: obstore sends
+    a newer x-ms-version than Azurite declares; ``--loose`` is not needed."""
+    exe = azurite_binary()
+    if exe is None:
+        yield None  # the caller skips: npm install azurite (see .ci/run)
+        return
+    port = _free_ports(1)[0]
+    out = open(base / "azurite.out", "wb")  # noqa: SIM115 -- lives as long as the server
+    proc = subprocess.Popen(
+        [exe, "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(port),
+         "--location", str(base / "data"), "--silent"],
+        stdout=out, stderr=subprocess.STDOUT, cwd=base,
+    )
+    ep = AzureEndpoint(endpoint=f"http://127.0.0.1:{port}/devstoreaccount1")
+    try:
+        deadline = time.monotonic() + AZURITE_READY_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"azurite-blob exited with {proc.returncode}: "
+                                   f"{(base / 'azurite.out').read_text()[-2000:]}")
+            try:
+                ep.create_container("tb-ready-probe")
+                break
+            except OSError as e:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Azurite not ready after {AZURITE_READY_TIMEOUT}s: "
+                                       f"{e!r}") from e
+                time.sleep(0.05)  # polling interval, not synchronisation
+        yield ep
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
 
 
 @contextmanager
