@@ -71,6 +71,8 @@ _PERMISSIONS = {
     "azure": "tieredbuf needs the Storage Blob Data Contributor role on the container, "
              "or an account key / SAS with read, write, delete and list",
 }
+_AUTHN_RE = re.compile(r"failed to authenticate", re.IGNORECASE)
+"""Azure's text for a bad key or signature (Azurite sends it with AuthorizationFailure)."""
 _METADATA_RE = re.compile(r"169\.254\.169\.254|169\.254\.170\.2|fd00:ec2::254|/latest/api/token")
 
 
@@ -139,7 +141,8 @@ def classify(
             f"could not get credentials from the cloud instance metadata service "
             f"({f.summary}); {CREDENTIAL_HINTS.get(provider, CREDENTIAL_HINTS['s3'])}"
         )
-    if f.tag == "unauthenticated" or f.status == 401 or f.code in CREDENTIAL_CODES:
+    if (f.tag == "unauthenticated" or f.status == 401 or f.code in CREDENTIAL_CODES
+            or _AUTHN_RE.search(f.message or "")):
         hint = (
             "this machine's clock is off: fix its time (NTP)"
             if f.code == "RequestTimeTooSkewed"

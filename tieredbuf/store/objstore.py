@@ -142,7 +142,8 @@ def obstore_facts(e: BaseException) -> Facts:
         tag=tag,
         status=int(status.group(1)) if status else None,
         code=code.group(1) if code else None,
-        message=message.group(1) if message else None,
+        # Azure appends "RequestId:..." and "Time:..." lines to its messages
+        message=(message.group(1).strip().splitlines() or [None])[0] if message else None,
         connect=kind is not None and kind.group(1) == "Connect",
         transport=transport,
         method=request.group(1) if request else None,
