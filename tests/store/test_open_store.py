@@ -106,3 +106,24 @@ def test_s3_options_default_from_the_aws_environment(
     client = s3_endpoint.boto3_client()  # type: ignore[no-untyped-call]
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == ["from/env/k"]  # the URL path is the prefix; the probe cleaned up
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "options", "budget"),
+    [
+        ("https://0123abcd.r2.cloudflarestorage.com", {}, 1.0),  # R2: one write/s per key
+        ("https://0123abcd.eu.r2.cloudflarestorage.com", {}, 1.0),
+        ("https://r2.example.com", {"r2": True}, 1.0),  # R2 behind another name
+        ("https://0123abcd.r2.cloudflarestorage.com", {"r2": "false"}, 5.0),
+        ("https://s3.eu-west-1.amazonaws.com", {}, 5.0),
+        ("http://127.0.0.1:9000", {}, 5.0),
+    ],
+)
+def test_the_manifest_write_budget_follows_the_store(
+    endpoint: str, options: dict[str, object], budget: float
+) -> None:
+    from tieredbuf.store.base import manifest_writes_per_s
+
+    s = open_store("s3://bucket/p", endpoint=endpoint, access_key_id="a",
+                   secret_access_key="b", **options)  # no request is sent
+    assert manifest_writes_per_s(s) == budget

@@ -245,6 +245,12 @@ class Exporter:
         self._pool.shutdown(wait=True)
 
     @property
+    def manifest_writes_per_s(self) -> float:
+        """The manifest write budget the exporter paces its appends at: the one it was
+        given, else the store's."""
+        return self._pacers[KINDS[0]].writes_per_s
+
+    @property
     def error(self) -> BaseException | None:
         """The permanent store error that stops exports now (None: exports work)."""
         return self._error

@@ -205,6 +205,12 @@ class Producer:
                     f"yet, held in this process's memory and still retried{self._why()}"
                 )
 
+    @property
+    def manifest_writes_per_s(self) -> float:
+        """The manifest write budget this producer paces its appends at: its config's,
+        else the store's (1 on Cloudflare R2, else 5)."""
+        return self._pacer.writes_per_s
+
     def close(self, timeout: float | None = None) -> None:
         """Flush everything, wait until it is in the queue, stop the threads.
 

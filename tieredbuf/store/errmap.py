@@ -33,6 +33,7 @@ from tieredbuf.errors import (
     PermanentStoreError,
     PreconditionFailedError,
     StoreUnreachableError,
+    ThrottledError,
     TransientStoreError,
 )
 
@@ -170,7 +171,7 @@ def classify(
             f"cannot reach the store{at} ({op}; {f.summary}); the request was not sent"
         )
     if f.status == 429 or f.code in THROTTLE_CODES:
-        return TransientStoreError(
+        return ThrottledError(
             f"the store is throttling requests ({op}; {f.summary}); refused, not applied"
         )
     if f.status is not None and (f.status >= 500 or f.status == 408):
