@@ -71,6 +71,17 @@ def is_azure_https(host: str | None) -> bool:
     return host is not None and host.lower().endswith((_BLOB_HOST, _DFS_HOST))
 
 
+def is_azure_url(url: str) -> bool:
+    """True for a URL open_store() opens as Azure Blob."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        host = parts.hostname
+    except ValueError:
+        return False
+    return scheme in AZURE_SCHEMES or (scheme == "https" and is_azure_https(host))
+
+
 def _parse(url: str) -> tuple[str, str | None, str]:
     """(container, account or None, path) of an Azure URL."""
     parts = urlsplit(url)
