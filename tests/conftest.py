@@ -58,7 +58,7 @@ def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3E
 def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureEndpoint]:
     """Azurite (npm `azurite`, Azure Blob) on loopback; .ci/run installs it."""
     base: Path = tmp_path_factory.mktemp("azurite")
-    with azurite_server(base) as ep:
+    with azurite_server(base, os.environ.get("TIEREDBUF_AZURITE_BLOB")) as ep:
         if ep is None:
             pytest.skip("Azurite `azurite-blob` not found: npm install azurite@3.37.0 in the "
                         "repository (as .ci/run does), or set TIEREDBUF_AZURITE_BLOB")
