@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import socket
 import uuid
 from typing import Any
 
@@ -13,7 +14,6 @@ import pytest
 
 import tieredbuf
 from tests.endpoint import AzureEndpoint
-from tests.servers import _free_ports
 from tieredbuf import Durability, errors
 from tieredbuf.store import IfMatch, ObjStore, open_store
 from tieredbuf.store.base import manifest_writes_per_s
@@ -115,7 +115,9 @@ def test_a_missing_container_is_bucket_not_found_naming_it(
 
 
 def test_an_unreachable_endpoint_is_store_unreachable_in_one_line() -> None:
-    port = _free_ports(1)[0]
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     s = open_store(
         "az://ctr/p",
         endpoint=f"http://127.0.0.1:{port}/devstoreaccount1",

@@ -45,17 +45,31 @@ def test_fake_gcs_server_refuses_obstores_conditional_put(fake_gcs: str, tmp_pat
     from obstore.exceptions import GenericError
     from obstore.store import GCSStore
 
-    req = urllib.request.Request(f"{fake_gcs}/storage/v1/b", data=b'{"name": "tb"}',
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{fake_gcs}/storage/v1/b",
+        data=b'{"name": "tb"}',
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:  # the JSON API works
         assert r.status == 200
     account = tmp_path / "sa.json"
-    account.write_text(json.dumps({
-        "type": "service_account", "client_email": "t@example.iam.gserviceaccount.com",
-        "private_key_id": "k", "private_key": "", "gcs_base_url": fake_gcs,
-        "disable_oauth": True,
-    }))
-    store = GCSStore("tb", service_account_path=str(account),
-                     client_options={"allow_http": True}, retry_config={"max_retries": 0})
+    account.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "client_email": "t@example.iam.gserviceaccount.com",
+                "private_key_id": "k",
+                "private_key": "",
+                "gcs_base_url": fake_gcs,
+                "disable_oauth": True,
+            }
+        )
+    )
+    store = GCSStore(
+        "tb",
+        service_account_path=str(account),
+        client_options={"allow_http": True},
+        retry_config={"max_retries": 0},
+    )
     with pytest.raises(GenericError, match=r"400 Bad Request.*invalid uploadType"):
         obs.put(store, "k", b"v", mode="create")
