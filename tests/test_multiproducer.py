@@ -1,4 +1,5 @@
-"""Several producer *processes* append concurrently against a real S3 endpoint (moto over HTTP)."""
+"""Several producer *processes* append concurrently against a real object store over HTTP:
+moto and SeaweedFS (S3), Azurite (Azure Blob)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tieredbuf
+from tests.endpoint import AzureEndpoint
 
 WORKER = Path(__file__).with_name("producer_worker.py")
 
@@ -61,13 +63,19 @@ def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple
     return out
 
 
-@pytest.mark.s3
-@pytest.mark.parametrize("server", ["s3_endpoint", "seaweedfs_endpoint"])
+@pytest.mark.parametrize("server", [
+    pytest.param("s3_endpoint", marks=pytest.mark.s3),
+    pytest.param("seaweedfs_endpoint", marks=pytest.mark.s3),
+    pytest.param("azurite_endpoint", marks=pytest.mark.azure),
+])
 def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     server: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
     endpoint = request.getfixturevalue(server)
-    url = f"s3://{endpoint.new_bucket()}/buf"
+    if isinstance(endpoint, AzureEndpoint):
+        url = f"az://{endpoint.new_container()}/buf"
+    else:
+        url = f"s3://{endpoint.new_bucket()}/buf"
     opts = endpoint.options()
     names, n = ["p0", "p1", "p2", "p3"], 200
     procs = _run_producers(url, opts, names, n)

@@ -2,7 +2,7 @@
 
 Defaults are the specifications' defaults: OpenData RFC 0001 for the producer /
 consumer / GC, otel-arrow's Quiver for the local tier.  Durations are ``timedelta``,
-sizes are ints (bytes).  The ``AWS_*`` variables are read only in
+sizes are ints (bytes).  The ``AWS_*`` and ``AZURE_*`` variables are read only in
 :func:`store_options_from_env`.
 """
 
@@ -82,15 +82,17 @@ class ProducerConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     watermark_ttl: timedelta = timedelta(days=1)
     """How long the manifest remembers this producer's append watermark (I2)."""
-    manifest_writes_per_s: float = 5.0
+    manifest_writes_per_s: float | None = None
     """Group commit across producers: all writers of a buffer together append to the
     manifest about this often (each waits ``active writers / rate`` seconds between its
     appends and gathers what arrives meanwhile; tieredbuf/queue/pacing.py).  Use the same
-    value for every writer of a buffer; 0 appends as soon as a batch is uploaded."""
+    value for every writer of a buffer; 0 appends as soon as a batch is uploaded.  None:
+    the store's own budget (``tieredbuf.store.base.manifest_writes_per_s``): 1 per second
+    where the store allows about one write per second to a key (Cloudflare R2), else 5."""
 
     def __post_init__(self) -> None:
         _non_negative_td("flush_interval", self.flush_interval)
-        if self.manifest_writes_per_s < 0:
+        if self.manifest_writes_per_s is not None and self.manifest_writes_per_s < 0:
             raise ConfigError(
                 f"manifest_writes_per_s must be >= 0, got {self.manifest_writes_per_s!r}")
         _positive("flush_size_bytes", self.flush_size_bytes)
@@ -217,15 +219,40 @@ S3_CREDENTIAL_ENV: tuple[str, ...] = (
 )
 
 
-SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
-"""S3 options (and their ``AWS_*`` variables) whose values never appear in any output
-(errors, logs, HTTP answers, inspect, metrics): see :mod:`tieredbuf.runtime.redact`."""
+AZURE_OPTION_ENV: dict[str, tuple[str, ...]] = {
+    "account_name": ("AZURE_STORAGE_ACCOUNT_NAME",),
+    "account_key": ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY"),
+    "sas_token": ("AZURE_STORAGE_SAS_TOKEN",),
+    "bearer_token": ("AZURE_STORAGE_TOKEN",),
+    "client_id": ("AZURE_CLIENT_ID",),
+    "client_secret": ("AZURE_CLIENT_SECRET",),
+    "tenant_id": ("AZURE_TENANT_ID",),
+    "federated_token_file": ("AZURE_FEDERATED_TOKEN_FILE",),
+    "use_azure_cli": ("AZURE_USE_AZURE_CLI",),
+    "endpoint": ("AZURE_STORAGE_ENDPOINT",),
+    "allow_http": ("AZURE_ALLOW_HTTP",),
+    # not an Azure name: asking the instance metadata service for a token is opt-in
+    "managed_identity": ("TIEREDBUF_AZURE_MANAGED_IDENTITY",),
+}
+"""az:// options and the standard Azure variables they are read from when not given."""
 
 
-def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
-    """Fill S3 options missing from ``options`` from the standard AWS environment."""
+SECRET_OPTIONS = (
+    "access_key_id", "secret_access_key", "session_token",
+    "account_key", "sas_token", "bearer_token", "client_secret",
+)
+"""Store options (and their ``AWS_*`` / ``AZURE_*`` variables) whose values never
+appear in any output (errors, logs, HTTP answers, inspect, metrics): see
+:mod:`tieredbuf.runtime.redact`."""
+
+
+def store_options_from_env(
+    options: dict[str, Any], table: dict[str, tuple[str, ...]] = S3_OPTION_ENV,
+) -> dict[str, Any]:
+    """Fill options missing from ``options`` from the environment variables ``table``
+    names (the standard AWS ones by default)."""
     out = dict(options)
-    for name, envs in S3_OPTION_ENV.items():
+    for name, envs in table.items():
         if out.get(name) is not None:
             continue
         for env in envs:

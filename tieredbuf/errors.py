@@ -80,6 +80,12 @@ class TransientStoreError(StoreError):
     SlowDown): retried with jittered backoff."""
 
 
+class ThrottledError(TransientStoreError):
+    """The store refused a request for its request rate (HTTP 429, S3 SlowDown, Azure
+    ServerBusy; GCS and R2 allow about one write per second to one key): not applied.
+    Retried after at least a second."""
+
+
 class StoreUnreachableError(TransientStoreError):
     """The request was never sent: connection refused, no route, the host name does not
     resolve.  A write that fails this way did not land."""

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import tieredbuf
-from tests.endpoint import S3Endpoint
+from tests.endpoint import AzureEndpoint, S3Endpoint
 from tests.service.server import Server
 from tests.service.util import (
     FAST,
@@ -26,6 +26,7 @@ from tests.service.util import (
     stage_files,
 )
 from tieredbuf.service.bodies import ARROW_STREAM, NDJSON, OCTET_STREAM
+from tieredbuf.store import open_store
 
 Serve = Callable[..., Server]
 
@@ -207,6 +208,24 @@ def test_service_on_s3_remote_acks_name_the_object(
     assert head["ContentLength"] > 0
     assert srv.terminate() == 0
     records, _, _ = consume_all(url, **s3_endpoint.options())
+    assert records == [f'{{"i":{i}}}'.encode() for i in range(20)]
+
+
+@pytest.mark.azure
+def test_service_on_azure_remote_acks_name_the_object(
+    tmp_path: Path, serve: Serve, azurite_endpoint: AzureEndpoint
+) -> None:
+    container = azurite_endpoint.new_container()
+    url = f"az://{container}/svc"
+    srv = serve(url, *FAST, "--endpoint", azurite_endpoint.endpoint,
+                env={"AZURE_STORAGE_ACCOUNT_NAME": azurite_endpoint.account_name,
+                     "AZURE_STORAGE_ACCOUNT_KEY": azurite_endpoint.account_key})
+    r = srv.post(ndjson([{"i": i} for i in range(20)]), NDJSON, "remote")
+    assert r.status == 200, r.body
+    store = open_store(f"az://{container}/svc", **azurite_endpoint.options())
+    assert store.head(r.json()["object"]).size > 0
+    assert srv.terminate() == 0
+    records, _, _ = consume_all(url, **azurite_endpoint.options())
     assert records == [f'{{"i":{i}}}'.encode() for i in range(20)]
 
 

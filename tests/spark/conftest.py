@@ -52,10 +52,14 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture
 def buffer_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """(url, store options) of a fresh buffer: a local directory, or moto over HTTP."""
+    """(url, store options) of a fresh buffer: a local directory, moto or Azurite over
+    HTTP."""
     backend = getattr(request, "param", "local")
     if backend == "local":
         return f"file://{tmp_path}/buf", {}
+    if backend == "azure":
+        az = request.getfixturevalue("azurite_endpoint")
+        return f"az://{az.new_container()}/buf", dict(az.options())
     ep = request.getfixturevalue("s3_endpoint")
     return f"s3://{ep.new_bucket()}/buf", {**ep.options(), "max_retries": 2}
 

@@ -1,5 +1,6 @@
 """Store fixtures: the ``store`` fixture that runs the contract suite against every
-backend (memory, local directory, moto, SeaweedFS; the servers are in tests/servers.py)."""
+backend (memory, local directory, moto, SeaweedFS, Azurite; the servers are in
+tests/servers.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.endpoint import S3Endpoint
+from tests.endpoint import AzureEndpoint, S3Endpoint
 from tieredbuf.store import ObjStore, Store, open_store
 from tieredbuf.store.botostore import BotoS3Store
 from tieredbuf.store.counting import MeteredStore
@@ -29,12 +30,20 @@ BACKENDS = [
     # the botocore client a process forked after obstore started uses (tieredbuf/runtime/forks.py)
     pytest.param("moto-botocore", marks=pytest.mark.s3),
     pytest.param("seaweedfs-botocore", marks=pytest.mark.s3),
+    pytest.param("azurite", marks=pytest.mark.azure),
+    pytest.param("azurite-metered", marks=pytest.mark.azure),
 ]
 
 @pytest.fixture(scope="session")
 def seaweedfs_bucket(seaweedfs_endpoint: S3Endpoint) -> str:
     """One bucket for the session; tests isolate themselves by prefix."""
     return seaweedfs_endpoint.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def azurite_container(azurite_endpoint: AzureEndpoint) -> str:
+    """One container for the session; tests isolate themselves by prefix."""
+    return azurite_endpoint.new_container()
 
 
 def make_store(
@@ -57,6 +66,11 @@ def make_store(
         s, url, opts = make_store(backend.split("-")[0], request, tmp_path)
         assert isinstance(s, ObjStore) and s.s3 is not None
         return BotoS3Store(s.s3, url), url, opts
+    if backend == "azurite":
+        az: AzureEndpoint = request.getfixturevalue("azurite_endpoint")
+        container = request.getfixturevalue("azurite_container")
+        url = f"az://{container}/t-{uuid.uuid4().hex[:12]}"
+        return open_store(url, **az.options()), url, az.options()
     if backend == "moto":
         ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
         url = f"s3://{ep.new_bucket()}/buf"

@@ -1,5 +1,5 @@
-"""FaultInjectingStore and CountingStore: the tools the I2 (exactly-once append) and
-GET-bound tests are built on."""
+"""FaultInjectingStore, KeyRateLimitedStore and CountingStore: the tools the I2
+(exactly-once append), rate-limit and GET-bound tests are built on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 
 from tieredbuf import errors
 from tieredbuf.store import IfMatch, open_store
-from tieredbuf.store.faults import CountingStore, FaultInjectingStore
+from tieredbuf.store.base import manifest_writes_per_s
+from tieredbuf.store.counting import MeteredStore
+from tieredbuf.store.faults import CountingStore, FaultInjectingStore, KeyRateLimitedStore
 
 
 def test_after_fault_lands_the_write_then_reports_a_conflict() -> None:
@@ -128,3 +130,29 @@ def test_counting_store_counts_calls_and_bytes() -> None:
     c.reset()
     assert c.counts == {} and c.bytes_read == 0
     assert c.url == "memory://"
+
+
+def test_key_rate_limited_store_refuses_a_second_write_to_a_key_within_the_window() -> None:
+    now = [100.0]
+    s = KeyRateLimitedStore(open_store("memory://"), 1.0, clock=lambda: now[0])
+    etag = s.put("root", b"1", mode="create")
+    s.put("other", b"x")  # the limit is per key
+    now[0] += 0.99
+    with pytest.raises(errors.ThrottledError, match="HTTP 429 SlowDown") as ei:
+        s.put("root", b"2", mode=IfMatch(etag))
+    assert isinstance(ei.value, errors.TransientStoreError)  # retried, never permanent
+    assert "may have landed" not in str(ei.value)  # refused: not applied
+    assert s.get("root").data == b"1"
+    now[0] += 0.5  # a refusal does not restart the window
+    s.put("root", b"3", mode=IfMatch(etag))
+    with pytest.raises(errors.ThrottledError):
+        s.copy("other", "root")
+    assert s.refused["root"] == 2 and s.writes["root"] == [100.0, 101.49]
+    assert [ok for _, _, ok in s.attempts["root"]] == [True, False, True, False]
+
+
+def test_key_rate_limited_store_carries_the_one_per_second_budget_through_wrappers() -> None:
+    s = KeyRateLimitedStore(open_store("memory://"))
+    assert manifest_writes_per_s(s) == 1.0
+    assert manifest_writes_per_s(MeteredStore(s)) == 1.0
+    assert manifest_writes_per_s(open_store("memory://")) == 5.0

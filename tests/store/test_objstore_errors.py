@@ -68,6 +68,10 @@ _RESET = obx.GenericError(
         (_generic(500, "InternalError", "GET"), False, errors.TransientStoreError),
         (_generic(503, "SlowDown"), True, errors.TransientStoreError),
         (_generic(429, "TooManyRequests"), True, errors.TransientStoreError),
+        # Azure: 503 ServerBusy is throttling (refused, not applied), not "may have landed"
+        (_generic(503, "ServerBusy"), True, errors.TransientStoreError),
+        # GCS / R2: a second write to one key within a second
+        (_generic(429, "SlowDown"), True, errors.TransientStoreError),
         # permanent
         (obx.PermissionDeniedError("403 AccessDenied"), True, errors.AccessDeniedError),
         (_generic(403, "AccessDenied", "GET"), False, errors.AccessDeniedError),
@@ -78,6 +82,9 @@ _RESET = obx.GenericError(
         (obx.UnauthenticatedError("401"), False, errors.CredentialsError),
         (FileNotFoundError("404 <Code>NoSuchBucket</Code>"), False, errors.BucketNotFoundError),
         (_generic(404, "NoSuchBucket", "GET"), False, errors.BucketNotFoundError),
+        (_generic(404, "ContainerNotFound", "GET"), False, errors.BucketNotFoundError),
+        (_generic(403, "AuthenticationFailed", "GET"), False, errors.CredentialsError),
+        (_generic(403, "AuthorizationPermissionMismatch"), True, errors.AccessDeniedError),
         (_generic(400, "InvalidArgument"), True, errors.PermanentStoreError),
         (obx.InvalidPathError("bad path"), True, errors.InvalidKeyError),
         (
@@ -103,6 +110,22 @@ def test_map_error(exc: Exception, write: bool, expected: type[Exception]) -> No
     if transient and not isinstance(mapped, errors.OutcomeUnknownError):
         assert "may have landed" not in str(mapped)
     assert "\n" not in str(mapped) and "Debug source" not in str(mapped)  # one line
+    if isinstance(mapped, errors.TransientStoreError) and "429" in str(exc):
+        assert "throttling" in str(mapped)
+
+
+def test_an_azure_message_with_request_id_lines_stays_one_line() -> None:
+    e = obx.GenericError(
+        "Generic MicrosoftAzure error: Error performing GET http://h:1/acct/c/k in 3ms - "
+        "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?><Error>"
+        "<Code>AuthorizationFailure</Code><Message>Server failed to authenticate the request."
+        "\nRequestId:8b35\nTime:2026-01-01T00:00:00Z</Message></Error>" + _DUMP
+    )
+    mapped = map_error(e, "k", write=False, bucket="c", where="http://h:1/acct",
+                       provider="azure")
+    assert isinstance(mapped, errors.CredentialsError)  # Azurite's word for a bad key
+    assert "\n" not in str(mapped) and "RequestId" not in str(mapped)
+    assert "AZURE_STORAGE_ACCOUNT_KEY" in str(mapped)
 
 
 def test_messages_say_what_was_done_not_reading_for_a_put() -> None:

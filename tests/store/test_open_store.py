@@ -45,7 +45,20 @@ def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     ("url", "options", "match"),
     [
-        ("gs://bucket/x", {}, "unsupported store URL scheme"),
+        ("gs://bucket/x", {}, "not supported yet.*no test has run against"),
+        ("ftp://host/x", {}, "unsupported store URL scheme"),
+        ("https://example.com/c/p", {}, "unsupported store URL scheme"),
+        ("az:///prefix", {}, "names no container"),
+        ("az://Bad_Name/p", {"account_name": "acct"}, "not a container name"),
+        ("az://ctr/p", {"account_name": "Bad-Account"}, "not an Azure storage account name"),
+        ("az://ctr/a/../b", {"account_name": "acct"}, "invalid prefix"),
+        ("az://ctr/p", {"account_name": "acct", "region": "x"}, "unknown option"),
+        ("abfss://ctr@acct.example.com/p", {}, "names host"),
+        ("https://acct.blob.core.windows.net/", {}, "names no container"),
+        ("https://acct.blob.core.windows.net/ctr/p", {"account_name": "other"},
+         "names account 'acct' but account_name is 'other'"),
+        ("az://ctr/p", {"account_name": "acct", "account_key": "k", "endpoint": "ftp://x"},
+         "http:// or https://"),
         ("s3:///prefix", {}, "names no bucket"),
         ("s3://bucket/a/../b", {}, "invalid prefix"),
         ("s3://bucket/p?x=1", {}, "query"),
@@ -93,3 +106,24 @@ def test_s3_options_default_from_the_aws_environment(
     client = s3_endpoint.boto3_client()  # type: ignore[no-untyped-call]
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == ["from/env/k"]  # the URL path is the prefix; the probe cleaned up
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "options", "budget"),
+    [
+        ("https://0123abcd.r2.cloudflarestorage.com", {}, 1.0),  # R2: one write/s per key
+        ("https://0123abcd.eu.r2.cloudflarestorage.com", {}, 1.0),
+        ("https://r2.example.com", {"r2": True}, 1.0),  # R2 behind another name
+        ("https://0123abcd.r2.cloudflarestorage.com", {"r2": "false"}, 5.0),
+        ("https://s3.eu-west-1.amazonaws.com", {}, 5.0),
+        ("http://127.0.0.1:9000", {}, 5.0),
+    ],
+)
+def test_the_manifest_write_budget_follows_the_store(
+    endpoint: str, options: dict[str, object], budget: float
+) -> None:
+    from tieredbuf.store.base import manifest_writes_per_s
+
+    s = open_store("s3://bucket/p", endpoint=endpoint, access_key_id="a",
+                   secret_access_key="b", **options)  # no request is sent
+    assert manifest_writes_per_s(s) == budget

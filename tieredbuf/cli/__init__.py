@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default backpressure)")
     g2.add_argument("--manifest-writes-per-s", type=float, metavar="N",
                     help="manifest appends per second per buffer, shared by every writer "
-                         "(default 5; 0: unpaced): REMOTE latency vs PUT cost")
+                         "(default: the store's, 1 on Cloudflare R2, else 5; 0: unpaced): "
+                         "REMOTE latency vs PUT cost")
     g3 = sv.add_argument_group(
         "security (see docs/operations.md: securing the service)",
         "Tokens: --token-file, or $TIEREDBUF_SERVICE_TOKENS (comma-separated).  A host "

@@ -11,6 +11,8 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 import tieredbuf
+from tieredbuf.errors import ConfigError
+from tieredbuf.store.azure import is_azure_url
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -87,10 +89,14 @@ def parse_duration(text: str) -> timedelta:
 
 
 def store_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("S3 options (default: the standard AWS_* environment)")
+    g = p.add_argument_group(
+        "store options (default: the standard AWS_* / AZURE_* environment; credentials only "
+        "from there)")
     g.add_argument("--endpoint", metavar="URL",
                    help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
-                        "AWS_ENDPOINT_URL, else AWS)")
+                        "AWS_ENDPOINT_URL, else AWS); for az:// the Blob endpoint, e.g. "
+                        "http://127.0.0.1:10000/devstoreaccount1 for Azurite "
+                        "(AZURE_STORAGE_ENDPOINT)")
     g.add_argument("--region", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
     g.add_argument("--allow-http", action="store_true", default=None,
                    help="allow plain HTTP (implied by an http:// endpoint; AWS_ALLOW_HTTP)")
@@ -101,10 +107,7 @@ def store_args(p: argparse.ArgumentParser) -> None:
 
 
 def open_buffer(args: argparse.Namespace) -> tieredbuf.Buffer:
-    opts: dict[str, Any] = {}
-    if args.url.startswith("s3://"):
-        opts = s3_opts(args)
-    return tieredbuf.open(args.url, **opts)
+    return tieredbuf.open(args.url, **store_opts(args))
 
 
 def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
@@ -118,8 +121,27 @@ def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
 _S3_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
 
 
+_AZURE_FLAGS = ("endpoint", "allow_http")
+
+
 def s3_opts(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in _S3_FLAGS if getattr(args, k, None) is not None}
+
+
+def store_opts(args: argparse.Namespace) -> dict[str, Any]:
+    """The store options the flags give for ``args.url``: the S3 flags for s3://, the
+    endpoint and --allow-http for Azure URLs (an S3-only flag there is a usage error),
+    none for file:// and memory://."""
+    if args.url.startswith("s3://"):
+        return s3_opts(args)
+    if is_azure_url(args.url):
+        given = s3_opts(args)
+        s3_only = sorted(set(given) - set(_AZURE_FLAGS))
+        if s3_only:
+            flags = ", ".join("--" + f.replace("_", "-") for f in s3_only)
+            raise ConfigError(f"{flags}: S3 option(s), not for the Azure URL {args.url}")
+        return given
+    return {}
 
 
 def fmt_duration(d: timedelta) -> str:

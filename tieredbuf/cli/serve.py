@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 import tieredbuf
 from tieredbuf.cli._common import (
-    s3_opts,
+    store_opts,
 )
 from tieredbuf.errors import ConfigError
 
@@ -23,7 +23,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.service.supervisor import serve
     from tieredbuf.service.worker import tls_context
 
-    store: dict[str, Any] = s3_opts(args) if args.url.startswith("s3://") else {}
+    store: dict[str, Any] = store_opts(args)
     producer: dict[str, Any] = {}
     for opt, key in (("max_open_duration", "max_open_duration"),
                      ("wal_flush_interval", "flush_interval")):

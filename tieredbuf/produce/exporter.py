@@ -62,7 +62,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.queue.pacing import DEFAULT_WRITES_PER_S, REGROUP_WAIT_S, AppendPacer
+from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.retry import RetryLog, backoff_delay
@@ -71,6 +71,7 @@ from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import LinkingStore, Store
+from tieredbuf.store.base import manifest_writes_per_s as store_budget
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +123,14 @@ class Exporter:
         on_error: Callable[[BaseException | None], None] | None = None,
         failure_retry: RetryConfig = FAILURE_RETRY,
         on_lost: Callable[[str, StagedDataLossError], None] | None = None,
-        manifest_writes_per_s: float = DEFAULT_WRITES_PER_S,
+        manifest_writes_per_s: float | None = None,
         before_export: Callable[[], None] | None = None,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
         ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
         segment fails its CRC check and is quarantined instead of exported.
-        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced).
+        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced; None:
+        the store's budget, :func:`tieredbuf.store.base.manifest_writes_per_s`).
         ``before_export()`` before new segments are uploaded (it checks the stage belongs
         to this buffer: StageBufferMismatchError stops exports like a permanent store
         error)."""
@@ -149,8 +151,10 @@ class Exporter:
             )
             for kind in KINDS
         }
+        rate = (store_budget(store) if manifest_writes_per_s is None
+                else manifest_writes_per_s)
         self._pacers = {
-            kind: AppendPacer(queue, pub.producer_id, manifest_writes_per_s)
+            kind: AppendPacer(queue, pub.producer_id, rate)
             for kind, pub in self._publishers.items()
         }
         for kind, pub in self._publishers.items():
@@ -239,6 +243,12 @@ class Exporter:
             return  # the thread and the pool did not survive the fork
         self._thread.join()
         self._pool.shutdown(wait=True)
+
+    @property
+    def manifest_writes_per_s(self) -> float:
+        """The manifest write budget the exporter paces its appends at: the one it was
+        given, else the store's."""
+        return self._pacers[KINDS[0]].writes_per_s
 
     @property
     def error(self) -> BaseException | None:

@@ -40,7 +40,7 @@ from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
 from tieredbuf.runtime.stats import Stats
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import Store, manifest_writes_per_s
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,9 @@ class Producer:
             store, queue, self.producer_id, retry=self.config.retry,
             gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
         )
-        self._pacer = AppendPacer(queue, self.producer_id, self.config.manifest_writes_per_s)
+        rate = self.config.manifest_writes_per_s
+        self._pacer = AppendPacer(queue, self.producer_id,
+                                  manifest_writes_per_s(store) if rate is None else rate)
         self._publisher.optimistic = self._pacer.optimistic
         self._publisher.between_attempts = self._wait_turn
         self._upload_s = 0.0
@@ -202,6 +204,12 @@ class Producer:
                     f"flush() ran out of time after {timeout} s: {self._pending()} not REMOTE "
                     f"yet, held in this process's memory and still retried{self._why()}"
                 )
+
+    @property
+    def manifest_writes_per_s(self) -> float:
+        """The manifest write budget this producer paces its appends at: its config's,
+        else the store's (1 on Cloudflare R2, else 5)."""
+        return self._pacer.writes_per_s
 
     def close(self, timeout: float | None = None) -> None:
         """Flush everything, wait until it is in the queue, stop the threads.

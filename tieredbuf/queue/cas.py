@@ -24,7 +24,10 @@ commit are the models)::
   to write: already done).  It may raise :class:`Replan` to re-read and decide again.
 * **write** is one conditional PUT.  A permanent store error (credentials, access,
   bucket) is raised at once; a conflict, an unknown outcome and a transient error are
-  counted, backed off (jittered exponential) and followed by a re-read.  A conflict is
+  counted, backed off (jittered exponential) and followed by a re-read.  A write the
+  store refused for its rate (ThrottledError: 429, SlowDown; GCS and R2 allow about
+  one write per second to one key) waits at least :data:`THROTTLE_PAUSE_S`: a retry
+  within the second would be refused again, and billed.  A conflict is
   never taken as proof that the write did not land.
 
 Errors keep pyiceberg's split: :class:`~tieredbuf.errors.ConflictError` ("lost the
@@ -34,6 +37,7 @@ race: re-read"), :class:`~tieredbuf.errors.OutcomeUnknownError` ("may have lande
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -44,10 +48,14 @@ from tieredbuf.errors import (
     OutcomeUnknownError,
     PermanentStoreError,
     StoreError,
+    ThrottledError,
     TieredBufError,
 )
 from tieredbuf.runtime.retry import backoff_delay
 from tieredbuf.runtime.stats import Stats
+
+THROTTLE_PAUSE_S = 1.0
+"""Least wait after the store refused a write for its request rate (ThrottledError)."""
 
 T = TypeVar("T")
 """The decoded state of the object."""
@@ -176,6 +184,8 @@ def run(
             why = "conflicts"
         except OutcomeUnknownError:
             why = "unknown_outcomes"
+        except ThrottledError:
+            why = "throttled"
         except StoreError:
             why = "transient_errors"
         _pause(retries, stats, stat_prefix, attempt, why, what)
@@ -191,7 +201,10 @@ def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
     stats.incr(f"{prefix}retries")
     if retries.limit is not None and attempt >= retries.limit:
         raise TieredBufError(f"{what} gave up after {attempt} retries ({why})")
-    retries.sleep(backoff_delay(retries.retry, attempt))
+    delay = backoff_delay(retries.retry, attempt)
+    if why == "throttled":
+        delay = max(delay, random.uniform(THROTTLE_PAUSE_S, 1.5 * THROTTLE_PAUSE_S))
+    retries.sleep(delay)
 
 
 def _read(obj: CasObject[T], retries: Retries, stats: Stats, prefix: str, what: str,

@@ -42,7 +42,7 @@ OPEN_COST_BYTES = 4 << 20
 EARLIEST = "earliest"
 LATEST = "latest"
 
-# Store options accepted by tieredbuf.open() for s3:// URLs, by lower-cased option
+# Store options accepted by tieredbuf.open() for s3:// and Azure URLs, by lower-cased option
 # name (snake_case and camelCase both arrive lower-cased; both spellings map here).
 _STORE_KEYS: dict[str, str] = {
     "endpoint": "endpoint",
@@ -62,6 +62,23 @@ _STORE_KEYS: dict[str, str] = {
     "connecttimeout": "connect_timeout",
     "retry_timeout": "retry_timeout",
     "retrytimeout": "retry_timeout",
+    # Azure Blob (az://, abfs://, https://ACCOUNT.blob.core.windows.net/...)
+    "account_name": "account_name",
+    "accountname": "account_name",
+    "account_key": "account_key",
+    "accountkey": "account_key",
+    "sas_token": "sas_token",
+    "sastoken": "sas_token",
+    "client_id": "client_id",
+    "clientid": "client_id",
+    "client_secret": "client_secret",
+    "clientsecret": "client_secret",
+    "tenant_id": "tenant_id",
+    "tenantid": "tenant_id",
+    "use_azure_cli": "use_azure_cli",
+    "useazurecli": "use_azure_cli",
+    "managed_identity": "managed_identity",
+    "managedidentity": "managed_identity",
 }
 _INT_STORE_OPTIONS = {"max_retries"}
 _SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
@@ -263,7 +280,7 @@ def buffer_url(options: Mapping[str, Any]) -> str:
     if url.startswith("memory://"):
         raise ConfigError(
             "memory:// buffers live in one process; Spark executors cannot see them. "
-            "Use file:///dir or s3://bucket/prefix"
+            "Use file:///dir, s3://bucket/prefix or az://container/prefix"
         )
     return url
 

@@ -1,6 +1,9 @@
 """Object storage: one Store contract, chosen by URL scheme.
 
 open_store("s3://bucket/prefix", endpoint=..., region=...)   # obstore S3Store
+open_store("az://container/prefix", account_name=...)       # obstore AzureStore (also
+    # abfs[s]://container[@account.dfs.core.windows.net]/prefix and
+    # https://account.blob.core.windows.net/container/prefix): tieredbuf/store/azure.py
 open_store("file:///abs/dir"), open_store("./rel/dir")      # LocalDirStore
 open_store("memory://")                                     # fresh, private
 open_store("memory://name")                                 # shared by name, per process
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -22,19 +24,32 @@ from tieredbuf.config import (
 )
 from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.runtime import redact
-from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode, Store
+from tieredbuf.store.azure import AZURE_OPTIONS, AZURE_SCHEMES, is_azure_https, open_azure
+from tieredbuf.store.base import (
+    DEFAULT_MANIFEST_WRITES_PER_S,
+    KEY_LIMITED_MANIFEST_WRITES_PER_S,
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    PutMode,
+    Store,
+)
 from tieredbuf.store.botostore import S3Settings
 from tieredbuf.store.localdir import LocalDirStore
-from tieredbuf.store.objstore import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_RETRY,
-    DEFAULT_TIMEOUT,
-    ObjStore,
-    short,
+from tieredbuf.store.objstore import ObjStore, short
+from tieredbuf.store.options import (
+    CLIENT_OPTIONS,
+    as_bool,
+    check_endpoint,
+    client_options,
+    retry_options,
+    string_options,
+    url_prefix,
 )
+from tieredbuf.store.options import chunk_size as chunk_size_option
 
 __all__ = [
+    "AZURE_OPTIONS",
     "GetResult",
     "IfMatch",
     "LocalDirStore",
@@ -46,20 +61,20 @@ __all__ = [
     "open_store",
 ]
 
-S3_OPTIONS = frozenset(S3_OPTION_ENV) | {
-    "retry_config",
-    "max_retries",
-    "retry_timeout",
-    "timeout",
-    "connect_timeout",
-    "probe",
-    "chunk_size",
-}
+S3_OPTIONS = frozenset(S3_OPTION_ENV) | CLIENT_OPTIONS | {"r2"}
 """Keyword options open_store() accepts for s3:// URLs."""
 
-_SCHEMES = ("s3", "file", "memory")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_SCHEMES = ("s3", "file", "memory", "gs", *AZURE_SCHEMES)
+R2_HOST_SUFFIX = ".r2.cloudflarestorage.com"
+"""Cloudflare R2's S3 endpoints: ``https://ACCOUNT.r2.cloudflarestorage.com`` (and the
+``.eu.`` / ``.fedramp.`` jurisdictions under it)."""
+GCS_UNSUPPORTED = (
+    "gs:// (Google Cloud Storage) is not supported yet: tieredbuf ships no backend no test "
+    "has run against, and no emulator that runs here serves the requests obstore's GCS "
+    "client sends (an XML API PUT with x-goog-if-generation-match: fake-gcs-server 1.54 "
+    "answers it 400 'invalid uploadType' and honours generation preconditions only on its "
+    "JSON API; fsouza/fake-gcs-server#331). See docs/operations.md, Google Cloud Storage"
+)
 
 _named_memory: dict[str, Any] = {}
 _named_memory_lock = threading.Lock()
@@ -88,6 +103,10 @@ def open_store(url: str, **options: Any) -> Store:
         raise ConfigError(f"store URL {url!r} must not carry a query or fragment")
     if scheme == "s3":
         return _open_s3(url, parts.netloc, parts.path, options)
+    if scheme in AZURE_SCHEMES or (scheme == "https" and is_azure_https(parts.hostname)):
+        return open_azure(url, options)
+    if scheme == "gs":
+        raise ConfigError(f"{url}: {GCS_UNSUPPORTED}")
     if scheme == "file":
         _no_options("file://", options)
         return LocalDirStore(_file_path(url, parts.netloc, parts.path), url=url)
@@ -95,7 +114,8 @@ def open_store(url: str, **options: Any) -> Store:
         _no_options("memory://", options)
         return _open_memory(url, parts.netloc, parts.path)
     raise ConfigError(
-        f"unsupported store URL scheme {parts.scheme!r} in {url!r}: use s3://, file:// or memory://"
+        f"unsupported store URL scheme {parts.scheme!r} in {url!r}: use s3://, az:// (or "
+        f"abfs://, https://ACCOUNT.blob.core.windows.net/...), file:// or memory://"
     )
 
 
@@ -131,45 +151,6 @@ def _open_memory(url: str, netloc: str, path: str) -> Store:
     return ObjStore(inner, url)
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ConfigError(f"option {name} must be a bool or 'true'/'false', got {value!r}")
-
-
-def _as_duration(name: str, value: Any) -> timedelta:
-    if isinstance(value, timedelta):
-        d = value
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        d = timedelta(seconds=value)
-    else:
-        raise ConfigError(f"option {name} must be a timedelta or seconds, got {value!r}")
-    if d <= timedelta(0):
-        raise ConfigError(f"option {name} must be positive, got {value!r}")
-    return d
-
-
-def _check_endpoint(endpoint: str) -> None:
-    """An http(s) URL with a host (obstore panics on some malformed ones, e.g. an
-    unclosed IPv6 bracket, instead of raising)."""
-    if not endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
-    try:
-        parts = urlsplit(endpoint)
-        _ = parts.port  # raises on a port that is not a number in range
-    except ValueError as e:
-        raise ConfigError(f"endpoint {endpoint!r} is not a valid URL: {e}") from None
-    if not parts.hostname:
-        raise ConfigError(f"endpoint {endpoint!r} names no host")
-    if parts.username or parts.password:  # not echoed: the URL holds a secret
-        raise ConfigError("the endpoint URL must not carry credentials: use "
-                          "access_key_id / secret_access_key or the AWS_* environment")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"endpoint {endpoint!r} must not carry a query or a fragment")
-
-
 def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store:
     from obstore.store import S3Store
 
@@ -181,63 +162,26 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
         )
     if not bucket:
         raise ConfigError(f"S3 URL {url!r} names no bucket: s3://bucket/prefix")
-    prefix = unquote(path).strip("/")
-    if "//" in prefix or any(p in (".", "..") for p in prefix.split("/")):
-        raise ConfigError(f"S3 URL {url!r} has an invalid prefix {prefix!r}")
-    opts = store_options_from_env(options)
+    prefix = url_prefix(url, path, "S3")
+    opts = store_options_from_env(options, S3_OPTION_ENV)
     # from here on, no error, log line or HTTP answer of this process shows them
     redact.register(*(opts.get(k) for k in SECRET_OPTIONS))
 
-    config: dict[str, Any] = {}
-    for name in ("endpoint", "region", "access_key_id", "secret_access_key", "session_token"):
-        value = opts.get(name)
-        if value is not None:
-            if not isinstance(value, str):
-                raise ConfigError(f"option {name} must be a string, got {value!r}")
-            config[name] = value
+    config: dict[str, Any] = string_options(
+        opts, ("endpoint", "region", "access_key_id", "secret_access_key", "session_token"))
     endpoint = config.get("endpoint")
     if endpoint is not None:
-        _check_endpoint(endpoint)
-    skip_signature = _as_bool("skip_signature", opts.get("skip_signature", False))
+        check_endpoint(endpoint, "access_key_id / secret_access_key or the AWS_* environment")
+    skip_signature = as_bool("skip_signature", opts.get("skip_signature", False))
     if skip_signature:
         config["skip_signature"] = True
-    instance_metadata = _as_bool("instance_metadata", opts.get("instance_metadata", False))
+    instance_metadata = as_bool("instance_metadata", opts.get("instance_metadata", False))
+    r2 = as_bool("r2", opts["r2"]) if opts.get("r2") is not None else is_r2_endpoint(endpoint)
 
-    client: dict[str, Any] = {
-        "connect_timeout": _as_duration("connect_timeout", opts.get("connect_timeout"))
-        if opts.get("connect_timeout") is not None
-        else DEFAULT_CONNECT_TIMEOUT,
-        "timeout": _as_duration("timeout", opts["timeout"])
-        if opts.get("timeout") is not None
-        else DEFAULT_TIMEOUT,
-    }
-    plain_http = endpoint is not None and endpoint.startswith("http://")
-    if opts.get("allow_http") is not None:
-        client["allow_http"] = _as_bool("allow_http", opts["allow_http"])
-        if plain_http and not client["allow_http"]:
-            raise ConfigError(
-                f"endpoint {endpoint!r} is plain HTTP but allow_http is false: use an "
-                f"https:// endpoint, or drop allow_http=false"
-            )
-    elif plain_http:
-        client["allow_http"] = True  # an http:// endpoint says so itself
-
-    retry = (
-        dict(opts["retry_config"]) if opts.get("retry_config") is not None else dict(DEFAULT_RETRY)
-    )
-    if opts.get("max_retries") is not None:
-        if not isinstance(opts["max_retries"], int) or opts["max_retries"] < 0:
-            raise ConfigError(f"max_retries must be an int >= 0, got {opts['max_retries']!r}")
-        retry["max_retries"] = opts["max_retries"]
-    if opts.get("retry_timeout") is not None:
-        retry["retry_timeout"] = _as_duration("retry_timeout", opts["retry_timeout"])
-
-    chunk_size = opts.get("chunk_size", DEFAULT_CHUNK_SIZE)
-    if not isinstance(chunk_size, int) or chunk_size < (5 << 20):
-        raise ConfigError(
-            f"chunk_size must be an int >= 5 MiB (S3 part minimum), got {chunk_size!r}"
-        )
-    probe = _as_bool("probe", opts.get("probe", True))
+    client = client_options(opts, endpoint)
+    retry = retry_options(opts)
+    chunk_size = chunk_size_option(opts)
+    probe = as_bool("probe", opts.get("probe", True))
     _check_credentials(url, config, skip_signature, instance_metadata)
 
     try:
@@ -255,8 +199,17 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     settings = S3Settings(bucket, prefix, dict(config), dict(client), dict(retry),
                           instance_metadata)
     target = (endpoint or "aws", bucket)
+    budget = KEY_LIMITED_MANIFEST_WRITES_PER_S if r2 else DEFAULT_MANIFEST_WRITES_PER_S
     return ObjStore(inner, url, probe_target=target if probe else None, chunk_size=chunk_size,
-                    s3=settings)
+                    s3=settings, manifest_writes_per_s=budget)
+
+
+def is_r2_endpoint(endpoint: str | None) -> bool:
+    """True for a Cloudflare R2 endpoint (about one write per second to one key)."""
+    if endpoint is None:
+        return False
+    host = (urlsplit(endpoint).hostname or "").lower().rstrip(".")
+    return host.endswith(R2_HOST_SUFFIX)
 
 
 def _check_credentials(

@@ -121,6 +121,24 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+DEFAULT_MANIFEST_WRITES_PER_S = 5.0
+"""The manifest write budget (appends per second per buffer, all writers together) on a
+store with no per-key write limit: S3, Azure Blob, a local directory, memory."""
+KEY_LIMITED_MANIFEST_WRITES_PER_S = 1.0
+"""The budget on a store that allows about one write per second to one key (Google
+Cloud Storage, Cloudflare R2: beyond it they answer 429)."""
+
+
+def manifest_writes_per_s(store: object) -> float:
+    """The default manifest write budget on ``store``: its ``manifest_writes_per_s``
+    attribute when it has one (wrappers forward it), else
+    :data:`DEFAULT_MANIFEST_WRITES_PER_S`."""
+    value = getattr(store, "manifest_writes_per_s", None)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return DEFAULT_MANIFEST_WRITES_PER_S
+
+
 @runtime_checkable
 class LinkingStore(Protocol):
     """A store that can take an object as a hard link of a local file (the local

@@ -1,13 +1,14 @@
 """Classify a failed store request: permanent or transient, sent or not, in one line.
 
-Both S3 clients (obstore, and botocore in a forked child: see :mod:`tieredbuf.store.fork`)
-describe a failure by the same few facts -- HTTP status, S3 error code, whether the
-connection was ever made -- and :func:`classify` turns those into the error tree of
-:mod:`tieredbuf.errors`:
+Every object-store client (obstore for S3 and Azure Blob, botocore for S3 in a forked
+child: see :mod:`tieredbuf.runtime.forks`) describes a failure by the same few facts -- HTTP
+status, the service's error code, whether the connection was ever made -- and
+:func:`classify` turns those into the error tree of :mod:`tieredbuf.errors`:
 
 * permanent: credentials rejected or missing, access denied, the bucket missing, a key
   the server refuses, any other 4xx the server would answer again;
-* transient: nothing sent (connection refused, DNS), throttling (429, SlowDown), 5xx,
+* transient: nothing sent (connection refused, DNS), throttling (429, S3 SlowDown,
+  Azure ServerBusy: refused, not applied), 5xx,
   timeouts and resets.  A write that may have reached the server is
   OutcomeUnknownError; one that was never sent is StoreUnreachableError.
 
@@ -32,6 +33,7 @@ from tieredbuf.errors import (
     PermanentStoreError,
     PreconditionFailedError,
     StoreUnreachableError,
+    ThrottledError,
     TransientStoreError,
 )
 
@@ -45,9 +47,33 @@ CREDENTIAL_CODES = frozenset({
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
     "TokenRefreshRequired", "RequestTimeTooSkewed", "AuthorizationHeaderMalformed",
     "InvalidSecurity", "MissingSecurityHeader", "CredentialsNotSupported",
+    # Azure Blob (a bad key or SAS is a 403 AuthenticationFailed there)
+    "AuthenticationFailed", "InvalidAuthenticationInfo", "NoAuthenticationInformation",
 })
-ACCESS_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem"})
-THROTTLE_CODES = frozenset({"SlowDown", "RequestLimitExceeded", "Throttling", "TooManyRequests"})
+ACCESS_CODES = frozenset({
+    "AccessDenied", "AllAccessDisabled", "AccountProblem",
+    "AuthorizationFailure", "AuthorizationPermissionMismatch", "InsufficientAccountPermissions",
+    "AccountIsDisabled",
+})
+THROTTLE_CODES = frozenset({
+    "SlowDown", "RequestLimitExceeded", "Throttling", "TooManyRequests",
+    "ServerBusy",  # Azure: 503 over the account's or a blob's request target
+})
+BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound"})
+"""The bucket (S3) or container (Azure) does not exist."""
+CREDENTIAL_HINTS = {
+    "s3": "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the access_key_id / "
+          "secret_access_key options)",
+    "azure": "check AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN (or the "
+             "account_key / sas_token options) and the account name",
+}
+_PERMISSIONS = {
+    "s3": "docs/operations.md lists the IAM actions tieredbuf needs",
+    "azure": "tieredbuf needs the Storage Blob Data Contributor role on the container, "
+             "or an account key / SAS with read, write, delete and list",
+}
+_AUTHN_RE = re.compile(r"failed to authenticate", re.IGNORECASE)
+"""Azure's text for a bad key or signature (Azurite sends it with AuthorizationFailure)."""
 _METADATA_RE = re.compile(r"169\.254\.169\.254|169\.254\.170\.2|fd00:ec2::254|/latest/api/token")
 
 
@@ -92,35 +118,36 @@ def is_metadata_uri(text: str) -> bool:
 
 def classify(
     f: Facts, key: str, *, write: bool, bucket: str | None = None, where: str | None = None,
+    provider: str = "s3",
 ) -> Exception:
-    """The tieredbuf error for a failed operation on ``key``.  ``bucket`` and ``where``
-    (the endpoint) only name things in the message."""
+    """The tieredbuf error for a failed operation on ``key``.  ``bucket``, ``where``
+    (the endpoint) and ``provider`` (``s3``, ``azure``) only name things in the message."""
     op = f"{'writing' if write else 'reading'} {key}"
     at = f" at {where}" if where else ""
+    container = "container" if provider == "azure" else "bucket"
     if f.tag == "already_exists":
         # also a 409 ConditionalRequestConflict on If-Match: another writer won
         return AlreadyExistsError(key, f"object already exists (or CAS conflict): {key}")
     if f.tag == "precondition" or f.status == 412:
         return PreconditionFailedError(key, f"precondition failed on {key}")
-    if f.code == "NoSuchBucket":
+    if f.code in BUCKET_CODES:
         name = bucket or "?"
         return BucketNotFoundError(
-            name, f"bucket {name!r} does not exist{at} ({op}): create it, or fix the URL"
+            name, f"{container} {name!r} does not exist{at} ({op}): create it, or fix the URL"
         )
     if f.tag == "not_found" or f.code == "NoSuchKey":
         return ObjectNotFoundError(key, f"object not found: {key}")
     if f.metadata_service:
         return CredentialsError(
-            f"could not get S3 credentials from the cloud instance metadata service "
-            f"({f.summary}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or pass "
-            f"access_key_id / secret_access_key)"
+            f"could not get credentials from the cloud instance metadata service "
+            f"({f.summary}); {CREDENTIAL_HINTS.get(provider, CREDENTIAL_HINTS['s3'])}"
         )
-    if f.tag == "unauthenticated" or f.status == 401 or f.code in CREDENTIAL_CODES:
+    if (f.tag == "unauthenticated" or f.status == 401 or f.code in CREDENTIAL_CODES
+            or _AUTHN_RE.search(f.message or "")):
         hint = (
             "this machine's clock is off: fix its time (NTP)"
             if f.code == "RequestTimeTooSkewed"
-            else "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the access_key_id / "
-            "secret_access_key options)"
+            else CREDENTIAL_HINTS.get(provider, CREDENTIAL_HINTS["s3"])
         )
         return CredentialsError(
             f"the store rejected the credentials{at} ({op}; {f.summary}): {hint}"
@@ -128,7 +155,7 @@ def classify(
     if f.tag == "permission" or f.status == 403 or f.code in ACCESS_CODES:
         return AccessDeniedError(
             f"access denied{at} ({op}; {f.summary}): the credentials lack a permission "
-            f"(docs/operations.md lists the IAM actions tieredbuf needs)"
+            f"({_PERMISSIONS.get(provider, _PERMISSIONS['s3'])})"
         )
     if f.tag == "invalid_path":
         return InvalidKeyError(f"the store refused the key {key!r}: {f.summary}")
@@ -144,7 +171,7 @@ def classify(
             f"cannot reach the store{at} ({op}; {f.summary}); the request was not sent"
         )
     if f.status == 429 or f.code in THROTTLE_CODES:
-        return TransientStoreError(
+        return ThrottledError(
             f"the store is throttling requests ({op}; {f.summary}); refused, not applied"
         )
     if f.status is not None and (f.status >= 500 or f.status == 408):

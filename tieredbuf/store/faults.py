@@ -1,4 +1,5 @@
-"""Store wrappers for tests: fault injection (invariant I2) and call counting.
+"""Store wrappers for tests: fault injection (invariant I2), a per-key write limit, and
+call counting.
 
 ``FaultInjectingStore`` reproduces what a real S3 client does when a response is lost:
 ``when="after"`` performs the real operation and then raises, so the caller sees an
@@ -7,19 +8,32 @@ error although the write landed.  With ``error=PreconditionFailedError`` (If-Mat
 already succeeded and meeting its own write (invariant I2, docs/invariants.md); with
 ``OutcomeUnknownError`` it is a timeout / connection reset after the PUT.
 ``when="before"`` raises without touching the inner store.
+
+``KeyRateLimitedStore`` models Google Cloud Storage's and Cloudflare R2's limit of
+about one write per second to one key: a second write to a key within the window is
+refused with HTTP 429 SlowDown (classified as the real clients' 429 is: a transient
+error, refused and not applied).
 """
 
 from __future__ import annotations
 
 import builtins
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from tieredbuf.errors import ConflictError, ObjectNotFoundError
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+from tieredbuf.store.base import (
+    KEY_LIMITED_MANIFEST_WRITES_PER_S,
+    GetResult,
+    ObjectMeta,
+    PutMode,
+    Store,
+)
+from tieredbuf.store.errmap import Facts, classify
 
 Op = Literal[
     "get", "get_range", "get_suffix", "head", "put", "put_multipart", "copy", "list",
@@ -191,6 +205,96 @@ class FaultInjectingStore:
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         first = keys[0] if keys else ""
         return self._run("delete_many", first, lambda: self._inner.delete_many(keys), keys=keys)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class KeyRateLimitedStore:
+    """A Store that refuses a second write to one key within ``window_s`` seconds of the
+    last accepted one (put in any mode, put_multipart, copy to it), as GCS and R2 do:
+    HTTP 429 SlowDown, through :func:`~tieredbuf.store.errmap.classify` like a real
+    client's answer, so a TransientStoreError.  A refused write changes nothing and does
+    not restart the window.  ``writes[key]`` holds the ``clock()`` times of the accepted
+    writes, ``refused[key]`` counts the refusals, ``attempts[key]`` lists every write as
+    (time, thread id, not refused by the limit).  Its ``manifest_writes_per_s`` is the
+    budget tieredbuf gives such stores (GCS, R2).  Thread-safe."""
+
+    def __init__(
+        self,
+        inner: Store,
+        window_s: float = 1.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        manifest_writes_per_s: float = KEY_LIMITED_MANIFEST_WRITES_PER_S,
+    ) -> None:
+        self._inner = inner
+        self.window_s = window_s
+        self._clock = clock
+        self.manifest_writes_per_s = manifest_writes_per_s
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self.writes: dict[str, builtins.list[float]] = {}
+        self.refused: Counter[str] = Counter()
+        self.attempts: dict[str, builtins.list[tuple[float, int, bool]]] = {}
+
+    @property
+    def inner(self) -> Store:
+        return self._inner
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    def _write(self, key: str, fn: Callable[[], T]) -> T:
+        with self._lock:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:  # one write to a key at a time: the check and the write are one step
+            now = self._clock()
+            last = self.writes.get(key)
+            refuse = bool(last) and now - last[-1] < self.window_s  # type: ignore[index]
+            with self._lock:
+                self.attempts.setdefault(key, []).append(
+                    (now, threading.get_ident(), not refuse))
+            if refuse:
+                with self._lock:
+                    self.refused[key] += 1
+                facts = Facts(status=429, code="SlowDown", method="PUT", uri=key,
+                              message="Please reduce your request rate.")
+                raise classify(facts, key, write=True)
+            result = fn()
+            with self._lock:
+                self.writes.setdefault(key, []).append(self._clock())
+            return result
+
+    def get(self, key: str) -> GetResult:
+        return self._inner.get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self._inner.get_range(key, start, end)
+
+    def get_suffix(self, key: str, length: int) -> bytes:
+        return self._inner.get_suffix(key, length)
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._inner.head(key)
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._write(key, lambda: self._inner.put(key, data, mode=mode))
+
+    def put_multipart(
+        self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
+    ) -> str:
+        return self._write(key, lambda: self._inner.put_multipart(key, chunks, mode=mode))
+
+    def copy(self, src: str, dst: str) -> None:
+        self._write(dst, lambda: self._inner.copy(src, dst))
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        return self._inner.list(prefix)
+
+    def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
+        return self._inner.delete_many(keys)
 
     def close(self) -> None:
         self._inner.close()

@@ -1,14 +1,17 @@
-"""The Store contract over obstore 0.12.1: S3 (and S3-compatible servers) and memory.
+"""The Store contract over obstore 0.12.1: S3 (and S3-compatible servers), Azure Blob
+and memory.
 
-Behaviour checked against moto 5.2.5 and SeaweedFS 4.48 (tests/store/):
+Behaviour checked against moto 5.2.5, SeaweedFS 4.48 and Azurite 3.37 (tests/store/):
 
-* ``mode="create"`` sends If-None-Match: *, ``mode={"e_tag": et}`` sends If-Match.
-  Only ``e_tag`` is passed (adding ``"version": None`` raises TypeError in 0.12.1).
+* ``mode="create"`` sends If-None-Match: *, ``mode={"e_tag": et}`` sends If-Match
+  (both on S3 and on Azure Blob, where a taken key is 409 BlobAlreadyExists and a stale
+  etag 412 ConditionNotMet).  Only ``e_tag`` is passed (adding ``"version": None``
+  raises TypeError in 0.12.1).
 * obstore does **not** do conditional multipart uploads: with any mode other than
   "overwrite" it silently falls back to one PUT of the whole body.  ``put_multipart``
   therefore joins the chunks and sends one conditional PUT for create / IfMatch
   (S3 takes up to 5 GiB in one PUT), and uses a real multipart upload only for
-  "overwrite".
+  "overwrite".  (Azure takes up to 5000 MiB in one Put Blob.)
 * A range starting at or past the end answers 416; an empty object answers a suffix
   request with 416 on some servers.  Both are returned as ``b""`` (slice semantics).
 * obstore retries a PUT whose response was lost; a conditional PUT that landed then
@@ -21,23 +24,33 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import obstore as obs
 from obstore import exceptions as obx
 
 from tieredbuf.errors import (
     BucketNotFoundError,
+    ForkedError,
     ObjectNotFoundError,
     OutcomeUnknownError,
+    PreconditionFailedError,
     StoreError,
+    TransientStoreError,
 )
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
-from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+from tieredbuf.store.base import (
+    DEFAULT_MANIFEST_WRITES_PER_S,
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    PutMode,
+)
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
 from tieredbuf.store.counting import MeteredStore, RequestCounts
 from tieredbuf.store.errmap import Facts, Tag, classify, is_metadata_uri
@@ -62,6 +75,25 @@ DEFAULT_TIMEOUT = timedelta(seconds=60)
 """Whole-request timeout; a 64 MiB segment PUT must fit in it."""
 
 DEFAULT_CHUNK_SIZE = 8 << 20
+_SUFFIX_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """The object store service a network ObjStore talks to (names it in errors and in
+    the conditional-write probe)."""
+
+    provider: Literal["s3", "azure"]
+    bucket: str
+    """The S3 bucket or the Azure container."""
+    where: str | None
+    """The endpoint (None: the provider's own, e.g. AWS)."""
+
+    @property
+    def described(self) -> str:
+        if self.provider == "azure":
+            return f"Azure Blob endpoint {self.where} (container {self.bucket!r})"
+        return f"S3 endpoint {self.where or 'aws'} (bucket {self.bucket!r})"
 
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _CODE_RE = re.compile(r"<Code>([^<]{1,100})</Code>")
@@ -110,7 +142,8 @@ def obstore_facts(e: BaseException) -> Facts:
         tag=tag,
         status=int(status.group(1)) if status else None,
         code=code.group(1) if code else None,
-        message=message.group(1) if message else None,
+        # Azure appends "RequestId:..." and "Time:..." lines to its messages
+        message=(message.group(1).strip().splitlines() or [None])[0] if message else None,
         connect=kind is not None and kind.group(1) == "Connect",
         transport=transport,
         method=request.group(1) if request else None,
@@ -141,13 +174,14 @@ def _not_partial(e: Exception) -> bool:
 
 def map_error(
     e: BaseException, key: str, *, write: bool, bucket: str | None = None,
-    where: str | None = None,
+    where: str | None = None, provider: str = "s3",
 ) -> Exception:
     """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``
     (see :func:`tieredbuf.store.errmap.classify`), its message redacted (a server's
     answer may quote the request's credentials: :mod:`tieredbuf.runtime.redact`).  Callers
     chain it to :func:`redacted` (``e``), never to ``e``."""
-    return scrub(classify(obstore_facts(e), key, write=write, bucket=bucket, where=where))
+    return scrub(classify(obstore_facts(e), key, write=write, bucket=bucket, where=where,
+                          provider=provider))
 
 
 def _obstore_mode(mode: PutMode) -> Any:
@@ -168,11 +202,14 @@ def _meta(m: Any) -> ObjectMeta:
 
 
 class ObjStore:
-    """A Store over one obstore ObjectStore (S3Store with a prefix, or MemoryStore).
+    """A Store over one obstore ObjectStore (S3Store or AzureStore with a prefix, or
+    MemoryStore).
 
-    In a process forked after obstore's runtime started (:mod:`tieredbuf.runtime.forks`), an S3
-    store sends its requests through botocore instead (:mod:`.botostore`), built from
-    the same ``s3`` settings: obstore's network calls would hang there.
+    In a process forked after obstore's runtime started (:mod:`tieredbuf.runtime.forks`),
+    obstore's network calls would hang.  An S3 store then sends its requests through
+    botocore instead (:mod:`.botostore`), built from the same ``s3`` settings; an Azure
+    store has no second client and raises ForkedError, naming the fix (start children
+    with 'spawn' / 'forkserver', or make the first request after the fork).
     """
 
     def __init__(
@@ -183,15 +220,24 @@ class ObjStore:
         probe_target: tuple[str, str] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         s3: S3Settings | None = None,
+        remote: Remote | None = None,
+        manifest_writes_per_s: float = DEFAULT_MANIFEST_WRITES_PER_S,
     ) -> None:
         """``probe_target`` = (endpoint, bucket): probe conditional writes before the first
         conditional PUT to that target (once per process).  None: never probe.  ``s3``:
-        what ``inner`` was built from (names the bucket in errors; rebuilds it after fork)."""
+        what an S3 ``inner`` was built from (rebuilds it with botocore after fork).
+        ``remote``: the service (names the bucket in errors; defaults from ``s3``).
+        ``manifest_writes_per_s``: the default manifest write budget on this store
+        (:func:`tieredbuf.store.base.manifest_writes_per_s`)."""
         self._inner = inner
         self._url = url
         self._probe_target = probe_target
         self._chunk_size = chunk_size
         self._s3 = s3
+        if remote is None and s3 is not None:
+            remote = Remote("s3", s3.bucket, s3.endpoint)
+        self._remote = remote
+        self.manifest_writes_per_s = manifest_writes_per_s
         self._forked: BotoS3Store | None = None
         self._bucket_seen = False
         """A request succeeded, so the bucket exists (a HEAD 404 is then the object's)."""
@@ -217,30 +263,47 @@ class ObjStore:
 
     @property
     def s3(self) -> S3Settings | None:
-        """What the S3 store was built from (None for memory)."""
+        """What the S3 store was built from (None for memory and Azure)."""
         return self._s3
+
+    @property
+    def remote(self) -> Remote | None:
+        """The service this store talks to (None for memory)."""
+        return self._remote
 
     def __repr__(self) -> str:
         return f"ObjStore({self._url!r})"
 
     def _alt(self) -> BotoS3Store | None:
-        """The botocore twin to use instead of obstore (forked child), else None."""
-        if self._s3 is None or not forks.obstore_inherited():
+        """The botocore twin to use instead of obstore (forked child), else None.
+        Raises ForkedError for an Azure store in such a child."""
+        if self._remote is None or not forks.obstore_inherited():
             forks.note_obstore_call()
             return None
+        if self._s3 is None:
+            raise ForkedError(
+                f"{self._url}: this process ({forks.pid()}) is a fork of one that already "
+                f"sent object-store requests through obstore, whose runtime does not "
+                f"survive fork(); {self._remote.provider} stores have no other client. "
+                f"Start child processes with multiprocessing's 'spawn' or 'forkserver' "
+                f"method, or fork before the parent's first store request"
+            )
         if self._forked is None:
             self._forked = BotoS3Store(self._s3, self._url)
         return self._forked
 
     def _error(self, e: BaseException, key: str, *, write: bool) -> Exception:
-        s3 = self._s3
-        return map_error(e, key, write=write, bucket=s3.bucket if s3 else None,
-                         where=s3.endpoint if s3 else None)
+        r = self._remote
+        if r is None:
+            return map_error(e, key, write=write)
+        return map_error(e, key, write=write, bucket=r.bucket, where=r.where,
+                         provider=r.provider)
 
     def _check_bucket(self, key: str, e: BaseException) -> None:
         """A HEAD answers a missing bucket with a bare 404: ask once with a LIST, which
-        names NoSuchBucket, before calling the object missing."""
-        if self._s3 is None or self._bucket_seen:
+        names NoSuchBucket (ContainerNotFound on Azure), before calling the object
+        missing."""
+        if self._remote is None or self._bucket_seen:
             return
         try:
             self._extra("list", "")
@@ -298,6 +361,8 @@ class ObjStore:
         if length == 0:
             self.head(key)
             return b""
+        if self._remote is not None and self._remote.provider == "azure":
+            return self._suffix_by_size(key, length)
         try:
             r = obs.get(self._inner, key, options={"range": {"suffix": length}})
             return bytes(r.bytes())
@@ -308,6 +373,31 @@ class ObjStore:
                 self._extra("get", key)
                 return self.get(key).data[-length:]
             raise self._error(e, key, write=False) from redacted(e)
+
+    def _suffix_by_size(self, key: str, length: int) -> bytes:
+        """A suffix read where the service has no suffix range (Azure Blob): HEAD for the
+        size, then a ranged GET pinned to that version with If-Match, so a replaced object
+        (the manifest root) is never read as a mix of two versions; a replacement in
+        between reads again."""
+        for _ in range(_SUFFIX_ATTEMPTS):
+            self._extra("head", key)
+            meta = self.head(key)
+            if meta.size == 0:
+                return b""
+            start = max(0, meta.size - length)
+            options: Any = {"range": (start, meta.size)}
+            if meta.etag is not None:
+                options["if_match"] = meta.etag
+            try:
+                return bytes(obs.get(self._inner, key, options=options).bytes())
+            except Exception as e:
+                err = self._error(e, key, write=False)
+                if isinstance(err, PreconditionFailedError):
+                    continue  # replaced between the HEAD and the GET: read again
+                raise err from redacted(e)
+        raise TransientStoreError(
+            f"{key} was replaced during each of {_SUFFIX_ATTEMPTS} suffix reads: try again"
+        )
 
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
@@ -348,9 +438,11 @@ class ObjStore:
             return
         endpoint, bucket = self._probe_target
         raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size,
-                       s3=self._s3)
+                       s3=self._s3, remote=self._remote)
         probe = raw if self._meter is None else MeteredStore(raw, self._meter)
-        PROBES.ensure(self._probe_target, probe, f"S3 endpoint {endpoint} (bucket {bucket!r})")
+        where = (self._remote.described if self._remote is not None
+                 else f"endpoint {endpoint} (bucket {bucket!r})")
+        PROBES.ensure(self._probe_target, probe, where)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         check_key(key)
@@ -412,7 +504,7 @@ class ObjStore:
             # unconditional copy cannot replace anything (S3 has no conditional copy)
             obs.copy(self._inner, src, dst, overwrite=True)
         except Exception as e:
-            raise self._error(e, src, write=True) from e
+            raise self._error(e, src, write=True) from redacted(e)
 
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         keys = [check_key(k) for k in keys]

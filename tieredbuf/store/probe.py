@@ -1,4 +1,5 @@
-"""Prove that an S3 endpoint honours conditional writes before trusting it.
+"""Prove that an object store (S3 endpoint, Azure Blob account) honours conditional
+writes before trusting it.
 
 Some S3-compatible servers accept ``If-None-Match: *`` and ``If-Match`` and then
 ignore them.  On such a server every CAS "succeeds", two producers overwrite each
@@ -50,8 +51,9 @@ def probe_conditional_writes(store: Store, where: str) -> None:
         else:
             raise ConditionalWritesUnsupportedError(
                 f"{where} ignores If-None-Match: * (create-if-absent overwrote {key!r}); "
-                "tieredbuf needs an S3 endpoint with conditional writes (AWS S3, MinIO, "
-                "SeaweedFS, recent Ceph RGW) -- pass probe=False only if you know better"
+                "tieredbuf needs a store that enforces conditional writes (AWS S3, MinIO, "
+                "SeaweedFS, recent Ceph RGW, Azure Blob) -- pass probe=False only if you "
+                "know better"
             )
         try:
             store.put(key, b"probe-3", mode=IfMatch(_WRONG_ETAG))
@@ -63,7 +65,7 @@ def probe_conditional_writes(store: Store, where: str) -> None:
         else:
             raise ConditionalWritesUnsupportedError(
                 f"{where} ignores If-Match (a PUT with a wrong etag replaced {key!r}); "
-                "tieredbuf needs an S3 endpoint with conditional writes -- pass probe=False "
+                "tieredbuf needs a store that enforces conditional writes -- pass probe=False "
                 "only if you know better"
             )
         try:
