@@ -48,8 +48,12 @@ class QueueConsumer:
         position when it started (``latest``: a new subscriber starts at the tail)."""
         if self.position is None:
             self.position = self.sub.initialize(start="latest" if latest else "earliest")
-            log.info("tieredbuf subscriber %r: epoch %d, position %d", self.name,
-                     self.sub.epoch, self.position)
+            log.info(
+                "tieredbuf subscriber %r: epoch %d, position %d",
+                self.name,
+                self.sub.epoch,
+                self.position,
+            )
         return self.position
 
     @property

@@ -66,15 +66,34 @@ _STORE_KEYS: dict[str, str] = {
 _INT_STORE_OPTIONS = {"max_retries"}
 _SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
 
-READ_OPTIONS = frozenset({
-    "path", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
-    "failondataloss", "slot", "consumer", "maxoffsetspertrigger", "maxbytespertrigger",
-    "splitstreamsbytes", "maxpartitionbytes", "minpartitions",
-})
-WRITE_OPTIONS = frozenset({
-    "path", "slot", "producerid", "batchversion", "maxobjectbytes", "compression",
-    "createbuffer",
-})
+READ_OPTIONS = frozenset(
+    {
+        "path",
+        "startingoffsets",
+        "endingoffsets",
+        "startingtimestamp",
+        "endingtimestamp",
+        "failondataloss",
+        "slot",
+        "consumer",
+        "maxoffsetspertrigger",
+        "maxbytespertrigger",
+        "splitstreamsbytes",
+        "maxpartitionbytes",
+        "minpartitions",
+    }
+)
+WRITE_OPTIONS = frozenset(
+    {
+        "path",
+        "slot",
+        "producerid",
+        "batchversion",
+        "maxobjectbytes",
+        "compression",
+        "createbuffer",
+    }
+)
 _REMOVED_OPTIONS = {
     "gcgraceperiodseconds": "the GC grace period is the buffer's own (in its manifest "
     "root; Buffer.set_gc_grace_period or `tieredbuf grace URL DURATION`), so the sink and "
@@ -111,15 +130,42 @@ SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 """Options Spark itself passes along to sources and sinks."""
 
 
-_DISPLAY = {n.lower(): n for n in (
-    "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
-    "failOnDataLoss", "slot", "consumer", "maxOffsetsPerTrigger", "maxBytesPerTrigger",
-    "splitStreamsBytes", "maxPartitionBytes", "minPartitions", "producerId", "batchVersion",
-    "maxObjectBytes", "compression", "createBuffer", "path",
-)}
+_DISPLAY = {
+    n.lower(): n
+    for n in (
+        "startingOffsets",
+        "endingOffsets",
+        "startingTimestamp",
+        "endingTimestamp",
+        "failOnDataLoss",
+        "slot",
+        "consumer",
+        "maxOffsetsPerTrigger",
+        "maxBytesPerTrigger",
+        "splitStreamsBytes",
+        "maxPartitionBytes",
+        "minPartitions",
+        "producerId",
+        "batchVersion",
+        "maxObjectBytes",
+        "compression",
+        "createBuffer",
+        "path",
+    )
+}
 """How the docs spell each option (Spark hands them over lower-cased)."""
-_STORE_DISPLAY = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken",
-                  "allowHttp", "maxRetries", "timeout", "connectTimeout", "retryTimeout")
+_STORE_DISPLAY = (
+    "endpoint",
+    "region",
+    "accessKeyId",
+    "secretAccessKey",
+    "sessionToken",
+    "allowHttp",
+    "maxRetries",
+    "timeout",
+    "connectTimeout",
+    "retryTimeout",
+)
 
 
 def did_you_mean(word: str, choices: Mapping[str, str]) -> str:
@@ -139,14 +185,20 @@ def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) ->
         if k.lower() in _REMOVED_OPTIONS:
             raise ConfigError(f"option {k} is no longer supported: {_REMOVED_OPTIONS[k.lower()]}")
     unknown = sorted(
-        k for k in options
+        k
+        for k in options
         if k.lower() not in known | SPARK_OPTIONS and k.lower() not in _STORE_KEYS
     )
     if unknown:
         mine = {n: _DISPLAY.get(n, n) for n in known if n != "path"}
         store = {n.lower(): n for n in _STORE_DISPLAY}
-        store.update({k: v for k, v in ((a, store.get(a.replace("_", ""), a))
-                                       for a in _STORE_KEYS) if k not in store})
+        store.update(
+            {
+                k: v
+                for k, v in ((a, store.get(a.replace("_", ""), a)) for a in _STORE_KEYS)
+                if k not in store
+            }
+        )
         hint = did_you_mean(unknown[0], {**mine, **store})
         raise ConfigError(
             f"unknown tieredbuf {what} option {unknown[0]!r}{hint}"
@@ -196,8 +248,10 @@ def parse_bound(name: str, v: Any) -> str | int | None:
             raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {v!r}') from e
     if not s.lstrip("-").isdigit():
         hint = did_you_mean(s, {EARLIEST: EARLIEST, LATEST: LATEST})
-        raise ConfigError(f"option {name} must be earliest, latest, a sequence number or "
-                          f'{{"sequence": n}}, got {v!r}{hint}')
+        raise ConfigError(
+            f"option {name} must be earliest, latest, a sequence number or "
+            f'{{"sequence": n}}, got {v!r}{hint}'
+        )
     return _sequence_of(name, s)
 
 
@@ -292,9 +346,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         max_partition_bytes=_int(
             "maxPartitionBytes", _get(options, "maxPartitionBytes") or MAX_PARTITION_BYTES
         ),
-        min_partitions=_int(
-            "minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1
-        ),
+        min_partitions=_int("minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1),
     )
     if ro.starting is not None and ro.starting_ts is not None:
         raise ConfigError("give startingOffsets or startingTimestamp, not both")
@@ -357,11 +409,14 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
         raise ConfigError("option producerId must be at most 200 bytes")
     if wo.batch_version is not None and not 0 <= wo.batch_version < MAX_VERSION:
-        raise ConfigError(f"option batchVersion must be in 0..{MAX_VERSION - 1}, got "
-                          f"{wo.batch_version}")
+        raise ConfigError(
+            f"option batchVersion must be in 0..{MAX_VERSION - 1}, got {wo.batch_version}"
+        )
     if wo.batch_version is not None and wo.producer_id is None:
-        raise ConfigError("option batchVersion needs producerId (the pair is what makes a "
-                          "batch write idempotent, like Delta's txnAppId / txnVersion)")
+        raise ConfigError(
+            "option batchVersion needs producerId (the pair is what makes a "
+            "batch write idempotent, like Delta's txnAppId / txnVersion)"
+        )
     return wo
 
 
@@ -376,8 +431,9 @@ def check_long(seq: int) -> int:
     return seq
 
 
-def pack(sizes: Sequence[int], max_bytes: int, min_partitions: int,
-         open_cost: int = OPEN_COST_BYTES) -> list[range]:
+def pack(
+    sizes: Sequence[int], max_bytes: int, min_partitions: int, open_cost: int = OPEN_COST_BYTES
+) -> list[range]:
     """Consecutive data objects packed into partitions: index ranges over ``sizes``.
 
     Spark's rule for small files (``FilePartition``): each object costs its size plus

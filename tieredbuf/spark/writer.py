@@ -220,8 +220,7 @@ def _delete_uploaded(buf: tieredbuf.Buffer, mine: Sequence[str]) -> None:
     for key, err in failed:
         log.warning("tieredbuf write aborted: could not delete %s (GC will): %s", key, err)
     if mine:
-        log.warning("tieredbuf write aborted: deleted %d uploaded objects",
-                    len(mine) - len(failed))
+        log.warning("tieredbuf write aborted: deleted %d uploaded objects", len(mine) - len(failed))
 
 
 COPY_THREADS = 16
@@ -265,8 +264,11 @@ def _uploaded(messages: Sequence[WriterCommitMessage | None]) -> list[Uploaded]:
 
 
 def publish(
-    buf: tieredbuf.Buffer, wo: WriteOptions, messages: Sequence[WriterCommitMessage | None],
-    producer_id: str | None, version: int | None,
+    buf: tieredbuf.Buffer,
+    wo: WriteOptions,
+    messages: Sequence[WriterCommitMessage | None],
+    producer_id: str | None,
+    version: int | None,
 ) -> list[int | None]:
     """Driver side: append every uploaded object, in task order, in one CAS, once.
 
@@ -280,11 +282,15 @@ def publish(
 
     def check(snap: Snapshot) -> None:
         grace = snap.gc_grace_ms
-        max_age = (DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1) if grace is None
-                   else grace) // 2
+        max_age = (
+            DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1) if grace is None else grace
+        ) // 2
         now = _now_ms()
-        stale = [i for i, (key, _, _) in enumerate(objs)
-                 if (u := keys.parse_data_key(key)) is not None and now - u.milliseconds > max_age]
+        stale = [
+            i
+            for i, (key, _, _) in enumerate(objs)
+            if (u := keys.parse_data_key(key)) is not None and now - u.milliseconds > max_age
+        ]
         if stale:
             raise _Stale(stale)
 
@@ -292,28 +298,38 @@ def publish(
         entries = [NewEntry(k, items, size) for k, items, size in objs]
         try:
             if producer_id is None:
-                return list(buf.queue.append_once(entries, before_write=check,
-                                                   create=wo.create_buffer))
+                return list(
+                    buf.queue.append_once(entries, before_write=check, create=wo.create_buffer)
+                )
             assert version is not None
-            return buf.queue.append(entries, producer_id, (version + 1) * opt.STRIDE,
-                                    before_write=check, create=wo.create_buffer, strict=True)
+            return buf.queue.append(
+                entries,
+                producer_id,
+                (version + 1) * opt.STRIDE,
+                before_write=check,
+                create=wo.create_buffer,
+                strict=True,
+            )
         except _Stale as s:
             _copy_fresh(buf, objs, s.indices)
         except ProducerIdReusedError as e:
             recorded = e.recorded // opt.STRIDE - 1
             raise ProducerIdReusedError(
-                e.producer_id, e.recorded, e.attempted,
+                e.producer_id,
+                e.recorded,
+                e.attempted,
                 f"option producerId={producer_id!r}: the buffer at {wo.url} already has a "
                 f"write tagged up to version {recorded} by this producerId, and this one is "
                 f"version {version}, which did not land before: another query or checkpoint "
                 "(or batch job) uses the same producerId.  Give each streaming query / "
                 "checkpoint its own producerId, and batch writes increasing batchVersions "
-                "(a retry repeats the same one)"
+                "(a retry repeats the same one)",
             ) from e
 
 
-def abort(buf: tieredbuf.Buffer, messages: Sequence[WriterCommitMessage | None],
-          since: int) -> None:
+def abort(
+    buf: tieredbuf.Buffer, messages: Sequence[WriterCommitMessage | None], since: int
+) -> None:
     """Delete what an aborted job uploaded -- unless its commit got it into the queue.
 
     ``since`` is the queue's next sequence when the job was planned: a commit of this
@@ -326,8 +342,11 @@ def abort(buf: tieredbuf.Buffer, messages: Sequence[WriterCommitMessage | None],
     snap = buf.snapshot()
     for e in snap.iter_from(max(since, snap.low)):
         if e.location in mine:
-            log.warning("tieredbuf write aborted after its commit appended %s: keeping its "
-                        "%d objects", e.location, len(objs))
+            log.warning(
+                "tieredbuf write aborted after its commit appended %s: keeping its %d objects",
+                e.location,
+                len(objs),
+            )
             return
     _delete_uploaded(buf, sorted(mine))
 
@@ -337,7 +356,8 @@ def require_buffer(buf: tieredbuf.Buffer, wo: WriteOptions) -> int:
     snap = buf.snapshot()
     if not snap.exists and not wo.create_buffer:
         raise BufferNotFoundError(
-            wo.url, "the sink creates one only with .option('createBuffer', 'true')")
+            wo.url, "the sink creates one only with .option('createBuffer', 'true')"
+        )
     return snap.root.next_seq
 
 
@@ -346,9 +366,11 @@ class BatchWriter(DataSourceArrowWriter):
 
     def __init__(self, wo: WriteOptions, schema: StructType) -> None:
         if (wo.producer_id is None) != (wo.batch_version is None):
-            raise ConfigError("a batch write takes producerId and batchVersion together (or "
-                              "neither): the pair makes it idempotent, like Delta's "
-                              "txnAppId / txnVersion")
+            raise ConfigError(
+                "a batch write takes producerId and batchVersion together (or "
+                "neither): the pair makes it idempotent, like Delta's "
+                "txnAppId / txnVersion"
+            )
         self.wo = wo
         self.records = is_records(schema)
         self.since = require_buffer(shared_buffer(wo.url, wo.store), wo)
@@ -370,8 +392,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, wo: WriteOptions, schema: StructType, producer_id: str) -> None:
         if wo.batch_version is not None:
-            raise ConfigError("batchVersion is for batch writes: a streaming write is tagged "
-                              "with its micro-batch id")
+            raise ConfigError(
+                "batchVersion is for batch writes: a streaming write is tagged "
+                "with its micro-batch id"
+            )
         self.wo = wo
         self.records = is_records(schema)
         self.producer_id = producer_id
@@ -383,8 +407,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def commit(  # type: ignore[override]
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
-        publish(shared_buffer(self.wo.url, self.wo.store), self.wo, messages, self.producer_id,
-                batchId)
+        publish(
+            shared_buffer(self.wo.url, self.wo.store), self.wo, messages, self.producer_id, batchId
+        )
 
     def abort(  # type: ignore[override]
         self, messages: list[WriterCommitMessage | None], batchId: int
