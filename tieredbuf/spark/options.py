@@ -24,6 +24,10 @@ STRIDE = 1 << 20
 job or micro-batch.  A commit's last number is ``(version + 1) * STRIDE``, so a retry of
 the same commit is recognised however many objects it carries."""
 
+QUERY_TAG = "#spark-query="
+"""Separates ``producerId`` from Spark's query id in a streaming sink's watermark id
+(``producerId#spark-query=<query id>``); a producerId cannot contain it."""
+
 MAX_VERSION = MAX_LONG // STRIDE - 1
 """``batchVersion`` / micro-batch ids above this do not fit a producer number."""
 
@@ -408,6 +412,11 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         raise ConfigError("option maxObjectBytes must be > 0")
     if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
         raise ConfigError("option producerId must be at most 200 bytes")
+    if wo.producer_id is not None and QUERY_TAG in wo.producer_id:
+        raise ConfigError(
+            f"option producerId cannot contain {QUERY_TAG!r} (the sink adds it, with the "
+            "streaming query's id, to the watermark it records)"
+        )
     if wo.batch_version is not None and not 0 <= wo.batch_version < MAX_VERSION:
         raise ConfigError(
             f"option batchVersion must be in 0..{MAX_VERSION - 1}, got {wo.batch_version}"
