@@ -10,6 +10,10 @@ buffer it was read from (root section 6; absent for roots that have none yet) an
   ``from``), so a re-run after a restart reads the same range, and after that every
   record is delivered, whatever its ingestion time (late records included: Kafka's
   semantics).  No time filter is applied to streaming micro-batches.
+* Nothing before the requested start is delivered: a ``startingOffsets`` past the
+  tail is an error (never clamped to the tail), and a ``startingTimestamp`` later
+  than every record waits: the initial offset carries it (``PENDING_TS``) and each
+  trigger looks again for the first object holding a record ingested at or after it.
 * A checkpoint whose offsets name another buffer id (the buffer was deleted and
   created again), or a buffer whose next sequence is below the checkpoint's offset,
   fails the query: its positions mean nothing here (the Kafka source fails on offset
@@ -55,6 +59,7 @@ from pyspark.sql.types import StructType
 import tieredbuf
 from tieredbuf.errors import (
     BufferNotFoundError,
+    ConfigError,
     DataLossError,
     ObjectNotFoundError,
 )
@@ -71,6 +76,10 @@ IDLE_BACKOFF_S = 0.1
 """The first pause after a footer read found nothing new."""
 IDLE_BACKOFF_MAX_S = 2.0
 """The longest pause: an idle query sends at most one small GET per this long."""
+
+PENDING_TS = "startingTimestamp"
+"""In the initial offset only: no record ingested at or after this time (ms) existed
+when the query started; the first micro-batch starts at the first object holding one."""
 
 
 def _seq(offset: dict[str, Any]) -> int:
@@ -97,6 +106,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._idle = False
         self._idle_backoff = 0.0
         self._idle_until = 0.0
+        self._idle_next = -1
+        """The root's next sequence when the query went idle (what a footer read compares
+        against: nothing new while it is the same)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"ro": self.ro, "schema": self.schema}
@@ -174,7 +186,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start = self._floor(consumer.start(), snap)
         else:
             start = self._floor(plan.resolve_bound(self.ro.starting, snap, opt.EARLIEST), snap)
-        start = min(start, snap.root.next_seq)
+        nxt = snap.root.next_seq
+        if start > nxt:
+            # only an explicit sequence gets here: clamping it to the tail would deliver
+            # the sequences between the tail and the one asked for
+            raise ConfigError(
+                f"startingOffsets {start} is past the end of the buffer at {self.ro.url} "
+                f"(its next sequence is {nxt}): nothing before {start} may be delivered, and "
+                f"{start} does not exist yet; start at the tail with startingOffsets=latest "
+                f"(or {nxt}), or once sequence {start} exists"
+            )
+        if self.ro.starting_ts is not None and start >= nxt:
+            # no record ingested at or after startingTimestamp yet: wait for the first
+            # object holding one (latestOffset), never start at the tail, which would
+            # deliver what is appended meanwhile with older ingestion times
+            log.info(
+                "tieredbuf stream on %s waits for a record ingested at or after %d",
+                self.ro.url,
+                self.ro.starting_ts,
+            )
+            off = self._offset(snap, nxt)
+            off[PENDING_TS] = self.ro.starting_ts
+            return off
         log.info("tieredbuf stream on %s starts at sequence %d", self.ro.url, start)
         return self._offset(snap, start)
 
@@ -205,14 +238,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         footer = fm.parse_footer(tail, obj=buf.queue.key)
         if self._consumer is not None:
             self._consumer.check_footer_epoch(footer.epoch)
-        if footer.next_sequence != _seq(start):
+        if footer.next_sequence != self._idle_next:
             self._idle, self._idle_backoff = False, 0.0
             return False
-        self._pause(now)
+        self._pause(now, footer.next_sequence)
         return True
 
-    def _pause(self, now: float) -> None:
-        self._idle = True
+    def _pause(self, now: float, next_seq: int) -> None:
+        self._idle, self._idle_next = True, next_seq
         self._idle_backoff = min(IDLE_BACKOFF_MAX_S, max(IDLE_BACKOFF_S, 2 * self._idle_backoff))
         self._idle_until = now + self._idle_backoff
 
@@ -221,12 +254,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         snap = self._read()
         self._same_buffer(start, snap)
-        s = self._floor(_seq(start), snap)
+        s = frm = self._floor(_seq(start), snap)
         nxt = snap.root.next_seq
+        pending = start.get(PENDING_TS)
+        if pending is not None:
+            # waiting for the first record ingested at or after startingTimestamp: the
+            # objects appended meanwhile that hold only older records are never delivered
+            s = frm = max(s, plan.time_start(snap, int(pending), self.ro))
+        else:
+            frm = _seq(start)
         end = nxt if self._target is None else min(nxt, self._target)
         if end <= s:
-            if nxt <= _seq(start):
-                self._pause(time.monotonic())  # idle: footer reads from now on
+            if nxt <= _seq(start) or pending is not None:
+                self._pause(time.monotonic(), nxt)  # idle: footer reads from now on
             return start
         self._idle = False
         if isinstance(limit, ReadMaxFiles):
@@ -239,7 +279,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = plan.admit_bytes(self._buf().store, snap, s, end, limit.max_bytes)
         if end <= _seq(start):
             return start
-        return self._offset(snap, end, _seq(start))
+        return self._offset(snap, end, frm)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         snap = self._snap if self._snap is not None else self._read()
