@@ -269,17 +269,33 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._pause(time.monotonic(), nxt)  # idle: footer reads from now on
             return start
         self._idle = False
+        end = self._admit(snap, s, end, limit)
+        if end <= _seq(start):
+            return start
+        return self._offset(snap, end, frm)
+
+    def _admit(self, snap: Snapshot, s: int, end: int, limit: ReadLimit) -> int:
+        """End of a micro-batch from ``s``: within ``limit`` and, unless Spark asks for
+        everything (``ReadAllAvailable``: Trigger.Once), within *both* of our limits --
+        pyspark has no composite read limit, so Spark is handed one (the object count
+        when set) and the other is applied here, as Delta's two limits both bound."""
+        if isinstance(limit, ReadAllAvailable):
+            return end
+        max_files = self.ro.max_offsets
+        max_bytes = self.ro.max_bytes
         if isinstance(limit, ReadMaxFiles):
-            end = min(end, s + limit.max_files)
+            max_files = min(limit.max_files, max_files or limit.max_files)
         elif isinstance(limit, ReadMaxRows):
             # not a limit this source sets (it cannot count rows without reading them);
             # an object holds at least one row, so this many objects is an upper bound
             end = min(end, s + limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
-            end = plan.admit_bytes(self._buf().store, snap, s, end, limit.max_bytes)
-        if end <= _seq(start):
-            return start
-        return self._offset(snap, end, frm)
+            max_bytes = min(limit.max_bytes, max_bytes or limit.max_bytes)
+        if max_files is not None:
+            end = min(end, s + max_files)
+        if max_bytes is not None:
+            end = plan.admit_bytes(self._buf().store, snap, s, end, max_bytes)
+        return end
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         snap = self._snap if self._snap is not None else self._read()
