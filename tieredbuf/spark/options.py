@@ -379,7 +379,9 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
 class WriteOptions:
     url: str
     store: tuple[tuple[str, Any], ...]
-    slot: int
+    slot: int | None
+    """Write Arrow bundles into this slot (None: records when rows have a ``value``
+    column, else bundles into slot 0)."""
     producer_id: str | None
     batch_version: int | None
     """Batch writes with ``producerId``: this write's version (Delta's txnVersion)."""
@@ -398,10 +400,11 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         raise ConfigError(f"option compression must be none or zstd, got {comp!r}")
     pid = _get(options, "producerId")
     version = _get(options, "batchVersion")
+    slot = _get(options, "slot")
     wo = WriteOptions(
         url=buffer_url(options),
         store=tuple(sorted(store_options(options).items())),
-        slot=_int("slot", _get(options, "slot") or 0),
+        slot=None if slot in (None, "") else _int("slot", slot),
         producer_id=None if pid in (None, "") else str(pid),
         batch_version=None if version in (None, "") else _int("batchVersion", version),
         max_object_bytes=_int("maxObjectBytes", _get(options, "maxObjectBytes") or 64 << 20),
@@ -410,6 +413,8 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     )
     if wo.max_object_bytes <= 0:
         raise ConfigError("option maxObjectBytes must be > 0")
+    if wo.slot is not None and not 0 <= wo.slot < 1 << 16:
+        raise ConfigError(f"option slot must be in 0..65535, got {wo.slot}")
     if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
         raise ConfigError("option producerId must be at most 200 bytes")
     if wo.producer_id is not None and QUERY_TAG in wo.producer_id:

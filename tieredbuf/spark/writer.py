@@ -1,9 +1,11 @@
 """The ``tieredbuf`` sink: tasks upload data objects, the driver appends them once.
 
 * Tasks encode their rows -- a ``value`` column (binary or string) as RFC 0001
-  records (``.batch``), any other schema as Arrow bundles (``.qseg``, one bundle
-  per Arrow batch Spark hands over, in slot ``slot``) -- and PUT each object under
-  a fresh ULID key with create-if-absent.  Nothing is visible yet.
+  records (``.batch``), any other schema, or any schema with ``slot`` set, as Arrow
+  bundles (``.qseg``, one bundle per Arrow batch Spark hands over, in slot ``slot``)
+  -- and PUT each object under a fresh ULID key with create-if-absent.  Nothing is
+  visible yet.  Records keep only ``value`` and ``metadata``: other columns next to
+  a ``value`` column, without ``slot``, are refused (:func:`is_records`).
 * The driver's ``commit`` appends every object of the job (or micro-batch) to the
   manifest in one CAS: the output appears atomically, and exactly once.
   - With ``producerId`` the append is tagged ``(producerId, version)`` -- the
@@ -113,12 +115,35 @@ def split_watermark_id(wid: str) -> tuple[str, str | None]:
     return (pid, query) if tag else (wid, None)
 
 
-def is_records(schema: StructType) -> bool:
-    """Rows with a binary or string ``value`` column are records; anything else, bundles."""
-    for f in schema.fields:
-        if f.name.lower() == "value":
-            return isinstance(f.dataType, (BinaryType, StringType))
-    return False
+def is_records(schema: StructType, wo: WriteOptions) -> bool:
+    """Records (``.batch``) or Arrow bundles (``.qseg``) for rows of ``schema``.
+
+    Records need a binary or string ``value`` column and keep only it and an optional
+    ``metadata`` column; a ``slot`` option asks for bundles (every column, ``value``
+    included).  Rows with a ``value`` column and other columns, without ``slot``, are
+    refused (ConfigError naming the columns): the records encoding would drop them."""
+    if wo.slot is not None:
+        return False
+    by_name = {f.name.lower(): f for f in schema.fields}
+    value = by_name.get("value")
+    if value is None or not isinstance(value.dataType, (BinaryType, StringType)):
+        return False
+    meta = by_name.get("metadata")
+    if meta is not None and not isinstance(meta.dataType, (BinaryType, StringType)):
+        raise ConfigError(
+            f"column {meta.name!r} is the records' metadata payload and must be binary or "
+            f"string, got {meta.dataType.simpleString()}; cast it, or set option slot to "
+            "write every column as Arrow bundles"
+        )
+    dropped = [f.name for f in schema.fields if f.name.lower() not in ("value", "metadata")]
+    if dropped:
+        raise ConfigError(
+            f"columns {dropped} would be dropped: rows with a {value.name!r} column are "
+            "written as records, which keep only 'value' and 'metadata'.  Select those "
+            "columns to write records, or set option slot to write every column as Arrow "
+            "bundles into that slot"
+        )
+    return True
 
 
 def _now_ms() -> int:
@@ -200,7 +225,8 @@ class _BundlesEncoder:
             return
         now_ns = time.time_ns()
         self.last_ms = now_ns // 1_000_000
-        self.builder.add(SegmentBundle({self.wo.slot: batch}, now_ns, len(self.builder)))
+        slot = self.wo.slot or 0
+        self.builder.add(SegmentBundle({slot: batch}, now_ns, len(self.builder)))
 
     def full(self) -> bool:
         return self.builder.nbytes >= self.wo.max_object_bytes
@@ -482,7 +508,7 @@ class BatchWriter(DataSourceArrowWriter):
                 "txnAppId / txnVersion"
             )
         self.wo = wo
-        self.records = is_records(schema)
+        self.records = is_records(schema, wo)
         self.since = require_buffer(shared_buffer(wo.url, wo.store), wo)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -507,7 +533,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 "with its micro-batch id"
             )
         self.wo = wo
-        self.records = is_records(schema)
+        self.records = is_records(schema, wo)
         self.producer_id = producer_id
         self.since = require_buffer(shared_buffer(wo.url, wo.store), wo)
 
