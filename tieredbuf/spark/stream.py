@@ -1,9 +1,10 @@
 """Structured Streaming reads of the ``tieredbuf`` source.
 
-Offsets are ``{"sequence": next, "buffer": "<buffer id>", "from": start}``:
-``sequence`` is where the micro-batch ends (exclusive), ``buffer`` the id of the
-buffer it was read from (root section 6; absent for roots that have none yet) and
-``from`` where the micro-batch started.  Spark keeps them in its offset log, so:
+Offsets are ``{"sequence": next, "buffer": "<buffer id>", "from": start, "consumer":
+name}``: ``sequence`` is where the micro-batch ends (exclusive), ``buffer`` the id of
+the buffer it was read from (root section 6; absent for roots that have none yet),
+``from`` where the micro-batch started and ``consumer`` the subscriber it acks as
+(absent without the option).  Spark keeps them in its offset log, so:
 
 * ``startingOffsets`` / ``startingTimestamp`` only choose where the *first*
   micro-batch starts; the position they resolved to is stored with that batch (its
@@ -18,6 +19,9 @@ buffer it was read from (root section 6; absent for roots that have none yet) an
   created again), or a buffer whose next sequence is below the checkpoint's offset,
   fails the query: its positions mean nothing here (the Kafka source fails on offset
   regressions the same way).
+* A checkpoint restarted under another ``consumer`` (or none) while its old
+  subscriber is still registered fails, naming it and ``tieredbuf subscribers
+  remove``: the old one would hold the head back forever.
 * A start below the first sequence the buffer keeps (dequeued, or unlinked by
   retention) fails the query, or with ``failOnDataLoss=false`` is skipped; the
   skipped sequences are logged and counted in the progress's ``latestOffset``
@@ -77,6 +81,9 @@ IDLE_BACKOFF_S = 0.1
 IDLE_BACKOFF_MAX_S = 2.0
 """The longest pause: an idle query sends at most one small GET per this long."""
 
+CONSUMER = "consumer"
+"""The subscriber a query's offsets were read and acked as (its ``consumer`` option)."""
+
 PENDING_TS = "startingTimestamp"
 """In the initial offset only: no record ingested at or after this time (ms) existed
 when the query started; the first micro-batch starts at the first object holding one."""
@@ -107,6 +114,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._idle_backoff = 0.0
         self._idle_until = 0.0
         self._idle_next = -1
+        self._renamed_from: str | None = None
+        """The checkpoint's consumer name, checked to be no longer registered."""
         """The root's next sequence when the query went idle (what a footer read compares
         against: nothing new while it is the same)."""
 
@@ -144,7 +153,34 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             off["buffer"] = snap.buffer_id
         if start is not None:
             off["from"] = start
+        if self.ro.consumer is not None:
+            off[CONSUMER] = self.ro.consumer
         return off
+
+    def _same_consumer(self, off: dict[str, Any]) -> None:
+        """Fail when the checkpoint was run as another subscriber that is still
+        registered: it would hold the buffer's head back forever (before anything is
+        registered or acked under the new name)."""
+        old = off.get(CONSUMER)
+        if old is None or old == self.ro.consumer or old == self._renamed_from:
+            return
+        snap = plan.read_snapshot(self._buf())
+        if old in snap.registry:
+            now = f"consumer={self.ro.consumer}" if self.ro.consumer else "no consumer"
+            raise ConfigError(
+                f"this checkpoint was run as subscriber {old!r} of {self.ro.url} (option "
+                f"consumer={old}), which is still registered and holds the buffer's head "
+                f"back; restarted with {now} it would stay registered, and the buffer "
+                f"would grow without bound.  Restart with consumer={old}, or remove the "
+                f"old subscriber first: tieredbuf subscribers remove {self.ro.url} {old}"
+            )
+        log.warning(
+            "tieredbuf: the checkpoint of subscriber %r (no longer registered) goes on "
+            "with consumer=%s",
+            old,
+            self.ro.consumer,
+        )
+        self._renamed_from = old
 
     def _same_buffer(self, off: dict[str, Any], snap: Snapshot) -> None:
         """Fail when the checkpoint's offset cannot belong to this buffer."""
@@ -212,7 +248,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._offset(snap, start)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._read().root.next_seq
+        # the tail only: the subscriber is registered (and fenced) by the first offset
+        # call, after the checkpoint's offsets were checked against it (_same_consumer)
+        self._target = plan.read_snapshot(self._buf()).root.next_seq
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.ro.max_offsets is not None:
@@ -250,6 +288,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._idle_until = now + self._idle_backoff
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._same_consumer(start)
         if self._nothing_new(start):
             return start
         snap = self._read()
@@ -304,6 +343,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return off
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._same_consumer(end)
         s, e = int(end.get("from", _seq(start))), _seq(end)
         if e <= s:
             return []
@@ -320,6 +360,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark is done with everything before ``end``: in consumer mode, ack it as the
         subscriber (fenced by its epoch)."""
+        self._same_consumer(end)
         consumer = self._queue_consumer()
         if consumer is not None and _seq(end) > 0:
             consumer.commit(_seq(end) - 1)
