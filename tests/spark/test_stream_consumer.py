@@ -9,6 +9,7 @@ removed, the checkpoint goes on under the new name.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from pyspark.errors import StreamingQueryException
 
 import tieredbuf
 from tests.spark.conftest import unique
-from tests.spark.util import append_records
+from tests.spark.util import append_records, now_ms
 from tieredbuf.errors import ConfigError
 from tieredbuf.spark import options as opt
 from tieredbuf.spark.source import records_struct
@@ -106,3 +107,37 @@ def test_a_query_restarted_under_another_consumer_name_fails_loudly(
     with pytest.raises(StreamingQueryException, match=f"subscriber '{old}'.*subscribers remove"):
         q.awaitTermination(120)
     assert {s.name for s in buf.subscribers()} == {old}
+
+
+def test_sequences_skipped_with_failOnDataLoss_false_are_counted_in_the_subscribers_lost(
+    tmp_path: Path,
+) -> None:
+    """Retention unlinked what subscriber "etl" had not read (I9 allows it with a
+    retention policy); with failOnDataLoss=false the query skips it, and the subscriber's
+    own ``lost`` count (``tieredbuf subscribers``) says how much, once -- a re-run of the
+    micro-batch after a restart does not count it again."""
+    url = f"file://{tmp_path}/buf"
+    buf = tieredbuf.open(url)
+    for s in range(3):
+        append_records(buf, [[b"old%d" % s]], ts_ms=1000)  # ingested long ago
+    r = _reader(url, consumer="etl", failOnDataLoss="false")
+    start = r.initialOffset()
+    assert start["sequence"] == 0
+    for s in range(2):
+        append_records(buf, [[b"new%d" % s]], ts_ms=now_ms())
+    buf.set_retention(max_age=timedelta(hours=1))  # unlinks 0..2 under "etl"
+    assert buf.snapshot().low == 3
+
+    def lost() -> int:
+        (info,) = [s for s in buf.subscribers() if s.name == "etl"]
+        return info.lost
+
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert [ref.sequence for p in r.partitions(start, end) for ref in p.refs] == [3, 4]
+    r.stop()  # stopped before Spark committed the batch: it re-runs on restart
+    again = _reader(url, consumer="etl", failOnDataLoss="false")
+    again.partitions(start, end)  # the re-run
+    again.commit(end)
+    again.stop()
+    assert lost() == 3
+    assert r.lost_sequences == 3  # the run's own count (the query progress)

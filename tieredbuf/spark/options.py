@@ -210,6 +210,14 @@ def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) ->
             + f"; valid {what} options: {', '.join(sorted(mine.values(), key=str.lower))};"
             f" store options: {', '.join(_STORE_DISPLAY)}"
         )
+    for k, v in options.items():
+        low = k.lower()
+        if low in known and low != "path" and isinstance(v, str) and not v.strip():
+            # an empty value is not "unset": consumer="" would run with no subscriber,
+            # producerId="" without exactly-once (store options may be empty: unset)
+            raise ConfigError(
+                f"option {_DISPLAY.get(low, k)} is empty; leave it out to get its default"
+            )
 
 
 def _int(name: str, v: Any) -> int:
@@ -245,11 +253,7 @@ def parse_bound(name: str, v: Any) -> str | int | None:
     if s.lower() in (EARLIEST, LATEST):
         return s.lower()
     if s.startswith("{"):
-        try:
-            doc = json.loads(s)
-            return _sequence_of(name, doc["sequence"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {v!r}') from e
+        return _sequence_of(name, _bound_json(name, s)["sequence"])
     if not s.lstrip("-").isdigit():
         hint = did_you_mean(s, {EARLIEST: EARLIEST, LATEST: LATEST})
         raise ConfigError(
@@ -257,6 +261,34 @@ def parse_bound(name: str, v: Any) -> str | int | None:
             f'{{"sequence": n}}, got {v!r}{hint}'
         )
     return _sequence_of(name, s)
+
+
+OFFSET_KEYS = frozenset({"sequence", "buffer", "from", "consumer", "lostSequences"})
+"""Keys an offsets JSON may carry (the streaming source's offsets, docs/spark.md)."""
+
+
+def _bound_json(name: str, s: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(s)
+    except ValueError as e:
+        raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {s!r}') from e
+    if not isinstance(doc, dict) or "sequence" not in doc:
+        raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {s!r}')
+    unknown = sorted(set(doc) - OFFSET_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"option {name}: unknown key {unknown[0]!r} in {s!r}; an offsets JSON has "
+            f"{', '.join(sorted(OFFSET_KEYS))}"
+        )
+    return dict(doc)
+
+
+def bound_buffer(name: str, v: Any) -> str | None:
+    """The buffer id an offsets JSON names (``{"sequence": n, "buffer": id}``), or None."""
+    if v is None or not str(v).strip().startswith("{"):
+        return None
+    bid = _bound_json(name, str(v).strip()).get("buffer")
+    return None if bid is None else str(bid)
 
 
 def _sequence_of(name: str, v: Any) -> int:
@@ -304,6 +336,9 @@ class ReadOptions:
     split_streams_bytes: int
     max_partition_bytes: int
     min_partitions: int
+    bound_buffers: tuple[tuple[str, str], ...] = ()
+    """(option, buffer id) for each offsets JSON that names a buffer: it must be the
+    buffer read (checked against its root when planning)."""
 
     @property
     def bundles(self) -> bool:
@@ -341,7 +376,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         ending_ts=parse_timestamp_ms("endingTimestamp", _get(options, "endingTimestamp")),
         fail_on_data_loss=_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
         slot=None if slot is None else _int("slot", slot),
-        consumer=None if consumer in (None, "") else str(consumer),
+        consumer=None if consumer is None else str(consumer),
         max_offsets=None if maxo is None else _int("maxOffsetsPerTrigger", maxo),
         max_bytes=None if maxb is None else _int("maxBytesPerTrigger", maxb),
         split_streams_bytes=_int(
@@ -351,11 +386,26 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
             "maxPartitionBytes", _get(options, "maxPartitionBytes") or MAX_PARTITION_BYTES
         ),
         min_partitions=_int("minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1),
+        bound_buffers=tuple(
+            (name, bid)
+            for name in ("startingOffsets", "endingOffsets")
+            if (bid := bound_buffer(name, _get(options, name))) is not None
+        ),
     )
     if ro.starting is not None and ro.starting_ts is not None:
         raise ConfigError("give startingOffsets or startingTimestamp, not both")
     if ro.ending is not None and ro.ending_ts is not None:
         raise ConfigError("give endingOffsets or endingTimestamp, not both")
+    if isinstance(ro.starting, int) and isinstance(ro.ending, int) and ro.ending < ro.starting:
+        raise ConfigError(
+            f"endingOffsets {ro.ending} is below startingOffsets {ro.starting}: the range "
+            "would be empty"
+        )
+    if ro.starting_ts is not None and ro.ending_ts is not None and ro.ending_ts < ro.starting_ts:
+        raise ConfigError(
+            f"endingTimestamp {ro.ending_ts} is before startingTimestamp {ro.starting_ts} "
+            "(epoch ms): the window would be empty"
+        )
     for name, n in (("maxOffsetsPerTrigger", ro.max_offsets), ("maxBytesPerTrigger", ro.max_bytes)):
         if n is not None and n <= 0:
             raise ConfigError(f"option {name} must be > 0, got {n}")
@@ -404,9 +454,9 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     wo = WriteOptions(
         url=buffer_url(options),
         store=tuple(sorted(store_options(options).items())),
-        slot=None if slot in (None, "") else _int("slot", slot),
-        producer_id=None if pid in (None, "") else str(pid),
-        batch_version=None if version in (None, "") else _int("batchVersion", version),
+        slot=None if slot is None else _int("slot", slot),
+        producer_id=None if pid is None else str(pid),
+        batch_version=None if version is None else _int("batchVersion", version),
         max_object_bytes=_int("maxObjectBytes", _get(options, "maxObjectBytes") or 64 << 20),
         zstd=comp == "zstd",
         create_buffer=_bool("createBuffer", _get(options, "createBuffer"), False),

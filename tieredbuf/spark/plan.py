@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tieredbuf
 from tieredbuf import keys
-from tieredbuf.errors import BufferNotFoundError, DataLossError, ObjectNotFoundError
+from tieredbuf.errors import BufferNotFoundError, ConfigError, DataLossError, ObjectNotFoundError
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import tree as ft
 from tieredbuf.format.segment import StreamInfo
@@ -286,19 +286,49 @@ def _oldest_bundle_ms(store: Store, e: fm.ManifestEntry, slot: int | None) -> in
     return min(times, default=1 << 62)
 
 
+def check_bound_buffers(snap: Snapshot, ro: opt.ReadOptions) -> None:
+    """An offsets JSON naming another buffer's id is refused: its sequences are not
+    this buffer's (a buffer deleted and created again, or another path)."""
+    for name, bid in ro.bound_buffers:
+        if snap.buffer_id != bid:
+            raise ConfigError(
+                f"option {name} names buffer {bid}, but the buffer at {ro.url} is "
+                f"{snap.buffer_id or 'an older-format one without an id'}: its sequences "
+                "are not this buffer's"
+            )
+
+
 def batch_range(buf: tieredbuf.Buffer, snap: Snapshot, ro: opt.ReadOptions) -> tuple[int, int]:
-    """``[start, end)`` of a batch read; below the kept history: :func:`lost_floor`."""
+    """``[start, end)`` of a batch read; below the kept history: :func:`lost_floor`.
+
+    An explicit ``endingOffsets`` below the resolved start is an error: below
+    ``latest`` or a ``startingTimestamp``'s sequence a ConfigError, below the first
+    kept sequence (``earliest``) a data loss (what it asked for is gone)."""
+    check_bound_buffers(snap, ro)
     nxt = snap.root.next_seq
     if ro.starting_ts is not None:
         start = time_start(snap, ro.starting_ts, ro)
     else:
         start = lost_floor(resolve_bound(ro.starting, snap, opt.EARLIEST), snap.low, ro)
+    if isinstance(ro.ending, int) and ro.ending < start:
+        if ro.starting == opt.LATEST or ro.starting_ts is not None:
+            what = "latest" if ro.starting == opt.LATEST else "of startingTimestamp"
+            raise ConfigError(
+                f"endingOffsets {ro.ending} is below startingOffsets {what} ({start}): the "
+                "range would be empty"
+            )
+        if ro.starting in (None, opt.EARLIEST) and ro.fail_on_data_loss:
+            raise DataLossError(
+                f"endingOffsets {ro.ending} is below the first sequence {ro.url} keeps "
+                f"({snap.low}): the sequences before it were dequeued or unlinked by "
+                "retention; set failOnDataLoss=false to read nothing instead"
+            )
     if ro.ending_ts is not None:
         end = window_end(buf, snap, ro.ending_ts, start, ro)
     elif ro.ending is None or ro.ending == opt.LATEST:
         end = nxt
     elif ro.ending == opt.EARLIEST:
-        raise tieredbuf.errors.ConfigError("endingOffsets cannot be 'earliest'")
+        raise ConfigError("endingOffsets cannot be 'earliest'")
     else:
         assert isinstance(ro.ending, int)
         end = min(ro.ending, nxt)

@@ -201,12 +201,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _floor(self, start: int, snap: Snapshot) -> int:
         """``start``, or the first kept sequence when it is gone (failOnDataLoss=false:
-        counted once)."""
+        counted once in this run's progress, and in consumer mode in the subscriber's
+        own ``lost`` count)."""
         first = plan.lost_floor(start, snap.low, self.ro)
         if first > start:
             new = max(0, first - max(start, self._lost_through + 1))
             self.lost_sequences += new
             self._lost_through = max(self._lost_through, first - 1)
+            consumer = self._queue_consumer()
+            if consumer is not None:
+                consumer.skipped(start, first)
         return first
 
     def initialOffset(self) -> dict[str, Any]:
@@ -214,6 +218,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if consumer is not None:  # a new subscriber starts where startingOffsets says
             consumer.start(latest=self.ro.starting == opt.LATEST)
         snap = self._read()
+        plan.check_bound_buffers(snap, self.ro)
         if self.ro.starting_ts is not None:
             start = plan.time_start(snap, self.ro.starting_ts, self.ro)
         elif consumer is not None and self.ro.starting is None:
