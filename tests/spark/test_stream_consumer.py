@@ -9,6 +9,7 @@ removed, the checkpoint goes on under the new name.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,16 @@ def test_sequences_skipped_with_failOnDataLoss_false_are_counted_in_the_subscrib
     again.stop()
     assert lost() == 3
     assert r.lost_sequences == 3  # the run's own count (the query progress)
+
+
+def test_a_start_refused_by_its_options_registers_no_subscriber(tmp_path: Path) -> None:
+    """A query that fails on its options must not leave a subscriber behind that holds
+    the head back (what item 9 is about, at the first start)."""
+    url, other = f"file://{tmp_path}/buf", f"file://{tmp_path}/other"
+    buf = _fill(url, 3)
+    theirs = _fill(other, 1).snapshot().buffer_id
+    for start in ("20", json.dumps({"sequence": 1, "buffer": theirs})):
+        r = _reader(url, consumer="etl", startingOffsets=start)
+        with pytest.raises(ConfigError, match="startingOffsets"):
+            r.initialOffset()
+        assert [s.name for s in buf.subscribers()] == []

@@ -213,12 +213,31 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 consumer.skipped(start, first)
         return first
 
+    def _check_start(self, snap: Snapshot) -> None:
+        """Refuse a start the options ask for that this buffer cannot give: an offsets
+        JSON of another buffer, a sequence past the tail (clamping it to the tail would
+        deliver the sequences before it)."""
+        plan.check_bound_buffers(snap, self.ro)
+        nxt = snap.root.next_seq
+        if isinstance(self.ro.starting, int) and self.ro.starting > nxt:
+            start = self.ro.starting
+            raise ConfigError(
+                f"startingOffsets {start} is past the end of the buffer at {self.ro.url} "
+                f"(its next sequence is {nxt}): nothing before {start} may be delivered, and "
+                f"{start} does not exist yet; start at the tail with startingOffsets=latest "
+                f"(or {nxt}), or once sequence {start} exists"
+            )
+
     def initialOffset(self) -> dict[str, Any]:
         consumer = self._queue_consumer()
-        if consumer is not None:  # a new subscriber starts where startingOffsets says
+        if consumer is not None:
+            # options refused before anything is registered: a subscriber left behind by
+            # a query that never ran would hold the head back
+            self._check_start(plan.read_snapshot(self._buf()))
+            # a new subscriber starts where startingOffsets says
             consumer.start(latest=self.ro.starting == opt.LATEST)
         snap = self._read()
-        plan.check_bound_buffers(snap, self.ro)
+        self._check_start(snap)
         if self.ro.starting_ts is not None:
             start = plan.time_start(snap, self.ro.starting_ts, self.ro)
         elif consumer is not None and self.ro.starting is None:
@@ -228,14 +247,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             start = self._floor(plan.resolve_bound(self.ro.starting, snap, opt.EARLIEST), snap)
         nxt = snap.root.next_seq
-        if start > nxt:
-            # only an explicit sequence gets here: clamping it to the tail would deliver
-            # the sequences between the tail and the one asked for
-            raise ConfigError(
-                f"startingOffsets {start} is past the end of the buffer at {self.ro.url} "
-                f"(its next sequence is {nxt}): nothing before {start} may be delivered, and "
-                f"{start} does not exist yet; start at the tail with startingOffsets=latest "
-                f"(or {nxt}), or once sequence {start} exists"
+        if start > nxt:  # a subscriber's position past the tail: never clamp it
+            raise DataLossError(
+                f"the stream on {self.ro.url} would start at sequence {start}, past the "
+                f"buffer's next sequence {nxt} (rolled back?); nothing is delivered"
             )
         if self.ro.starting_ts is not None and start >= nxt:
             # no record ingested at or after startingTimestamp yet: wait for the first
