@@ -48,8 +48,12 @@ class QueueConsumer:
         position when it started (``latest``: a new subscriber starts at the tail)."""
         if self.position is None:
             self.position = self.sub.initialize(start="latest" if latest else "earliest")
-            log.info("tieredbuf subscriber %r: epoch %d, position %d", self.name,
-                     self.sub.epoch, self.position)
+            log.info(
+                "tieredbuf subscriber %r: epoch %d, position %d",
+                self.name,
+                self.sub.epoch,
+                self.position,
+            )
         return self.position
 
     @property
@@ -72,6 +76,28 @@ class QueueConsumer:
         """The idle path's footer read: it carries the epoch of "default" only."""
         if self.is_default and footer_epoch != self.epoch:
             raise FencedError(self.epoch, footer_epoch, self.name)
+
+    def skipped(self, first: int, low: int) -> int:
+        """Sequences ``first..low-1`` are gone and skipped (failOnDataLoss=false): count
+        those this subscriber had not acked in its ``lost`` count, and ack them with it
+        (both are written by the next commit's progress CAS, or at close), so a re-run
+        of the micro-batch after a restart does not count them again.  Returns how many
+        were counted now.  (The "default" subscriber keeps no lost count: as
+        ``buf.consumer()``, it is counted in memory only.)"""
+        self.start()
+        n = low - max(first, self.sub.position)
+        if n <= 0:
+            return 0
+        self.sub.lost += n
+        self.sub.ack_through(low - 1)
+        log.warning(
+            "tieredbuf subscriber %r: %d sequences before %d were gone and are skipped "
+            "(failOnDataLoss=false); counted in its lost count",
+            self.name,
+            n,
+            low,
+        )
+        return n
 
     def commit(self, through: int) -> None:
         """Ack every sequence <= ``through`` (fenced by our epoch)."""

@@ -24,6 +24,10 @@ STRIDE = 1 << 20
 job or micro-batch.  A commit's last number is ``(version + 1) * STRIDE``, so a retry of
 the same commit is recognised however many objects it carries."""
 
+QUERY_TAG = "#spark-query="
+"""Separates ``producerId`` from Spark's query id in a streaming sink's watermark id
+(``producerId#spark-query=<query id>``); a producerId cannot contain it."""
+
 MAX_VERSION = MAX_LONG // STRIDE - 1
 """``batchVersion`` / micro-batch ids above this do not fit a producer number."""
 
@@ -83,15 +87,34 @@ _STORE_KEYS: dict[str, str] = {
 _INT_STORE_OPTIONS = {"max_retries"}
 _SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
 
-READ_OPTIONS = frozenset({
-    "path", "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
-    "failondataloss", "slot", "consumer", "maxoffsetspertrigger", "maxbytespertrigger",
-    "splitstreamsbytes", "maxpartitionbytes", "minpartitions",
-})
-WRITE_OPTIONS = frozenset({
-    "path", "slot", "producerid", "batchversion", "maxobjectbytes", "compression",
-    "createbuffer",
-})
+READ_OPTIONS = frozenset(
+    {
+        "path",
+        "startingoffsets",
+        "endingoffsets",
+        "startingtimestamp",
+        "endingtimestamp",
+        "failondataloss",
+        "slot",
+        "consumer",
+        "maxoffsetspertrigger",
+        "maxbytespertrigger",
+        "splitstreamsbytes",
+        "maxpartitionbytes",
+        "minpartitions",
+    }
+)
+WRITE_OPTIONS = frozenset(
+    {
+        "path",
+        "slot",
+        "producerid",
+        "batchversion",
+        "maxobjectbytes",
+        "compression",
+        "createbuffer",
+    }
+)
 _REMOVED_OPTIONS = {
     "gcgraceperiodseconds": "the GC grace period is the buffer's own (in its manifest "
     "root; Buffer.set_gc_grace_period or `tieredbuf grace URL DURATION`), so the sink and "
@@ -128,15 +151,42 @@ SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 """Options Spark itself passes along to sources and sinks."""
 
 
-_DISPLAY = {n.lower(): n for n in (
-    "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
-    "failOnDataLoss", "slot", "consumer", "maxOffsetsPerTrigger", "maxBytesPerTrigger",
-    "splitStreamsBytes", "maxPartitionBytes", "minPartitions", "producerId", "batchVersion",
-    "maxObjectBytes", "compression", "createBuffer", "path",
-)}
+_DISPLAY = {
+    n.lower(): n
+    for n in (
+        "startingOffsets",
+        "endingOffsets",
+        "startingTimestamp",
+        "endingTimestamp",
+        "failOnDataLoss",
+        "slot",
+        "consumer",
+        "maxOffsetsPerTrigger",
+        "maxBytesPerTrigger",
+        "splitStreamsBytes",
+        "maxPartitionBytes",
+        "minPartitions",
+        "producerId",
+        "batchVersion",
+        "maxObjectBytes",
+        "compression",
+        "createBuffer",
+        "path",
+    )
+}
 """How the docs spell each option (Spark hands them over lower-cased)."""
-_STORE_DISPLAY = ("endpoint", "region", "accessKeyId", "secretAccessKey", "sessionToken",
-                  "allowHttp", "maxRetries", "timeout", "connectTimeout", "retryTimeout")
+_STORE_DISPLAY = (
+    "endpoint",
+    "region",
+    "accessKeyId",
+    "secretAccessKey",
+    "sessionToken",
+    "allowHttp",
+    "maxRetries",
+    "timeout",
+    "connectTimeout",
+    "retryTimeout",
+)
 
 
 def did_you_mean(word: str, choices: Mapping[str, str]) -> str:
@@ -156,14 +206,20 @@ def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) ->
         if k.lower() in _REMOVED_OPTIONS:
             raise ConfigError(f"option {k} is no longer supported: {_REMOVED_OPTIONS[k.lower()]}")
     unknown = sorted(
-        k for k in options
+        k
+        for k in options
         if k.lower() not in known | SPARK_OPTIONS and k.lower() not in _STORE_KEYS
     )
     if unknown:
         mine = {n: _DISPLAY.get(n, n) for n in known if n != "path"}
         store = {n.lower(): n for n in _STORE_DISPLAY}
-        store.update({k: v for k, v in ((a, store.get(a.replace("_", ""), a))
-                                       for a in _STORE_KEYS) if k not in store})
+        store.update(
+            {
+                k: v
+                for k, v in ((a, store.get(a.replace("_", ""), a)) for a in _STORE_KEYS)
+                if k not in store
+            }
+        )
         hint = did_you_mean(unknown[0], {**mine, **store})
         raise ConfigError(
             f"unknown tieredbuf {what} option {unknown[0]!r}{hint}"
@@ -171,6 +227,14 @@ def check_known(options: Mapping[str, Any], known: frozenset[str], what: str) ->
             + f"; valid {what} options: {', '.join(sorted(mine.values(), key=str.lower))};"
             f" store options: {', '.join(_STORE_DISPLAY)}"
         )
+    for k, v in options.items():
+        low = k.lower()
+        if low in known and low != "path" and isinstance(v, str) and not v.strip():
+            # an empty value is not "unset": consumer="" would run with no subscriber,
+            # producerId="" without exactly-once (store options may be empty: unset)
+            raise ConfigError(
+                f"option {_DISPLAY.get(low, k)} is empty; leave it out to get its default"
+            )
 
 
 def _int(name: str, v: Any) -> int:
@@ -206,16 +270,42 @@ def parse_bound(name: str, v: Any) -> str | int | None:
     if s.lower() in (EARLIEST, LATEST):
         return s.lower()
     if s.startswith("{"):
-        try:
-            doc = json.loads(s)
-            return _sequence_of(name, doc["sequence"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {v!r}') from e
+        return _sequence_of(name, _bound_json(name, s)["sequence"])
     if not s.lstrip("-").isdigit():
         hint = did_you_mean(s, {EARLIEST: EARLIEST, LATEST: LATEST})
-        raise ConfigError(f"option {name} must be earliest, latest, a sequence number or "
-                          f'{{"sequence": n}}, got {v!r}{hint}')
+        raise ConfigError(
+            f"option {name} must be earliest, latest, a sequence number or "
+            f'{{"sequence": n}}, got {v!r}{hint}'
+        )
     return _sequence_of(name, s)
+
+
+OFFSET_KEYS = frozenset({"sequence", "buffer", "from", "consumer", "lostSequences"})
+"""Keys an offsets JSON may carry (the streaming source's offsets, docs/spark.md)."""
+
+
+def _bound_json(name: str, s: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(s)
+    except ValueError as e:
+        raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {s!r}') from e
+    if not isinstance(doc, dict) or "sequence" not in doc:
+        raise ConfigError(f'option {name}: expected {{"sequence": n}}, got {s!r}')
+    unknown = sorted(set(doc) - OFFSET_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"option {name}: unknown key {unknown[0]!r} in {s!r}; an offsets JSON has "
+            f"{', '.join(sorted(OFFSET_KEYS))}"
+        )
+    return dict(doc)
+
+
+def bound_buffer(name: str, v: Any) -> str | None:
+    """The buffer id an offsets JSON names (``{"sequence": n, "buffer": id}``), or None."""
+    if v is None or not str(v).strip().startswith("{"):
+        return None
+    bid = _bound_json(name, str(v).strip()).get("buffer")
+    return None if bid is None else str(bid)
 
 
 def _sequence_of(name: str, v: Any) -> int:
@@ -263,6 +353,9 @@ class ReadOptions:
     split_streams_bytes: int
     max_partition_bytes: int
     min_partitions: int
+    bound_buffers: tuple[tuple[str, str], ...] = ()
+    """(option, buffer id) for each offsets JSON that names a buffer: it must be the
+    buffer read (checked against its root when planning)."""
 
     @property
     def bundles(self) -> bool:
@@ -300,7 +393,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         ending_ts=parse_timestamp_ms("endingTimestamp", _get(options, "endingTimestamp")),
         fail_on_data_loss=_bool("failOnDataLoss", _get(options, "failOnDataLoss"), True),
         slot=None if slot is None else _int("slot", slot),
-        consumer=None if consumer in (None, "") else str(consumer),
+        consumer=None if consumer is None else str(consumer),
         max_offsets=None if maxo is None else _int("maxOffsetsPerTrigger", maxo),
         max_bytes=None if maxb is None else _int("maxBytesPerTrigger", maxb),
         split_streams_bytes=_int(
@@ -309,14 +402,27 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         max_partition_bytes=_int(
             "maxPartitionBytes", _get(options, "maxPartitionBytes") or MAX_PARTITION_BYTES
         ),
-        min_partitions=_int(
-            "minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1
+        min_partitions=_int("minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1),
+        bound_buffers=tuple(
+            (name, bid)
+            for name in ("startingOffsets", "endingOffsets")
+            if (bid := bound_buffer(name, _get(options, name))) is not None
         ),
     )
     if ro.starting is not None and ro.starting_ts is not None:
         raise ConfigError("give startingOffsets or startingTimestamp, not both")
     if ro.ending is not None and ro.ending_ts is not None:
         raise ConfigError("give endingOffsets or endingTimestamp, not both")
+    if isinstance(ro.starting, int) and isinstance(ro.ending, int) and ro.ending < ro.starting:
+        raise ConfigError(
+            f"endingOffsets {ro.ending} is below startingOffsets {ro.starting}: the range "
+            "would be empty"
+        )
+    if ro.starting_ts is not None and ro.ending_ts is not None and ro.ending_ts < ro.starting_ts:
+        raise ConfigError(
+            f"endingTimestamp {ro.ending_ts} is before startingTimestamp {ro.starting_ts} "
+            "(epoch ms): the window would be empty"
+        )
     for name, n in (("maxOffsetsPerTrigger", ro.max_offsets), ("maxBytesPerTrigger", ro.max_bytes)):
         if n is not None and n <= 0:
             raise ConfigError(f"option {name} must be > 0, got {n}")
@@ -340,7 +446,9 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
 class WriteOptions:
     url: str
     store: tuple[tuple[str, Any], ...]
-    slot: int
+    slot: int | None
+    """Write Arrow bundles into this slot (None: records when rows have a ``value``
+    column, else bundles into slot 0)."""
     producer_id: str | None
     batch_version: int | None
     """Batch writes with ``producerId``: this write's version (Delta's txnVersion)."""
@@ -359,26 +467,37 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         raise ConfigError(f"option compression must be none or zstd, got {comp!r}")
     pid = _get(options, "producerId")
     version = _get(options, "batchVersion")
+    slot = _get(options, "slot")
     wo = WriteOptions(
         url=buffer_url(options),
         store=tuple(sorted(store_options(options).items())),
-        slot=_int("slot", _get(options, "slot") or 0),
-        producer_id=None if pid in (None, "") else str(pid),
-        batch_version=None if version in (None, "") else _int("batchVersion", version),
+        slot=None if slot is None else _int("slot", slot),
+        producer_id=None if pid is None else str(pid),
+        batch_version=None if version is None else _int("batchVersion", version),
         max_object_bytes=_int("maxObjectBytes", _get(options, "maxObjectBytes") or 64 << 20),
         zstd=comp == "zstd",
         create_buffer=_bool("createBuffer", _get(options, "createBuffer"), False),
     )
     if wo.max_object_bytes <= 0:
         raise ConfigError("option maxObjectBytes must be > 0")
+    if wo.slot is not None and not 0 <= wo.slot < 1 << 16:
+        raise ConfigError(f"option slot must be in 0..65535, got {wo.slot}")
     if wo.producer_id is not None and len(wo.producer_id.encode()) > 200:
         raise ConfigError("option producerId must be at most 200 bytes")
+    if wo.producer_id is not None and QUERY_TAG in wo.producer_id:
+        raise ConfigError(
+            f"option producerId cannot contain {QUERY_TAG!r} (the sink adds it, with the "
+            "streaming query's id, to the watermark it records)"
+        )
     if wo.batch_version is not None and not 0 <= wo.batch_version < MAX_VERSION:
-        raise ConfigError(f"option batchVersion must be in 0..{MAX_VERSION - 1}, got "
-                          f"{wo.batch_version}")
+        raise ConfigError(
+            f"option batchVersion must be in 0..{MAX_VERSION - 1}, got {wo.batch_version}"
+        )
     if wo.batch_version is not None and wo.producer_id is None:
-        raise ConfigError("option batchVersion needs producerId (the pair is what makes a "
-                          "batch write idempotent, like Delta's txnAppId / txnVersion)")
+        raise ConfigError(
+            "option batchVersion needs producerId (the pair is what makes a "
+            "batch write idempotent, like Delta's txnAppId / txnVersion)"
+        )
     return wo
 
 
@@ -393,8 +512,9 @@ def check_long(seq: int) -> int:
     return seq
 
 
-def pack(sizes: Sequence[int], max_bytes: int, min_partitions: int,
-         open_cost: int = OPEN_COST_BYTES) -> list[range]:
+def pack(
+    sizes: Sequence[int], max_bytes: int, min_partitions: int, open_cost: int = OPEN_COST_BYTES
+) -> list[range]:
     """Consecutive data objects packed into partitions: index ranges over ``sizes``.
 
     Spark's rule for small files (``FilePartition``): each object costs its size plus

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tieredbuf
 from tieredbuf import keys
-from tieredbuf.errors import BufferNotFoundError, DataLossError, ObjectNotFoundError
+from tieredbuf.errors import BufferNotFoundError, ConfigError, DataLossError, ObjectNotFoundError
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import tree as ft
 from tieredbuf.format.segment import StreamInfo
@@ -96,20 +96,24 @@ def _iter_node(r: ft.Ref, start: int, load: tree.Load) -> Iterator[Sized]:
         stats = node.stats
         yield from _iter_view(node.entries, start, lambda i: stats[i])
         return
-    for c in node.refs[_ref_index(node.refs, start):]:
+    for c in node.refs[_ref_index(node.refs, start) :]:
         yield from _iter_node(c, start, load)
 
 
-def _iter_view(view: fm.ManifestView, start: int,
-               stat: Callable[[int], ft.Stat]) -> Iterator[Sized]:
+def _iter_view(
+    view: fm.ManifestView, start: int, stat: Callable[[int], ft.Stat]
+) -> Iterator[Sized]:
     first, count = view.footer.first_sequence, view.footer.entry_count
     k = max(0, start - first)
     if k >= count:
         return
     off = _skip(view, k)
-    rest = fm.ManifestView(bytes(view.raw[off : view.entries_end]),
-                           fm.Footer(count - k, view.footer.next_sequence, 0, fm.V2),
-                           view.entries_end - off, obj=view.obj)
+    rest = fm.ManifestView(
+        bytes(view.raw[off : view.entries_end]),
+        fm.Footer(count - k, view.footer.next_sequence, 0, fm.V2),
+        view.entries_end - off,
+        obj=view.obj,
+    )
     for e in fm.iter_entries(rest):
         yield e, stat(e.sequence - first).size
 
@@ -145,8 +149,9 @@ def collect(snap: Snapshot, start: int, end: int) -> list[Sized]:
     return out
 
 
-def collect_fresh(buf: tieredbuf.Buffer, snap: Snapshot, start: int, end: int,
-                  ro: opt.ReadOptions) -> tuple[list[Sized], int, Snapshot]:
+def collect_fresh(
+    buf: tieredbuf.Buffer, snap: Snapshot, start: int, end: int, ro: opt.ReadOptions
+) -> tuple[list[Sized], int, Snapshot]:
     """:func:`collect`, re-reading the root once when a node it links was reaped
     meanwhile (unlinked by a dequeue or retention, then deleted by GC).
 
@@ -179,8 +184,13 @@ def lost_floor(start: int, low: int, ro: opt.ReadOptions) -> int:
             f"retention (the buffer keeps {low} onwards); set failOnDataLoss=false to skip "
             "them"
         )
-    log.warning("tieredbuf: skipping sequences %d..%d of %s, no longer in the buffer "
-                "(failOnDataLoss=false)", start, low - 1, ro.url)
+    log.warning(
+        "tieredbuf: skipping sequences %d..%d of %s, no longer in the buffer "
+        "(failOnDataLoss=false)",
+        start,
+        low - 1,
+        ro.url,
+    )
     return low
 
 
@@ -211,8 +221,9 @@ def time_start(snap: Snapshot, t_ms: int, ro: opt.ReadOptions) -> int:
     return lost_floor(seq, snap.low, ro)
 
 
-def window_end(buf: tieredbuf.Buffer, snap: Snapshot, t_ms: int, start: int,
-               ro: opt.ReadOptions) -> int:
+def window_end(
+    buf: tieredbuf.Buffer, snap: Snapshot, t_ms: int, start: int, ro: opt.ReadOptions
+) -> int:
     """Exclusive end of a window ending at ``t_ms``: just after the last object holding
     a record ingested before ``t_ms`` (see the module docstring)."""
     end = max(start, tree.find_end_before(snap.root, t_ms, snap.nodes.load))
@@ -230,12 +241,21 @@ def window_end(buf: tieredbuf.Buffer, snap: Snapshot, t_ms: int, start: int,
             pool.shutdown()
 
 
-def _straddle(store: Store, entries: Sequence[fm.ManifestEntry], t_ms: int,
-              ro: opt.ReadOptions, end: int, pool: ThreadPoolExecutor | None) -> int:
+def _straddle(
+    store: Store,
+    entries: Sequence[fm.ManifestEntry],
+    t_ms: int,
+    ro: opt.ReadOptions,
+    end: int,
+    pool: ThreadPoolExecutor | None,
+) -> int:
     """``end`` moved past the last of ``entries`` that holds a record before ``t_ms``."""
     if ro.slot is None:
-        holds = [e.location.endswith(keys.BATCH_SUFFIX)
-                 and any(m.ingestion_time_ms < t_ms for m in e.metadata) for e in entries]
+        holds = [
+            e.location.endswith(keys.BATCH_SUFFIX)
+            and any(m.ingestion_time_ms < t_ms for m in e.metadata)
+            for e in entries
+        ]
     else:
         assert pool is not None
         segs = [e for e in entries if e.location.endswith(keys.SEGMENT_SUFFIX)]
@@ -257,25 +277,58 @@ def _oldest_bundle_ms(store: Store, e: fm.ManifestEntry, slot: int | None) -> in
     except ObjectNotFoundError:
         return -(1 << 63)
     unknown = -(1 << 63)  # no time (a Quiver manifest, no entry metadata): keep it
-    times = [unknown if t is None else t
-             for b in tail.bundles if any(s == slot for s, _, _ in b.refs)
-             for t in (ta.bundle_time_ms(b.ingestion_ts_nanos, e.metadata),)]
+    times = [
+        unknown if t is None else t
+        for b in tail.bundles
+        if any(s == slot for s, _, _ in b.refs)
+        for t in (ta.bundle_time_ms(b.ingestion_ts_nanos, e.metadata),)
+    ]
     return min(times, default=1 << 62)
 
 
+def check_bound_buffers(snap: Snapshot, ro: opt.ReadOptions) -> None:
+    """An offsets JSON naming another buffer's id is refused: its sequences are not
+    this buffer's (a buffer deleted and created again, or another path)."""
+    for name, bid in ro.bound_buffers:
+        if snap.buffer_id != bid:
+            raise ConfigError(
+                f"option {name} names buffer {bid}, but the buffer at {ro.url} is "
+                f"{snap.buffer_id or 'an older-format one without an id'}: its sequences "
+                "are not this buffer's"
+            )
+
+
 def batch_range(buf: tieredbuf.Buffer, snap: Snapshot, ro: opt.ReadOptions) -> tuple[int, int]:
-    """``[start, end)`` of a batch read; below the kept history: :func:`lost_floor`."""
+    """``[start, end)`` of a batch read; below the kept history: :func:`lost_floor`.
+
+    An explicit ``endingOffsets`` below the resolved start is an error: below
+    ``latest`` or a ``startingTimestamp``'s sequence a ConfigError, below the first
+    kept sequence (``earliest``) a data loss (what it asked for is gone)."""
+    check_bound_buffers(snap, ro)
     nxt = snap.root.next_seq
     if ro.starting_ts is not None:
         start = time_start(snap, ro.starting_ts, ro)
     else:
         start = lost_floor(resolve_bound(ro.starting, snap, opt.EARLIEST), snap.low, ro)
+    if isinstance(ro.ending, int) and ro.ending < start:
+        if ro.starting == opt.LATEST or ro.starting_ts is not None:
+            what = "latest" if ro.starting == opt.LATEST else "of startingTimestamp"
+            raise ConfigError(
+                f"endingOffsets {ro.ending} is below startingOffsets {what} ({start}): the "
+                "range would be empty"
+            )
+        if ro.starting in (None, opt.EARLIEST) and ro.fail_on_data_loss:
+            raise DataLossError(
+                f"endingOffsets {ro.ending} is below the first sequence {ro.url} keeps "
+                f"({snap.low}): the sequences before it were dequeued or unlinked by "
+                "retention; set failOnDataLoss=false to read nothing instead"
+            )
     if ro.ending_ts is not None:
         end = window_end(buf, snap, ro.ending_ts, start, ro)
     elif ro.ending is None or ro.ending == opt.LATEST:
         end = nxt
     elif ro.ending == opt.EARLIEST:
-        raise tieredbuf.errors.ConfigError("endingOffsets cannot be 'earliest'")
+        raise ConfigError("endingOffsets cannot be 'earliest'")
     else:
         assert isinstance(ro.ending, int)
         end = min(ro.ending, nxt)
@@ -285,8 +338,9 @@ def batch_range(buf: tieredbuf.Buffer, snap: Snapshot, ro: opt.ReadOptions) -> t
 # --- partitions ----------------------------------------------------------------------
 
 
-def split_streams(store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions
-                  ) -> list[tuple[StreamSlice, ...]] | None:
+def split_streams(
+    store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions
+) -> list[tuple[StreamSlice, ...]] | None:
     """The stream groups a large ``.qseg`` object is read in (None: read it whole).
 
     Splits only bundle reads of objects over ``splitStreamsBytes`` with at least two
@@ -316,13 +370,18 @@ def split_streams(store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions
     if any(t is None for t in known):
         return None  # read whole: the executor decides what a time window can do
     ms = [t for t in known if t is not None]
-    return [tuple(StreamSlice(s, of[s.stream_id], tuple(ms[b] for b in of[s.stream_id]))
-                  for s in g) for g in groups]
+    return [
+        tuple(StreamSlice(s, of[s.stream_id], tuple(ms[b] for b in of[s.stream_id])) for s in g)
+        for g in groups
+    ]
 
 
 def object_partitions(
-    store: Store, sized: Sequence[Sized], ro: opt.ReadOptions,
-    ts_from_ms: int | None = None, ts_to_ms: int | None = None,
+    store: Store,
+    sized: Sequence[Sized],
+    ro: opt.ReadOptions,
+    ts_from_ms: int | None = None,
+    ts_to_ms: int | None = None,
 ) -> list[ObjectPartition]:
     """Consecutive objects packed into partitions (:func:`options.pack`), a large
     ``.qseg`` one split by stream instead (its tail read here, in parallel: at most two
@@ -347,8 +406,10 @@ def object_partitions(
     if whole:
         lengths = _sizes(store, whole, ro)
         refs = [ta.ObjectRef(e.sequence, e.location, e.metadata) for e, _ in whole]
-        out += [ObjectPartition(refs[r.start : r.stop], ts_from_ms, ts_to_ms)
-                for r in opt.pack(lengths, ro.max_partition_bytes, ro.min_partitions)]
+        out += [
+            ObjectPartition(refs[r.start : r.stop], ts_from_ms, ts_to_ms)
+            for r in opt.pack(lengths, ro.max_partition_bytes, ro.min_partitions)
+        ]
     out.sort(key=lambda p: (p.ref.sequence, p.streams is not None))
     return out
 
@@ -406,9 +467,15 @@ def admit_bytes(store: Store, snap: Snapshot, start: int, end: int, max_bytes: i
     return end if stop is None else stop
 
 
-def plan_range(buf: tieredbuf.Buffer, snap: Snapshot, start: int, end: int,
-               ro: opt.ReadOptions, ts_from_ms: int | None = None,
-               ts_to_ms: int | None = None) -> list[ObjectPartition]:
+def plan_range(
+    buf: tieredbuf.Buffer,
+    snap: Snapshot,
+    start: int,
+    end: int,
+    ro: opt.ReadOptions,
+    ts_from_ms: int | None = None,
+    ts_to_ms: int | None = None,
+) -> list[ObjectPartition]:
     """Partitions of ``start <= sequence < end`` (``start >= snap.low``)."""
     return object_partitions(buf.store, collect(snap, start, end), ro, ts_from_ms, ts_to_ms)
 

@@ -74,13 +74,16 @@ class TieredBufDataSource(DataSource):
 
         buf = shared_buffer(ro.url, ro.store)
         snap = plan.read_snapshot(buf)
-        if ro.ending is None and ro.ending_ts is None and ro.starting is None \
-                and ro.starting_ts is None:
+        if (
+            ro.ending is None
+            and ro.ending_ts is None
+            and ro.starting is None
+            and ro.starting_ts is None
+        ):
             start, end = snap.low, snap.root.next_seq
         else:
             start, end = plan.batch_range(buf, snap, ro)
-        schemas = slot_schemas(buf.store, [e for e, _ in plan.collect(snap, start, end)],
-                               ro.slot)
+        schemas = slot_schemas(buf.store, [e for e, _ in plan.collect(snap, start, end)], ro.slot)
         if not schemas:
             raise ConfigError(
                 f"no bundles of slot {ro.slot} in {ro.url} to infer a schema from; pass "

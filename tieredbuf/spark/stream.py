@@ -1,19 +1,27 @@
 """Structured Streaming reads of the ``tieredbuf`` source.
 
-Offsets are ``{"sequence": next, "buffer": "<buffer id>", "from": start}``:
-``sequence`` is where the micro-batch ends (exclusive), ``buffer`` the id of the
-buffer it was read from (root section 6; absent for roots that have none yet) and
-``from`` where the micro-batch started.  Spark keeps them in its offset log, so:
+Offsets are ``{"sequence": next, "buffer": "<buffer id>", "from": start, "consumer":
+name}``: ``sequence`` is where the micro-batch ends (exclusive), ``buffer`` the id of
+the buffer it was read from (root section 6; absent for roots that have none yet),
+``from`` where the micro-batch started and ``consumer`` the subscriber it acks as
+(absent without the option).  Spark keeps them in its offset log, so:
 
 * ``startingOffsets`` / ``startingTimestamp`` only choose where the *first*
   micro-batch starts; the position they resolved to is stored with that batch (its
   ``from``), so a re-run after a restart reads the same range, and after that every
   record is delivered, whatever its ingestion time (late records included: Kafka's
   semantics).  No time filter is applied to streaming micro-batches.
+* Nothing before the requested start is delivered: a ``startingOffsets`` past the
+  tail is an error (never clamped to the tail), and a ``startingTimestamp`` later
+  than every record waits: the initial offset carries it (``PENDING_TS``) and each
+  trigger looks again for the first object holding a record ingested at or after it.
 * A checkpoint whose offsets name another buffer id (the buffer was deleted and
   created again), or a buffer whose next sequence is below the checkpoint's offset,
   fails the query: its positions mean nothing here (the Kafka source fails on offset
   regressions the same way).
+* A checkpoint restarted under another ``consumer`` (or none) while its old
+  subscriber is still registered fails, naming it and ``tieredbuf subscribers
+  remove``: the old one would hold the head back forever.
 * A start below the first sequence the buffer keeps (dequeued, or unlinked by
   retention) fails the query, or with ``failOnDataLoss=false`` is skipped; the
   skipped sequences are logged and counted in the progress's ``latestOffset``
@@ -55,6 +63,7 @@ from pyspark.sql.types import StructType
 import tieredbuf
 from tieredbuf.errors import (
     BufferNotFoundError,
+    ConfigError,
     DataLossError,
     ObjectNotFoundError,
 )
@@ -71,6 +80,13 @@ IDLE_BACKOFF_S = 0.1
 """The first pause after a footer read found nothing new."""
 IDLE_BACKOFF_MAX_S = 2.0
 """The longest pause: an idle query sends at most one small GET per this long."""
+
+CONSUMER = "consumer"
+"""The subscriber a query's offsets were read and acked as (its ``consumer`` option)."""
+
+PENDING_TS = "startingTimestamp"
+"""In the initial offset only: no record ingested at or after this time (ms) existed
+when the query started; the first micro-batch starts at the first object holding one."""
 
 
 def _seq(offset: dict[str, Any]) -> int:
@@ -97,6 +113,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._idle = False
         self._idle_backoff = 0.0
         self._idle_until = 0.0
+        self._idle_next = -1
+        self._renamed_from: str | None = None
+        """The checkpoint's consumer name, checked to be no longer registered."""
+        """The root's next sequence when the query went idle (what a footer read compares
+        against: nothing new while it is the same)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"ro": self.ro, "schema": self.schema}
@@ -132,7 +153,34 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             off["buffer"] = snap.buffer_id
         if start is not None:
             off["from"] = start
+        if self.ro.consumer is not None:
+            off[CONSUMER] = self.ro.consumer
         return off
+
+    def _same_consumer(self, off: dict[str, Any]) -> None:
+        """Fail when the checkpoint was run as another subscriber that is still
+        registered: it would hold the buffer's head back forever (before anything is
+        registered or acked under the new name)."""
+        old = off.get(CONSUMER)
+        if old is None or old == self.ro.consumer or old == self._renamed_from:
+            return
+        snap = plan.read_snapshot(self._buf())
+        if old in snap.registry:
+            now = f"consumer={self.ro.consumer}" if self.ro.consumer else "no consumer"
+            raise ConfigError(
+                f"this checkpoint was run as subscriber {old!r} of {self.ro.url} (option "
+                f"consumer={old}), which is still registered and holds the buffer's head "
+                f"back; restarted with {now} it would stay registered, and the buffer "
+                f"would grow without bound.  Restart with consumer={old}, or remove the "
+                f"old subscriber first: tieredbuf subscribers remove {self.ro.url} {old}"
+            )
+        log.warning(
+            "tieredbuf: the checkpoint of subscriber %r (no longer registered) goes on "
+            "with consumer=%s",
+            old,
+            self.ro.consumer,
+        )
+        self._renamed_from = old
 
     def _same_buffer(self, off: dict[str, Any], snap: Snapshot) -> None:
         """Fail when the checkpoint's offset cannot belong to this buffer."""
@@ -153,19 +201,43 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _floor(self, start: int, snap: Snapshot) -> int:
         """``start``, or the first kept sequence when it is gone (failOnDataLoss=false:
-        counted once)."""
+        counted once in this run's progress, and in consumer mode in the subscriber's
+        own ``lost`` count)."""
         first = plan.lost_floor(start, snap.low, self.ro)
         if first > start:
             new = max(0, first - max(start, self._lost_through + 1))
             self.lost_sequences += new
             self._lost_through = max(self._lost_through, first - 1)
+            consumer = self._queue_consumer()
+            if consumer is not None:
+                consumer.skipped(start, first)
         return first
+
+    def _check_start(self, snap: Snapshot) -> None:
+        """Refuse a start the options ask for that this buffer cannot give: an offsets
+        JSON of another buffer, a sequence past the tail (clamping it to the tail would
+        deliver the sequences before it)."""
+        plan.check_bound_buffers(snap, self.ro)
+        nxt = snap.root.next_seq
+        if isinstance(self.ro.starting, int) and self.ro.starting > nxt:
+            start = self.ro.starting
+            raise ConfigError(
+                f"startingOffsets {start} is past the end of the buffer at {self.ro.url} "
+                f"(its next sequence is {nxt}): nothing before {start} may be delivered, and "
+                f"{start} does not exist yet; start at the tail with startingOffsets=latest "
+                f"(or {nxt}), or once sequence {start} exists"
+            )
 
     def initialOffset(self) -> dict[str, Any]:
         consumer = self._queue_consumer()
-        if consumer is not None:  # a new subscriber starts where startingOffsets says
+        if consumer is not None:
+            # options refused before anything is registered: a subscriber left behind by
+            # a query that never ran would hold the head back
+            self._check_start(plan.read_snapshot(self._buf()))
+            # a new subscriber starts where startingOffsets says
             consumer.start(latest=self.ro.starting == opt.LATEST)
         snap = self._read()
+        self._check_start(snap)
         if self.ro.starting_ts is not None:
             start = plan.time_start(snap, self.ro.starting_ts, self.ro)
         elif consumer is not None and self.ro.starting is None:
@@ -174,12 +246,31 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start = self._floor(consumer.start(), snap)
         else:
             start = self._floor(plan.resolve_bound(self.ro.starting, snap, opt.EARLIEST), snap)
-        start = min(start, snap.root.next_seq)
+        nxt = snap.root.next_seq
+        if start > nxt:  # a subscriber's position past the tail: never clamp it
+            raise DataLossError(
+                f"the stream on {self.ro.url} would start at sequence {start}, past the "
+                f"buffer's next sequence {nxt} (rolled back?); nothing is delivered"
+            )
+        if self.ro.starting_ts is not None and start >= nxt:
+            # no record ingested at or after startingTimestamp yet: wait for the first
+            # object holding one (latestOffset), never start at the tail, which would
+            # deliver what is appended meanwhile with older ingestion times
+            log.info(
+                "tieredbuf stream on %s waits for a record ingested at or after %d",
+                self.ro.url,
+                self.ro.starting_ts,
+            )
+            off = self._offset(snap, nxt)
+            off[PENDING_TS] = self.ro.starting_ts
+            return off
         log.info("tieredbuf stream on %s starts at sequence %d", self.ro.url, start)
         return self._offset(snap, start)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._read().root.next_seq
+        # the tail only: the subscriber is registered (and fenced) by the first offset
+        # call, after the checkpoint's offsets were checked against it (_same_consumer)
+        self._target = plan.read_snapshot(self._buf()).root.next_seq
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.ro.max_offsets is not None:
@@ -205,41 +296,65 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         footer = fm.parse_footer(tail, obj=buf.queue.key)
         if self._consumer is not None:
             self._consumer.check_footer_epoch(footer.epoch)
-        if footer.next_sequence != _seq(start):
+        if footer.next_sequence != self._idle_next:
             self._idle, self._idle_backoff = False, 0.0
             return False
-        self._pause(now)
+        self._pause(now, footer.next_sequence)
         return True
 
-    def _pause(self, now: float) -> None:
-        self._idle = True
+    def _pause(self, now: float, next_seq: int) -> None:
+        self._idle, self._idle_next = True, next_seq
         self._idle_backoff = min(IDLE_BACKOFF_MAX_S, max(IDLE_BACKOFF_S, 2 * self._idle_backoff))
         self._idle_until = now + self._idle_backoff
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._same_consumer(start)
         if self._nothing_new(start):
             return start
         snap = self._read()
         self._same_buffer(start, snap)
-        s = self._floor(_seq(start), snap)
+        s = frm = self._floor(_seq(start), snap)
         nxt = snap.root.next_seq
+        pending = start.get(PENDING_TS)
+        if pending is not None:
+            # waiting for the first record ingested at or after startingTimestamp: the
+            # objects appended meanwhile that hold only older records are never delivered
+            s = frm = max(s, plan.time_start(snap, int(pending), self.ro))
+        else:
+            frm = _seq(start)
         end = nxt if self._target is None else min(nxt, self._target)
         if end <= s:
-            if nxt <= _seq(start):
-                self._pause(time.monotonic())  # idle: footer reads from now on
+            if nxt <= _seq(start) or pending is not None:
+                self._pause(time.monotonic(), nxt)  # idle: footer reads from now on
             return start
         self._idle = False
+        end = self._admit(snap, s, end, limit)
+        if end <= _seq(start):
+            return start
+        return self._offset(snap, end, frm)
+
+    def _admit(self, snap: Snapshot, s: int, end: int, limit: ReadLimit) -> int:
+        """End of a micro-batch from ``s``: within ``limit`` and, unless Spark asks for
+        everything (``ReadAllAvailable``: Trigger.Once), within *both* of our limits --
+        pyspark has no composite read limit, so Spark is handed one (the object count
+        when set) and the other is applied here, as Delta's two limits both bound."""
+        if isinstance(limit, ReadAllAvailable):
+            return end
+        max_files = self.ro.max_offsets
+        max_bytes = self.ro.max_bytes
         if isinstance(limit, ReadMaxFiles):
-            end = min(end, s + limit.max_files)
+            max_files = min(limit.max_files, max_files or limit.max_files)
         elif isinstance(limit, ReadMaxRows):
             # not a limit this source sets (it cannot count rows without reading them);
             # an object holds at least one row, so this many objects is an upper bound
             end = min(end, s + limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
-            end = plan.admit_bytes(self._buf().store, snap, s, end, limit.max_bytes)
-        if end <= _seq(start):
-            return start
-        return self._offset(snap, end, _seq(start))
+            max_bytes = min(limit.max_bytes, max_bytes or limit.max_bytes)
+        if max_files is not None:
+            end = min(end, s + max_files)
+        if max_bytes is not None:
+            end = plan.admit_bytes(self._buf().store, snap, s, end, max_bytes)
+        return end
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         snap = self._snap if self._snap is not None else self._read()
@@ -248,6 +363,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return off
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._same_consumer(end)
         s, e = int(end.get("from", _seq(start))), _seq(end)
         if e <= s:
             return []
@@ -264,6 +380,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark is done with everything before ``end``: in consumer mode, ack it as the
         subscriber (fenced by its epoch)."""
+        self._same_consumer(end)
         consumer = self._queue_consumer()
         if consumer is not None and _seq(end) > 0:
             consumer.commit(_seq(end) - 1)
