@@ -50,12 +50,22 @@ class RetryConfig:
     max_backoff: timedelta = timedelta(seconds=2)
     """Cap on one sleep."""
     multiplier: float = 2.0
+    give_up_after: timedelta | None = timedelta(seconds=30)
+    """A direct call (``buf.create()``, ``set_retention``, a consumer's ``flush()``...)
+    whose store keeps failing transiently (unreachable, timeouts, 5xx) raises the last
+    error after retrying this long (logging it at WARNING once per interval meanwhile);
+    None: retry until it works.  Background loops -- a producer's appends, the local
+    tier's exporter -- retry until closed or stopped (their ``close(timeout=...)``)."""
 
     def __post_init__(self) -> None:
         _non_negative_td("initial_backoff", self.initial_backoff)
         _non_negative_td("max_backoff", self.max_backoff)
         if self.multiplier < 1.0:
             raise ConfigError(f"multiplier must be >= 1, got {self.multiplier}")
+        if self.give_up_after is not None:
+            _non_negative_td("give_up_after", self.give_up_after)
+            if self.give_up_after <= timedelta(0):
+                raise ConfigError("give_up_after must be > 0 (None: retry until it works)")
 
 
 @dataclass(frozen=True, slots=True)

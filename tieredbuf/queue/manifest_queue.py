@@ -67,7 +67,7 @@ from tieredbuf.format import manifest as fm
 from tieredbuf.format import registry as freg
 from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue import tree
-from tieredbuf.queue.backoff import Stats, backoff_delay
+from tieredbuf.queue.backoff import RetryLog, Stats, backoff_delay, give_up_or_log
 from tieredbuf.queue.nodes import NodeStore
 from tieredbuf.queue.snapshot import Snapshot as Snapshot  # re-exported
 from tieredbuf.store.base import IfMatch, PutMode, Store
@@ -121,6 +121,7 @@ class ManifestQueue:
         self.sleep = sleep
         self.max_transient_retries = max_transient_retries
         self.stats = Stats()
+        self.retry_log = RetryLog(log)
         self.tree = tree_config or TreeConfig()
         self._config_retention = retention_of(self.tree)
         self._warned_retention: fm.RetentionPolicy | None = None
@@ -185,12 +186,16 @@ class ManifestQueue:
         etag = self.store.put(self.key, data, mode=mode)
         self._latest = (data, etag)
 
-    def _pause(self, attempt: int, why: str) -> None:
+    def _pause(self, attempt: int, why: str, error: StoreError | None = None) -> None:
+        """Sleep before retry ``attempt``; a store ``error`` is logged (once per interval)
+        and, in a direct call, raised once ``retry.give_up_after`` has passed."""
         self.stats.incr(why)
         self.stats.incr("retries")
         if self.max_transient_retries is not None and attempt >= self.max_transient_retries:
             raise TieredBufError(f"manifest operation gave up after {attempt} retries ({why})")
-        self.sleep(backoff_delay(self.retry, attempt))
+        delay = backoff_delay(self.retry, attempt)
+        give_up_or_log(self.retry, attempt, error, delay, self.retry_log, "queue/manifest")
+        self.sleep(delay)
 
     def _attempt(
         self, snap: Snapshot, data: bytes | Callable[[], bytes], attempt: int
@@ -212,31 +217,36 @@ class ManifestQueue:
             if self.clock_ms() - started > self.tree.link_deadline.total_seconds() * 1000:
                 raise _LinkTooLate()
             self._cas(snap, payload)
+            if attempt:
+                self.retry_log.recovered("queue/manifest")
             return None
         except PermanentStoreError:
             self.stats.incr("permanent_errors")
             raise  # credentials, access, bucket: retrying cannot help (stop, never spin)
         except _LinkTooLate:
-            why = "late_links"
+            why, err = "late_links", None
         except ConflictError:
-            why = "conflicts"
-        except OutcomeUnknownError:
-            why = "unknown_outcomes"
-        except StoreError:
-            why = "transient_errors"
-        self._pause(attempt, why)
+            why, err = "conflicts", None
+        except StoreError as e:
+            why = "unknown_outcomes" if isinstance(e, OutcomeUnknownError) else "transient_errors"
+            err = e
+        self._pause(attempt, why, err)
         return why
 
     def _read_retrying(self, attempt: int) -> Snapshot:
         while True:
             try:
-                return self.read()
+                snap = self.read()
             except PermanentStoreError:
                 self.stats.incr("permanent_errors")
                 raise
-            except StoreError:
-                self._pause(attempt, "transient_errors")
+            except StoreError as e:
+                self._pause(attempt, "transient_errors", e)
                 attempt += 1
+            else:
+                if attempt:
+                    self.retry_log.recovered("queue/manifest")
+                return snap
 
     # --- append --------------------------------------------------------------
 
