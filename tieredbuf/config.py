@@ -231,7 +231,8 @@ SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
 
 
 def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
-    """Fill S3 options missing from ``options`` from the standard AWS environment."""
+    """Fill S3 options missing from ``options`` from the standard AWS environment, then,
+    when that gives no credentials, from the shared files (:func:`profile_options`)."""
     out = dict(options)
     for name, envs in S3_OPTION_ENV.items():
         if out.get(name) is not None:
@@ -240,6 +241,63 @@ def store_options_from_env(options: dict[str, Any]) -> dict[str, Any]:
             if os.environ.get(env):
                 out[name] = os.environ[env]
                 break
+    return profile_options(out)
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _shared_files() -> list[str]:
+    home = os.path.expanduser("~")
+    return [os.environ.get("AWS_SHARED_CREDENTIALS_FILE")
+            or os.path.join(home, ".aws", "credentials"),
+            os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config")]
+
+
+def profile_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Credentials (and a region) from ``~/.aws/credentials`` / ``~/.aws/config`` -- the
+    profile ``AWS_PROFILE`` names, else ``default`` -- as the ``aws`` CLI reads them,
+    through botocore's credential chain (static keys, ``credential_process``, assume-role,
+    SSO).  Only when ``options`` hold no credentials, no other source is chosen
+    (``skip_signature``, ``instance_metadata``, a web identity or container role in the
+    environment), and a shared file exists or ``AWS_PROFILE`` is set.  The cloud metadata
+    services are never asked here (``instance_metadata`` opts in to them).  Temporary
+    credentials are read once, when the store is opened."""
+    out = dict(options)
+    if out.get("access_key_id") is not None or out.get("secret_access_key") is not None:
+        return out
+    if any(str(out.get(k, "")).strip().lower() in _TRUE or out.get(k) is True
+           for k in ("skip_signature", "instance_metadata")):
+        return out
+    if any(os.environ.get(name) for name in S3_CREDENTIAL_ENV):
+        return out
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+    if not profile and not any(os.path.isfile(f) for f in _shared_files()):
+        return out
+    import botocore.session
+    from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+    where = f"profile {profile!r}" if profile else "the default profile"
+    try:
+        session = botocore.session.Session(profile=profile)
+        resolver = session.get_component("credential_provider")
+        for method in ("env", "container-role", "iam-role"):  # env: read above
+            resolver.remove(method)
+        creds = resolver.load_credentials()
+        region = session.get_config_variable("region")
+    except ProfileNotFound:
+        raise ConfigError(f"AWS_PROFILE names {where}, which is in neither "
+                          f"{' nor '.join(_shared_files())}") from None
+    except BotoCoreError as e:
+        raise ConfigError(f"cannot read S3 credentials of {where} in ~/.aws: {e}") from None
+    if creds is None:
+        return out
+    frozen = creds.get_frozen_credentials()
+    out["access_key_id"], out["secret_access_key"] = frozen.access_key, frozen.secret_key
+    if frozen.token:
+        out["session_token"] = frozen.token
+    if out.get("region") is None and region:
+        out["region"] = region
     return out
 
 

@@ -74,6 +74,9 @@ from tieredbuf.store.base import IfMatch, PutMode, Store
 
 log = logging.getLogger(__name__)
 
+_READ, _WRITE = "read of the queue manifest", "update of the queue manifest"
+"""What the retry log calls a failing read and a failing write of the root."""
+
 WATERMARK_CAP = 16384
 """At most this many producer watermarks are kept (most recently active first)."""
 
@@ -186,7 +189,8 @@ class ManifestQueue:
         etag = self.store.put(self.key, data, mode=mode)
         self._latest = (data, etag)
 
-    def _pause(self, attempt: int, why: str, error: StoreError | None = None) -> None:
+    def _pause(self, attempt: int, why: str, error: StoreError | None = None,
+               subject: str = _WRITE) -> None:
         """Sleep before retry ``attempt``; a store ``error`` is logged (once per interval)
         and, in a direct call, raised once ``retry.give_up_after`` has passed."""
         self.stats.incr(why)
@@ -194,7 +198,7 @@ class ManifestQueue:
         if self.max_transient_retries is not None and attempt >= self.max_transient_retries:
             raise TieredBufError(f"manifest operation gave up after {attempt} retries ({why})")
         delay = backoff_delay(self.retry, attempt)
-        give_up_or_log(self.retry, attempt, error, delay, self.retry_log, "queue/manifest")
+        give_up_or_log(self.retry, attempt, error, delay, self.retry_log, subject)
         self.sleep(delay)
 
     def _attempt(
@@ -218,7 +222,7 @@ class ManifestQueue:
                 raise _LinkTooLate()
             self._cas(snap, payload)
             if attempt:
-                self.retry_log.recovered("queue/manifest")
+                self.retry_log.recovered(_WRITE)
             return None
         except PermanentStoreError:
             self.stats.incr("permanent_errors")
@@ -241,11 +245,11 @@ class ManifestQueue:
                 self.stats.incr("permanent_errors")
                 raise
             except StoreError as e:
-                self._pause(attempt, "transient_errors", e)
+                self._pause(attempt, "transient_errors", e, _READ)
                 attempt += 1
             else:
                 if attempt:
-                    self.retry_log.recovered("queue/manifest")
+                    self.retry_log.recovered(_READ)
                 return snap
 
     # --- append --------------------------------------------------------------
