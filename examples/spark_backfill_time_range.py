@@ -1,10 +1,16 @@
-"""Batch backfill: read a tieredbuf buffer day by day and write each day to Parquet.
+r"""Batch backfill: read a tieredbuf buffer day by day and write each day to Parquet.
 
-    python examples/spark_backfill_time_range.py s3://bucket/prefix /data/backfill \
-        --from 2026-11-20 --days 3 [--endpoint http://...]
+With the local S3 of docs/getting-started.md (section 9: ``moto_server -p 9000``, a
+bucket named ``bucket``, its keys in ``AWS_*``), some records, then the backfill of
+yesterday and today (``--from`` takes a date, ``today`` or ``yesterday``, in UTC):
 
-    # what you produced today, e.g. after docs/getting-started.md:
-    python examples/spark_backfill_time_range.py file://./events ./backfill --from "$(date -u +%F)"
+    seq 100 | tieredbuf produce s3://bucket/prefix --endpoint http://127.0.0.1:9000
+    python examples/spark_backfill_time_range.py s3://bucket/prefix ./backfill \
+        --from yesterday --days 2 --endpoint http://127.0.0.1:9000
+    ls backfill                                 # day=<today>: yesterday had no records
+
+On AWS leave out ``--endpoint``; a local buffer works too (``file://./events``, as
+docs/getting-started.md makes one).
 
 A day with no records says so and writes nothing; a range with none at all says so
 too, and the script still exits 0 (an empty backfill is not an error).
@@ -37,7 +43,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("buffer")
     ap.add_argument("out")
-    ap.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD (UTC)")
+    ap.add_argument("--from", dest="start", required=True,
+                    help="first day: YYYY-MM-DD, today or yesterday (UTC)")
     ap.add_argument("--days", type=int, default=1)
     ap.add_argument("--endpoint")
     ap.add_argument("--region", default="us-east-1")
@@ -46,7 +53,9 @@ def main() -> None:
     spark = SparkSession.builder.appName("tieredbuf-backfill").getOrCreate()
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     tieredbuf.spark.register(spark)
-    first = date.fromisoformat(args.start)
+    today = datetime.now(UTC).date()
+    relative = {"today": today, "yesterday": today - timedelta(days=1)}
+    first = relative.get(args.start) or date.fromisoformat(args.start)
     total = 0
     for i in range(args.days):
         day = first + timedelta(days=i)

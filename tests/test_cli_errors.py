@@ -28,6 +28,7 @@ AWS_VARS = [k for k in os.environ if k.startswith("AWS_")]
 def tb(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
        stdin: str = "") -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base["HOME"] = str(cwd)  # no ~/.aws of the machine's
     return subprocess.run([EXE, *argv], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={**base, **(env or {})}, input=stdin)
 
@@ -51,6 +52,10 @@ TABLE = [
     ("missing credentials", ["inspect", "s3://bucket/prefix"], 2, r"no S3 credentials for s3://"),
     ("an input file that does not exist", ["produce", "{buf}", "nope.txt"], 2,
      r"input file 'nope.txt' does not exist"),
+    ("an input file given as the URL", ["produce", "events.json"], 2,
+     r"events.json is a file, not a buffer"),
+    ("pretty-printed JSON as input", ["produce", "{buf}", "events.json"], 2,
+     r"pretty-printed JSON.*--format json"),
     ("a bad --after", ["consume", "{buf}", "--after", "x"], 2,
      r"argument --after: bad sequence 'x'"),
     ("a negative --after", ["consume", "{buf}", "--after", "-1"], 2,
@@ -85,6 +90,7 @@ def test_cli_error_table(tmp_path: Path, buf: str, what: str, argv: list[str], c
                          first: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
+    (work / "events.json").write_text('[\n  {"id": 1}\n]\n')
     r = tb([a.format(buf=buf, dir=work) for a in argv], work)
     _check(r, code, first)
     if code == 1:  # gc: the summary still prints on stdout

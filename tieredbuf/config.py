@@ -52,12 +52,22 @@ class RetryConfig:
     max_backoff: timedelta = timedelta(seconds=2)
     """Cap on one sleep."""
     multiplier: float = 2.0
+    give_up_after: timedelta | None = timedelta(seconds=30)
+    """A direct call (``buf.create()``, ``set_retention``, a consumer's ``flush()``...)
+    whose store keeps failing transiently (unreachable, timeouts, 5xx) raises the last
+    error after retrying this long (logging it at WARNING once per interval meanwhile);
+    None: retry until it works.  Background loops -- a producer's appends, the local
+    tier's exporter -- retry until closed or stopped (their ``close(timeout=...)``)."""
 
     def __post_init__(self) -> None:
         _non_negative_td("initial_backoff", self.initial_backoff)
         _non_negative_td("max_backoff", self.max_backoff)
         if self.multiplier < 1.0:
             raise ConfigError(f"multiplier must be >= 1, got {self.multiplier}")
+        if self.give_up_after is not None:
+            _non_negative_td("give_up_after", self.give_up_after)
+            if self.give_up_after <= timedelta(0):
+                raise ConfigError("give_up_after must be > 0 (None: retry until it works)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +260,8 @@ def store_options_from_env(
     options: dict[str, Any], table: dict[str, tuple[str, ...]] = S3_OPTION_ENV,
 ) -> dict[str, Any]:
     """Fill options missing from ``options`` from the environment variables ``table``
-    names (the standard AWS ones by default)."""
+    names (the standard AWS ones by default); for S3, when that gives no credentials,
+    from the shared files (:func:`profile_options`)."""
     out = dict(options)
     for name, envs in table.items():
         if out.get(name) is not None:
@@ -259,6 +270,63 @@ def store_options_from_env(
             if os.environ.get(env):
                 out[name] = os.environ[env]
                 break
+    return profile_options(out) if table is S3_OPTION_ENV else out
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _shared_files() -> list[str]:
+    home = os.path.expanduser("~")
+    return [os.environ.get("AWS_SHARED_CREDENTIALS_FILE")
+            or os.path.join(home, ".aws", "credentials"),
+            os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config")]
+
+
+def profile_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Credentials (and a region) from ``~/.aws/credentials`` / ``~/.aws/config`` -- the
+    profile ``AWS_PROFILE`` names, else ``default`` -- as the ``aws`` CLI reads them,
+    through botocore's credential chain (static keys, ``credential_process``, assume-role,
+    SSO).  Only when ``options`` hold no credentials, no other source is chosen
+    (``skip_signature``, ``instance_metadata``, a web identity or container role in the
+    environment), and a shared file exists or ``AWS_PROFILE`` is set.  The cloud metadata
+    services are never asked here (``instance_metadata`` opts in to them).  Temporary
+    credentials are read once, when the store is opened."""
+    out = dict(options)
+    if out.get("access_key_id") is not None or out.get("secret_access_key") is not None:
+        return out
+    if any(str(out.get(k, "")).strip().lower() in _TRUE or out.get(k) is True
+           for k in ("skip_signature", "instance_metadata")):
+        return out
+    if any(os.environ.get(name) for name in S3_CREDENTIAL_ENV):
+        return out
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+    if not profile and not any(os.path.isfile(f) for f in _shared_files()):
+        return out
+    import botocore.session
+    from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+    where = f"profile {profile!r}" if profile else "the default profile"
+    try:
+        session = botocore.session.Session(profile=profile)
+        resolver = session.get_component("credential_provider")
+        for method in ("env", "container-role", "iam-role"):  # env: read above
+            resolver.remove(method)
+        creds = resolver.load_credentials()
+        region = session.get_config_variable("region")
+    except ProfileNotFound:
+        raise ConfigError(f"AWS_PROFILE names {where}, which is in neither "
+                          f"{' nor '.join(_shared_files())}") from None
+    except BotoCoreError as e:
+        raise ConfigError(f"cannot read S3 credentials of {where} in ~/.aws: {e}") from None
+    if creds is None:
+        return out
+    frozen = creds.get_frozen_credentials()
+    out["access_key_id"], out["secret_access_key"] = frozen.access_key, frozen.secret_key
+    if frozen.token:
+        out["session_token"] = frozen.token
+    if out.get("region") is None and region:
+        out["region"] = region
     return out
 
 

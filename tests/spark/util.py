@@ -113,10 +113,10 @@ def kill_after_local_acks(url: str, stage: Path, tag: str, n: int) -> list[bytes
 
 def drain_stage(buf: tieredbuf.Buffer, stage: Path) -> None:
     """``tieredbuf drain``: recover the dead producer's WAL and append it, now."""
-    from tieredbuf.produce.staged import drain, stage_producer_ids
+    from tieredbuf.produce.staged import stage_producer_ids
 
     (pid,) = stage_producer_ids(stage)
-    drain(buf, stage, pid)
+    buf.drain_stage(stage, pid)
 
 
 def record_times(buf: tieredbuf.Buffer) -> dict[bytes, int]:

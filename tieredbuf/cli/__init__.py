@@ -1,9 +1,12 @@
 """The ``tieredbuf`` command.
 
     tieredbuf demo [URL]                 produce, land as objects + manifest entries, consume back
-    tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE)
+    tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE);
+                                         --format json: the items of one JSON array
     tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
                                          print records and bundles (or write them), then ack
+    tieredbuf work URL QUEUE -- CMD [ARG ...]   run CMD once per entry of the work queue
+                                         QUEUE (records on stdin): exit 0 acks it
     tieredbuf inspect URL [--json]       sequence range, depth, bytes, epoch, oldest age
     tieredbuf entries URL [--from SEQ] [--limit N] [--json]   list the queue (read-only)
     tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
@@ -17,13 +20,17 @@
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
                                          [--token-file F] [--tls-cert C --tls-key K] [--insecure]
 
+Options and positionals may come in any order.  Every command that writes gives up after
+``--timeout`` (30s by default) while the store keeps failing.
+
 Exit codes: 0 success; 1 partial failure (gc: some deletes failed, retried next run, or
 its metrics could not be written or pushed; drain: a live producer holds a stage); 2 bad
 usage or configuration (a wrong URL or scheme, missing credentials, no buffer at a URL
-that is read, no stage in the directory, a stage that belongs to another buffer, a port
-in use, a missing input file); 3 the store or the data failed
-(credentials rejected, access denied, missing bucket, still unreachable at --timeout,
-corrupt, fenced).  Every failure is one line on stderr, never a traceback.
+that is read, a file given as the URL, no stage in the directory, a stage that belongs
+to another buffer, a port in use, a missing input file, input that is not one record per
+line); 3 the store or the data failed (credentials rejected, access denied, missing
+bucket, still unreachable at --timeout, corrupt, fenced); 130 interrupted (Ctrl-C).
+Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -40,15 +47,18 @@ from typing import Any, TextIO
 import tieredbuf
 from tieredbuf.cli._common import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_USAGE,
     Progress,
+    cli_terms,
     fmt_duration,
     one_line,
     parse_duration,
     parse_size,
     store_args,
+    timeout_arg,
 )
 from tieredbuf.cli.admin import cmd_gc, cmd_grace, cmd_inspect, inspect_buffer
 from tieredbuf.cli.consume import add_parser as add_consume
@@ -56,12 +66,23 @@ from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd
 from tieredbuf.cli.queue import add_parsers as add_queue
 from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
+from tieredbuf.cli.work import add_parser as add_work
+from tieredbuf.cli.work import split_command
 from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
 from tieredbuf.runtime.redact import redact
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Every option's help shows its default unless it already says one."""
+    """Every option's help shows its default unless it already says one.  Descriptions
+    are wrapped line by line; indented lines are kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return "\n".join(
+            indent + line if not line or line[0].isspace()
+            else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+            for line in text.splitlines())
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -75,20 +96,63 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line (and exit 2), naming where to find the usage."""
+    """Usage errors are one line (and exit 2), naming where to find the usage.  A command's
+    options and positionals may come in any order (``grace URL --endpoint X 1m``)."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         kw.setdefault("formatter_class", _Help)
         super().__init__(*a, **kw)
+        self.intermixed = False
+        self._parsing = False
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if not self.intermixed or self._parsing:
+            return super().parse_known_args(args, namespace)
+        self._parsing = True  # parse_known_intermixed_args calls back in here, twice
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Each command's ``--help`` starts with a description (its one-line help unless it
+    has a longer one), and parses options and positionals intermixed."""
+
+    def add_parser(self, name: str, **kw: Any) -> _Parser:
+        if "help" in kw:
+            kw.setdefault("description", kw["help"][:1].upper() + kw["help"][1:] + ".")
+        parser: _Parser = super().add_parser(name, **kw)
+        parser.intermixed = True
+        return parser
+
+
+DESCRIPTION = (
+    "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, a "
+    "local directory).  A buffer is a URL: s3://bucket/prefix, file://./dir or a directory. "
+    " Run 'tieredbuf COMMAND --help' for a command's options; options and positionals may "
+    "come in any order."
+)
+EPILOG = (
+    "Exit codes: 0 success; 1 partial failure; 2 bad usage or configuration (a wrong URL, "
+    "missing credentials, no buffer at a URL that is read); 3 the store or the data failed "
+    "(credentials rejected, a missing bucket, still unreachable at --timeout, corrupt, "
+    "fenced); 130 interrupted.  S3 settings come from the flags, the AWS_* environment or "
+    "a profile in ~/.aws (AWS_PROFILE).  Every failure is one line on stderr."
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tieredbuf", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="tieredbuf", description=DESCRIPTION, epilog=EPILOG)
+    p.register("action", "parsers", _Commands)
     p.add_argument("--version", action="version", version=f"tieredbuf {tieredbuf.__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                           metavar="COMMAND")
 
     d = sub.add_parser("demo", help="stage, export, consume on a local directory")
     d.add_argument("url", nargs="?", default=DEMO_URL, help=f"the buffer (default {DEMO_URL})")
@@ -98,10 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="produce() calls of 10 records each, in 5 waves (default 50)")
     d.set_defaults(fn=cmd_demo)
 
-    pr = sub.add_parser("produce", help="produce one record per input line")
-    pr.add_argument("url")
+    pr = sub.add_parser(
+        "produce", help="produce one record per input line",
+        description="Produce records to the buffer at URL (creating it if there is none): "
+                    "one record per line of each FILE, or of stdin when no FILE is given.  "
+                    "Input that is pretty-printed JSON is refused (it is not one record per "
+                    "line): give --format json to produce the items of one JSON array (or one "
+                    "object) as records, or compact it with jq -c.  Prints the sequences the "
+                    "records got once they are in the store and the queue; when the store "
+                    "keeps failing it gives up after --timeout and exits 3, saying how many "
+                    "records were not stored.")
+    pr.add_argument("url", help="the buffer: s3://bucket/prefix, file://./dir or a directory")
     pr.add_argument("files", nargs="*", metavar="FILE",
                     help="input files, one record per line ('-' or none: stdin)")
+    pr.add_argument("--format", choices=("lines", "json"), default=None,
+                    help="lines: one record per line, as is (no JSON check); json: the input "
+                         "is one JSON value, an array's items (or the value itself) become "
+                         "records, compacted (default: lines, refusing pretty-printed JSON)")
+    timeout_arg(pr)
     pr.add_argument("--batch", type=int, default=1000, metavar="N",
                     help="records per produce() call")
     pr.add_argument("--metadata", default="", metavar="TEXT",
@@ -109,11 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--flush-interval", type=parse_duration, default=timedelta(milliseconds=100),
                     metavar="DURATION",
                     help="the stateless producer's batching window, e.g. 100ms, 1s")
+    pr.add_argument("--staging", metavar="DIR",
+                    help="stage the records in DIR first (fsynced there before they are "
+                         "sent): what the store did not take by --timeout stays there, and "
+                         "'tieredbuf drain DIR URL' exports it later (default: none, records "
+                         "not stored by --timeout are dropped)")
     store_args(pr)
     pr.set_defaults(fn=cmd_produce)
 
     add_consume(sub)
+    timeout_arg(sub.choices["consume"], "the store keeps failing an ack")
+    add_work(sub)
     add_queue(sub)
+    timeout_arg(sub.choices["retention"])
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
@@ -127,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                         usage="tieredbuf subscribers URL [--json] | "
                               "tieredbuf subscribers remove URL NAME")
     su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
-    su.add_argument("--json", action="store_true")
+    su.add_argument("--json", action="store_true", help="one JSON array")
+    timeout_arg(su)
     store_args(su)
     su.set_defaults(fn=cmd_subscribers)
 
@@ -146,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pushgateway", metavar="HOST:PORT",
                    help="push Prometheus metrics to this Pushgateway; if it is unreachable "
                         "the summary still prints and gc exits 1")
+    timeout_arg(g)
     store_args(g)
     g.set_defaults(fn=cmd_gc)
 
@@ -156,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--force", action="store_true",
                     help="allow one under 2 x the link deadline (4m by default), with a "
                          "warning")
+    timeout_arg(gr)
     store_args(gr)
     gr.set_defaults(fn=cmd_grace)
 
@@ -252,29 +341,65 @@ def _log_to_stderr() -> None:
             logger.setLevel(level)
 
 
+def _gave_up(text: str, args: argparse.Namespace) -> str:
+    """A store error a command gave up on names the flag that set how long it tried."""
+    timeout = getattr(args, "timeout", None)
+    if "gave up after" in text and isinstance(timeout, timedelta):
+        return f"{text} (--timeout {fmt_duration(timeout)})"
+    return text
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, command = split_command(argv)
     args = build_parser().parse_args(argv)
+    if command is not None:
+        args.cmd = command
     _log_to_stderr()
+    flags = frozenset(vars(args))
+
+    def say(text: str) -> None:
+        print(redact(cli_terms(_gave_up(text, args), flags)), file=sys.stderr)
+
     try:
         code: int = args.fn(args, out or sys.stdout)
         return code
     except ConfigError as e:
-        print(redact(f"tieredbuf: configuration error: {one_line(e)}"), file=sys.stderr)
+        say(f"tieredbuf: configuration error: {one_line(e)}")
         return EXIT_USAGE
     except BufferNotFoundError as e:
-        print(redact(f"tieredbuf: {one_line(e)}"), file=sys.stderr)
+        say(f"tieredbuf: {one_line(e)}")
         return EXIT_USAGE
     except TieredBufError as e:
-        print(redact(f"tieredbuf: {type(e).__name__}: {one_line(e)}"), file=sys.stderr)
+        say(f"tieredbuf: {type(e).__name__}: {one_line(e)}")
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        say("tieredbuf: interrupted")
+        return EXIT_INTERRUPTED
     except Exception as e:
         if type(e).__module__.split(".")[0] != "obstore":
             raise
         from tieredbuf.store.objstore import short
 
-        print(redact(f"tieredbuf: store error: {short(e)}"), file=sys.stderr)
+        say(f"tieredbuf: store error: {short(e)}")
         return EXIT_FAILED
 
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "Progress", "build_parser",
-           "inspect_buffer", "main", "parse_duration", "parse_size"]
+def run() -> None:
+    """The console script: :func:`main`, then exit.  After Ctrl-C the process exits at
+    once (a thread still inside a store request must not hold it up)."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main()'s handlers, or a second Ctrl-C
+        print("tieredbuf: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE",
+           "Progress", "build_parser", "inspect_buffer", "main", "parse_duration", "parse_size",
+           "run"]

@@ -1,7 +1,5 @@
 """``python -m tieredbuf.cli``: the ``tieredbuf`` command."""
 
-import sys
+from tieredbuf.cli import run
 
-from tieredbuf.cli import main
-
-sys.exit(main())
+run()

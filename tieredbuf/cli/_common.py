@@ -4,6 +4,8 @@ the progress line, the S3 options and how a command opens its buffer."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import re
 import sys
 import time
@@ -11,10 +13,12 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 import tieredbuf
+from tieredbuf.config import S3_OPTION_ENV
 from tieredbuf.errors import ConfigError
 from tieredbuf.store.azure import is_azure_url
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -106,8 +110,40 @@ def store_args(p: argparse.ArgumentParser) -> None:
                    help="send unsigned requests (a public bucket)")
 
 
+DEFAULT_TIMEOUT = timedelta(seconds=30)
+
+
+def timeout_arg(p: argparse.ArgumentParser, what: str = "the store keeps failing") -> None:
+    """``--timeout``: how long a command that writes waits while ``what``, then exits 3."""
+    p.add_argument("--timeout", type=parse_duration, default=DEFAULT_TIMEOUT,
+                   metavar="DURATION",
+                   help=f"give up (exit 3, saying what was not written) when {what} this "
+                        f"long, e.g. 30s, 5m (default {fmt_duration(DEFAULT_TIMEOUT)})")
+
+
+def local_path(url: str) -> str | None:
+    """The directory a ``file://`` URL or a bare path names (None for other schemes)."""
+    if url.startswith("file://"):
+        rest = url[len("file://"):]
+        return rest if rest.startswith(("/", "./", "../")) else None
+    return None if "://" in url else url
+
+
 def open_buffer(args: argparse.Namespace) -> tieredbuf.Buffer:
-    return tieredbuf.open(args.url, **store_opts(args))
+    """The buffer at ``args.url``.  A local path that is a regular file is not a store
+    (exit 2: usually the URL was left out and an input file taken for it); a command with
+    ``--timeout`` gives up its store retries after that long."""
+    path = local_path(args.url)
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(
+            f"{args.url} is a file, not a buffer: a buffer is a directory, file://DIR or "
+            f"s3://bucket/prefix (did you leave out the URL? "
+            f"tieredbuf {args.command} URL ...)")
+    buf = tieredbuf.open(args.url, **store_opts(args))
+    timeout = getattr(args, "timeout", None)
+    if isinstance(timeout, timedelta) and timeout > timedelta(0):
+        buf.queue.retry = dataclasses.replace(buf.queue.retry, give_up_after=timeout)
+    return buf
 
 
 def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
@@ -150,6 +186,41 @@ def fmt_duration(d: timedelta) -> str:
         if s >= size and s % size == 0:
             return f"{int(s // size)}{unit}"
     return f"{round(s * 1000)}ms"
+
+
+_SPECIFIC_TERMS = (
+    ("(or pass access_key_id= / secret_access_key=)",
+     "(or a profile in ~/.aws/credentials or ~/.aws/config, chosen by AWS_PROFILE)"),
+    ("use access_key_id / secret_access_key or the AWS_* environment",
+     "use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws"),
+    ("but allow_http is false", "but AWS_ALLOW_HTTP is false"),
+    ("or drop allow_http=false", "or unset AWS_ALLOW_HTTP"),
+    ("call initialize() again to take it back", "run the command again to take it back"),
+    ("pass probe=False only if you know better",
+     "only the Python API can skip this check (probe=False)"),
+    ("pass probe=False ", "only the Python API can skip this check (probe=False) "),
+)
+_KEYWORD = re.compile(r"\b([a-z][a-z_]*)=(True|False|true|false)?(?![\w(])")
+
+
+def cli_terms(text: str, flags: frozenset[str] | set[str]) -> str:
+    """A library message in the command line's terms: ``force=True`` becomes ``--force``
+    and ``instance_metadata=True`` ``--instance-metadata`` where the command has that flag
+    (``flags``: option destinations), an S3 option without a flag its environment
+    variable (``access_key_id=`` -> ``AWS_ACCESS_KEY_ID``)."""
+    for old, new in _SPECIFIC_TERMS:
+        text = text.replace(old, new)
+
+    def term(m: re.Match[str]) -> str:
+        name, value = m.group(1), m.group(2)
+        if name in flags and value in (None, "True", "true"):
+            return "--" + name.replace("_", "-")
+        env = S3_OPTION_ENV.get(name)
+        if env is not None:
+            return env[0] + ("" if value is None else f"={value.lower()}")
+        return m.group(0)
+
+    return _KEYWORD.sub(term, text)
 
 
 def one_line(e: BaseException) -> str:

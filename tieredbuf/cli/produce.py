@@ -4,25 +4,31 @@ may create a buffer, and the stage's own)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import tieredbuf
 from tieredbuf.cli._common import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_USAGE,
     Progress,
+    fmt_duration,
     one_line,
     open_buffer,
     plural,
 )
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import BackpressureError, ConfigError, FlushTimeoutError, TieredBufError
+from tieredbuf.produce.handles import WriteHandle
+from tieredbuf.runtime.redact import redact
 
 
 def _lines(files: Sequence[str]) -> Iterator[bytes]:
@@ -39,29 +45,197 @@ def _lines(files: Sequence[str]) -> Iterator[bytes]:
                 yield line.rstrip(b"\r\n")
 
 
+def _name(f: str) -> str:
+    return "stdin" if f == "-" else f
+
+
+def refuse_partial_json(name: str, first: bytes) -> None:
+    """A first line that opens a JSON value without closing it: pretty-printed JSON, which
+    one-record-per-line would cut into junk records (``[``, ``  {``)."""
+    head = first.strip()
+    if not head.startswith((b"{", b"[")):
+        return
+    try:
+        json.loads(head)
+    except ValueError:
+        raise ConfigError(
+            f"{name}: line 1 ({head[:20].decode('utf-8', 'replace')!r}) is not a whole JSON "
+            f"value: the input looks like pretty-printed JSON, which is not one record per "
+            f"line; give --format json to produce the items of its array (or the object) as "
+            f"records, or compact it first (jq -c '.[]' {name if name != 'stdin' else 'FILE'}"
+            f" | tieredbuf produce URL); --format lines takes the lines as they are"
+        ) from None
+
+
+def _checked_lines(files: Sequence[str]) -> Iterator[bytes]:
+    """One record per line, each input's first line checked now, before any record is
+    produced (half an input is worse than none); stdin's first line is read to check it."""
+    names = list(files) or ["-"]
+    for f in names:
+        if f != "-":
+            with open(f, "rb") as fh:
+                refuse_partial_json(f, fh.readline())
+    if "-" not in names:
+        return _lines(names)
+    first = sys.stdin.buffer.readline()
+    if first:
+        refuse_partial_json("stdin", first)
+
+    def chained() -> Iterator[bytes]:
+        for f in names:
+            if f == "-" and first:
+                yield first.rstrip(b"\r\n")
+            if f == "-":  # stdin once; a second '-' reads what is left (nothing)
+                yield from _lines([])
+            else:
+                yield from _lines([f])
+
+    return chained()
+
+
+def _json_records(files: Sequence[str]) -> list[bytes]:
+    """``--format json``: each input is a sequence of JSON values (one array, an object,
+    or a stream of pretty-printed values); an array's items, or each other value, become
+    records, compacted.  Every input is parsed before anything is produced."""
+    dec = json.JSONDecoder()
+    out: list[bytes] = []
+    for f in list(files) or ["-"]:
+        raw = sys.stdin.buffer.read() if f == "-" else Path(f).read_bytes()
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{_name(f)} is not UTF-8 text (--format json): {e}") from None
+        i = 0
+        while True:
+            while i < len(text) and text[i].isspace():
+                i += 1
+            if i == len(text):
+                break
+            try:
+                value, i = dec.raw_decode(text, i)
+            except ValueError as e:
+                raise ConfigError(f"{_name(f)} is not valid JSON (--format json): {e}") from None
+            for v in value if isinstance(value, list) else [value]:
+                out.append(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode())
+    return out
+
+
+def _chunks(records: Iterable[bytes], n: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for rec in records:
+        chunk.append(rec)
+        if len(chunk) >= n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _close_quietly(producer: Any, timeout: float) -> None:
+    """Close after a failure (or Ctrl-C): what is not stored by then is reported, not raised."""
+    with contextlib.suppress(TieredBufError, KeyboardInterrupt):
+        producer.close(timeout=timeout)
+
+
+def _span(first: int, count: int) -> str:
+    return f"#{first + 1}" if count == 1 else f"#{first + 1}..#{first + count}"
+
+
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:  # before anything is produced: half an input is worse than none
         raise ConfigError(f"input file {missing[0]!r} does not exist (or is not a file)"
                           + (f", nor {len(missing) - 1} more" if len(missing) > 1 else ""))
+    if args.format == "json":
+        records: Iterable[bytes] = _json_records(args.files)
+    elif args.format == "lines":
+        records = _lines(args.files)
+    else:
+        records = _checked_lines(args.files)
     buf = open_buffer(args)
-    producer = buf.producer(flush_interval=args.flush_interval)
-    handles, chunk, n = [], [], 0
-    for rec in _lines(args.files):
-        chunk.append(rec)
-        if len(chunk) >= args.batch:
-            handles.append(producer.produce(chunk, metadata=args.metadata.encode()))
+    timeout = args.timeout.total_seconds()
+    meta = args.metadata.encode()
+    if args.staging:
+        producer = buf.producer(staging_dir=args.staging)
+    else:
+        producer = buf.producer(flush_interval=args.flush_interval)
+    calls: list[tuple[WriteHandle, int, int]] = []  # handle, first record index, count
+    n = 0
+    error: TieredBufError | None = None
+    interrupted = False
+    try:
+        for chunk in _chunks(records, args.batch):
+            # a full producer buffer (the store is down) waits at most --timeout
+            calls.append((producer.produce(chunk, metadata=meta, timeout=timeout), n,
+                          len(chunk)))
             n += len(chunk)
-            chunk = []
-    if chunk:
-        handles.append(producer.produce(chunk, metadata=args.metadata.encode()))
-        n += len(chunk)
-    producer.close()
-    seqs = sorted(s for s in {h.wait().sequence for h in handles} if s is not None)
-    span = f"sequences {seqs[0]}..{seqs[-1]}" if seqs else "nothing"
-    print(f"produced {n} {plural(n, 'record')} in {len(handles)} {plural(len(handles), 'call')}"
-          f" -> {span}", file=out)
-    return EXIT_OK
+        producer.close(timeout=timeout)
+    except KeyboardInterrupt:
+        # no close(): a join that Ctrl-C interrupted leaves CPython 3.11 believing a live
+        # thread stopped (bpo-45274's fix), so the next join could wait on it forever;
+        # the command reports what is not confirmed stored and the process exits at once
+        interrupted = True
+    except ConfigError:
+        _close_quietly(producer, 0)
+        raise
+    except TieredBufError as e:  # --timeout ran out, or a permanent store error
+        error = e
+        _close_quietly(producer, 0)
+    return _report(args, out, calls, n, error, interrupted)
+
+
+def _report(args: argparse.Namespace, out: TextIO, calls: list[tuple[WriteHandle, int, int]],
+            n: int, error: TieredBufError | None, interrupted: bool) -> int:
+    seqs: set[int] = set()
+    lost: list[tuple[int, int]] = []
+    staged = 0
+    for h, first, count in calls:
+        try:
+            r = h.result()
+        except TieredBufError:
+            r = None
+        if r is not None:
+            if r.sequence is not None:
+                seqs.add(r.sequence)
+        elif h.watcher.level is not None:  # LOCAL: fsynced in the stage
+            staged += count
+        else:
+            lost.append((first, count))
+    if not (lost or staged or error or interrupted):
+        order = sorted(seqs)
+        span = f"sequences {order[0]}..{order[-1]}" if order else "nothing"
+        print(f"produced {n} {plural(n, 'record')} in {len(calls)} "
+              f"{plural(len(calls), 'call')} -> {span}", file=out)
+        return EXIT_OK
+    if interrupted:
+        cause = "interrupted"
+    elif isinstance(error, (FlushTimeoutError, BackpressureError)):
+        last = str(error).split("last store error: ", 1)
+        cause = (f"the store still failed after --timeout {fmt_duration(args.timeout)}"
+                 + (f" ({one_line(Exception(last[1]))})" if len(last) > 1 else ""))
+    else:
+        cause = f"{type(error).__name__}: {one_line(error)}" if error else "failed"
+    parts = []
+    unstored = sum(c for _, c in lost)
+    if unstored:
+        first, last_i = lost[0][0], lost[-1][0] + lost[-1][1]
+        how = "not confirmed stored" if interrupted else "not stored and dropped"
+        parts.append(f"{unstored} of {n} {plural(n, 'record')} {how} "
+                     f"(input records {_span(first, last_i - first)})")
+    if staged:
+        parts.append(f"{staged} {plural(staged, 'record')} still staged in {args.staging} "
+                     f"(safe on disk; 'tieredbuf drain {args.staging} {args.url}' exports "
+                     f"them)")
+    if error is not None and isinstance(error, BackpressureError):
+        parts.append(f"input not read past record #{n}")
+    stored = sum(c for (h, _, c) in calls) - unstored - staged
+    if seqs:
+        order = sorted(seqs)
+        parts.append(f"{stored} stored (sequences {order[0]}..{order[-1]})")
+    else:
+        parts.append("none stored")
+    print(redact(f"tieredbuf: {cause}: {'; '.join(parts)}"), file=sys.stderr)
+    return EXIT_INTERRUPTED if interrupted else EXIT_FAILED
 
 
 DEMO_URL, DEMO_STAGE = "file://./demo-buffer", "./demo-stage"

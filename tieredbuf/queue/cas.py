@@ -51,7 +51,7 @@ from tieredbuf.errors import (
     ThrottledError,
     TieredBufError,
 )
-from tieredbuf.runtime.retry import backoff_delay
+from tieredbuf.runtime.retry import RetryLog, backoff_delay, give_up_or_log
 from tieredbuf.runtime.stats import Stats
 
 THROTTLE_PAUSE_S = 1.0
@@ -125,6 +125,10 @@ class Retries:
     retry: RetryConfig
     sleep: Callable[[float], None]
     limit: int | None = None
+    log: RetryLog | None = None
+    """Where store failures are logged (once per interval); with it, a direct call (not a
+    background loop, :func:`~tieredbuf.runtime.retry.in_background`) gives up after
+    ``retry.give_up_after``, raising the last store error."""
 
 
 def run(
@@ -165,6 +169,7 @@ def run(
             if found is not None:
                 stats.incr(f"{stat_prefix}found_landed")
                 return found
+        err: StoreError | None
         try:
             step = decide(current, attempt)
             if isinstance(step, Skip):
@@ -172,6 +177,8 @@ def run(
             data = step.data() if callable(step.data) else step.data
             tried.append(step.decision)
             etag = obj.write(data, current.etag)
+            if attempt and retries.log is not None:
+                retries.log.recovered(what)
             return done(step.decision, etag)
         except Unchanged as u:
             return u.result  # type: ignore[return-value]  # a builder of an R-returning run
@@ -179,16 +186,16 @@ def run(
             stats.incr(f"{stat_prefix}permanent_errors")
             raise  # credentials, access, bucket: retrying cannot help (stop, never spin)
         except Replan as r:
-            why = r.why
+            why, err = r.why, None
         except ConflictError:
-            why = "conflicts"
-        except OutcomeUnknownError:
-            why = "unknown_outcomes"
-        except ThrottledError:
-            why = "throttled"
-        except StoreError:
-            why = "transient_errors"
-        _pause(retries, stats, stat_prefix, attempt, why, what)
+            why, err = "conflicts", None
+        except OutcomeUnknownError as e:
+            why, err = "unknown_outcomes", e
+        except ThrottledError as e:
+            why, err = "throttled", e
+        except StoreError as e:
+            why, err = "transient_errors", e
+        _pause(retries, stats, stat_prefix, attempt, why, what, err)
         attempt += 1
         if why == "conflicts" and after_conflict is not None:
             after_conflict(attempt)
@@ -196,7 +203,7 @@ def run(
 
 
 def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
-           what: str) -> None:
+           what: str, error: StoreError | None = None) -> None:
     stats.incr(f"{prefix}{why}")
     stats.incr(f"{prefix}retries")
     if retries.limit is not None and attempt >= retries.limit:
@@ -204,6 +211,8 @@ def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
     delay = backoff_delay(retries.retry, attempt)
     if why == "throttled":
         delay = max(delay, random.uniform(THROTTLE_PAUSE_S, 1.5 * THROTTLE_PAUSE_S))
+    if retries.log is not None:
+        give_up_or_log(retries.retry, attempt, error, delay, retries.log, what)
     retries.sleep(delay)
 
 
@@ -215,6 +224,6 @@ def _read(obj: CasObject[T], retries: Retries, stats: Stats, prefix: str, what: 
         except PermanentStoreError:
             stats.incr(f"{prefix}permanent_errors")
             raise
-        except StoreError:
-            _pause(retries, stats, prefix, attempt, "transient_errors", what)
+        except StoreError as e:
+            _pause(retries, stats, prefix, attempt, "transient_errors", what, e)
             attempt += 1

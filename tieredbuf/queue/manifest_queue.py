@@ -65,6 +65,7 @@ from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue import cas, tree
 from tieredbuf.queue.nodes import NodeStore
 from tieredbuf.queue.snapshot import Snapshot as Snapshot  # re-exported
+from tieredbuf.runtime.retry import RetryLog
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import IfMatch, PutMode, Store
 
@@ -112,6 +113,8 @@ class ManifestQueue:
         self.sleep = sleep
         self.max_transient_retries = max_transient_retries
         self.stats = Stats()
+        self.retry_log = RetryLog(log)
+        """Store failures of this queue's retries, logged at most once per interval."""
         self.tree = tree_config or TreeConfig()
         self._config_retention = retention_of(self.tree)
         self._warned_retention: fm.RetentionPolicy | None = None
@@ -193,8 +196,10 @@ class ManifestQueue:
         )
 
     def cas_retries(self) -> cas.Retries:
-        """How this queue's CAS loops back off (its progress objects' too)."""
-        return cas.Retries(self.retry, self.sleep, self.max_transient_retries)
+        """How this queue's CAS loops back off (its progress objects' too), log their store
+        failures, and give up (``retry.give_up_after``, in a direct call)."""
+        return cas.Retries(self.retry, self.sleep, self.max_transient_retries,
+                           self.retry_log)
 
     def _build(self, draft: tree.Root, now_ms: int) -> Callable[[], bytes]:
         """The bytes of ``draft`` (group PUTs happen here); a build that took longer than

@@ -23,6 +23,7 @@ otherwise keep a process that never called ``close()`` from exiting.
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 -- its exit hook must be registered before ours
 import os
 import threading
 import weakref
@@ -76,7 +77,9 @@ def _at_exit() -> None:
 
 
 # concurrent.futures joins its workers in a threading._register_atexit hook, which runs
-# before atexit handlers; ours must run first (hooks run in registration order).
+# before atexit handlers; ours must run before it.  Those hooks run in *reverse*
+# registration order, so concurrent.futures.thread (which registers its hook on import)
+# is imported first (at the top of this module): registered after it, ours runs first.
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:
     _register(_at_exit)

@@ -10,6 +10,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tieredbuf.config import RetryConfig
+from tieredbuf.errors import (
+    OutcomeUnknownError,
+    StoreError,
+    StoreUnreachableError,
+    TieredBufError,
+    TransientStoreError,
+)
 
 
 def backoff_delay(retry: RetryConfig, attempt: int, rng: random.Random | None = None) -> float:
@@ -52,6 +59,45 @@ def retry_turn(wait: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         _local.turn = prev
+
+
+def in_background() -> bool:
+    """True inside :func:`stop_on`: a background loop (a producer's appends, an exporter)
+    that retries until it is stopped, not a direct call that gives up on its own."""
+    return getattr(_local, "stop", None) is not None
+
+
+def give_up_or_log(
+    retry: RetryConfig, attempt: int, error: BaseException | None, retry_in: float,
+    retry_log: RetryLog, subject: str,
+) -> None:
+    """Before the sleep of retry ``attempt`` of one operation on this thread (attempt 0
+    starts its clock): a store ``error`` is logged at WARNING, once per interval; in a
+    direct call it is raised instead once ``retry.give_up_after`` has passed since the
+    operation's first retry, saying so (the message keeps the store's own words).  A
+    conflict (``error`` None) is contention, not a failure: never logged, never given up."""
+    now = time.monotonic()
+    if attempt == 0 or getattr(_local, "since", None) is None:
+        _local.since = now
+    if error is None:
+        return
+    limit = retry.give_up_after
+    waited = now - _local.since
+    if limit is not None and not in_background() and waited + retry_in > limit.total_seconds():
+        retry_log.failed(subject, error, None, raised=True)
+        raise gave_up(error, waited, attempt + 1) from error
+    retry_log.failed(subject, error, retry_in)
+
+
+def gave_up(error: BaseException, seconds: float, attempts: int) -> TieredBufError:
+    """``error`` (a transient store error) as the final one of a call that stopped retrying:
+    the same class where its constructor takes one message, else TransientStoreError."""
+    text = (f"{error} -- gave up after {seconds:.1f} s and {attempts} "
+            f"{'attempt' if attempts == 1 else 'attempts'}")
+    cls = type(error)
+    if cls in (StoreError, TransientStoreError, StoreUnreachableError, OutcomeUnknownError):
+        return cls(text)  # type: ignore[no-any-return]
+    return TransientStoreError(text)
 
 
 def interruptible_sleep(seconds: float) -> None:

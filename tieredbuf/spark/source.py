@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -15,9 +18,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 from ulid import ULID
 
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.spark import arrow as ta
 from tieredbuf.spark import options as opt
+
+T = TypeVar("T")
 
 
 def records_struct() -> StructType:
@@ -48,6 +53,49 @@ def bundles_struct(payload: pa.Schema) -> StructType:
     return StructType(fields)
 
 
+class DataSourceError(TieredBufError):
+    """A tieredbuf error on its way out of the data source, its message printed first.
+
+    Spark shows a data source's error as ``Failed to create Python data source instance:``
+    followed by the Python traceback, whose *last* line is the message: a user reading
+    the top of the error sees only frames.  A traceback is printed after its exception's
+    cause, so this one's cause is a copy of the error that was never raised (printed as
+    one line, without frames).  Spark's simplified tracebacks clear ``__cause__``; here
+    that assignment is ignored."""
+
+    def __init__(self, error: TieredBufError) -> None:
+        super().__init__(str(error))
+        try:
+            head: BaseException = copy.copy(error)
+        except Exception:
+            head = TieredBufError(f"{type(error).__name__}: {error}")
+        self._head = head
+
+    @property  # type: ignore[override]
+    def __cause__(self) -> BaseException | None:
+        return self._head
+
+    @__cause__.setter
+    def __cause__(self, value: BaseException | None) -> None:
+        pass
+
+
+def _headline(method: Callable[..., T]) -> Callable[..., T]:
+    """Raise a tieredbuf error of ``method`` with its message first (:class:`DataSourceError`)."""
+
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> T:
+        try:
+            return method(*args, **kwargs)
+        except DataSourceError:
+            raise
+        except TieredBufError as e:
+            tb = e.__traceback__
+            raise DataSourceError(e).with_traceback(tb.tb_next if tb else None) from None
+
+    return wrapped
+
+
 class TieredBufDataSource(DataSource):
     """``format("tieredbuf")``; the ``load()``/``save()`` path is the buffer URL.
 
@@ -64,6 +112,7 @@ class TieredBufDataSource(DataSource):
     def name(cls) -> str:
         return "tieredbuf"
 
+    @_headline
     def schema(self) -> StructType:
         ro = opt.parse_read_options(self.options)
         if ro.slot is None:
@@ -91,6 +140,7 @@ class TieredBufDataSource(DataSource):
             )
         return bundles_struct(ta.unify(schemas))
 
+    @_headline
     def reader(self, schema: StructType) -> DataSourceReader:
         from tieredbuf.spark.reader import BatchReader
 
@@ -101,6 +151,7 @@ class TieredBufDataSource(DataSource):
             )
         return BatchReader(ro, schema)
 
+    @_headline
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from tieredbuf.spark.stream import StreamReader
 
@@ -109,6 +160,7 @@ class TieredBufDataSource(DataSource):
             raise ConfigError("endingOffsets / endingTimestamp apply to batch reads only")
         return StreamReader(ro, schema)
 
+    @_headline
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from tieredbuf.spark.writer import BatchWriter
 
@@ -116,6 +168,7 @@ class TieredBufDataSource(DataSource):
             raise ConfigError("a tieredbuf buffer is a queue: only mode('append') is supported")
         return BatchWriter(opt.parse_write_options(self.options), schema)
 
+    @_headline
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from tieredbuf.spark.writer import StreamWriter
 

@@ -120,6 +120,10 @@ class LocalDirStore:
                 os.makedirs(self._root, exist_ok=True)
                 fsync_dir(os.path.dirname(self._root))
         except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a file where a directory must be
+                raise PermanentStoreError(
+                    f"cannot create store directory {self._root}: it (or a folder above it) "
+                    f"is a file, not a directory") from e
             raise os_error(e, f"cannot create store directory {self._root}") from e
 
     @contextmanager
