@@ -112,3 +112,24 @@ def test_a_list_column_whose_offsets_pass_validate_but_point_past_its_values_is_
     body = arrow_stream([pa.record_batch([col], names=["c"])])
     with pytest.raises(bodies.BadBody, match=r"list offsets 1\.\.1 outside its 0 values"):
         bodies.parse_arrow_stream(body)
+
+
+@pytest.mark.parametrize(("ctype", "body", "limit", "too_many"), [
+    (bodies.NDJSON, b"1\n2\n3\n", 3, False),
+    (bodies.NDJSON, b"1\n2\n3", 3, False),
+    (bodies.NDJSON, b"1\n2\n3\n4", 3, True),
+    (bodies.NDJSON, b"1\n\n2\n", 2, True),  # a blank line counts: lines are counted
+    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b"a", b"", b"c"]), 3, False),
+    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b""] * 4), 3, True),
+    (bodies.OCTET_STREAM, b"\xff\x00\x00\x00", 0, True),  # one (damaged) frame over 0
+])
+def test_the_record_count_is_checked_on_the_bytes_before_any_record_is_made(
+    ctype: str, body: bytes, limit: int, too_many: bool,
+) -> None:
+    if too_many:
+        with pytest.raises(bodies.TooLarge, match=f"more than {limit} records"):
+            bodies.check_record_count(ctype, bytearray(body), limit)
+        with pytest.raises(bodies.TooLarge):
+            bodies.parse(ctype, body, max_records=limit)
+    else:
+        bodies.check_record_count(ctype, bytearray(body), limit)

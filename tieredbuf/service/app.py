@@ -95,14 +95,20 @@ def _json_error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
-def _stage(state: WorkerState, content_type: str, held: list[bytes], meta: bytes) -> tuple[
+def _stage(state: WorkerState, content_type: str, held: list[bytes | bytearray],
+           meta: bytes) -> tuple[
     WriteHandle, dict[str, Any]
 ]:
     """Parse the whole body, then stage it in one produce()/ingest() call (thread pool).
     ``held`` is the body's only reference: taken out, it is freed once parsed."""
     cfg = state.config
-    parsed = bodies.parse(content_type, held.pop(), max_records=cfg.max_records,
+    body = held.pop()
+    if content_type != bodies.ARROW_STREAM:
+        bodies.check_record_count(content_type, body, cfg.max_records)
+        body = bytes(body)  # records are bytes; the bytearray is freed here
+    parsed = bodies.parse(content_type, body, max_records=cfg.max_records,
                           max_decoded=cfg.max_body_bytes)
+    del body  # (Arrow: the batch's buffers still point into it)
     wait = cfg.backpressure_wait_s
     if isinstance(parsed, bodies.Records):
         handle = state.producer.produce(parsed.records, meta, timeout=wait)
@@ -111,17 +117,16 @@ def _stage(state: WorkerState, content_type: str, held: list[bytes], meta: bytes
     return handle, {"bundles": 1, "rows": parsed.batch.num_rows, "batches": parsed.batches}
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, limit: int) -> bytearray:
     """The body as sent (after any Content-Encoding, which aiohttp undoes in bounded
-    steps); TooLarge as soon as it passes ``limit`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
+    steps); TooLarge as soon as it passes ``limit`` bytes.  Grown as bytes arrive (a
+    client that stalls holds only what it sent), in place: no second copy."""
+    out = bytearray()
     async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
+        if len(out) + len(chunk) > limit:
             raise bodies.TooLarge(f"body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        out += chunk
+    return out
 
 
 def _details(request: web.Request) -> bool:
@@ -182,7 +187,7 @@ async def produce(request: web.Request) -> web.Response:
         resp = _json_error(408, f"request body not received within {cfg.body_timeout_s:g} s")
         resp.force_close()
         return resp
-    held = [body]
+    held: list[bytes | bytearray] = [body]
     del body  # the parser's reference is then the only one
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()

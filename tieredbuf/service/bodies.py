@@ -60,13 +60,30 @@ class Bundle:
     """How many record batches the stream held (concatenated into ``batch``)."""
 
 
-def parse_ndjson(body: bytes, max_records: int | None = None) -> Records:
-    """One record per non-blank line; TooLarge past ``max_records`` lines (counted
-    before any record is made, so blank lines count too)."""
-    if max_records is not None:
+def check_record_count(content_type: str, body: bytes | bytearray, max_records: int) -> None:
+    """TooLarge when an ndjson or octet-stream ``body`` holds more than ``max_records``
+    records, counted on its bytes before any record (or copy) is made: ndjson lines
+    (blank ones too) with ``count``, octet-stream frames by their length prefixes (a
+    damaged frame is left to the parser)."""
+    if content_type == NDJSON:
         lines = body.count(b"\n") + (not body.endswith(b"\n"))
         if lines > max_records:
             raise TooLarge(f"more than {max_records} records in the body ({lines} lines)")
+    elif content_type == OCTET_STREAM:
+        pos, end, n = 0, len(body), 0
+        while pos + _LEN.size <= end:
+            if n == max_records:
+                raise TooLarge(f"more than {max_records} records in the body (record "
+                               f"{max_records + 1} starts at byte {pos})")
+            pos += _LEN.size + _LEN.unpack_from(body, pos)[0]
+            n += 1
+
+
+def parse_ndjson(body: bytes, max_records: int | None = None) -> Records:
+    """One record per non-blank line; TooLarge past ``max_records`` lines
+    (:func:`check_record_count`)."""
+    if max_records is not None:
+        check_record_count(NDJSON, body, max_records)
     out: list[bytes] = []
     loads = orjson.loads
     for n, line in enumerate(body.split(b"\n"), start=1):
@@ -109,7 +126,7 @@ def parse_length_prefixed(body: bytes, max_records: int | None = None) -> Record
     return Records(out)
 
 
-def parse_arrow_stream(body: bytes, max_decoded: int | None = None) -> Bundle:
+def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None) -> Bundle:
     """TooLarge when the stream's batches and dictionaries declare more than
     ``max_decoded`` bytes once decompressed: summed from the stream's metadata before
     anything is decoded (a decompression bomb never allocates)."""
@@ -179,14 +196,14 @@ def _check_offsets(arr: pa.Array, name: str) -> None:
             _check_offsets(arr.field(i), f"{name}.{arr.type.field(i).name}")
 
 
-def parse(content_type: str, body: bytes, *, max_records: int | None = None,
+def parse(content_type: str, body: bytes | bytearray, *, max_records: int | None = None,
           max_decoded: int | None = None) -> Records | Bundle:
     """Parse ``body`` of ``content_type`` (one of :data:`CONTENT_TYPES`): BadBody (400)
     or TooLarge (413, past ``max_records`` records or ``max_decoded`` decoded bytes)."""
     if content_type == NDJSON:
-        return parse_ndjson(body, max_records)
+        return parse_ndjson(bytes(body), max_records)
     if content_type == OCTET_STREAM:
-        return parse_length_prefixed(body, max_records)
+        return parse_length_prefixed(bytes(body), max_records)
     if content_type == ARROW_STREAM:
         return parse_arrow_stream(body, max_decoded)
     raise ValueError(f"unsupported content type {content_type!r}")
