@@ -138,8 +138,9 @@ def _details(request: web.Request) -> bool:
 
 
 def _describe(e: BaseException, details: bool) -> str:
-    return f"{type(e).__name__}: {e}" if details else f"{type(e).__name__} (details with a " \
-        "valid token)"
+    if details:
+        return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__} (details with a valid token)"
 
 
 async def _durable(handle: WriteHandle, level: Durability, timeout: float) -> None:
@@ -176,8 +177,8 @@ async def produce(request: web.Request) -> web.Response:
     try:  # aiohttp decodes header bytes as UTF-8, a bad byte as a lone surrogate
         meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
     except UnicodeEncodeError as e:
-        return _json_error(400, f"X-Tieredbuf-Metadata is not UTF-8 (byte {e.start}): send "
-                                "its UTF-8 bytes")
+        return _json_error(400, f"X-Tieredbuf-Metadata is not UTF-8 (at position {e.start}): "
+                                "send its UTF-8 bytes")
     try:
         async with asyncio.timeout(cfg.body_timeout_s):
             body = await _read_body(request, limit)

@@ -83,22 +83,21 @@ def _mark_dead(pid: int, path: Path) -> None:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host`` (an IPv4 or IPv6 address, bracketed or not, or a
-    name; ``""``: every IPv4 interface).  ``::`` takes IPv4 connections too where the
-    system allows a dual-stack socket."""
+    """A listening socket on ``host``: an IPv4 address, an IPv6 one (bracketed or not;
+    ``::`` takes IPv4 connections too where the system allows a dual-stack socket),
+    or a name (its IPv4 address, else its IPv6 one); ``""``: every IPv4 interface."""
     host = host.removeprefix("[").removesuffix("]")
-    family = socket.AF_INET
     try:
         addr = ipaddress.ip_address(host) if host else None
-    except ValueError:  # a name: the family of its first address
-        addr = None
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                    flags=socket.AI_PASSIVE)[0][0]
-    if addr is not None and addr.version == 6:
-        family = socket.AF_INET6
-    dual = family == socket.AF_INET6 and addr is not None and addr.is_unspecified and \
-        socket.has_dualstack_ipv6()
-    return socket.create_server((host, port), family=family, backlog=2048,
+    except ValueError:  # a name (socket.gaierror when it does not resolve)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, *_, where = ([i for i in infos if i[0] == socket.AF_INET] or infos)[0]
+        return socket.create_server(where, family=family, backlog=2048)
+    if addr is None or addr.version == 4:
+        return socket.create_server((host, port), backlog=2048)
+    dual = addr.is_unspecified and socket.has_dualstack_ipv6()
+    return socket.create_server((host, port), family=socket.AF_INET6, backlog=2048,
                                 dualstack_ipv6=dual)
 
 
@@ -124,8 +123,7 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
 
         hint = " (another process uses it; --port 0 picks a free one)" if (
             e.errno == errno.EADDRINUSE) else ""
-        why = e.strerror if isinstance(e, socket.gaierror) else (
-            os.strerror(e.errno) if e.errno else str(e))
+        why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
         where = f"[{config.host}]" if ":" in config.host else config.host
         raise ConfigError(f"cannot listen on {where}:{config.port}: {why}{hint}") from None
     sock.set_inheritable(True)
