@@ -160,6 +160,13 @@ def test_bad_bodies_and_headers_are_400_not_500_and_leave_nothing_behind(
             "",
             "X-Tieredbuf-Metadata",
         ),
+        (
+            "gzip that does not inflate",
+            b"not gzip at all",
+            {**nd, "Content-Encoding": "gzip"},
+            "",
+            "body cannot be read",
+        ),
         ("durability twice", b'{"a":1}\n', nd, "?durability=remote&durability=local", "durability"),
         (
             "durability twice, same value",

@@ -50,7 +50,7 @@ from tieredbuf.handles import Durability, WriteHandle
 from tieredbuf.redact import redact
 from tieredbuf.service import auth, bodies
 from tieredbuf.service.config import ServiceConfig
-from tieredbuf.service.http import REFUSED, track_requests
+from tieredbuf.service.http import REFUSED, parse_error_reason, track_requests
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,11 @@ async def produce(request: web.Request) -> web.Response:
         return _json_error(413, str(e))
     except TimeoutError:
         resp = _json_error(408, f"request body not received within {cfg.body_timeout_s:g} s")
+        resp.force_close()
+        return resp
+    except web.RequestPayloadError as e:  # a Content-Encoding or chunk framing that breaks
+        request.content.feed_eof()  # read no further (aiohttp would, and log a traceback)
+        resp = _json_error(400, f"the body cannot be read: {parse_error_reason(e.__cause__)}")
         resp.force_close()
         return resp
     held: list[bytes | bytearray] = [body]

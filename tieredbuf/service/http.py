@@ -52,7 +52,7 @@ REFUSED_ANSWER = (
 )
 REFUSED_LOG_EVERY_S = 10.0
 REFUSED_LINGER_S = 2.0
-_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ]{0,79}")
+_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 -]{0,79}")
 
 
 def parse_error_reason(exc: BaseException | None) -> str:
