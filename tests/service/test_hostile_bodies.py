@@ -193,3 +193,48 @@ def test_bad_bodies_and_headers_are_400_not_500_and_leave_nothing_behind(
     assert "café".encode() in [m.payload for b in seen for m in b.metadata], (
         "the header's UTF-8 bytes are the metadata"
     )
+
+
+def _tiny_batches(limit: int) -> bytes:
+    one = pa.record_batch([pa.array([1], pa.int64())], names=["v"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, one.schema) as w:
+        while sink.tell() < limit - 400:
+            w.write_batch(one)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def test_an_arrow_stream_of_too_many_batches_or_columns_is_413_in_bounded_memory(
+    tmp_path: Path, serve: Serve
+) -> None:
+    """Each batch, field and array is a pyarrow object of about 1 KB however small its
+    data: 110,000 one-row batches in 16 MiB took 114 MiB to read.  They count against
+    --max-records, two records each, before anything is decoded."""
+    url = f"file://{tmp_path}/buf"
+    srv = serve(url, *FAST, "--max-body", "4MiB", "--max-records", "10000")
+    before = stage_files(srv.stage)
+    pid = _worker(srv)
+    many = _tiny_batches(4 * MiB)  # about 27,000 batches
+    wide = arrow_stream(
+        [pa.record_batch([pa.array([1], pa.int8())] * 6000, names=[f"c{i}" for i in range(6000)])]
+    )
+    nested = pa.StructArray.from_arrays(
+        [pa.array([1])] * 6000, names=[f"f{i}" for i in range(6000)]
+    )
+    deep = arrow_stream([pa.record_batch([nested], names=["s"])])
+    for name, body in (
+        ("many batches", many),
+        ("many columns", wide),
+        ("many nested fields", deep),
+    ):
+        r, grew = peak_growth(pid, partial(srv.post, body, ARROW_STREAM, "local", timeout=120))
+        assert r.status == 413, (name, r.status, r.body[:300])
+        assert "more than 5000 fields, batches and arrays" in r.json()["error"], r.body
+        assert grew <= 4 * 4 * MiB, f"{name}: worker memory rose {grew / MiB:.0f} MiB"
+    assert stage_files(srv.stage) == before, "nothing staged"
+    fine = arrow_stream(
+        [pa.record_batch([pa.array(range(100))] * 40, names=[f"c{i}" for i in range(40)])] * 50
+    )
+    r = srv.post(fine, ARROW_STREAM, "local")  # 40 + 50 x 41 = 2,090 parts
+    assert r.status == 200 and r.json()["rows"] == 5000, r.body
+    assert srv.terminate() == 0

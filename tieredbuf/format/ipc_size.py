@@ -5,10 +5,12 @@ A compressed IPC body holds each buffer as ``[uncompressed length: i64 LE][compr
 bytes]`` (``-1``: stored uncompressed); the buffers' places in the body are listed in
 the message's flatbuffer metadata (``RecordBatch.buffers``; the Arrow columnar format's
 "Compression" section).  pyarrow's reader allocates that declared length and then
-decompresses into it, so a 33 KB stream can ask for 1 GiB.  :func:`decoded_size`
+decompresses into it, so a 33 KB stream can ask for 1 GiB.  :func:`declared`
 sums the declared sizes of every record batch and dictionary batch (an uncompressed
 buffer counts its length: writing the batch out again copies it, however its buffers
-overlap) and stops as soon as the sum passes ``limit``.
+overlap), and counts its batches and arrays (each a pyarrow object of about 1 KB, so
+110,000 one-row batches in 16 MiB took 114 MiB to read), stopping as soon as either
+passes its limit.
 
 Pure: it reads the bytes given (messages framed by pyarrow's ``MessageReader``, which
 copies nothing from an in-memory buffer) and a few fields of each message's
@@ -18,6 +20,7 @@ flatbuffer, with every offset checked against the buffer before it is followed.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -29,9 +32,11 @@ _BUFFER = struct.Struct("<qq")  # flatbuffer struct Buffer {offset: long; length
 
 # Message.fbs: table Message {version; header (union: type, value); bodyLength; ...}
 _MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2
-_HEADER_DICTIONARY_BATCH, _HEADER_RECORD_BATCH = 2, 3
+_HEADER_SCHEMA, _HEADER_DICTIONARY_BATCH, _HEADER_RECORD_BATCH = 1, 2, 3
+# table Schema {endianness; fields: [Field]; ...}; table Field {...; children: [Field]}
+_SCHEMA_FIELDS, _FIELD_CHILDREN = 1, 5
 # table RecordBatch {length; nodes; buffers; compression; ...}
-_RECORD_BATCH_BUFFERS, _RECORD_BATCH_COMPRESSION = 2, 3
+_RECORD_BATCH_NODES, _RECORD_BATCH_BUFFERS, _RECORD_BATCH_COMPRESSION = 1, 2, 3
 # table DictionaryBatch {id; data: RecordBatch; isDelta}
 _DICTIONARY_BATCH_DATA = 1
 
@@ -74,12 +79,37 @@ class _Flat:
         """The table or vector an offset field at ``pos`` points to."""
         return pos + self._at(_U32, pos)
 
+    def length(self, vector: int) -> int:
+        """How many elements the vector at ``vector`` holds."""
+        return self._at(_U32, vector)
+
     def buffers(self, vector: int) -> list[tuple[int, int]]:
         n = self._at(_U32, vector)
         start = vector + 4
         if start + n * _BUFFER.size > len(self.data):
             raise IpcSizeError(f"{n} buffers run past the metadata's {len(self.data)} bytes")
         return [_BUFFER.unpack_from(self.data, start + i * _BUFFER.size) for i in range(n)]
+
+
+def _fields(flat: _Flat, schema: int, budget: int) -> int:
+    """How many fields the Schema table at ``schema`` declares, nested children
+    included; stops once past ``budget``."""
+    n = 0
+    todo = [schema]
+    first = True
+    while todo and n <= budget:
+        table = todo.pop()
+        where = flat.field(table, _SCHEMA_FIELDS if first else _FIELD_CHILDREN)
+        first = False
+        if where is None:
+            continue
+        vector = flat.deref(where)
+        count = flat.length(vector)
+        n += count
+        if n > budget:
+            break
+        todo.extend(flat.deref(vector + 4 + 4 * i) for i in range(count))
+    return n
 
 
 def _batch_size(flat: _Flat, batch: int, body: memoryview) -> int:
@@ -109,19 +139,31 @@ def _batch_size(flat: _Flat, batch: int, body: memoryview) -> int:
     return total
 
 
-def decoded_size(source: pa.Buffer, limit: int) -> int:
-    """The bytes the record batches and dictionaries of the IPC stream in ``source``
-    declare once decoded; returns as soon as the sum passes ``limit`` (a value over
-    ``limit``).  IpcSizeError (or pyarrow's error) for a stream it cannot frame."""
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What an IPC stream declares, summed over its record and dictionary batches."""
+
+    decoded: int
+    """Bytes of their buffers once decoded."""
+    parts: int
+    """Batches plus arrays (field nodes: columns and nested children, per batch): each
+    becomes a pyarrow object of about 1 KB however small its data."""
+
+
+def declared(source: pa.Buffer, max_decoded: int, max_parts: int) -> Declared:
+    """What the IPC stream in ``source`` declares; stops as soon as either sum passes its
+    limit (the sums are then over it, not whole).  IpcSizeError (or pyarrow's error)
+    for a stream it cannot frame."""
     reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(source))
-    total = 0
-    while total <= limit:
+    total = parts = 0
+    while total <= max_decoded and parts <= max_parts:
         try:
             msg = reader.read_next_message()
         except StopIteration:
             break
-        if msg.type not in ("record batch", "dictionary batch"):
+        if msg.type not in ("schema", "record batch", "dictionary batch"):
             continue
+        parts += 1
         flat = _Flat(memoryview(msg.metadata))
         message = flat.root()
         header = flat.field(message, _MESSAGE_HEADER)
@@ -129,6 +171,9 @@ def decoded_size(source: pa.Buffer, limit: int) -> int:
         if header is None or kind is None:
             raise IpcSizeError(f"a {msg.type} message without its header")
         table = flat.deref(header)
+        if flat.u8(kind) == _HEADER_SCHEMA:
+            parts += _fields(flat, table, max_parts - parts + 1)
+            continue
         if flat.u8(kind) == _HEADER_DICTIONARY_BATCH:
             data = flat.field(table, _DICTIONARY_BATCH_DATA)
             if data is None:
@@ -136,6 +181,9 @@ def decoded_size(source: pa.Buffer, limit: int) -> int:
             table = flat.deref(data)
         elif flat.u8(kind) != _HEADER_RECORD_BATCH:
             raise IpcSizeError(f"a {msg.type} message with header type {flat.u8(kind)}")
+        nodes = flat.field(table, _RECORD_BATCH_NODES)
+        if nodes is not None:
+            parts += flat.length(flat.deref(nodes))
         body = memoryview(msg.body) if msg.body is not None else memoryview(b"")
         total += _batch_size(flat, table, body)
-    return total
+    return Declared(total, parts)

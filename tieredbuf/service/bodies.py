@@ -17,8 +17,8 @@ nothing behind.
 Bounded work per body: an ndjson or octet-stream body of more than ``max_records``
 records is refused before its records are made (each costs a Python object here and
 in the producer), and an Arrow stream whose buffers declare more than
-``max_decoded`` bytes once decompressed is refused before any is decompressed
-(format/ipc_size.py).
+``max_decoded`` bytes once decompressed, or more than ``max_records / 2`` fields,
+batches and arrays, is refused before any is decoded (format/ipc_size.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 CONTENT_TYPES = (NDJSON, OCTET_STREAM, ARROW_STREAM)
 
 _LEN = struct.Struct("<I")
+ARROW_PART_RECORDS = 2
+"""An Arrow stream's fields, batches and arrays count this many records each against
+``max_records``: each is a pyarrow object of about 1 KB while it is read, a record
+about 200 bytes while it is parsed and staged (bench/service.py --memory)."""
 
 
 class BadBody(ValueError):
@@ -126,26 +130,33 @@ def parse_length_prefixed(body: bytes, max_records: int | None = None) -> Record
     return Records(out)
 
 
-def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None) -> Bundle:
-    """TooLarge when the stream's batches and dictionaries declare more than
-    ``max_decoded`` bytes once decompressed: summed from the stream's metadata before
-    anything is decoded (a decompression bomb never allocates)."""
+def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None,
+                       max_parts: int | None = None) -> Bundle:
+    """TooLarge when the stream declares more than ``max_decoded`` bytes once
+    decompressed, or more than ``max_parts`` fields, batches and arrays (each a pyarrow
+    object of about 1 KB): summed from the stream's metadata before anything is
+    decoded (format/ipc_size.py), so a decompression bomb never allocates."""
     import pyarrow as pa
 
-    from tieredbuf.format.ipc_size import decoded_size
+    from tieredbuf.format.ipc_size import declared
     from tieredbuf.format.wal import describe_error
 
     if not body:
         raise BadBody("empty Arrow stream")
     data = pa.py_buffer(body)
-    if max_decoded is not None:
+    if max_decoded is not None or max_parts is not None:
+        decoded_cap = (1 << 62) if max_decoded is None else max_decoded
+        parts_cap = (1 << 62) if max_parts is None else max_parts
         try:
-            size = decoded_size(data, max_decoded)
+            got = declared(data, decoded_cap, parts_cap)
         except Exception as e:  # any failure framing untrusted Arrow bytes
             raise BadBody(f"corrupt Arrow IPC stream: {describe_error(e)}") from None
-        if size > max_decoded:
-            raise TooLarge(f"the Arrow stream decodes to more than {max_decoded} bytes "
-                           f"(its buffers declare at least {size})")
+        if got.decoded > decoded_cap:
+            raise TooLarge(f"the Arrow stream decodes to more than {decoded_cap} bytes "
+                           f"(its buffers declare at least {got.decoded})")
+        if got.parts > parts_cap:
+            raise TooLarge(f"the Arrow stream holds more than {parts_cap} fields, batches "
+                           f"and arrays (at least {got.parts}): send fewer, larger batches")
     try:
         source = pa.BufferReader(data)
         with pa.ipc.open_stream(source) as reader:
@@ -199,13 +210,16 @@ def _check_offsets(arr: pa.Array, name: str) -> None:
 def parse(content_type: str, body: bytes | bytearray, *, max_records: int | None = None,
           max_decoded: int | None = None) -> Records | Bundle:
     """Parse ``body`` of ``content_type`` (one of :data:`CONTENT_TYPES`): BadBody (400)
-    or TooLarge (413, past ``max_records`` records or ``max_decoded`` decoded bytes)."""
+    or TooLarge (413, past ``max_records`` records or ``max_decoded`` decoded bytes; an
+    Arrow stream may hold ``max_records // ARROW_PART_RECORDS`` fields, batches and
+    arrays)."""
     if content_type == NDJSON:
         return parse_ndjson(bytes(body), max_records)
     if content_type == OCTET_STREAM:
         return parse_length_prefixed(bytes(body), max_records)
     if content_type == ARROW_STREAM:
-        return parse_arrow_stream(body, max_decoded)
+        parts = None if max_records is None else max(1, max_records // ARROW_PART_RECORDS)
+        return parse_arrow_stream(body, max_decoded, parts)
     raise ValueError(f"unsupported content type {content_type!r}")
 
 
