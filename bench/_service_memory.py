@@ -43,6 +43,14 @@ def cases(limit: int, bomb_factor: int) -> list[tuple[str, str, Callable[[], byt
         rng = np.random.default_rng(23)
         return _arrow(pa.record_batch([pa.array(rng.integers(0, 256, rows))], names=["v"]), "zstd")
 
+    def one_row_batches() -> bytes:
+        one = pa.record_batch([pa.array([1], pa.int64())], names=["v"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, one.schema) as w:
+            while sink.tell() < limit - 400:
+                w.write_batch(one)
+        return bytes(sink.getvalue().to_pybytes())
+
     return [
         ("ndjson, 1-byte records, body at the limit", NDJSON, lambda: b"1\n" * (limit // 2)),
         (
@@ -65,6 +73,7 @@ def cases(limit: int, bomb_factor: int) -> list[tuple[str, str, Callable[[], byt
                 "zstd",
             ),
         ),
+        ("Arrow, one-row batches, body at the limit", ARROW, one_row_batches),
         ("Arrow zstd, decodes to the limit", ARROW, small_ints),
         (
             "Arrow uncompressed, body at the limit",

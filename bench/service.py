@@ -29,10 +29,10 @@ a same-run baseline.
 
 ``--memory`` measures instead a worker's peak memory for one request at the body
 limit (``--memory-limit``, 16 MiB), per kind of body: ndjson of 1-byte records,
-ndjson at the default ``--max-records``, octet-stream of empty records, an Arrow
-zstd "bomb" decoding to ``--bomb-factor`` x the limit, Arrow zstd decoding to the
-limit, Arrow uncompressed at the limit (bench/_service_memory.py).  Goal: <= 4x
-the limit.
+ndjson at the default ``--max-records``, octet-stream of empty records, Arrow of
+one-row batches, an Arrow zstd "bomb" decoding to ``--bomb-factor`` x the limit,
+Arrow zstd decoding to the limit, Arrow uncompressed at the limit
+(bench/_service_memory.py).  Goal: <= 4x the limit.
 
 Usage::
 
