@@ -74,10 +74,11 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
     order = [tuple(int(x) for x in r.split(":")) for r in seen]
     assert order == sorted(order), "I3: the producer's records are out of order"
     # the store is on the stage's disk: its data objects are the sealed segment files
-    # themselves (hard links, read-only 0440), not uploaded copies (0644) -- so the kills
-    # also landed between the link, the store's commit and the release
+    # themselves (hard links, read-only and owner-only 0400 like every stage file), not
+    # uploaded copies (0644) -- so the kills also landed between the link, the store's
+    # commit and the release
     modes = {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "buf" / "data").iterdir()}
-    assert modes == {0o440}, modes
+    assert modes == {0o400}, modes
 
 
 def test_I1_I2_kill_minus_9_a_few_times_loses_and_doubles_nothing(tmp_path: Path) -> None:

@@ -219,3 +219,20 @@ def test_a_body_encoded_outside_the_lock_frames_to_the_golden_bytes() -> None:
     assert b"".join(wal.frame_entry(7, 123, entry)) == _frame(body)
     assert b"".join(wal.frame_entry(7, 123, entry)) == b"".join(
         wal.encode_records_entry(7, 123, recs, b"md"))
+
+
+@pytest.mark.parametrize("count", [4096, 4097, 20_000])
+def test_a_body_of_many_records_is_coalesced_run_by_run_to_the_same_bytes(count: int) -> None:
+    """More than 8192 parts are joined run by run into one buffer (no 80 bytes per
+    part held by one big join): the same bytes, the same CRC, the same record block."""
+    recs = [b"r%d" % i for i in range(count)]
+    entry = wal.records_body(recs, b"md")
+    assert len(entry.parts) == 1
+    joined = b"".join(struct.pack("<I", len(r)) + r for r in recs)
+    assert bytes(entry.parts[0]) == struct.pack("<I", 2) + b"md" + \
+        struct.pack("<I", count) + joined
+    assert entry.crc == zlib.crc32(bytes(entry.parts[0]))
+    block = wal.records_block(entry, b"md")
+    assert block is not None and bytes(block) == joined
+    assert b"".join(wal.frame_entry(7, 123, entry)) == b"".join(
+        wal.encode_records_entry(7, 123, recs, b"md"))

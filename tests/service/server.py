@@ -38,6 +38,9 @@ class Server:
     """Sent as ``Authorization: Bearer`` unless a request says otherwise."""
     tls: ssl.SSLContext | None = None
     """The client context for an HTTPS server (trusting its test certificate)."""
+    host: str = "127.0.0.1"
+    """Where requests go: the address it listens on (its family's loopback for an
+    unspecified address)."""
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 30.0,
@@ -47,10 +50,10 @@ class Server:
             headers["Authorization"] = f"Bearer {self.token}"
         conn: http.client.HTTPConnection
         if self.tls is not None:
-            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout,
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
                                                context=self.tls)
         else:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=headers)
             r = conn.getresponse()
@@ -114,7 +117,9 @@ def start_server(url: str, tmp: Path, *args: str, workers: int = 1,
         raise AssertionError(f"no listening line: {line!r}\n{log.read_text()}")
     scheme = "https" if tls is not None else "http"
     assert f"listening on {scheme}://" in line, line
-    port = int(line.split("://", 1)[1].split()[0].rsplit(":", 1)[1])
-    server = Server(proc, port, log, stage, token=token, tls=tls)
+    where, port_text = line.split("://", 1)[1].split()[0].rsplit(":", 1)
+    host = where.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    server = Server(proc, int(port_text), log, stage, token=token, tls=tls, host=host)
     server.wait_ready()
     return server

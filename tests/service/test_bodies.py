@@ -112,3 +112,54 @@ def test_a_list_column_whose_offsets_pass_validate_but_point_past_its_values_is_
     body = arrow_stream([pa.record_batch([col], names=["c"])])
     with pytest.raises(bodies.BadBody, match=r"list offsets 1\.\.1 outside its 0 values"):
         bodies.parse_arrow_stream(body)
+
+
+@pytest.mark.parametrize(("ctype", "body", "limit", "too_many"), [
+    (bodies.NDJSON, b"1\n2\n3\n", 3, False),
+    (bodies.NDJSON, b"1\n2\n3", 3, False),
+    (bodies.NDJSON, b"1\n2\n3\n4", 3, True),
+    (bodies.NDJSON, b"1\n\n2\n", 2, True),  # a blank line counts: lines are counted
+    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b"a", b"", b"c"]), 3, False),
+    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b""] * 4), 3, True),
+    (bodies.OCTET_STREAM, b"\xff\x00\x00\x00", 0, True),  # one (damaged) frame over 0
+])
+def test_the_record_count_is_checked_on_the_bytes_before_any_record_is_made(
+    ctype: str, body: bytes, limit: int, too_many: bool,
+) -> None:
+    if too_many:
+        with pytest.raises(bodies.TooLarge, match=f"more than {limit} records"):
+            bodies.check_record_count(ctype, bytearray(body), limit)
+        with pytest.raises(bodies.TooLarge):
+            bodies.parse(ctype, body, max_records=limit)
+    else:
+        bodies.check_record_count(ctype, bytearray(body), limit)
+
+
+@FUZZ
+@given(st.lists(arrow_batches(), min_size=1, max_size=3), st.sampled_from([None, "zstd", "lz4"]),
+       cuts, flips, bits)
+def test_an_arrow_streams_declared_size_is_its_limit_and_damage_is_a_400_413_or_a_bundle(
+    batches: list[pa.RecordBatch], codec: str | None, cut: int, flip: int, bit: int
+) -> None:
+    """format/ipc_size.py reads what a stream declares from its flatbuffer metadata: at
+    exactly those limits the stream is accepted, one byte or part under it is 413, and
+    damaged bytes are a 400, a 413 or a valid bundle -- never another exception."""
+    from tieredbuf.format.ipc_size import declared
+
+    batches = [b for b in batches if b.schema.equals(batches[0].schema)]
+    body = arrow_stream(batches, compression=codec)
+    got = declared(pa.py_buffer(body), 1 << 40, 1 << 40)
+    assert got.parts >= 2 * len(batches) + 1  # the schema's fields, each batch, its arrays
+    ok = bodies.parse_arrow_stream(body, got.decoded, got.parts)
+    assert ok.batches == len(batches)
+    if got.decoded:
+        with pytest.raises(bodies.TooLarge, match="decodes to more than"):
+            bodies.parse_arrow_stream(body, got.decoded - 1, got.parts)
+    with pytest.raises(bodies.TooLarge, match="fields, batches and arrays"):
+        bodies.parse_arrow_stream(body, got.decoded, got.parts - 1)
+    try:
+        bad = bodies.parse_arrow_stream(damage(body, cut, flip, bit), 1 << 20, 10_000)
+    except (bodies.BadBody, bodies.TooLarge) as e:
+        assert str(e)
+    else:
+        bad.batch.validate(full=True)

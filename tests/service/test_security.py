@@ -5,8 +5,6 @@ here with ``cryptography``), and the refusal to expose an unauthenticated port."
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import signal
 import ssl
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.server import Server
-from tests.service.util import consume_all, ndjson
+from tests.service.util import consume_all, ndjson, self_signed
 from tieredbuf.service.auth import TOKENS_ENV
 from tieredbuf.service.bodies import NDJSON
 
@@ -129,40 +127,8 @@ def test_tokens_from_the_environment(tmp_path: Path, serve: Serve) -> None:
     assert srv.terminate() == 0
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path, ssl.SSLContext]:
-    """A certificate for 127.0.0.1, made now (never checked in), and a client context
-    that trusts exactly it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tieredbuf test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    key_path.chmod(0o600)
-    client = ssl.create_default_context(cafile=str(cert_path))
-    return cert_path, key_path, client
-
-
 def test_https_with_tls_cert_and_key(tmp_path: Path, serve: Serve) -> None:
-    cert, key, client = _self_signed(tmp_path)
+    cert, key, client = self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
     url = f"file://{tmp_path}/buf"
     srv = serve(url, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file",
                 str(_tokens(tmp_path / "tokens", OLD)), token=OLD, tls=client)

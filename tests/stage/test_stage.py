@@ -59,7 +59,7 @@ def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
             (0, b"m1"), (2, b"empty"), (2, b"m3")]
         assert seg.sequences == ((0, 2),)
         assert (seg.wal_start, seg.wal_end) == (acks[0].wal_start, acks[2].wal_end)
-        assert stat.S_IMODE(seg.path.stat().st_mode) == 0o440
+        assert stat.S_IMODE(seg.path.stat().st_mode) == 0o400
         assert seg.sidecar_path.exists()
         assert st.sealed_segments() == [seg]
         # Quiver's rule: the cursor moves once the segment is durable, not at release

@@ -269,7 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--workers", type=int, default=0, metavar="N",
                     help="worker processes (default 0: one per CPU)")
     sv.add_argument("--max-body", type=parse_size, default=16 << 20, metavar="SIZE",
-                    help="largest request body, e.g. 16MiB; larger: 413 (default 16MiB)")
+                    help="largest request body, e.g. 16MiB, as sent and decoded; larger: "
+                         "413 (default 16MiB)")
+    sv.add_argument("--max-records", type=int, default=100_000, metavar="N",
+                    help="most records (ndjson lines, octet-stream frames) per request; "
+                         "more: 413 (default 100000)")
     sv.add_argument("--backpressure-wait", type=parse_duration, metavar="DURATION",
                     default=timedelta(milliseconds=500), help="wait at a stage cap, then 503")
     sv.add_argument("--remote-timeout", type=parse_duration, default=timedelta(seconds=30),
@@ -279,6 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="DURATION", help="on SIGTERM: time for in-flight requests")
     sv.add_argument("--drain-timeout", type=parse_duration, default=timedelta(minutes=5),
                     metavar="DURATION", help="on SIGTERM: time to seal and export the stage")
+    g4 = sv.add_argument_group("connections (see docs/operations.md: limits and timeouts)")
+    g4.add_argument("--header-timeout", type=parse_duration, default=timedelta(seconds=10),
+                    metavar="DURATION", help="a request head (and a TLS handshake) must "
+                    "arrive within this long, or the connection is closed (default 10s)")
+    g4.add_argument("--body-timeout", type=parse_duration, default=timedelta(seconds=60),
+                    metavar="DURATION", help="a request body must arrive within this "
+                    "long of its head, or 408 (default 60s)")
+    g4.add_argument("--idle-timeout", type=parse_duration, default=timedelta(seconds=75),
+                    metavar="DURATION", help="close a kept-alive connection idle this "
+                    "long (default 75s)")
+    g4.add_argument("--max-connections", type=int, default=512, metavar="N",
+                    help="open connections per worker; more: 503 and closed (default 512)")
     g2 = sv.add_argument_group("stage (see docs/operations.md: sizing the stage)")
     g2.add_argument("--max-open-duration", type=parse_duration, metavar="DURATION",
                     help="seal an open segment after this long (default 5s): REMOTE latency")

@@ -9,7 +9,15 @@
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
 With tokens configured, every route but ServiceConfig.open_paths needs
-``Authorization: Bearer <token>`` (service/auth.py: 401 without, 403 wrong).
+``Authorization: Bearer <token>`` (service/auth.py: 401 without, 403 wrong).  An open
+``/healthz`` or ``/readyz`` names the error's type only; the message (stage paths, the
+store's endpoint and bucket) goes to requests with a valid token.
+
+A request's body is read by the handler under ``body_timeout_s`` (408) and
+``max_body_bytes`` (413), then parsed and staged on the thread pool with only the
+parser holding it (so it is freed once its records are made); the connection layer
+before it (timeouts for the request head, the connection cap, 400 pages that quote
+nothing) is service/http.py.
 
 Blocking work (parsing, staging) runs on a thread pool; waiting for durability
 does not hold a thread: the write handle's callback wakes the request's future.
@@ -42,6 +50,7 @@ from tieredbuf.produce.handles import Durability, WriteHandle
 from tieredbuf.runtime.redact import redact
 from tieredbuf.service import auth, bodies
 from tieredbuf.service.config import ServiceConfig
+from tieredbuf.service.http import REFUSED, parse_error_reason, track_requests
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,7 @@ class WorkerState:
     )
     mirror: metrics.Mirror | None = None
     registry: CollectorRegistry | None = None
+    tokens: auth.TokenSet | None = None
 
 
 STATE = web.AppKey("state", WorkerState)
@@ -85,17 +95,52 @@ def _json_error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
-def _stage(state: WorkerState, content_type: str, body: bytes, meta: bytes) -> tuple[
+def _stage(state: WorkerState, content_type: str, held: list[bytes | bytearray],
+           meta: bytes) -> tuple[
     WriteHandle, dict[str, Any]
 ]:
-    """Parse the whole body, then stage it in one produce()/ingest() call (thread pool)."""
-    parsed = bodies.parse(content_type, body)
-    wait = state.config.backpressure_wait_s
+    """Parse the whole body, then stage it in one produce()/ingest() call (thread pool).
+    ``held`` is the body's only reference: taken out, it is freed once parsed."""
+    cfg = state.config
+    body = held.pop()
+    if content_type != bodies.ARROW_STREAM:
+        bodies.check_record_count(content_type, body, cfg.max_records)
+        body = bytes(body)  # records are bytes; the bytearray is freed here
+    parsed = bodies.parse(content_type, body, max_records=cfg.max_records,
+                          max_decoded=cfg.max_body_bytes)
+    del body  # (Arrow: the batch's buffers still point into it)
+    wait = cfg.backpressure_wait_s
     if isinstance(parsed, bodies.Records):
         handle = state.producer.produce(parsed.records, meta, timeout=wait)
         return handle, {"records": len(parsed.records)}
     handle = state.producer.ingest({0: parsed.batch}, timeout=wait)
     return handle, {"bundles": 1, "rows": parsed.batch.num_rows, "batches": parsed.batches}
+
+
+async def _read_body(request: web.Request, limit: int) -> bytearray:
+    """The body as sent (after any Content-Encoding, which aiohttp undoes in bounded
+    steps); TooLarge as soon as it passes ``limit`` bytes.  Grown as bytes arrive (a
+    client that stalls holds only what it sent), in place: no second copy."""
+    out = bytearray()
+    async for chunk in request.content.iter_any():
+        if len(out) + len(chunk) > limit:
+            raise bodies.TooLarge(f"body exceeds {limit} bytes")
+        out += chunk
+    return out
+
+
+def _details(request: web.Request) -> bool:
+    """Whether this request may read error messages that name stage paths and the
+    store's endpoint: yes without tokens configured, else only with a valid token
+    (an open /healthz answers anyone)."""
+    tokens = request.app[STATE].tokens
+    return tokens is None or tokens.check(request.headers.get("Authorization")).status == 200
+
+
+def _describe(e: BaseException, details: bool) -> str:
+    if details:
+        return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__} (details with a valid token)"
 
 
 async def _durable(handle: WriteHandle, level: Durability, timeout: float) -> None:
@@ -111,7 +156,11 @@ async def _durable(handle: WriteHandle, level: Durability, timeout: float) -> No
 
 async def produce(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    name = request.query.get("durability", "local")
+    cfg = state.config
+    given = request.query.getall("durability", [])
+    if len(given) > 1:
+        return _json_error(400, f"durability given {len(given)} times: give it once")
+    name = given[0] if given else "local"
     level = DURABILITIES.get(name)
     if level is None:
         return _json_error(400, f"unknown durability {name!r}: use local or remote")
@@ -119,25 +168,43 @@ async def produce(request: web.Request) -> web.Response:
     if ctype not in bodies.CONTENT_TYPES:
         return _json_error(415, f"unsupported content type {ctype!r}; use one of "
                                 f"{', '.join(bodies.CONTENT_TYPES)}")
-    limit = state.config.max_body_bytes
+    limit = cfg.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         return _json_error(413, f"body of {request.content_length} bytes exceeds {limit}")
     if not state.ready or state.draining:
         return _json_error(503, "not accepting writes (starting or draining)",
-                           **{"Retry-After": str(state.config.retry_after_s)})
+                           **{"Retry-After": str(cfg.retry_after_s)})
+    try:  # aiohttp decodes header bytes as UTF-8, a bad byte as a lone surrogate
+        meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
+    except UnicodeEncodeError as e:
+        return _json_error(400, f"X-Tieredbuf-Metadata is not UTF-8 (at position {e.start}): "
+                                "send its UTF-8 bytes")
     try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _json_error(413, f"body exceeds {limit} bytes")
+        async with asyncio.timeout(cfg.body_timeout_s):
+            body = await _read_body(request, limit)
+    except bodies.TooLarge as e:
+        return _json_error(413, str(e))
+    except TimeoutError:
+        resp = _json_error(408, f"request body not received within {cfg.body_timeout_s:g} s")
+        resp.force_close()
+        return resp
+    except web.RequestPayloadError as e:  # a Content-Encoding or chunk framing that breaks
+        request.content.feed_eof()  # read no further (aiohttp would, and log a traceback)
+        resp = _json_error(400, f"the body cannot be read: {parse_error_reason(e.__cause__)}")
+        resp.force_close()
+        return resp
+    held: list[bytes | bytearray] = [body]
+    del body  # the parser's reference is then the only one
     t0 = time.perf_counter()
-    meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
     loop = asyncio.get_running_loop()
     try:
         handle, counts = await loop.run_in_executor(
-            state.pool, _stage, state, ctype, body, meta
+            state.pool, _stage, state, ctype, held, meta
         )
     except bodies.BadBody as e:
         return _json_error(400, str(e))
+    except bodies.TooLarge as e:
+        return _json_error(413, str(e))
     except BackpressureError as e:
         BACKPRESSURE.inc()
         return _json_error(503, f"backpressure: {e}",
@@ -148,7 +215,7 @@ async def produce(request: web.Request) -> web.Response:
         return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}",
                            **{"Retry-After": str(state.config.retry_after_s)})
     try:
-        await _durable(handle, level, state.config.remote_timeout_s)
+        await _durable(handle, level, cfg.remote_timeout_s)
         outcome = handle.wait(level, timeout=0)
     except TimeoutError:
         reached = handle.watcher.level
@@ -176,28 +243,31 @@ async def healthz(request: web.Request) -> web.Response:
     """500 with the reason while a permanent store error stops exports (writes are still
     staged; REMOTE requests fail fast) or while a corrupt segment sits quarantined in the
     stage (data loss an operator must see); 200 otherwise, naming a transient error
-    being retried."""
+    being retried.  Paths and messages only for :func:`_details`."""
     state = request.app[STATE]
+    details = _details(request)
     p = state.producer
     if p is not None and p.exporter.error is not None:
-        e = p.exporter.error
-        return web.json_response(
-            {"error": f"exports stopped: {type(e).__name__}: {e}", "status": 500,
-             "staged_segments": len(p.stage.sealed_segments()), "stage": str(p.stage.path),
-             "worker": state.index},
-            status=500,
-        )
+        body: dict[str, Any] = {
+            "error": f"exports stopped: {_describe(p.exporter.error, details)}",
+            "status": 500, "staged_segments": len(p.stage.sealed_segments()),
+            "worker": state.index}
+        if details:
+            body["stage"] = str(p.stage.path)
+        return web.json_response(body, status=500)
     bad = p.stage.quarantined() if p is not None else []
     if bad:
+        where = f": {', '.join(str(s.path) for s in bad)}" if details else \
+            " (paths with a valid token)"
         return web.json_response(
             {"error": f"{len(bad)} corrupt staged segment(s) quarantined, their records "
-                      f"lost: {', '.join(str(s.path) for s in bad)} (docs/failure-modes.md)",
+                      f"lost{where} (docs/failure-modes.md)",
              "status": 500, "worker": state.index},
             status=500,
         )
-    body: dict[str, Any] = {"status": "ok", "worker": state.index, "pid": os.getpid()}
+    body = {"status": "ok", "worker": state.index, "pid": os.getpid()}
     if p is not None and p.exporter.last_transient_error is not None:
-        body["export"] = f"retrying: {p.exporter.last_transient_error}"
+        body["export"] = f"retrying: {_describe(p.exporter.last_transient_error, details)}"
     return web.json_response(body)
 
 
@@ -207,7 +277,7 @@ async def readyz(request: web.Request) -> web.Response:
     if state.ready and not state.draining and fault is None:
         return web.json_response({"status": "ready", "worker": state.index})
     if fault is not None:  # the stage's disk is failing: writes fail until it recovers
-        return _json_error(503, f"stage disk failing: {type(fault).__name__}: {fault}")
+        return _json_error(503, f"stage disk failing: {_describe(fault, _details(request))}")
     return _json_error(503, "draining" if state.draining else "starting")
 
 
@@ -260,7 +330,7 @@ async def _producer_ctx(app: web.Application) -> Any:
             state.mirror = metrics.Mirror(collectors)
         else:
             state.registry = CollectorRegistry()
-            for c in [*collectors, REQUESTS, LATENCY, BACKPRESSURE]:
+            for c in [*collectors, REQUESTS, LATENCY, BACKPRESSURE, REFUSED]:
                 state.registry.register(c)
 
     await loop.run_in_executor(state.pool, open_producer)
@@ -317,9 +387,9 @@ def build_app(config: ServiceConfig, index: int,
     on every route but ``config.open_paths``."""
     guard = [auth.middleware(tokens, config.open_paths)] if tokens is not None else []
     app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[count_requests, *guard])
+                          middlewares=[track_requests, count_requests, *guard])
     app[STATE] = WorkerState(config, index, pool=ThreadPoolExecutor(
-        config.threads, thread_name_prefix="tb-http"))
+        config.threads, thread_name_prefix="tb-http"), tokens=tokens)
     app.router.add_post("/v1/produce", produce)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -26,7 +26,19 @@ class ServiceConfig:
     producer_options: dict[str, Any] = field(default_factory=dict)
     """Staged producer options (durations in seconds), e.g. ``max_open_duration``."""
     max_body_bytes: int = 16 << 20
-    """Larger bodies get 413."""
+    """Larger bodies get 413: as sent, after any Content-Encoding, and (Arrow) decoded."""
+    max_records: int = 100_000
+    """More records (ndjson lines, octet-stream frames) in one request get 413: each
+    costs a Python object while it is parsed and staged (docs/operations.md)."""
+    header_timeout_s: float = 10.0
+    """A connection must send a whole request head within this long of connecting (or
+    of its next request's first byte); a TLS handshake too.  Then it is closed."""
+    body_timeout_s: float = 60.0
+    """A request body must arrive whole within this long of its head (then 408)."""
+    idle_timeout_s: float = 75.0
+    """A kept-alive connection idle this long between requests is closed."""
+    max_connections: int = 512
+    """Open connections per worker; a new one past it is answered 503 and closed."""
     backpressure_wait_s: float = 0.5
     """How long a request waits at a stage cap before it gets 503 + Retry-After."""
     retry_after_s: int = 1
@@ -56,12 +68,17 @@ class ServiceConfig:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"bad port {self.port}")
-        if self.max_body_bytes < 1:
-            raise ConfigError("max_body_bytes must be positive")
+        for name in ("max_body_bytes", "max_records", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("backpressure_wait_s", "remote_timeout_s", "shutdown_timeout_s",
                      "drain_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 (no connection may be held "
+                                  "forever)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         secret = sorted(set(self.store_options) & set(SECRET_OPTIONS))

@@ -16,6 +16,7 @@ counters kept, so totals never go backwards.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import shutil
@@ -81,23 +82,54 @@ def _mark_dead(pid: int, path: Path) -> None:
     multiprocess.mark_process_dead(pid, str(path))  # type: ignore[no-untyped-call]
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``: an IPv4 address, an IPv6 one (bracketed or not;
+    ``::`` takes IPv4 connections too where the system allows a dual-stack socket),
+    or a name (its IPv4 address, else its IPv6 one); ``""``: every IPv4 interface."""
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        addr = ipaddress.ip_address(host) if host else None
+    except ValueError:  # a name (socket.gaierror when it does not resolve)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, *_, where = ([i for i in infos if i[0] == socket.AF_INET] or infos)[0]
+        return socket.create_server(where, family=family, backlog=2048)
+    if addr is None or addr.version == 4:
+        return socket.create_server((host, port), backlog=2048)
+    dual = addr.is_unspecified and socket.has_dualstack_ipv6()
+    return socket.create_server((host, port), family=socket.AF_INET6, backlog=2048,
+                                dualstack_ipv6=dual)
+
+
+def _own_stage_root(path: Path) -> None:
+    """Create the stage root owner-only (0700); warn when an existing one is not."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("stage root %s is mode %o: other users may read staged records "
+                    "(chmod 700 it; new stage files are 0600)", path, mode)
+
+
 def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     """Run the service until SIGTERM/SIGINT; 0 when every worker drained cleanly."""
     out = out or sys.stdout
-    Path(config.staging_dir).mkdir(parents=True, exist_ok=True)
+    _own_stage_root(Path(config.staging_dir))
     mdir = _metrics_dir(config)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mdir)}
     try:
-        sock = socket.create_server((config.host, config.port), backlog=2048)
+        sock = listen(config.host, config.port)
     except OSError as e:
         from tieredbuf.errors import ConfigError
 
         hint = " (another process uses it; --port 0 picks a free one)" if (
             e.errno == errno.EADDRINUSE) else ""
-        raise ConfigError(f"cannot listen on {config.host}:{config.port}: "
-                          f"{os.strerror(e.errno) if e.errno else e}{hint}") from None
+        why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
+        where = f"[{config.host}]" if ":" in config.host else config.host
+        raise ConfigError(f"cannot listen on {where}:{config.port}: {why}{hint}") from None
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
     # both are set by the signal handler: a threading.Event set there can deadlock the
     # main thread waiting on it (tieredbuf.runtime.signals)
     stop = SignalEvent()

@@ -7,7 +7,7 @@ The supervisor binds the listening socket and passes it down; every worker accep
 on it.  SIGTERM (or SIGINT, or the supervisor dying) stops accepting, lets in-flight
 requests finish, seals and exports the stage, then exits: 0 when the stage is empty,
 1 when the drain timed out (the rest stays staged, LOCAL, for the next start).
-SIGHUP re-reads the token file and the TLS certificate.
+SIGHUP re-reads the token file and the TLS certificate (:class:`TlsContexts`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tieredbuf.runtime import redact
 from tieredbuf.service.app import build_app
 from tieredbuf.service.auth import TokenSet
 from tieredbuf.service.config import ServiceConfig
+from tieredbuf.service.http import GuardedSite
 
 log = logging.getLogger("tieredbuf.service")
 PARENT_POLL_S = 1.0
@@ -40,37 +41,65 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
 
 
 def tls_context(config: ServiceConfig) -> ssl.SSLContext | None:
-    """The server's TLS context (TLS 1.2 or later), or None without --tls-cert."""
+    """A new server TLS context (TLS 1.2 or later) holding --tls-cert/--tls-key, or
+    None without --tls-cert; ConfigError when they cannot be loaded (or do not match)."""
     if config.tls_cert is None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    load_cert_chain(ctx, config)
-    return ctx
-
-
-def load_cert_chain(ctx: ssl.SSLContext, config: ServiceConfig) -> None:
-    assert config.tls_cert is not None
     try:
         ctx.load_cert_chain(config.tls_cert, config.tls_key)
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"cannot load --tls-cert {config.tls_cert} / --tls-key "
                           f"{config.tls_key}: {type(e).__name__}: {e.strerror or e}") from None
+    return ctx
 
 
-def _reload(tokens: TokenSet | None, ctx: ssl.SSLContext | None, config: ServiceConfig,
-            index: int) -> None:
+class TlsContexts:
+    """The context the server listens with, and the newest certificate loaded.
+
+    asyncio wraps each new connection with the context the server started with; its
+    SNI callback, which OpenSSL calls for every client hello (with a server name or
+    without), moves the connection to the newest context.  A reload builds a fresh
+    context and replaces the newest one only once the pair loaded and matched: a
+    failed reload (say, the new certificate written but not yet its key) changes
+    nothing, where loading into the live context had already installed the
+    certificate when the key check failed, breaking every new connection."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        ctx = tls_context(config)
+        assert ctx is not None
+        self.config = config
+        self.listening = self.current = ctx
+        ctx.sni_callback = self._pick
+
+    def _pick(self, conn: ssl.SSLObject, server_name: str | None,
+              ctx: ssl.SSLContext) -> None:
+        current = self.current
+        if current is not ctx:
+            conn.context = current
+
+    def reload(self) -> None:
+        """ConfigError (and no change) when the new pair cannot be used."""
+        ctx = tls_context(self.config)
+        assert ctx is not None
+        self.current = ctx
+
+
+def _reload(tokens: TokenSet | None, tls: TlsContexts | None, index: int) -> None:
     """SIGHUP: re-read the token file and the certificate chain (new connections use
     the new certificate; a failure keeps the old one)."""
     log.info("worker %d: SIGHUP, reloading tokens and certificate", index)
     if tokens is not None:
         tokens.reload()
-    if ctx is not None:
+    if tls is not None:
         try:
-            load_cert_chain(ctx, config)
+            tls.reload()
         except ConfigError as e:
             log.error("worker %d: certificate not reloaded, keeping the current one: %s",
                       index, e)
+        else:
+            log.info("worker %d: certificate reloaded from %s", index, tls.config.tls_cert)
 
 
 async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
@@ -78,7 +107,7 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
     """Serve until SIGTERM/SIGINT (or ``early`` holds one caught before the loop ran),
     then drain."""
     tokens = TokenSet.from_config(config.token_file)
-    ctx = tls_context(config)
+    tls = TlsContexts(config) if config.tls_cert is not None else None
     app = build_app(config, index, tokens)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.shutdown_timeout_s)
@@ -87,12 +116,15 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, _reload, tokens, ctx, config, index)
+    loop.add_signal_handler(signal.SIGHUP, _reload, tokens, tls, index)
     if early:  # stopped while starting: drain what the stage holds, serve nothing
         log.info("worker %d: stopped while starting", index)
         stop.set()
     else:
-        await web.SockSite(runner, sock, ssl_context=ctx).start()
+        await GuardedSite(
+            runner, sock, ssl_context=tls.listening if tls is not None else None,
+            head_timeout=config.header_timeout_s, idle_timeout=config.idle_timeout_s,
+            max_connections=config.max_connections).start()
     watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
     await stop.wait()
     watcher.cancel()

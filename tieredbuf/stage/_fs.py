@@ -65,6 +65,11 @@ _SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
 _sync_file_range = _libc("sync_file_range",
                          [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 _FALLOC_FL_ZERO_RANGE = 0x10
+OWNER_ONLY = 0o700
+"""The only permission bits a stage file or directory gets, whatever mode the stage
+code asks for: staged records are their owner's alone (files 0600, sealed segments
+0400, directories 0700).  A local-directory store linked to a sealed segment shares
+its inode, so such objects are 0400 too."""
 _fallocate = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 
 
@@ -72,21 +77,29 @@ class FileSystem:
     """The real operating system.
 
     Primitives are the ``os`` functions themselves (no extra Python frame on the
-    append path); the compound helpers below are written on the primitives only, so a
-    simulated layer that overrides the primitives runs the stage's real ordering of
-    writes, fdatasyncs, renames and directory fsyncs.
+    append path), but for those that set permission bits: they keep only
+    :data:`OWNER_ONLY`'s.  The compound helpers below are written on the primitives
+    only, so a simulated layer that overrides the primitives runs the stage's real
+    ordering of writes, fdatasyncs, renames and directory fsyncs.
     """
 
-    open = staticmethod(os.open)
     close = staticmethod(os.close)
     writev = staticmethod(os.writev)
     fdatasync = staticmethod(os.fdatasync)
     fsync = staticmethod(os.fsync)
     ftruncate = staticmethod(os.ftruncate)
     lseek = staticmethod(os.lseek)
-    fchmod = staticmethod(os.fchmod)
-    chmod = staticmethod(os.chmod)
     rename = staticmethod(os.rename)
+
+    def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+        """``os.open``; a file it creates gets ``mode``'s owner bits only."""
+        return os.open(path, flags, mode & OWNER_ONLY)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode & OWNER_ONLY)
+
+    def chmod(self, path: str | os.PathLike[str], mode: int) -> None:
+        os.chmod(path, mode & OWNER_ONLY)
     link = staticmethod(os.link)
     """A second name for a file (``os.link``): the exporter links a sealed segment into a
     local-directory store on the same file system instead of copying its bytes."""
@@ -100,9 +113,9 @@ class FileSystem:
         return os.stat(path).st_nlink
 
     def mkdir(self, path: Path) -> bool:
-        """Create one directory; False if it already exists."""
+        """Create one directory (0700); False if it already exists."""
         try:
-            path.mkdir()
+            path.mkdir(mode=OWNER_ONLY)
         except FileExistsError:
             if not path.is_dir():
                 raise
@@ -139,7 +152,7 @@ class FileSystem:
         another open file description holds it); returns the fd."""
         import fcntl
 
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:
