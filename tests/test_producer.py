@@ -9,11 +9,7 @@ from typing import Any
 import pytest
 
 import tieredbuf
-from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BackpressureError, ClosedError
-from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.produce.publish import Pending, Publisher
-from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
 
 HOUR = timedelta(hours=1)
@@ -147,25 +143,6 @@ def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(tieredbuf.errors.ConfigError, match="timedelta"):
         tieredbuf.open("memory://").producer(flush_interval=100)
     p.close()
-
-
-def test_I5_object_older_than_half_the_grace_period_is_uploaded_again_before_enqueue() -> None:
-    store = open_store("memory://")
-    now = [1_800_000_000_000]
-    pub = Publisher(
-        store, ManifestQueue(store), "p", retry=RetryConfig(),
-        gc_grace_period=timedelta(minutes=10), clock_ms=lambda: now[0],
-    )
-    p = Pending(b"\x00\x00\x00\x00\x00\x01\x00", ".batch", (MetadataItem(0, 0, b""),), 1)
-    pub.upload(p)
-    first_location = p.location
-    now[0] += 6 * 60 * 1000  # the enqueue was stuck for 6 minutes
-    (seq,) = pub.append([p])
-    assert seq == 0
-    (entry,) = tieredbuf.Buffer(store).entries()
-    assert entry.location != first_location
-    assert entry.location == p.location
-    assert pub.stats.get("reuploads_for_grace") == 1
 
 
 def test_I8_a_batch_holding_half_the_input_budget_is_cut_without_waiting_for_the_timer() -> None:

@@ -179,33 +179,3 @@ def test_reads_a_plain_rfc_v1_manifest_and_upgrades_it(tmp_path) -> None:  # typ
     assert snap.footer.version == 2 and [e.sequence for e in snap.entries()] == [5, 6, 7]
 
 
-def test_I2_explicit_increasing_numbers_retry_and_regroup_append_only_what_did_not_land() -> None:
-    store = FaultInjectingStore(open_store("memory://"))
-    q = _queue(store)
-    assert q.append([_e("s1"), _e("s2")], "exp", 25, producer_seqs=[10, 25]) == [0, 1]
-    q.append([_e("rival")], "other", 1)
-    # the group commit lands, its response is lost: the retry recovers its sequences
-    fault = store.arm("put", key=MANIFEST_KEY, when="after", error=OutcomeUnknownError, times=1)
-    assert q.append([_e("s3"), _e("s4")], "exp", 55, producer_seqs=[40, 55]) == [3, 4]
-    assert fault.fired == 1 and q.stats.get("deduplicated_appends") == 1
-    # a crash before the release; after the restart the exporter regroups s2..s5
-    q2 = _queue(store.inner)
-    fault = store.arm("put", key=MANIFEST_KEY, when="after", error=OutcomeUnknownError, times=1)
-    q3 = _queue(store)
-    seqs = q3.append([_e("s2"), _e("s3"), _e("s4"), _e("s5")], "exp", 70,
-                     producer_seqs=[25, 40, 55, 70])
-    assert fault.fired == 1  # s5 landed, its response was lost; the retry appends nothing
-    assert seqs == [None, 3, 4, 5]  # each recovered sequence confirmed by its location
-    assert [e.location for e in q2.read().entries()] == ["s1", "s2", "rival", "s3", "s4", "s5"]
-    # fully landed groups: a sequence is named only where the watermark and the entry's
-    # location place it (s2 landed apart from s3..s5; s3/s4 did not end the last append)
-    assert q2.append([_e("s4"), _e("s5")], "exp", 70, producer_seqs=[55, 70]) == [4, 5]
-    assert q2.append([_e("s3"), _e("s4")], "exp", 55, producer_seqs=[40, 55]) == [None, None]
-    assert len(q2.read().entries()) == 6
-
-
-@pytest.mark.parametrize("seqs", [[2, 2], [3, 1], [0, 1], [1, 2, 3]])
-def test_explicit_producer_numbers_must_be_strictly_increasing_and_match(seqs: list[int]) -> None:
-    q = _queue(open_store("memory://"))
-    with pytest.raises(ValueError):
-        q.append([_e("a"), _e("b")], "p", seqs[-1], producer_seqs=seqs)

@@ -22,7 +22,6 @@ from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, remove
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
-from tieredbuf.runtime.retry import interruptible_sleep
 from tieredbuf.store import open_store
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
@@ -45,10 +44,7 @@ class Buffer:
             store if isinstance(store, MeteredStore) else MeteredStore(store)
         )
         self.tree_config = tree or TreeConfig()
-        # a producer's or exporter's close() can cut the queue's retry sleeps short
-        self.queue = ManifestQueue(
-            self.store, tree_config=self.tree_config, sleep=interruptible_sleep
-        )
+        self.queue = ManifestQueue(self.store, tree_config=self.tree_config)
 
     @property
     def url(self) -> str:

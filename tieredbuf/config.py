@@ -25,6 +25,8 @@ class Compression(IntEnum):
 
 
 DEFAULT_GC_GRACE_PERIOD = timedelta(minutes=10)
+DEFAULT_WRITES_PER_S = 5.0
+"""Commits of the manifest per second, all writers of a buffer together (fan-in)."""
 MAX_UPLOADS_IN_FLIGHT = 4
 """Data object uploads one producer (or one exporter) keeps in flight at a time."""
 """The GC grace period a buffer gets when its root's buffer section is first written
@@ -93,12 +95,13 @@ class ProducerConfig:
     watermark_ttl: timedelta = timedelta(days=1)
     """How long the manifest remembers this producer's append watermark (I2)."""
     manifest_writes_per_s: float | None = None
-    """Group commit across producers: all writers of a buffer together append to the
-    manifest about this often (each waits ``active writers / rate`` seconds between its
-    appends and gathers what arrives meanwhile; tieredbuf/queue/pacing.py).  Use the same
-    value for every writer of a buffer; 0 appends as soon as a batch is uploaded.  None:
-    the store's own budget (``tieredbuf.store.base.manifest_writes_per_s``): 1 per second
-    where the store allows about one write per second to a key (Cloudflare R2), else 5."""
+    """The buffer's commit budget: the writer holding the commit lease appends what every
+    writer has uploaded at most this often (tieredbuf/produce/fanin.py), so a write waits
+    about one interval for its commit whatever the number of writers.  Use the same value
+    for every writer of a buffer; 0 commits as soon as something is uploaded.  None: the
+    store's own budget (``tieredbuf.store.base.manifest_writes_per_s``): 1 per second
+    where the store allows about one write per second to a key (Cloudflare R2), else
+    :data:`DEFAULT_WRITES_PER_S`."""
 
     def __post_init__(self) -> None:
         _non_negative_td("flush_interval", self.flush_interval)

@@ -7,6 +7,7 @@ Keys are relative to the buffer URL (the store is rooted there)::
     queue/manifest                          the root, the only object ever overwritten (by CAS)
     queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
     queue/subscribers/<name>.<reg ULID>     a named subscriber's progress (CAS by that subscriber)
+    queue/pending/<producer id>.<first producer seq:020>   an announcement (fan-in)
     _probe/<ULID>                           conditional-write probe objects (deleted at once)
 """
 
@@ -21,6 +22,7 @@ QUEUE_PREFIX = "queue/"
 MANIFEST_KEY = "queue/manifest"
 GROUPS_PREFIX = "queue/groups/"
 SUBSCRIBERS_PREFIX = "queue/subscribers/"
+PENDING_PREFIX = "queue/pending/"
 PROBE_PREFIX = "_probe/"
 
 BATCH_SUFFIX = ".batch"
@@ -88,6 +90,37 @@ def parse_progress_key(key: str) -> tuple[str, ULID] | None:
         return None
 
 
+_SAFE_ID_RE = r"[A-Za-z0-9_.:-]{1,200}"
+_PENDING_RE = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
+
+
+def pending_key(producer_id: str, first_producer_seq: int) -> str:
+    """Key of a writer's announcement of its appends from ``first_producer_seq`` on (one
+    writer's announcements list in the order it made them).  A producer id outside
+    ``[A-Za-z0-9_.:-]`` (at most 200 characters) is written as ``~`` and its UTF-8 in hex."""
+    if not 0 < first_producer_seq < 10**20:
+        raise ValueError(f"producer sequence {first_producer_seq} out of range")
+    name = producer_id if re.fullmatch(_SAFE_ID_RE, producer_id) else (
+        "~" + producer_id.encode("utf-8").hex())
+    if not producer_id or len(name) > 511:
+        raise ValueError(f"producer id {producer_id!r} cannot name an announcement")
+    return f"{PENDING_PREFIX}{name}.{first_producer_seq:020d}"
+
+
+def parse_pending_key(key: str) -> tuple[str, int] | None:
+    """(producer id, first producer seq) of an announcement key, or None."""
+    m = _PENDING_RE.match(key)
+    if m is None:
+        return None
+    name = m.group(1)
+    if name.startswith("~"):
+        try:
+            name = bytes.fromhex(name[1:]).decode("utf-8")
+        except ValueError:
+            return None
+    return name, int(m.group(2))
+
+
 def probe_key(ulid: ULID) -> str:
     return f"{PROBE_PREFIX}{ulid}"
 
@@ -98,16 +131,19 @@ KIND_DATA = "data"
 KIND_ROOT = "root"
 KIND_GROUP = "group"
 KIND_SUBSCRIBER = "subscriber"
+KIND_PENDING = "announcement"
 KIND_PROBE = "probe"
 KIND_OTHER = "other"
-KINDS = (KIND_DATA, KIND_ROOT, KIND_GROUP, KIND_SUBSCRIBER, KIND_PROBE, KIND_OTHER)
+KINDS = (KIND_DATA, KIND_ROOT, KIND_GROUP, KIND_SUBSCRIBER, KIND_PENDING, KIND_PROBE,
+         KIND_OTHER)
 """Every value :func:`key_kind` returns."""
 
 
 def key_kind(key: str) -> str:
     """The kind of object ``key`` (or a list prefix) names: ``data`` (data objects),
     ``root`` (the queue manifest), ``group`` (tree nodes), ``subscriber`` (a named
-    subscriber's state), ``probe`` (conditional-write probes) or ``other``.
+    subscriber's state), ``announcement`` (a writer's pending appends), ``probe``
+    (conditional-write probes) or ``other``.
 
     Decided by prefix only (cheap: it runs on every store request), so a list of
     ``data/`` is a data request and a foreign key under ``data/`` still counts as data.
@@ -121,6 +157,8 @@ def key_kind(key: str) -> str:
             return KIND_GROUP
         if key.startswith(SUBSCRIBERS_PREFIX):
             return KIND_SUBSCRIBER
+        if key.startswith(PENDING_PREFIX):
+            return KIND_PENDING
         return KIND_OTHER
     if key.startswith(PROBE_PREFIX):
         return KIND_PROBE

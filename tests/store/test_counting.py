@@ -29,7 +29,8 @@ def test_key_kind_names_every_key_tieredbuf_writes() -> None:
     assert keys.key_kind("elsewhere") == "other"
     assert keys.key_kind(keys.DATA_PREFIX) == "data"  # a list prefix
     assert keys.key_kind("") == "other"
-    assert set(keys.KINDS) == {"data", "root", "group", "subscriber", "probe", "other"}
+    assert set(keys.KINDS) == {"data", "root", "group", "subscriber", "announcement", "probe",
+                               "other"}
 
 
 def test_each_call_counts_as_the_requests_it_sends(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ Section tags: 1 = producer watermarks (exactly-once append, I2), 2 = epoch owner
 (authoritative for every writer; absent = never set, i.e. no retention), 6 = buffer
 (identity, creation time and GC grace period; added by the first write that finds it
 missing, then kept as found by every writer), 7 = subscriber registry
-(format/registry.py; absent = implied by the epoch).
+(format/registry.py; absent = implied by the epoch), 8 = commit lease (which writer
+commits announced appends for everyone, until when, at what interval; fan-in).
 Unknown tags are refused (they carry semantics a writer would drop).  Appending
 never decodes existing entries: the entry region is copied as bytes.
 See docs/format.md.
@@ -49,8 +50,9 @@ TAG_STATS = 4
 TAG_RETENTION = 5
 TAG_BUFFER = 6
 TAG_SUBSCRIBERS = 7
+TAG_LEASE = 8
 KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION, TAG_BUFFER,
-              TAG_SUBSCRIBERS)
+              TAG_SUBSCRIBERS, TAG_LEASE)
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
@@ -58,6 +60,7 @@ _SECTION = struct.Struct("<HI")
 _WATERMARK = struct.Struct("<QQq")
 _RETENTION = struct.Struct("<BQQ")
 _BUFFER = struct.Struct("<16sqQ")
+_LEASE = struct.Struct("<qI")
 RETAIN_AGE = 0x01
 RETAIN_BYTES = 0x02
 MAX_LOCATION = 0xFFFF
@@ -189,6 +192,37 @@ def decode_buffer(body: Reader) -> BufferInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitLease:
+    """Section 8: the writer that commits every announced append (fan-in), until
+    ``expires_ms`` (its clock), one commit per ``interval_ms`` at most."""
+
+    holder: str
+    expires_ms: int
+    interval_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.holder.encode("utf-8")) <= 0xFF:
+            raise ValueError("a lease holder is 1..255 bytes of UTF-8")
+        if not 0 <= self.interval_ms <= 0xFFFFFFFF:
+            raise ValueError(f"lease interval {self.interval_ms} ms out of range")
+
+
+def encode_lease(lease: CommitLease) -> bytes:
+    h = lease.holder.encode("utf-8")
+    return bytes([len(h)]) + h + _LEASE.pack(lease.expires_ms, lease.interval_ms)
+
+
+def decode_lease(body: Reader) -> CommitLease:
+    at = body.pos
+    holder = _utf8(body, body.u8("lease holder length"), "lease holder")
+    expires = body.i64("lease expiry")
+    interval = body.u32("lease interval")
+    if not holder:
+        raise body.fail("empty lease holder", at)
+    return CommitLease(holder, expires, interval)
+
+
+@dataclass(frozen=True, slots=True)
 class Footer:
     entry_count: int
     next_sequence: int
@@ -220,6 +254,8 @@ class ManifestView:
     """Section 6; None in a root no writer of this version has written yet."""
     subscribers: dict[str, freg.Registration] | None = None
     """Section 7; None when absent (the registry is then implied: format/registry.py)."""
+    lease: CommitLease | None = None
+    """Section 8; None when no writer has taken the commit lease yet."""
 
     @property
     def entries_bytes(self) -> memoryview:
@@ -263,6 +299,7 @@ def _encode_ext(
     retention: RetentionPolicy | None = None,
     buffer: BufferInfo | None = None,
     subscribers: dict[str, freg.Registration] | None = None,
+    lease: CommitLease | None = None,
 ) -> bytes:
     sections: list[bytes] = []
     if watermarks:
@@ -281,8 +318,9 @@ def _encode_ext(
     ret = None if retention is None else encode_retention(retention)
     buf = None if buffer is None else encode_buffer(buffer)
     subs = None if subscribers is None else freg.encode(subscribers)
+    lse = None if lease is None else encode_lease(lease)
     for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret),
-                       (TAG_BUFFER, buf), (TAG_SUBSCRIBERS, subs)):
+                       (TAG_BUFFER, buf), (TAG_SUBSCRIBERS, subs), (TAG_LEASE, lse)):
         if body_ is not None:
             sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
@@ -299,6 +337,7 @@ class _Ext:
     retention: RetentionPolicy | None = None
     buffer: BufferInfo | None = None
     subscribers: dict[str, freg.Registration] | None = None
+    lease: CommitLease | None = None
 
 
 def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
@@ -358,6 +397,8 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
             ext.buffer = decode_buffer(body)
         elif tag == TAG_SUBSCRIBERS:
             ext.subscribers = freg.decode(body)
+        elif tag == TAG_LEASE:
+            ext.lease = decode_lease(body)
         else:
             raise CorruptError(WHAT, obj, start + at, f"unknown extension section tag {tag}")
         if body.remaining():
@@ -382,7 +423,7 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
         return ManifestView(raw, footer, ext_end, obj=obj)
     x = _parse_ext(memoryview(raw), ext_end, obj)
     return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats,
-                        x.retention, x.buffer, x.subscribers)
+                        x.retention, x.buffer, x.subscribers, x.lease)
 
 
 def empty_manifest() -> ManifestView:
@@ -448,16 +489,18 @@ def encode_manifest(
     retention: RetentionPolicy | None = None,
     buffer: BufferInfo | None = None,
     subscribers: dict[str, freg.Registration] | None = None,
+    lease: CommitLease | None = None,
 ) -> bytes:
     """Assemble a v2 manifest from an entry region and its metadata."""
     f = Footer(footer.entry_count, footer.next_sequence, footer.epoch, V2)
-    ext = _encode_ext(watermarks, owner, tree, stats, retention, buffer, subscribers)
+    ext = _encode_ext(watermarks, owner, tree, stats, retention, buffer, subscribers, lease)
     return b"".join((entries_region, ext, encode_footer(f)))
 
 
 def _flat_only(view: ManifestView) -> None:
     if (view.tree is not None or view.stats is not None or view.retention is not None
-            or view.buffer is not None or view.subscribers is not None):
+            or view.buffer is not None or view.subscribers is not None
+            or view.lease is not None):
         raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
@@ -484,7 +527,7 @@ def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     return encode_manifest(
         view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
         view.watermarks, owner, view.tree, view.stats, view.retention, view.buffer,
-        view.subscribers,
+        view.subscribers, view.lease,
     )
 
 

@@ -2,16 +2,15 @@
 
 For every sealed segment, oldest first: read it, upload it as ``data/<ULID>.batch``
 or ``.qseg`` (one create-if-absent PUT: obstore has no conditional multipart) as
-soon as it is sealed (up to ``max_uploads_in_flight`` at a time), append it to the
-manifest, and only then release it from the stage (delete the local file).  Appends
-are paced across every writer of the buffer (:mod:`tieredbuf.queue.pacing`): at its
-slot the exporter appends every segment of a kind whose upload is done, oldest
-first, in ONE CAS (group commit); uploads go on while it waits, and an uploaded
-segment's bytes are dropped from memory until then (read back from the stage only
-if it must be uploaded again).  A drain (flush, close) with a timeout appends
-without waiting for the slot.  :meth:`Exporter.wake` (a prompt seal for a REMOTE waiter) starts the
-upload at once; without it the exporter looks for new segments every 10 ms (a
-look at the stage: no store request, so an idle exporter costs nothing).
+soon as it is sealed (up to ``max_uploads_in_flight`` at a time), hand it to the
+buffer's fan-in hub (:mod:`tieredbuf.produce.fanin`), which appends what every writer
+has uploaded in one commit per interval, and only once that commit landed release it
+from the stage (delete the local file).  Every segment of a stream whose upload is
+done goes to the hub together, oldest first; uploads go on meanwhile, and an uploaded
+segment's bytes are dropped from memory until its commit (read back from the stage
+only if it must be uploaded again).  :meth:`Exporter.wake` (a prompt seal for a REMOTE
+waiter) starts the upload at once; without it the exporter looks for new segments
+every 10 ms (a look at the stage: no store request, so an idle exporter costs nothing).
 
 A local-directory store (``file://``) on the stage's file system takes a segment as a
 hard link of the sealed file (LocalDirStore.put_link, Stage.link_segment): the file is
@@ -41,28 +40,31 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from datetime import timedelta
 
 from tieredbuf import keys
-from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, MAX_UPLOADS_IN_FLIGHT, RetryConfig
+from tieredbuf.config import (
+    DEFAULT_GC_GRACE_PERIOD,
+    MAX_UPLOADS_IN_FLIGHT,
+    RetryConfig,
+)
 from tieredbuf.errors import (
     FlushTimeoutError,
     PermanentStoreError,
     StageBufferMismatchError,
     StagedDataLossError,
 )
+from tieredbuf.format.announce import Announced
+from tieredbuf.produce.fanin import hub_for
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.retry import RetryLog, backoff_delay
@@ -129,8 +131,8 @@ class Exporter:
         """``on_error(e)`` is called when a permanent error stops exports and
         ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
         segment fails its CRC check and is quarantined instead of exported.
-        ``manifest_writes_per_s``: see :mod:`tieredbuf.queue.pacing` (0: unpaced; None:
-        the store's budget, :func:`tieredbuf.store.base.manifest_writes_per_s`).
+        ``manifest_writes_per_s``: the buffer's commit budget (:mod:`tieredbuf.produce.fanin`;
+        0: unpaced; None: the store's, :func:`tieredbuf.store.base.manifest_writes_per_s`).
         ``before_export()`` before new segments are uploaded (it checks the stage belongs
         to this buffer: StageBufferMismatchError stops exports like a permanent store
         error)."""
@@ -144,31 +146,20 @@ class Exporter:
         self._stop = threading.Event()
         forks.stop_at_exit(self._stop)
         self._publishers = {
-            kind: Publisher(
-                store, queue, f"{stage.producer_id}.{kind}", retry=self.retry,
-                gc_grace_period=gc_grace_period, stop=self._stop, stats=self.stats,
-                retry_log=self.retry_log,
-            )
+            kind: Publisher(store, f"{stage.producer_id}.{kind}", retry=self.retry,
+                            stop=self._stop, stats=self.stats, retry_log=self.retry_log)
             for kind in KINDS
         }
-        rate = (store_budget(store) if manifest_writes_per_s is None
-                else manifest_writes_per_s)
-        self._pacers = {
-            kind: AppendPacer(queue, pub.producer_id, rate)
-            for kind, pub in self._publishers.items()
-        }
-        for kind, pub in self._publishers.items():
-            pub.optimistic = self._pacers[kind].optimistic
-            pub.between_attempts = functools.partial(self._wait_turn, kind)
+        self._rate = (store_budget(store) if manifest_writes_per_s is None
+                      else manifest_writes_per_s)
+        self._hub = hub_for(store, queue)
+        self._hub_token = self._hub.attach(self._rate, gc_grace_period)
         self._uploads: dict[str, _Upload] = {}
         """Sealed segments whose upload started (by segment ULID), until appended."""
         self._round = 0
         self._wake = threading.Event()
         self.upload_s = 0.0
         """Recent upload time of a segment (EWMA, seconds)."""
-        self._urgent = 0
-        """drain() calls with a timeout: append at once instead of at the pacer's slot."""
-        self._draining = 0
         self._linking = isinstance(getattr(store, "inner", store), LinkingStore)
         """Hand sealed segments to the store as hard links (until one is refused)."""
         self._on_exported = on_exported
@@ -189,29 +180,17 @@ class Exporter:
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every sealed segment of the stage is exported and released.
 
-        Without ``timeout`` the appends keep to the pacer's slots (at most one interval
-        more); with one they go at once.
-
         Raises the permanent store error that stopped exports (the data stays staged),
         or FlushTimeoutError saying what is still staged and where.
         """
         self._guard.check()
-        urgent = int(timeout is not None)
-        with self._cond:
-            self._urgent += urgent
-            self._draining += 1
         self._wake.set()
-        try:
-            with self._cond:
-                ok = self._cond.wait_for(
-                    lambda: self._error is not None
-                    or (self._idle and not self.stage.sealed_segments()),
-                    timeout,
-                )
-        finally:
-            with self._cond:
-                self._urgent -= urgent
-                self._draining -= 1
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._error is not None
+                or (self._idle and not self.stage.sealed_segments()),
+                timeout,
+            )
         if self._error is not None:
             raise self._error
         if not ok:
@@ -221,16 +200,10 @@ class Exporter:
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
 
-    def _wait_turn(self, kind: str) -> None:
-        """After a lost CAS: wait for this kind's slot (a drain with a timeout does not)."""
-        self._pacers[kind].wait_turn(lambda: self._urgent > 0 or self._stop.is_set(),
-                                     self._stop.wait)
-
     def next_append_in(self, ahead: int = 0) -> float:
-        """Seconds until the exporter may append again (0: now), by the pacers of both
-        kinds (the later one: an idle kind's pacer is always ready); ``ahead``: after
-        that many more appends."""
-        return max(0.0, *(p.due_in(ahead) for p in self._pacers.values()))
+        """Seconds until the buffer's next commit may take what is uploaded now (0: now);
+        ``ahead``: after that many more commits."""
+        return self._hub.next_commit_in(ahead)
 
     def wake(self) -> None:
         """Look at the stage now (a segment was just sealed for a REMOTE waiter)."""
@@ -243,12 +216,13 @@ class Exporter:
             return  # the thread and the pool did not survive the fork
         self._thread.join()
         self._pool.shutdown(wait=True)
+        self._hub.detach(self._hub_token)
 
     @property
     def manifest_writes_per_s(self) -> float:
-        """The manifest write budget the exporter paces its appends at: the one it was
+        """The commit budget the exporter asks of the buffer's fan-in hub: the one it was
         given, else the store's."""
-        return self._pacers[KINDS[0]].writes_per_s
+        return self._rate
 
     @property
     def error(self) -> BaseException | None:
@@ -346,46 +320,27 @@ class Exporter:
                 raise
         with self._cond:
             self._idle = False
-            urgent = self._urgent > 0 or self._stop.is_set()
-            draining = self._draining > 0
         self._start_uploads(sealed)
-        wait = POLL_INTERVAL
         for kind in KINDS:
             order = sorted((s for s in sealed if s.kind == kind), key=lambda s: s.last_sequence)
-            # the uploads started from the oldest segment on: never a gap (I2, I3).  The
-            # group is what was started together with the done ones: one of those still
-            # running holds it (it is near done), later starts wait for the next one
-            run: list[_Upload] = []
-            for seg in order:
-                up = self._uploads.get(seg.ulid)
-                if up is None:
-                    break
-                run.append(up)
-            if not run or not run[0].future.done():
-                continue
-            last_round = max(up.round for up in itertools.takewhile(
-                lambda up: up.future.done(), run))
-            ready = []
-            for up in run:
-                if up.round > last_round:
-                    break
-                ready.append(up)
-            if not all(up.future.done() for up in ready):
-                continue
+            # the uploads started from the oldest segment on: never a gap (I2, I3).  What
+            # is with the hub already goes first; then every done upload in order
+            ready: list[_Upload] = []
+            with self._cond:
+                for seg in order:
+                    up = self._uploads.get(seg.ulid)
+                    if up is None or (not up.submitted and not up.future.done()):
+                        break
+                    if not up.submitted:
+                        ready.append(up)
             for up in ready:
                 if up.future.exception() is not None:
-                    del self._uploads[up.segment.ulid]  # uploaded again on the next pass
+                    with self._cond:
+                        del self._uploads[up.segment.ulid]  # uploaded again next pass
                     up.future.result()
-            if not urgent:  # a first append: learn the writers before the first slot
-                self._pacers[kind].probe()
-            # a drain takes its turn: many producers closing together is a CAS storm
-            due = 0.0 if urgent else self._pacers[kind].due_in(turn=draining)
-            if due > 0:
-                wait = min(wait, due)
-                continue
-            self._append(kind, ready)
-            wait = 0.0  # look again at once: more may be ready
-        return True, wait
+            if ready:
+                self._submit(kind, ready)
+        return True, POLL_INTERVAL
 
     def _link_for(self, seg: SealedSegment) -> Callable[[str], None] | None:
         """How a local-directory store takes ``seg`` without a copy: a hard link of the
@@ -431,7 +386,8 @@ class Exporter:
                         reload=functools.partial(_read_verified, self.stage, seg), link=link)
             p.size = seg.size
             fut = self._pool.submit(self._upload, seg.kind, p)
-            self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
+            with self._cond:
+                self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
             running += 1
 
     def _upload(self, kind: str, p: Pending) -> None:
@@ -442,47 +398,62 @@ class Exporter:
         p.drop_body()  # it waits for its append on disk, not in memory
         self._wake.set()
 
-    def _uploaded_meanwhile(self, kind: str, group: list[_Upload]) -> list[Pending]:
-        """After a lost CAS and the wait for this kind's turn: the segments of ``kind``
-        sealed since, next in order after ``group``, once uploaded; they join the retry
-        (appended to ``group``).  Uploads start here (this thread waited), and one still
-        running is waited for up to twice the recent upload time (REGROUP_WAIT_S at
-        least)."""
-        sealed = self.stage.sealed_segments()
-        self._start_uploads(sealed)
-        taken = {u.segment.ulid for u in group}
-        last = max(u.segment.last_sequence for u in group)
-        extra: list[_Upload] = []
-        for seg in sorted((s for s in sealed if s.kind == kind and s.ulid not in taken),
-                          key=lambda s: s.last_sequence):
-            up = self._uploads.get(seg.ulid)
-            if up is None or seg.last_sequence <= last:
-                break  # not started (uploads in flight at most), or out of order: stop
-            if not up.future.done():
-                futures_wait([up.future], timeout=max(REGROUP_WAIT_S, 2 * self.upload_s))
-            if not up.future.done() or up.future.exception() is not None:
-                break  # the next pass deals with it
-            extra.append(up)
-        group.extend(extra)
-        return [u.pending for u in extra]
+    def _submit(self, kind: str, ready: list[_Upload]) -> None:
+        """Hand every uploaded segment of ``kind`` to the hub, oldest first.  Append
+        numbers (each segment's last per-core sequence + 1) increase with gaps; the
+        commit skips those a watermark already covers (a regrouped export after a crash)."""
+        with self._cond:
+            for up in ready:
+                up.submitted = True
+        entries = [Announced(u.pending.producer_seq, u.pending.location, u.pending.size,
+                             u.pending.metadata) for u in ready]
+        self.stats.incr("groups_handed_over")
+        self._hub.submit(self._publishers[kind].producer_id, entries,
+                         functools.partial(self._committed, kind, ready),
+                         functools.partial(self._reupload, kind, ready))
 
-    def _append(self, kind: str, ready: list[_Upload]) -> None:
-        # Group commit: every uploaded segment of this kind in one CAS.  Append numbers
-        # (each segment's last per-core sequence + 1) increase with gaps; the manifest
-        # skips those its watermark already covers (a regrouped retry after a crash).
-        pending = [u.pending for u in ready]
-        seqs = self._publishers[kind].append_increasing(
-            pending, functools.partial(self._uploaded_meanwhile, kind, ready))
-        self._pacers[kind].appended()
-        self.stats.incr("group_commits")
+    def _committed(self, kind: str, ready: list[_Upload], seqs: list[int | None] | None,
+                   err: BaseException | None) -> None:
+        """On the hub's thread: the segments are in the queue; release them."""
+        if err is not None or seqs is None:
+            with self._cond:
+                for up in ready:
+                    up.submitted = False  # handed to the hub again once exports work
+            if isinstance(err, PermanentStoreError | StageBufferMismatchError):
+                self._fail(err)
+            else:
+                log.error("export of %d segment(s) failed: %s", len(ready), err)
+            self._wake.set()
+            return
         for up, seq in zip(ready, seqs, strict=True):
-            del self._uploads[up.segment.ulid]
+            with self._cond:
+                self._uploads.pop(up.segment.ulid, None)
             self.stats.incr("segments_exported")
             self.stats.incr("bytes_exported", up.pending.size)
             self.stage.release(up.segment)
             if self._on_exported is not None:
                 self._on_exported(Exported(kind, up.segment.sequences, seq,
                                            up.pending.location))
+        with self._cond:
+            self._cond.notify_all()
+        self._wake.set()
+
+    def _reupload(self, kind: str, ready: list[_Upload],
+                  entries: Sequence[Announced]) -> list[Announced]:
+        """The GC grace rule (on the hub's thread): upload these segments again under
+        fresh keys; their bytes are read back from the stage."""
+        by_seq = {u.pending.producer_seq: u.pending for u in ready}
+        out = []
+        for e in entries:
+            p = by_seq.get(e.producer_seq)
+            if p is None:
+                out.append(e)
+                continue
+            self._publishers[kind].upload(p)
+            p.drop_body()
+            self.stats.incr("reuploads_for_grace")
+            out.append(Announced(e.producer_seq, p.location, p.size, e.metadata))
+        return out
 
 
 @dataclass(eq=False, slots=True)
@@ -491,7 +462,9 @@ class _Upload:
     pending: Pending
     future: Future[None]
     round: int
-    """Uploads started by one pass share a round (and an append)."""
+    """Uploads started by one pass share a round."""
+    submitted: bool = False
+    """Handed to the fan-in hub (released once its commit lands)."""
 
 
 def _read_verified(stage: Stage, seg: SealedSegment) -> bytes:

@@ -4,26 +4,23 @@ produce() buffers the call in the open batch.  A flusher thread cuts the batch
 when it is ``flush_interval`` old, past ``flush_size_bytes``, or holding half of a
 backpressure budget (so two batches can be in flight), and hands it to
 a small upload pool; an appender thread takes every uploaded batch that is
-ready, in order, and appends them all in one CAS (group commit).  One
-producer's batches keep their order.  Backpressure: produce() blocks while
-``max_buffered_inputs`` calls or ``max_buffered_bytes`` bytes are not yet durable.
-
-Appends are paced across producers (:mod:`tieredbuf.queue.pacing`): with N writers
-active on the buffer, each appends at most every ``N / manifest_writes_per_s``
-seconds.  While a batch could not be appended before the next slot anyway, the
-flusher keeps it open -- cutting it about one upload time before the slot -- so
-one data object and one CAS carry what arrived in the interval, and the upload
-overlaps the wait.
+ready, in order, and hands them to the buffer's fan-in hub
+(:mod:`tieredbuf.produce.fanin`), which appends what every writer of the buffer has
+uploaded in one commit per interval (``1 / manifest_writes_per_s``).  One producer's
+batches keep their order.  A handle is REMOTE once the commit holding its batch
+landed.  Backpressure: produce() blocks while ``max_buffered_inputs`` calls or
+``max_buffered_bytes`` bytes are not yet durable.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +29,13 @@ from ulid import ULID
 from tieredbuf import keys
 from tieredbuf.config import MAX_UPLOADS_IN_FLIGHT, ProducerConfig
 from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
+from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
+from tieredbuf.produce.fanin import hub_for
 from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
-from tieredbuf.queue.pacing import REGROUP_WAIT_S, AppendPacer
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store, manifest_writes_per_s
@@ -93,20 +91,12 @@ class Producer:
         self.stats = Stats()
         self._stop = threading.Event()
         stop_at_exit(self._stop)
-        self._publisher = Publisher(
-            store, queue, self.producer_id, retry=self.config.retry,
-            gc_grace_period=self.config.gc_grace_period, stop=self._stop, stats=self.stats,
-        )
+        self._publisher = Publisher(store, self.producer_id, retry=self.config.retry,
+                                    stop=self._stop, stats=self.stats)
         rate = self.config.manifest_writes_per_s
-        self._pacer = AppendPacer(queue, self.producer_id,
-                                  manifest_writes_per_s(store) if rate is None else rate)
-        self._publisher.optimistic = self._pacer.optimistic
-        self._publisher.between_attempts = self._wait_turn
-        self._upload_s = 0.0
-        """Recent upload time (EWMA, seconds): how long before a slot to cut a batch."""
-        self._urgent = 0
-        """flush()/close() calls with a timeout: append at once, not at the pacer's slot."""
-        self._flush_waiters = 0
+        self._rate = manifest_writes_per_s(store) if rate is None else rate
+        self._hub = hub_for(store, queue)
+        self._hub_token = self._hub.attach(self._rate, self.config.gc_grace_period)
         self._cond = threading.Condition()
         self._open = _OpenBatch()
         self._buffered_inputs = 0
@@ -119,6 +109,10 @@ class Producer:
         self._flusher_done = False
         self._pool = ThreadPoolExecutor(MAX_UPLOADS_IN_FLIGHT, thread_name_prefix="tb-upload")
         self._inflight: deque[tuple[Pending, Future[None], _OpenBatch]] = deque()
+        self._committing = 0
+        """Groups handed to the fan-in hub and not done yet."""
+        self._submitted: dict[int, Pending] = {}
+        """Their batches by producer seq (the grace rule may upload one again)."""
         self._flusher = threading.Thread(target=self._flush_loop, name="tb-flusher", daemon=True)
         self._appender = threading.Thread(target=self._append_loop, name="tb-append", daemon=True)
         self._flusher.start()
@@ -176,27 +170,19 @@ class Producer:
         return handle
 
     def flush(self, timeout: float | None = None) -> None:
-        """Flush the open batch now and wait until everything buffered is REMOTE.
+        """Flush the open batch now and wait until everything buffered is REMOTE (in the
+        buffer's next commit, :mod:`tieredbuf.produce.fanin`).
 
-        Without ``timeout`` the append still waits for this producer's slot (at most one
-        pacing interval, :mod:`tieredbuf.queue.pacing`); with one it goes at once.
         Raises the store error that stopped the producer (a permanent one: credentials,
         access, bucket), or FlushTimeoutError saying what is not REMOTE yet (the
         producer keeps retrying it)."""
         self._guard.check()
         with self._cond:
             self._flush_now = True
-            urgent = int(timeout is not None)
-            self._urgent += urgent
-            self._flush_waiters += 1
             self._cond.notify_all()
-            try:
-                ok = self._cond.wait_for(
-                    lambda: self._buffered_inputs == 0 or self._error is not None, timeout
-                )
-            finally:
-                self._urgent -= urgent
-                self._flush_waiters -= 1
+            ok = self._cond.wait_for(
+                lambda: self._buffered_inputs == 0 or self._error is not None, timeout
+            )
             if self._error is not None:
                 raise self._error
             if not ok:
@@ -207,15 +193,12 @@ class Producer:
 
     @property
     def manifest_writes_per_s(self) -> float:
-        """The manifest write budget this producer paces its appends at: its config's,
+        """The commit budget this producer asks of the buffer's fan-in hub: its config's,
         else the store's (1 on Cloudflare R2, else 5)."""
-        return self._pacer.writes_per_s
+        return self._rate
 
     def close(self, timeout: float | None = None) -> None:
         """Flush everything, wait until it is in the queue, stop the threads.
-
-        As for :meth:`flush`, the last append waits for this producer's pacing slot
-        unless a ``timeout`` is given.
 
         With ``timeout``: when it runs out, what is not REMOTE is dropped -- a stateless
         producer holds it in memory only -- its handles fail, and FlushTimeoutError says
@@ -225,12 +208,15 @@ class Producer:
             if self._closed:
                 return
             self._closing = True
-            self._urgent += int(timeout is not None)
             self._cond.notify_all()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._flusher.join(_left(deadline))
         self._appender.join(_left(deadline))
-        if self._appender.is_alive():
+        with self._cond:  # and what the hub still has of ours
+            self._cond.wait_for(lambda: self._committing == 0 or self._error is not None,
+                                _left(deadline))
+            stuck = self._appender.is_alive() or self._committing > 0
+        if stuck:
             with self._cond:
                 err = FlushTimeoutError(
                     f"close() ran out of time after {timeout} s: {self._pending()} not REMOTE; "
@@ -241,10 +227,12 @@ class Producer:
             self._die(err)
             self._stop.set()  # uploads stop retrying
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self._hub.detach(self._hub_token)
             with self._cond:
                 self._closed = True
             raise err
         self._pool.shutdown(wait=True)
+        self._hub.detach(self._hub_token)
         with self._cond:
             self._closed = True
         if self._error is not None:
@@ -280,11 +268,7 @@ class Producer:
             return None
         if self._closing or self._flush_now or self._pressing(b):
             return 0.0
-        due = b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
-        # no append before the pacer's next free slot: gather until about one upload
-        # before it (a batch already in flight takes the next slot, this one the one after)
-        slot = self._pacer.due_in(ahead=1 if self._inflight else 0)
-        return max(due, slot - self._upload_s)
+        return b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
 
     def _pressing(self, b: _OpenBatch) -> bool:
         """Cut now: the batch is full, or holds half of a backpressure budget.
@@ -324,93 +308,79 @@ class Producer:
                 self._inflight.append((p, fut, batch))
                 self._cond.notify_all()
 
-    def _wait_turn(self) -> None:
-        """After a lost CAS (on the appender thread): wait for this writer's slot."""
-        def wait(seconds: float) -> None:
-            self._cond.notify_all()  # the flusher times its next cut from this wait
-            self._cond.wait(seconds)
-
-        with self._cond:
-            self._pacer.wait_turn(lambda: bool(self._urgent) or self._error is not None, wait)
-
     def _upload(self, p: Pending) -> None:
-        started = time.monotonic()
         self._publisher.upload(p)
-        took = time.monotonic() - started
-        self._upload_s = took if not self._upload_s else 0.8 * self._upload_s + 0.2 * took
 
     def _append_loop(self) -> None:
+        """Hand every uploaded batch, in order, to the fan-in hub (not waiting for its
+        commit: the next batches upload and follow meanwhile)."""
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: bool(self._inflight) or self._flusher_done
-                )
+                self._cond.wait_for(lambda: bool(self._inflight) or self._flusher_done)
                 if not self._inflight:
                     return
             head = self._inflight[0][1]
             try:
                 head.result()
-                self._pacer.probe()  # a first append: learn the writers before its slot
             except BaseException as e:
                 self._die(e)
                 return
             with self._cond:
-                # this writer's slot (group commit across producers); uploads go on
-                while not (self._urgent or self._error is not None):
-                    # a flush or close takes its turn: closing together is a CAS storm
-                    left = self._pacer.due_in(turn=self._closing or self._flush_waiters > 0)
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
                 group = []
                 while self._inflight and self._inflight[0][1].done():
                     group.append(self._inflight.popleft())
-            def more(group: list[Any] = group) -> list[Pending]:
-                """After a lost CAS and the wait for this writer's turn: the batches
-                uploaded meanwhile join the retry (one append for all of them)."""
-                extra = self._uploaded_meanwhile()
-                group.extend(extra)
-                return [p for p, _, _ in extra]
-
-            try:
-                for _, fut, _b in group:
-                    fut.result()
-                seqs = self._publisher.append([p for p, _, _ in group], more)
-            except BaseException as e:
-                self._die(e, [b for _, _, b in group])
-                return
-            self._pacer.appended()
-            with self._cond:
-                self._cond.notify_all()  # the flusher times its next cut from this append
+                self._committing += 1
+                for p, _, _ in group:
+                    self._submitted[p.producer_seq] = p
+            for _, fut, _b in group:
+                if fut.exception() is not None:
+                    self._die(fut.exception() or RuntimeError("upload failed"),
+                              [b for _, _, b in group])
+                    return
+            entries = [Announced(p.producer_seq, p.location, p.size, p.metadata)
+                       for p, _, _ in group]
+            self._hub.submit(self.producer_id, entries,
+                             functools.partial(self._committed, group), self._reupload)
             self.stats.incr("batches_flushed", len(group))
-            released_inputs = released_bytes = 0
-            for (p, _, b), seq in zip(group, seqs, strict=True):
-                outcome = WriteOutcome(seq, p.location, Durability.REMOTE)
-                for w in b.watchers:
-                    w.reach(Durability.REMOTE, outcome)
-                released_inputs += len(b.watchers)
-                released_bytes += b.size
-            with self._cond:
-                self._buffered_inputs -= released_inputs
-                self._buffered_bytes -= released_bytes
-                self._cond.notify_all()
 
-    def _uploaded_meanwhile(self) -> list[tuple[Pending, Future[None], _OpenBatch]]:
-        """On the appender thread (the only one taking from ``_inflight``): the batches
-        cut since, in order, once uploaded.  One still uploading was cut about one upload
-        before this turn: it is waited for, up to twice the recent upload time."""
-        extra: list[tuple[Pending, Future[None], _OpenBatch]] = []
-        while True:
-            with self._cond:
-                if not self._inflight:
-                    return extra
-                head = self._inflight[0][1]
-            if not head.done():
-                futures_wait([head], timeout=max(REGROUP_WAIT_S, 2 * self._upload_s))
-            with self._cond:
-                if not (head.done() and head.exception() is None):
-                    return extra  # failed or slow: the next append deals with it
-                extra.append(self._inflight.popleft())
+    def _committed(self, group: list[tuple[Pending, Future[None], _OpenBatch]],
+                   seqs: list[int | None] | None, err: BaseException | None) -> None:
+        """On the hub's thread: the group is in the queue (or failed for good)."""
+        with self._cond:
+            self._committing -= 1
+            for p, _, _ in group:
+                self._submitted.pop(p.producer_seq, None)
+            self._cond.notify_all()
+        if err is not None or seqs is None:
+            self._die(err or RuntimeError("commit failed"), [b for _, _, b in group])
+            return
+        released_inputs = released_bytes = 0
+        for (p, _, b), seq in zip(group, seqs, strict=True):
+            outcome = WriteOutcome(seq, p.location, Durability.REMOTE)
+            for w in b.watchers:
+                w.reach(Durability.REMOTE, outcome)
+            released_inputs += len(b.watchers)
+            released_bytes += b.size
+        with self._cond:
+            self._buffered_inputs -= released_inputs
+            self._buffered_bytes -= released_bytes
+            self._cond.notify_all()
+
+    def _reupload(self, entries: Sequence[Announced]) -> list[Announced]:
+        """The GC grace rule (on the hub's thread): these batches waited past half the
+        grace period; upload them again under fresh keys."""
+        with self._cond:
+            mine = dict(self._submitted)
+        out = []
+        for e in entries:
+            p = mine.get(e.producer_seq)
+            if p is None:
+                out.append(e)
+                continue
+            self._publisher.upload(p)
+            self.stats.incr("reuploads_for_grace")
+            out.append(Announced(e.producer_seq, p.location, p.size, e.metadata))
+        return out
 
     def _die(self, error: BaseException, batches: list[_OpenBatch] | None = None) -> None:
         log.error("producer %s failed: %s", self.producer_id, error, extra={"tb_raised": True})

@@ -141,8 +141,6 @@ def run(
     fence: Callable[[T], None] | None = None,
     landed: Callable[[Read[T], Sequence[D]], R | None] | None = None,
     first: Read[T] | None = None,
-    after_conflict: Callable[[int], None] | None = None,
-    attempt: int = 0,
     stat_prefix: str = "",
     what: str = "CAS",
 ) -> R:
@@ -153,13 +151,12 @@ def run(
     ``landed(read, tried)`` is given every decision written so far (oldest first) after a
     failed write and returns the result of the one the state shows landed, or None.
     ``first``: the state to decide the first attempt from without reading (a lone
-    writer's optimistic CAS; a stale one only fails that write).  ``after_conflict(n)``
-    runs after the back-off that follows a lost race (attempt ``n`` next) and may raise
-    to hand the retry back to the caller.  ``attempt``: retries already made by the caller
-    (the back-off goes on from there).  Stats are counted as ``<stat_prefix>conflicts``,
-    ``unknown_outcomes``, ``transient_errors``, ``retries`` and ``permanent_errors``.
+    writer's optimistic CAS; a stale one only fails that write).  Stats are counted as
+    ``<stat_prefix>conflicts``, ``unknown_outcomes``, ``transient_errors``, ``retries``
+    and ``permanent_errors``.
     """
     tried: list[D] = []
+    attempt = 0
     current = first if first is not None else _read(obj, retries, stats, stat_prefix, what)
     while True:
         if fence is not None:
@@ -197,8 +194,6 @@ def run(
             why, err = "transient_errors", e
         _pause(retries, stats, stat_prefix, attempt, why, what, err)
         attempt += 1
-        if why == "conflicts" and after_conflict is not None:
-            after_conflict(attempt)
         current = _read(obj, retries, stats, stat_prefix, what, attempt)
 
 

@@ -39,9 +39,7 @@ changes the grace period.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -78,17 +76,6 @@ WATERMARK_CAP = 16384
 """At most this many producer watermarks are kept (most recently active first)."""
 
 
-class LostCas(Exception):
-    """``append(regroup=True)``: a CAS was refused (a conflict) and the retry pause is
-    over; the caller retries with the same entries plus any that became ready meanwhile
-    (``append(..., first_attempt=attempt)``), and that call decides from a fresh read
-    whether any of them landed (I2)."""
-
-    def __init__(self, attempt: int) -> None:
-        super().__init__(f"lost the root CAS (attempt {attempt})")
-        self.attempt = attempt
-
-
 class ManifestQueue:
     """CAS operations on ``queue/manifest``; safe to share between threads."""
 
@@ -121,8 +108,6 @@ class ManifestQueue:
         self.nodes = nodes or NodeStore(
             store, retry=self.retry, clock_ms=clock_ms, sleep=sleep, stats=self.stats
         )
-        self.last_read: fm.ManifestView | None = None  # who appends: queue/pacing.py
-        self.last_read_ms = 0
         self._latest: tuple[bytes, str] | None = None  # the root last read or written
 
     # --- reads -------------------------------------------------------------
@@ -137,7 +122,6 @@ class ManifestQueue:
         self.stats.incr("manifest_reads")
         self.stats.incr("manifest_bytes_read", len(got.data))
         view = fm.open_manifest(got.data, obj=self.key)
-        self.last_read, self.last_read_ms = view, self.clock_ms()
         self._latest = (got.data, got.etag)
         return Snapshot(view, got.etag, tree.decode_root(view, self.clock_ms()), self.nodes)
 
@@ -146,7 +130,7 @@ class ManifestQueue:
         """True once this queue has read or written the root (see ``optimistic``)."""
         return self._latest is not None
 
-    def _latest_snapshot(self) -> Snapshot:
+    def latest_snapshot(self) -> Snapshot:
         """The root as this queue last read or wrote it, without a request (maybe stale)."""
         assert self._latest is not None
         view = fm.open_manifest(self._latest[0], obj=self.key)
@@ -178,21 +162,19 @@ class ManifestQueue:
         """The root this queue just wrote (an optimistic append CASes against it next)."""
         self._latest = (data, etag)
 
-    def _run(
+    def run_cas(
         self,
         decide: Callable[[cas.Read[Snapshot], int], cas.Write[D] | cas.Skip[R]],
         done: Callable[[D, str], R],
         *,
         landed: Callable[[cas.Read[Snapshot], Sequence[D]], R | None] | None = None,
         first: cas.Read[Snapshot] | None = None,
-        after_conflict: Callable[[int], None] | None = None,
-        attempt: int = 0,
     ) -> R:
-        """One CAS loop over the root (:func:`tieredbuf.queue.cas.run`)."""
+        """One CAS loop over the root (:func:`tieredbuf.queue.cas.run`); ``first``: a root
+        to decide the first attempt from without reading it."""
         return cas.run(
             _Root(self), decide, done, retries=self.cas_retries(), stats=self.stats,
-            landed=landed, first=first, after_conflict=after_conflict, attempt=attempt,
-            what="manifest operation",
+            landed=landed, first=first, what="manifest operation",
         )
 
     def cas_retries(self) -> cas.Retries:
@@ -201,7 +183,7 @@ class ManifestQueue:
         return cas.Retries(self.retry, self.sleep, self.max_transient_retries,
                            self.retry_log)
 
-    def _build(self, draft: tree.Root, now_ms: int) -> Callable[[], bytes]:
+    def build(self, draft: tree.Root, now_ms: int) -> Callable[[], bytes]:
         """The bytes of ``draft`` (group PUTs happen here); a build that took longer than
         the tree's link deadline re-plans instead (its new groups might be GC's already)."""
         def build() -> bytes:
@@ -222,40 +204,30 @@ class ManifestQueue:
         last_producer_seq: int,
         *,
         before_write: Callable[[Snapshot], None] | None = None,
-        producer_seqs: Sequence[int] | None = None,
         create: bool = True,
         strict: bool = False,
-        optimistic: bool = False,
-        regroup: bool = False,
-        first_attempt: int = 0,
     ) -> list[int | None]:
-        """Append ``new`` exactly once; returns the sequence given to each entry.
+        """Append ``new`` exactly once, as one writer's own CAS (the Spark sink; producers
+        and exporters commit through the fan-in hub, :mod:`tieredbuf.queue.commit`).
+        Returns the sequence given to each entry.
 
-        ``optimistic``: the first attempt CASes against the root this queue last read or
-        wrote, unread (a lone writer's one request); a stale root only fails that CAS.
-        ``regroup``: after a lost CAS (a conflict) and its retry pause, raise
-        :class:`LostCas` instead of retrying the same entries, so the caller retries with
-        what became ready meanwhile too (one append then carries both: a conflict costs
-        no extra append later); ``first_attempt``: the attempt count so far (backoff).
-
-        ``new[i]`` is the producer's append number ``producer_seqs[i]`` if given (strictly
-        increasing, ending at ``last_producer_seq``), else ``last_producer_seq - len(new) +
-        1 + i``.  Entries whose number the manifest's watermark already covers landed
-        earlier (a retry after an unknown outcome, or a restart) and are not appended
-        again; their sequence is known when the whole group landed together, else
-        ``None``.  ``before_write`` runs before every write, with the snapshot the write
-        will CAS against, and may raise to abort (GC grace race: the snapshot carries
-        the buffer's grace period).  ``create=False``: raise BufferNotFoundError instead
-        of creating a buffer where none exists.  ``strict=True``: only this very group
-        can have covered its numbers -- a watermark that covers some of them without
-        ending exactly at ``last_producer_seq``, or that is past it, belongs to another
-        writer using the same producer id, and ProducerIdReusedError is raised instead
-        of skipping the entries as already appended.
+        ``new[i]`` is the producer's append number ``last_producer_seq - len(new) + 1 + i``.
+        Entries whose number the manifest's watermark already covers landed earlier (a
+        retry after an unknown outcome, or a restart) and are not appended again; their
+        sequence is known when the whole group landed together, else ``None``.
+        ``before_write`` runs before every write, with the snapshot the write will CAS
+        against, and may raise to abort (GC grace race: the snapshot carries the buffer's
+        grace period).  ``create=False``: raise BufferNotFoundError instead of creating a
+        buffer where none exists.  ``strict=True``: only this very group can have covered
+        its numbers -- a watermark that covers some of them without ending exactly at
+        ``last_producer_seq``, or that is past it, belongs to another writer using the
+        same producer id, and ProducerIdReusedError is raised instead of skipping the
+        entries as already appended.
         """
         n = len(new)
         if n == 0:
             return []
-        pseqs = _producer_seqs(n, last_producer_seq, producer_seqs)
+        pseqs = _producer_seqs(n, last_producer_seq)
 
         def decide(read: cas.Read[Snapshot], attempt: int
                    ) -> cas.Write[_Appended] | cas.Skip[list[int | None]]:
@@ -267,14 +239,10 @@ class ManifestQueue:
             done = 0 if wm is None else bisect.bisect_right(pseqs, wm.producer_seq)
             if strict and wm is not None and done and wm.producer_seq != pseqs[-1]:
                 raise ProducerIdReusedError(producer_id, wm.producer_seq, pseqs[-1])
-            if done == n:  # landed before this call (a restart, or a regrouped retry)
+            if done == n:  # landed before this call (a restart)
                 assert wm is not None
-                if attempt:
-                    self.stats.incr("deduplicated_appends")
-                if producer_seqs is None and not first_attempt:  # one group, one CAS
-                    last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
-                    return cas.Skip(list(range(last - n + 1, last + 1)))
-                return cas.Skip(self._landed(snap, new, pseqs, wm))
+                last = wm.last_sequence - (wm.producer_seq - last_producer_seq)
+                return cas.Skip(list(range(last - n + 1, last + 1)))
             if before_write is not None:
                 before_write(snap)
             todo = new[done:]
@@ -282,16 +250,11 @@ class ManifestQueue:
             wms = fm.prune_watermarks(view.watermarks, now, self.watermark_ttl_ms, WATERMARK_CAP)
             last_seq = snap.root.next_seq + len(todo) - 1
             wms[producer_id] = fm.Watermark(producer_id, last_producer_seq, last_seq, now)
-            draft = self._draft(snap)
+            draft = self.draft(snap)
             draft.watermarks = wms
             first = tree.append_entries(draft, todo, now)
-            prior: list[int | None] = [None] * done
-            if done and first_attempt and wm is not None and wm.producer_seq == pseqs[done - 1]:
-                # landed by an earlier attempt whose response was lost (a regrouped
-                # retry): placed by location, as a whole landed group is
-                prior = self._landed(snap, new[:done], pseqs[:done], wm)
-            return cas.Write(self._build(draft, now),
-                             _Appended(prior, first, len(todo), last_seq, now))
+            return cas.Write(self.build(draft, now),
+                             _Appended([None] * done, first, len(todo), last_seq, now))
 
         def done(d: _Appended, etag: str) -> list[int | None]:
             self.stats.incr("appends")
@@ -306,24 +269,10 @@ class ManifestQueue:
             for d in tried:  # this call's own write, found after its response was lost
                 if (wm.last_sequence, wm.updated_ms) == (d.last_seq, d.now_ms):
                     self.stats.incr("deduplicated_appends")
-                    got = d.sequences()
-                    if None in d.prior:  # landed before this call: placed by location
-                        located = self._landed(read.state, new, pseqs, wm)
-                        got[: len(d.prior)] = located[: len(d.prior)]
-                    return got
+                    return d.sequences()
             return None
 
-        first: cas.Read[Snapshot] | None = None
-        if optimistic and first_attempt == 0 and self.knows_root:
-            snap = self._latest_snapshot()
-            first = cas.Read(snap, snap.etag)
-            self.stats.incr("optimistic_attempts")
-
-        def lost_cas(attempt: int) -> None:
-            raise LostCas(attempt)
-
-        return self._run(decide, done, landed=landed, first=first,
-                         after_conflict=lost_cas if regroup else None, attempt=first_attempt)
+        return self.run_cas(decide, done, landed=landed)
 
     def append_once(
         self,
@@ -352,9 +301,9 @@ class ManifestQueue:
             if before_write is not None:
                 before_write(snap)
             now = self.clock_ms()
-            draft = self._draft(snap)
+            draft = self.draft(snap)
             first = tree.append_entries(draft, new, now)
-            return cas.Write(self._build(draft, now), first)
+            return cas.Write(self.build(draft, now), first)
 
         def done(first: int, etag: str) -> list[int]:
             self.stats.incr("appends")
@@ -376,30 +325,7 @@ class ManifestQueue:
                     return list(range(first, first + n))
             return None
 
-        return self._run(decide, done, landed=landed)
-
-    def _landed(self, snap: Snapshot, new: Sequence[fm.NewEntry], pseqs: Sequence[int],
-                wm: fm.Watermark) -> list[int | None]:
-        """Sequences of a group whose explicit numbers all landed already.
-
-        The watermark names the sequence of the last number of the last append that
-        landed; when that is our last number, the group's entries sit just before it if
-        the group landed in one CAS.  Each candidate is confirmed by its location (a
-        ULID key: unique), so a group that landed in pieces yields ``None`` for the
-        entries it cannot place.
-        """
-        if wm.producer_seq != pseqs[-1]:
-            return [None] * len(new)
-        out: list[int | None] = []
-        first = wm.last_sequence - len(new) + 1
-        for i, e in enumerate(new):
-            seq = first + i
-            got = None
-            if seq >= snap.root.linked_first:
-                with contextlib.suppress(ObjectNotFoundError):
-                    got = tree.find_sequence(snap.root, seq, self.nodes.load)
-            out.append(seq if got is not None and got.location == e.location else None)
-        return out
+        return self.run_cas(decide, done, landed=landed)
 
     # --- the default subscriber (RFC 0001's consumer) ---------------------------
 
@@ -461,12 +387,12 @@ class ManifestQueue:
         so a retry after an unknown outcome recognises its own landed write.  Retention,
         the head and rebalancing are applied in the same write.  True if this call wrote."""
         def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None] | cas.Skip[bool]:
-            draft = self._draft(read.state)
+            draft = self.draft(read.state)
             if not change(read.state, draft):
                 return cas.Skip(False)
-            return cas.Write(self._build(draft, self.clock_ms()), None)
+            return cas.Write(self.build(draft, self.clock_ms()), None)
 
-        return self._run(decide, lambda _d, _e: self._counted(stat, True))
+        return self.run_cas(decide, lambda _d, _e: self._counted(stat, True))
 
     def _counted(self, stat: str, result: R) -> R:
         self.stats.incr(stat)
@@ -476,8 +402,8 @@ class ManifestQueue:
         """One CAS that only applies retention and rebalancing (e.g. from a cron job)."""
         def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None]:
             before = read.state.root
-            draft = self._draft(read.state)
-            build = self._build(draft, self.clock_ms())
+            draft = self.draft(read.state)
+            build = self.build(draft, self.clock_ms())
 
             def unless_unchanged() -> bytes:
                 data = build()
@@ -487,7 +413,7 @@ class ManifestQueue:
 
             return cas.Write(unless_unchanged, None)
 
-        self._run(decide, lambda _d, _e: self._counted("retention_passes", None))
+        self.run_cas(decide, lambda _d, _e: self._counted("retention_passes", None))
 
     def set_retention(
         self, max_age: timedelta | None = None, max_bytes: int | None = None
@@ -504,11 +430,11 @@ class ManifestQueue:
                    ) -> cas.Write[None] | cas.Skip[fm.RetentionPolicy]:
             if read.state.root.retention == want:
                 return cas.Skip(want)
-            draft = self._draft(read.state)
+            draft = self.draft(read.state)
             draft.retention = want
-            return cas.Write(self._build(draft, self.clock_ms()), None)
+            return cas.Write(self.build(draft, self.clock_ms()), None)
 
-        return self._run(decide, lambda _d, _e: self._counted("retention_sets", want))
+        return self.run_cas(decide, lambda _d, _e: self._counted("retention_sets", want))
 
     def set_gc_grace_period(self, grace: timedelta, *, force: bool = False) -> timedelta:
         """Store the buffer's GC grace period in the root (one CAS; idempotent); GC and
@@ -528,16 +454,16 @@ class ManifestQueue:
                    ) -> cas.Write[None] | cas.Skip[timedelta]:
             if read.state.gc_grace_ms == want:
                 return cas.Skip(grace)
-            draft = self._draft(read.state)
+            draft = self.draft(read.state)
             assert draft.buffer is not None
             draft.buffer = dataclasses.replace(draft.buffer, gc_grace_ms=want)
-            return cas.Write(self._build(draft, self.clock_ms()), None)
+            return cas.Write(self.build(draft, self.clock_ms()), None)
 
-        return self._run(decide, lambda _d, _e: self._counted("grace_sets", grace))
+        return self.run_cas(decide, lambda _d, _e: self._counted("grace_sets", grace))
 
     # --- tree maintenance inside a CAS attempt ----------------------------------
 
-    def _draft(self, snap: Snapshot) -> tree.Root:
+    def draft(self, snap: Snapshot) -> tree.Root:
         """A copy of the root to change; adds the buffer section when the root lacks one
         (a fresh buffer id, the default grace period), and seeds the retention policy from
         our TreeConfig only when the root has never had one (the root's stored policy is
@@ -644,17 +570,8 @@ def retention_of(cfg: TreeConfig) -> fm.RetentionPolicy | None:
     return _policy(cfg.retention_max_age, cfg.retention_max_bytes)
 
 
-def _producer_seqs(n: int, last: int, given: Sequence[int] | None) -> Sequence[int]:
-    """The append numbers of a group of ``n`` (consecutive ending at ``last`` unless given)."""
-    if given is None:
-        if last - n + 1 < 1:
-            raise ValueError("producer sequence numbers start at 1")
-        return range(last - n + 1, last + 1)
-    seqs = list(given)
-    if len(seqs) != n:
-        raise ValueError(f"{len(seqs)} producer sequence numbers for {n} entries")
-    if seqs[0] < 1 or seqs[-1] != last:
-        raise ValueError("producer sequence numbers start at 1 and end at last_producer_seq")
-    if any(b <= a for a, b in itertools.pairwise(seqs)):
-        raise ValueError("producer sequence numbers must be strictly increasing")
-    return seqs
+def _producer_seqs(n: int, last: int) -> Sequence[int]:
+    """The append numbers of a group of ``n``: consecutive, ending at ``last``."""
+    if last - n + 1 < 1:
+        raise ValueError("producer sequence numbers start at 1")
+    return range(last - n + 1, last + 1)

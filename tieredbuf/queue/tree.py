@@ -100,6 +100,7 @@ class Root:
         "buffer",
         "epoch",
         "head",
+        "lease",
         "low",
         "n_entries",
         "next_seq",
@@ -118,7 +119,8 @@ class Root:
                  refs_raw: bytes, stats_raw: bytes, version: int = fm.V2,
                  obj: str | None = None, retention: fm.RetentionPolicy | None = None,
                  buffer: fm.BufferInfo | None = None,
-                 registry: dict[str, freg.Registration] | None = None) -> None:
+                 registry: dict[str, freg.Registration] | None = None,
+                 lease: fm.CommitLease | None = None) -> None:
         self.region = region
         self.n_entries = n_entries
         self.next_seq = next_seq
@@ -136,6 +138,8 @@ class Root:
         self.registry: dict[str, freg.Registration] = (
             freg.implied(epoch, head) if registry is None else dict(registry))
         """Section 7, resolved: every registered subscriber (implied when the section is absent)."""
+        self.lease = lease
+        """Section 8: the commit lease of fan-in (None: never taken)."""
         self.nodes_written: list[tuple[int, int]] = []
         """(level, first_seq) of each node written while building this draft."""
         self._refs: list[ft.Ref] | None = None
@@ -251,7 +255,7 @@ class Root:
     def copy(self) -> Root:
         c = Root(self.region, self.n_entries, self.next_seq, self.epoch, dict(self.watermarks),
                  self.owner, self.low, self.head, b"", b"", self.version, self.obj,
-                 self.retention, self.buffer, self.registry)
+                 self.retention, self.buffer, self.registry, self.lease)
         c._refs_raw, c._stats_raw, c._refs_total = self._refs_raw, self._stats_raw, self._refs_total
         c._refs = None if self._refs is None else list(self._refs)
         c._stats = None if self._stats is None else list(self._stats)
@@ -275,7 +279,7 @@ class Root:
         return fm.encode_manifest(self.region, footer, self.watermarks, self.owner,
                                   ft.encode_tree_raw(self.low, self.head, self.refs_raw),
                                   ft.encode_stats_raw(self.stats_raw), self.retention,
-                                  self.buffer, regs)
+                                  self.buffer, regs, self.lease)
 
 
 def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
@@ -300,7 +304,7 @@ def decode_root(view: fm.ManifestView, default_time_ms: int = 0) -> Root:
                                    for e in fm.iter_entries(view)])
     root = Root(view.entries_bytes, f.entry_count, f.next_sequence, f.epoch,
                 dict(view.watermarks), view.owner, low, head, refs_raw, stats_raw, f.version,
-                view.obj, view.retention, view.buffer, view.subscribers)
+                view.obj, view.retention, view.buffer, view.subscribers, view.lease)
     if root.n_refs and root.ref_at(-1).last + 1 != root.entries_first:
         raise CorruptError(fm.WHAT, view.obj, 0, "refs and root entries are not contiguous")
     if not root.linked_first <= low <= head <= f.next_sequence:

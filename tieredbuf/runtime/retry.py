@@ -27,44 +27,25 @@ def backoff_delay(retry: RetryConfig, attempt: int, rng: random.Random | None = 
     return (rng or random).uniform(ceiling / 2, ceiling) if ceiling > 0 else 0.0
 
 
-class Stopped(Exception):
-    """A retry loop was told to stop (a close() ran out of time, or the interpreter exits)."""
-
-
 _local = threading.local()
 
 
 @contextmanager
-def stop_on(event: threading.Event) -> Iterator[None]:
-    """While inside, :func:`interruptible_sleep` on this thread raises Stopped once
-    ``event`` is set: the retry loops of a shared ManifestQueue stop for this caller only."""
-    prev = getattr(_local, "stop", None)
-    _local.stop = event
+def background() -> Iterator[None]:
+    """While inside, this thread is a background loop (the fan-in hub, an exporter): its
+    store retries go on until the loop is stopped, never give up on their own."""
+    prev = getattr(_local, "background", False)
+    _local.background = True
     try:
         yield
     finally:
-        _local.stop = prev
-
-
-@contextmanager
-def retry_turn(wait: Callable[[], None]) -> Iterator[None]:
-    """While inside, a retry sleep (:func:`interruptible_sleep`) on this thread is
-    followed by ``wait()``: a paced writer that lost a CAS waits for its slot *before*
-    reading the root again (:mod:`tieredbuf.queue.pacing`), not a few milliseconds --
-    writers that met once would meet again, and a wait after the read would make the
-    next CAS stale."""
-    prev = getattr(_local, "turn", None)
-    _local.turn = wait
-    try:
-        yield
-    finally:
-        _local.turn = prev
+        _local.background = prev
 
 
 def in_background() -> bool:
-    """True inside :func:`stop_on`: a background loop (a producer's appends, an exporter)
-    that retries until it is stopped, not a direct call that gives up on its own."""
-    return getattr(_local, "stop", None) is not None
+    """True inside :func:`background`: a loop that retries until it is stopped, not a
+    direct call that gives up on its own (``RetryConfig.give_up_after``)."""
+    return bool(getattr(_local, "background", False))
 
 
 def give_up_or_log(
@@ -98,21 +79,6 @@ def gave_up(error: BaseException, seconds: float, attempts: int) -> TieredBufErr
     if cls in (StoreError, TransientStoreError, StoreUnreachableError, OutcomeUnknownError):
         return cls(text)  # type: ignore[no-any-return]
     return TransientStoreError(text)
-
-
-def interruptible_sleep(seconds: float) -> None:
-    """time.sleep, cut short (raising Stopped) by the event of an enclosing :func:`stop_on`;
-    then the wait of an enclosing :func:`retry_turn`."""
-    event: threading.Event | None = getattr(_local, "stop", None)
-    if event is None:
-        time.sleep(seconds)
-    elif event.wait(seconds) or event.is_set():
-        raise Stopped("stopped while retrying a store operation")
-    turn: Callable[[], None] | None = getattr(_local, "turn", None)
-    if turn is not None:
-        turn()
-        if event is not None and event.is_set():
-            raise Stopped("stopped while retrying a store operation")
 
 
 class RetryLog:

@@ -1,0 +1,233 @@
+"""Fan-in (produce/fanin.py): one commit per interval carries what every writer uploaded.
+
+The failure cases of cross-writer group commit, each with real processes and SIGKILL
+where a process dies: a writer killed with its announcement out, a committer killed
+after its commit and before it deleted the announcements, writers whose clocks are
+two seconds apart.  Nothing is lost, nothing is duplicated (I1, I2), each writer's
+records keep their order (I3), and a write committed by another writer reaches its own
+handle as REMOTE with the right sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tieredbuf
+from tieredbuf import keys
+from tieredbuf.produce.fanin import hub_for
+
+WORKER = Path(__file__).with_name("fanin_worker.py")
+
+
+def _writer(url: str, name: str, n: int, *flags: str,
+            opts: dict[str, Any] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), url, json.dumps(opts or {}), name, str(n), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class Lines:
+    """A worker's output lines, read by a thread: waiting for one has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self._q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._q.put(line.strip())
+        self._q.put(None)
+
+    def until(self, want: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {want!r} from the worker in {timeout} s") from None
+            if line is None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"worker ended before {want!r}: {err}")
+            if line.startswith(want):
+                return line
+
+
+def _acks(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    acks = {}
+    for line in out.splitlines():
+        if line.startswith("ACK "):
+            _, rec, seq = line.split()
+            acks[rec] = int(seq)
+    return acks
+
+
+def _records(buf: tieredbuf.Buffer) -> list[tuple[int, bytes]]:
+    out = []
+    for e in buf.entries():
+        for r in tieredbuf.ConsumedBatch(e.sequence, e.location, e.metadata,
+                                         buf.read_object(e)).entries:
+            out.append((e.sequence, r))
+    return out
+
+
+def _check_once_in_order(got: list[tuple[int, bytes]], names: dict[str, int]) -> None:
+    recs = [r.decode() for _, r in got]
+    assert len(recs) == len(set(recs)), "I2: a record appears twice"
+    for name, n in names.items():
+        mine = [int(r.split(":")[1]) for r in recs if r.startswith(name + ":")]
+        assert mine == list(range(n)), f"I1/I3: {name}'s records lost or out of order"
+
+
+def _wait_for(cond: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_I2_I3_the_writers_of_one_process_share_each_commit(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/b")
+    producers = [buf.producer(flush_interval=timedelta(milliseconds=20)) for _ in range(6)]
+    handles = [(i, j, p.produce([f"p{i}:{j}".encode()]))
+               for j in range(10) for i, p in enumerate(producers)]
+    outcomes = {(i, j): h.wait(tieredbuf.Durability.REMOTE, timeout=60) for i, j, h in handles}
+    for p in producers:
+        p.close()
+    got = _records(buf)
+    _check_once_in_order(got, {f"p{i}": 10 for i in range(6)})
+    by_record = {r.decode(): seq for seq, r in got}
+    for (i, j), o in outcomes.items():  # every handle names its entry's sequence
+        assert o.sequence == by_record[f"p{i}:{j}"]
+    stats = buf.queue.stats
+    assert stats.get("entries_appended") == len({seq for seq, _ in got})
+    assert stats.get("commits") < stats.get("entries_appended")  # commits carry several
+    assert list(buf.store.list(keys.PENDING_PREFIX)) == []  # in-process: never announced
+
+
+def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequence(
+        tmp_path: Path) -> None:
+    """Two buffers on one store are two hubs (two processes, as far as fan-in knows):
+    the one holding the lease commits the other's announcement, and the other's handle
+    gets REMOTE with the sequence the root gave it."""
+    url = f"file://{tmp_path}/b"
+    holder, other = tieredbuf.open(url), tieredbuf.open(url)
+    stop = threading.Event()
+    with holder.producer(manifest_writes_per_s=2.0) as hp:
+        hp.produce([b"first"]).wait(timeout=60)  # takes the lease
+        lease = holder.snapshot().root.lease
+        assert lease is not None and lease.holder == hub_for(holder.store, holder.queue).holder
+
+        def keep_busy() -> None:  # a busy holder keeps renewing its lease
+            i = 0
+            while not stop.is_set():
+                hp.produce([b"h%d" % i]).wait(timeout=60)
+                i += 1
+
+        busy = threading.Thread(target=keep_busy)
+        busy.start()
+        try:
+            with other.producer(flush_interval=timedelta(milliseconds=5)) as op:
+                got = op.produce([b"theirs"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        finally:
+            stop.set()
+            busy.join(timeout=60)
+        assert hub_for(other.store, other.queue).stats.get("announcements") >= 1
+        assert hub_for(holder.store, holder.queue).stats.get("announcements_read") >= 1
+    by_record = {r: seq for seq, r in _records(holder)}
+    assert got.sequence == by_record[b"theirs"]
+    assert other.queue.stats.get("commits") == 0  # it never committed itself
+    assert list(holder.store.list(keys.PENDING_PREFIX)) == []
+
+
+def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
+    buf = tieredbuf.open(f"file://{tmp_path}/b")
+    with buf.producer(manifest_writes_per_s=20.0) as p:
+        p.produce([b"x"]).wait(timeout=60)
+        hub = hub_for(buf.store, buf.queue)
+        _wait_for(lambda: hub.pending() == 0)
+    before = buf.requests.snapshot()
+    with buf.producer() as idle:
+        assert idle.stats.snapshot().get("batches_flushed", 0) == 0
+    assert buf.requests.snapshot() == before  # attach and detach: no request
+
+
+@pytest.mark.slow
+def test_I1_I2_a_writer_killed_with_its_announcement_out_loses_and_duplicates_nothing(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    buf = tieredbuf.open(url)
+    with buf.producer(manifest_writes_per_s=0.5) as holder:  # commits every 2 s
+        holder.produce([b"holder:0"]).wait(timeout=60)
+        w = _writer(url, "w", 1, "--hold")
+        try:
+            _wait_for(lambda: any(m.key.startswith(keys.PENDING_PREFIX + "p-")
+                                  for m in buf.store.list(keys.PENDING_PREFIX)))
+        finally:
+            w.send_signal(signal.SIGKILL)  # announced, not committed yet (or just)
+            w.communicate(timeout=30)
+        # the next commit of any live writer carries the dead one's announcement
+        holder.produce([b"holder:1"]).wait(timeout=60)
+    _check_once_in_order(_records(buf), {"holder": 2, "w": 1})
+    assert list(buf.store.list(keys.PENDING_PREFIX)) == []
+
+
+@pytest.mark.slow
+def test_I1_I2_a_committer_killed_after_its_commit_before_its_deletes_loses_nothing(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    # a busy committer: it writes all the time, so it lists and commits every interval
+    c = _writer(url, "c", 100_000, "--rate", "2", "--crash-before-delete")
+    lines = Lines(c)
+    try:
+        lines.until("ACK c:0")  # it committed its own record: it holds the lease
+        buf = tieredbuf.open(url)
+        with buf.producer(flush_interval=timedelta(milliseconds=5)) as w:
+            first = w.produce([b"w:0"])  # announced; the committer commits it, then stops
+            lines.until("CRASHPOINT")
+            c.send_signal(signal.SIGKILL)
+            c.communicate(timeout=30)
+            assert first.wait(timeout=60).sequence is not None
+            assert list(buf.store.list(keys.PENDING_PREFIX)) != []  # left behind
+            # the dead holder's lease lapses; this writer takes over and cleans up
+            w.produce([b"w:1"]).wait(timeout=60)
+    finally:
+        if c.poll() is None:
+            c.send_signal(signal.SIGKILL)
+            c.communicate(timeout=30)
+    got = _records(buf)
+    acked = sum(1 for _, r in got if r.startswith(b"c:"))
+    _check_once_in_order(got, {"c": acked, "w": 2})
+    assert list(buf.store.list(keys.PENDING_PREFIX)) == []
+
+
+@pytest.mark.slow
+def test_I2_I3_writers_with_clocks_two_seconds_apart_lose_and_duplicate_nothing(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/b"
+    tieredbuf.open(url).create()
+    procs = {f"s{i}": _writer(url, f"s{i}", 25, "--skew-ms", str(skew))
+             for i, skew in enumerate((-2000, 0, 2000))}
+    acks = {name: _acks(p) for name, p in procs.items()}
+    buf = tieredbuf.open(url)
+    got = _records(buf)
+    _check_once_in_order(got, {name: 25 for name in procs})
+    by_record = {r.decode(): seq for seq, r in got}
+    for a in acks.values():
+        for rec, seq in a.items():
+            assert by_record[rec] == seq  # each handle got its own entry's sequence
+    assert list(buf.store.list(keys.PENDING_PREFIX)) == []

@@ -1,0 +1,520 @@
+"""Fan-in: one commit per interval carries what every writer has uploaded.
+
+Every writer (a stateless producer, one stream of an exporter) hands its uploaded
+appends to the :class:`CommitHub` of its buffer in this process (:func:`hub_for`).
+The hub plays one of two parts at a time, decided by the root's commit lease
+(section 8; :mod:`tieredbuf.queue.commit`):
+
+* **committer** (the lease is its own, or free, or lapsed): once per interval
+  (``1 / manifest_writes_per_s``) it LISTs ``queue/pending/``, reads the
+  announcements it has not read yet, and appends them together with its own
+  process's appends (handed over in memory) in one root CAS that renews its lease;
+  then it deletes the announcements the watermarks now cover.  While it holds a live
+  lease and nothing is pending it only LISTs; once the lease lapses it stops.
+* **watcher** (another writer holds a live lease): it announces its process's
+  appends (one create-if-absent PUT per group, each writer's in order), then reads the
+  root's 22-byte footer about when the holder's next commit is due, and the root when
+  the footer moved; what a watermark now covers is done.
+
+Either way a waiting write is done when its writer's watermark covers it; its sequence
+is read from the root (the committer knows it from its own write).  A writer's REMOTE
+latency is its upload, an announcement and about one interval -- whatever the number
+of writers -- and the root takes one write per interval (docs/architecture.md,
+"Fan-in").  Exactly-once is the watermark's (I2); a holder that dies only delays
+commits until its lease lapses; two holders at once (clock skew) cost conflicts, not
+duplicates.  An idle hub makes no request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from tieredbuf import keys
+from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
+from tieredbuf.errors import (
+    AlreadyExistsError,
+    CorruptError,
+    ObjectNotFoundError,
+    PermanentStoreError,
+    StoreError,
+)
+from tieredbuf.format import announce as fa
+from tieredbuf.queue import cas
+from tieredbuf.queue.commit import Committed, Pending, commit, lease_free, new_holder_id
+from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
+from tieredbuf.runtime.stats import Stats
+from tieredbuf.store.base import Store
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 0.02
+"""Unpaced writers (``manifest_writes_per_s=0``) still LIST at most this often."""
+LEASE_MIN_S = 5.0
+"""A lease lasts at least this long (and four intervals): a holder that dies delays
+commits by at most this much, and clocks a second or two apart do not flap it."""
+_PARALLEL = 8
+
+
+Done = Callable[[list[int | None] | None, BaseException | None], None]
+"""Called once per submitted group: its sequences (None where unknown), or the error."""
+Refresh = Callable[[Sequence[fa.Announced]], list[fa.Announced]]
+"""Upload the group's data objects again under fresh keys (the GC grace rule)."""
+
+
+@dataclass(eq=False)
+class _Group:
+    producer_id: str
+    entries: tuple[fa.Announced, ...]
+    done: Done
+    refresh: Refresh | None
+    floor: int
+    """No entry of this group can have a sequence below this (the root's next sequence
+    when it was submitted)."""
+    announced: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+
+    @property
+    def key(self) -> str:
+        return keys.pending_key(self.producer_id, self.entries[0].producer_seq)
+
+    @property
+    def last_seq(self) -> int:
+        return self.entries[-1].producer_seq
+
+
+class CommitHub:
+    """The fan-in of one buffer in this process; writers :meth:`attach`, :meth:`submit`
+    their uploaded appends in producer-sequence order, and :meth:`detach`."""
+
+    def __init__(self, store: Store, queue: ManifestQueue, *, retry: RetryConfig | None = None,
+                 wall_ms: Callable[[], int] | None = None) -> None:
+        self.store = store
+        self.queue = queue
+        self.retry = retry or RetryConfig()
+        self.wall_ms = wall_ms or queue.clock_ms
+        self.holder = new_holder_id()
+        self.stats = Stats()
+        self._log = RetryLog(log)
+        self._cond = threading.Condition()
+        self._waiting: dict[str, list[_Group]] = {}
+        self._budgets: dict[int, float] = {}
+        self._graces: dict[int, int] = {}
+        self._last_interval = MIN_INTERVAL_S
+        self._others = False
+        """The last LIST showed other writers' announcements: while it holds the lease,
+        this hub keeps committing for them (it LISTs every interval)."""
+        self._next_token = 0
+        self._view: Snapshot | None = None
+        self._anns: dict[str, fa.Announcement] = {}
+        self._last_commit = 0.0
+        self._changed_at = 0.0
+        """When (monotonic) this hub last saw the root change: the holder's rhythm."""
+        self._delay = 0.0
+        """How long after the expected time a commit is usually seen (EWMA, seconds)."""
+        self._error_attempt = 0
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
+
+    # --- writers -----------------------------------------------------------------------
+
+    def attach(self, manifest_writes_per_s: float,
+               gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD) -> int:
+        """A writer joins; its budget counts (the hub commits at the lowest budget of its
+        writers, ``0``: unpaced), and so does its grace period where the root records
+        none yet (the shortest).  Returns the token to :meth:`detach` with."""
+        with self._cond:
+            self._next_token += 1
+            self._budgets[self._next_token] = manifest_writes_per_s
+            self._graces[self._next_token] = gc_grace_period // timedelta(milliseconds=1)
+            return self._next_token
+
+    def detach(self, token: int, timeout: float = 10.0) -> None:
+        """A writer leaves (its groups were all done or failed).  The last one to leave
+        waits (up to ``timeout``) for the hub to give its lease up, so writers elsewhere
+        take over at once and the process may exit."""
+        with self._cond:
+            self._budgets.pop(token, None)
+            self._graces.pop(token, None)
+            self._cond.notify_all()
+            if not self._budgets and self._thread is not None:
+                self._cond.wait_for(lambda: self._thread is None or bool(self._budgets),
+                                    timeout)
+
+    def submit(self, producer_id: str, entries: Sequence[fa.Announced], done: Done,
+               refresh: Refresh | None = None) -> None:
+        """Queue one group of a writer's uploaded appends (after every earlier group of the
+        same writer); ``done`` is called once from the hub's thread."""
+        if not entries:
+            raise ValueError("an empty group")
+        with self._cond:
+            mine = self._waiting.setdefault(producer_id, [])
+            if mine and mine[-1].last_seq >= entries[0].producer_seq:
+                raise ValueError(f"{producer_id}: groups must come in producer-sequence order")
+            floor = 0 if self._view is None else self._view.root.next_seq
+            mine.append(_Group(producer_id, tuple(entries), done, refresh, floor))
+            self.stats.incr("groups_submitted")
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tb-fanin-hub",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def next_commit_in(self, ahead: int = 0) -> float:
+        """Seconds until the next commit is due as far as this hub knows (0: now); ``ahead``:
+        after that many more."""
+        with self._cond:
+            interval = self._interval()
+            mine = self._holding() or self._view is None
+            last = self._last_commit if mine else self._changed_at
+            return max(0.0, last + (1 + ahead) * interval - time.monotonic())
+
+    def pending(self) -> int:
+        """Groups submitted and not done yet."""
+        with self._cond:
+            return sum(len(g) for g in self._waiting.values())
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def _interval(self) -> float:
+        """Seconds between commits: the lowest budget of the writers attached (the last
+        one used while none is)."""
+        if self._budgets:
+            budgets = [b for b in self._budgets.values() if b > 0]
+            paced = 1.0 / min(budgets) if len(budgets) == len(self._budgets) else 0.0
+            self._last_interval = max(paced, MIN_INTERVAL_S)
+        return self._last_interval
+
+    def _lease_ms(self, interval: float) -> int:
+        return int(max(LEASE_MIN_S, 4 * interval) * 1000)
+
+    def _holding(self) -> bool:
+        """Our lease is live (as far as our last view of the root says)."""
+        lease = None if self._view is None else self._view.root.lease
+        return (lease is not None and lease.holder == self.holder
+                and lease.expires_ms > self.wall_ms())
+
+    def _loop(self) -> None:
+        with background():  # its store retries go on until the writers leave
+            self._serve()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not (self._holding() and self._others):
+                    if not self._budgets:
+                        self._thread = None
+                        self._cond.notify_all()
+                        return  # no writer left and nothing held: the hub is idle
+                    self._cond.wait(1.0)
+                leaving = not self._budgets and not self._waiting
+            try:
+                if leaving:
+                    self._release()
+                elif self._may_commit():
+                    self._commit_turn()
+                else:
+                    self._watch_turn()
+                if self._error_attempt:
+                    self._log.recovered("fan-in commit")
+                self._error_attempt = 0
+            except PermanentStoreError as e:
+                self._fail_all(e)
+            except (StoreError, CorruptError) as e:
+                delay = backoff_delay(self.retry, self._error_attempt)
+                self._error_attempt += 1
+                self.stats.incr("hub_retries")
+                self._log.failed("fan-in commit", e, delay)
+                with self._cond:
+                    self._cond.wait(delay)
+            except Exception as e:  # a bug: fail the writers loudly, never hang them
+                log.exception("fan-in hub failed")
+                self._fail_all(e)
+
+    def _may_commit(self) -> bool:
+        if self._view is None:
+            self._view = self.queue.read()
+            self._changed_at = time.monotonic()
+        return lease_free(self._view.root.lease, self.holder, self.wall_ms())
+
+    # --- committer ---------------------------------------------------------------------
+
+    def _commit_turn(self) -> None:
+        interval = self._interval()
+        with self._cond:
+            wait = self._last_commit + interval - time.monotonic()
+            if wait > 0:
+                self._cond.wait(wait)
+        listed = list(self.store.list(keys.PENDING_PREFIX))
+        self.stats.incr("lists")
+        anns = self._read_announcements([m.key for m in listed])
+        with self._cond:
+            local = [Pending(g.producer_id, g.entries)
+                     for groups in self._waiting.values() for g in groups if not g.announced]
+        remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
+        self._others = bool(remote)
+        if not local and not remote:
+            if not self._holding():
+                with self._cond:  # nothing to do, and no lease to keep: look again later
+                    self._cond.wait(interval)
+            self._last_commit = time.monotonic()
+            return
+        view = self._view
+        first = None
+        if view is not None and self._holding() and self.queue.knows_root:
+            latest = self.queue.latest_snapshot()
+            first = cas.Read(latest, latest.etag)
+        # while other writers announce, a long lease (they wait for this holder, and a
+        # lapse would make them race for it); with only this process's writers, a lease of
+        # two intervals, so that once they go quiet the hub stops at once (an idle hub
+        # sends nothing) and a writer elsewhere takes over within two intervals
+        lease_ms = self._lease_ms(interval) if remote else int(2 * interval * 1000)
+        res = commit(self.queue, local + remote, holder=self.holder, lease_ms=lease_ms,
+                     interval_ms=int(interval * 1000), max_age_ms=self._max_age, first=first)
+        self._last_commit = time.monotonic()
+        if res.snapshot is None:  # nothing written: all covered already (a restart), held
+            self._view = self.queue.read()  # elsewhere (another writer's live lease), stale
+            self._changed_at = time.monotonic()
+            self._resolve(self._view)
+            self._refresh_stale(res)
+            return
+        self._view = res.snapshot
+        self._changed_at = self._last_commit
+        self.stats.incr("commits")
+        self._resolve(res.snapshot, res)
+        self._refresh_stale(res)
+        self._delete_covered(res.snapshot, anns)
+
+    def _release(self) -> None:
+        """The last writer left while this hub holds the lease: one commit of whatever is
+        announced that gives the lease up, so a waiting writer elsewhere takes over at
+        once instead of after the lease lapses."""
+        listed = [m.key for m in self.store.list(keys.PENDING_PREFIX)]
+        anns = self._read_announcements(listed)
+        remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
+        interval = self._interval()
+        res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
+                     interval_ms=int(interval * 1000), release=True, max_age_ms=self._max_age)
+        self._view = res.snapshot if res.snapshot is not None else self.queue.read()
+        self.stats.incr("releases")
+        if res.snapshot is not None:
+            self._delete_covered(res.snapshot, anns)
+
+    def _read_announcements(self, listed: list[str]) -> dict[str, fa.Announcement]:
+        """The announcements under the listed keys (each GET once; cached until the key
+        is gone), except those a watermark already covers (deleted below)."""
+        live = set(listed)
+        for k in [k for k in self._anns if k not in live]:
+            del self._anns[k]
+        new = [k for k in listed if k not in self._anns and keys.parse_pending_key(k)]
+        if new:
+            for k, got in zip(new, self._pool.map(self._get_announcement, new), strict=True):
+                if got is not None:
+                    self._anns[k] = got
+        return dict(self._anns)
+
+    def _get_announcement(self, key: str) -> fa.Announcement | None:
+        try:
+            raw = self.store.get(key).data
+        except ObjectNotFoundError:
+            return None  # committed and deleted meanwhile
+        self.stats.incr("announcements_read")
+        try:
+            return fa.decode(raw, obj=key)
+        except CorruptError:
+            # an announcement is a writer's hand-over, never the only copy of anything:
+            # its writer re-announces; a damaged one is skipped (and reported), not fatal
+            log.warning("skipping the corrupt announcement %s", key)
+            self.stats.incr("announcements_corrupt")
+            return None
+
+    def _max_age(self, snap: Snapshot) -> int:
+        """Half the buffer's GC grace period (the root's; the default before it has one):
+        an older data object may be GC's already (I5)."""
+        grace = snap.gc_grace_ms
+        if grace is None:
+            grace = min(self._graces.values(),
+                        default=DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1))
+        return grace // 2
+
+    def _delete_covered(self, snap: Snapshot, anns: dict[str, fa.Announcement]) -> None:
+        """Delete the announcements the watermarks now cover, and those naming a data
+        object older than the whole grace period: GC may have deleted it, and a live
+        writer would have uploaded it again and re-announced by half the grace period --
+        its writer died, and never got an ack for it."""
+        covered = []
+        expired_after = 2 * self._max_age(snap)
+        now = self.wall_ms()
+        for k, a in anns.items():
+            wm = snap.view.watermarks.get(a.producer_id)
+            if wm is not None and a.last_seq <= wm.producer_seq:
+                covered.append(k)
+            elif any(_age_ms(e.location, now) > expired_after for e in a.entries):
+                covered.append(k)
+                self.stats.incr("announcements_expired")
+                log.warning("%s: an announcement of %s outlived the GC grace period "
+                            "unrefreshed (its writer is gone); deleted", k, a.producer_id)
+        if covered:
+            failed = self.store.delete_many(covered)
+            self.stats.incr("announcements_deleted", len(covered) - len(failed))
+            for k in covered:
+                self._anns.pop(k, None)
+
+    # --- watcher -----------------------------------------------------------------------
+
+    def _watch_turn(self) -> None:
+        self._announce()
+        assert self._view is not None
+        lease = self._view.root.lease
+        interval = (lease.interval_ms / 1000 if lease is not None and lease.interval_ms
+                    else self._interval())
+        now = time.monotonic()
+        due = self._changed_at + interval + self._delay
+        if due < now:  # no commit seen when expected: look again a quarter interval on
+            due = now + max(interval / 4, MIN_INTERVAL_S)
+        with self._cond:
+            self._cond.wait(max(0.0, due - time.monotonic()))
+            if any(not g.announced for gs in self._waiting.values() for g in gs):
+                return  # a new group: announce it first (the holder lists it next)
+        footer = self.queue.read_footer()
+        self.stats.incr("footer_polls")
+        quiet = time.monotonic() - self._changed_at > 2 * interval
+        if (footer.next_sequence == self._view.root.next_seq
+                and footer.epoch == self._view.footer.epoch and not quiet
+                and lease is not None and lease.expires_ms > self.wall_ms()):
+            return
+        seen = time.monotonic()
+        snap = self.queue.read()
+        late = seen - (self._changed_at + interval)
+        if 0 <= late < interval:
+            self._delay = late if not self._delay else 0.8 * self._delay + 0.2 * late
+        self._view, self._changed_at = snap, seen
+        self._resolve(snap)
+
+    def _announce(self) -> None:
+        """PUT every local group not announced yet (each writer's in order)."""
+        with self._cond:
+            todo = {pid: [g for g in gs if not g.announced]
+                    for pid, gs in self._waiting.items()}
+        todo = {pid: gs for pid, gs in todo.items() if gs}
+        if not todo:
+            return
+        futs: list[Future[None]] = [self._pool.submit(self._announce_writer, gs)
+                                    for gs in todo.values()]
+        for f in futs:
+            f.result()
+
+    def _announce_writer(self, groups: list[_Group]) -> None:
+        for g in groups:
+            body = fa.encode(fa.make(g.producer_id, self.wall_ms(), g.entries))
+            # AlreadyExists: our own earlier attempt (its response was lost), or a restart's
+            with contextlib.suppress(AlreadyExistsError):
+                self.store.put(g.key, body, mode="create")
+            with self._cond:
+                g.announced = True
+            self.stats.incr("announcements")
+
+    # --- done ----------------------------------------------------------------------------
+
+    def _resolve(self, snap: Snapshot, res: Committed | None = None) -> None:
+        """Every local group its writer's watermark covers in ``snap`` is done."""
+        placed = {} if res is None else res.placed
+        with self._cond:
+            finished: list[_Group] = []
+            for pid, groups in list(self._waiting.items()):
+                wm = snap.view.watermarks.get(pid)
+                while groups and wm is not None and groups[0].last_seq <= wm.producer_seq:
+                    finished.append(groups.pop(0))
+                if not groups:
+                    del self._waiting[pid]
+            self._cond.notify_all()
+        if not finished:
+            return
+        found: dict[str, int] = {}
+        unplaced = [g for g in finished
+                    if any(e.producer_seq not in placed.get(g.producer_id, {})
+                           for e in g.entries)]
+        if unplaced:
+            found = _locate(snap, unplaced)
+        for g in finished:
+            mine = placed.get(g.producer_id, {})
+            seqs: list[int | None] = [
+                mine.get(e.producer_seq, found.get(e.location)) for e in g.entries]
+            self._call(g, seqs, None)
+
+    def _refresh_stale(self, res: Committed) -> None:
+        """Local groups whose oldest data object is past half the grace period: upload
+        them again and announce the fresh keys (overwriting the old announcement)."""
+        if not res.stale:
+            return
+        with self._cond:
+            stale = [g for pid in res.stale for g in self._waiting.get(pid, [])]
+        for g in stale:
+            if g.refresh is None:
+                continue
+            fresh = tuple(g.refresh(g.entries))
+            self.stats.incr("reannounced_for_grace")
+            log.warning("%s: appends waited past half the GC grace period; uploaded again",
+                        g.producer_id)
+            if g.announced:  # only its writer ever writes an announcement: overwrite it
+                self.store.put(g.key, fa.encode(fa.make(g.producer_id, self.wall_ms(), fresh)),
+                               mode="overwrite")
+            with self._cond:
+                g.entries = fresh
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            groups = [g for gs in self._waiting.values() for g in gs]
+            self._waiting.clear()
+            self._cond.notify_all()
+        for g in groups:
+            self._call(g, None, error)
+
+    def _call(self, g: _Group, seqs: list[int | None] | None, err: BaseException | None) -> None:
+        try:
+            g.done(seqs, err)
+        except Exception:
+            log.exception("a fan-in completion callback failed")
+
+
+def _age_ms(location: str, now_ms: int) -> int:
+    u = keys.parse_data_key(location)
+    return 0 if u is None else now_ms - u.milliseconds
+
+
+def _locate(snap: Snapshot, groups: list[_Group]) -> dict[str, int]:
+    """Sequences of the groups' data objects, found by location in ``snap`` (each a unique
+    ULID key) from the lowest floor on; one absent (already dequeued) stays unknown."""
+    want = {e.location for g in groups for e in g.entries}
+    last = max((wm.last_sequence for g in groups
+                if (wm := snap.view.watermarks.get(g.producer_id)) is not None), default=-1)
+    found: dict[str, int] = {}
+    for e in snap.iter_from(min(g.floor for g in groups)):
+        if e.sequence > last:
+            break
+        if e.location in want:
+            found[e.location] = e.sequence
+            if len(found) == len(want):
+                break
+    return found
+
+
+_hubs: weakref.WeakKeyDictionary[ManifestQueue, CommitHub] = weakref.WeakKeyDictionary()
+_hubs_lock = threading.Lock()
+
+
+def hub_for(store: Store, queue: ManifestQueue) -> CommitHub:
+    """The one hub of ``queue`` (one buffer) in this process."""
+    with _hubs_lock:
+        hub = _hubs.get(queue)
+        if hub is None:
+            hub = _hubs[queue] = CommitHub(store, queue)
+        return hub

@@ -1,0 +1,191 @@
+"""Cross-writer group commit: one root CAS appends what every writer announced.
+
+Writers upload their data objects and *announce* them (:mod:`tieredbuf.format.announce`)
+instead of appending them; the writer holding the root's **commit lease** (section 8)
+appends every pending announcement in one CAS (:func:`commit`), at most once per lease
+interval, and renews its lease in the same write.  Exactly-once is the watermark's, as
+for an append of one's own (I2): each writer's appends above its watermark are appended
+in producer-sequence order, its watermark moves to the last of them, and a retry (or a
+second committer) skips what a watermark already covers.  The lease is only a schedule:
+two committers at once cost a conflict, never a duplicate or a loss.
+
+This module is the decision and the CAS; :mod:`tieredbuf.produce.fanin` runs the
+announcements, the committer's turns and the waiting writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ulid import ULID
+
+from tieredbuf.format import manifest as fm
+from tieredbuf.format.announce import Announced
+from tieredbuf.keys import parse_data_key
+from tieredbuf.queue import cas, tree
+from tieredbuf.queue.manifest_queue import WATERMARK_CAP, ManifestQueue, Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One writer's announced appends (increasing producer sequence), as the committer
+    has them: read from the store (``key`` names the announcement) or handed over in
+    memory by a writer of the committer's own process (``key`` None)."""
+
+    producer_id: str
+    entries: tuple[Announced, ...]
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What one commit did."""
+
+    placed: dict[str, dict[int, int]]
+    """producer id -> {producer seq: sequence} of every entry this commit appended."""
+    snapshot: Snapshot | None
+    """The root as this commit wrote it (None when nothing was written)."""
+    lease: fm.CommitLease | None
+    """The lease as the root has it now (ours, released, or another writer's)."""
+    stale: frozenset[str] = frozenset()
+    """Producers whose next append names a data object older than half the grace period:
+    not appended (GC may judge it garbage); its writer uploads it again and re-announces."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    placed: dict[str, dict[int, int]]
+    marks: dict[str, tuple[int, int]]
+    lease: fm.CommitLease
+    stale: frozenset[str]
+
+
+def lease_free(lease: fm.CommitLease | None, holder: str, now_ms: int) -> bool:
+    """True when ``holder`` may commit: no lease, its own, or one that lapsed by ``now_ms``
+    (the caller's clock: a skewed clock only moves a takeover earlier or later)."""
+    return lease is None or lease.holder == holder or lease.expires_ms <= now_ms
+
+
+def due(snap: Snapshot, pending: Sequence[Pending]) -> list[Pending]:
+    """The pending announcements a commit on ``snap`` still has to append (not covered by
+    their writer's watermark)."""
+    out = []
+    for p in pending:
+        wm = snap.view.watermarks.get(p.producer_id)
+        if wm is None or p.entries[-1].producer_seq > wm.producer_seq:
+            out.append(p)
+    return out
+
+
+def commit(
+    queue: ManifestQueue,
+    pending: Sequence[Pending],
+    *,
+    holder: str,
+    lease_ms: int,
+    interval_ms: int,
+    release: bool = False,
+    force: bool = False,
+    max_age_ms: Callable[[Snapshot], int | None] = lambda snap: None,
+    first: cas.Read[Snapshot] | None = None,
+) -> Committed:
+    """Append every writer's pending appends its watermark does not cover, in one CAS that
+    also renews (``release``: gives up) this holder's lease.
+
+    Each writer's appends go in producer-sequence order, contiguous, writers in the order
+    of ``pending``.  While another writer holds a live lease nothing is appended (the
+    caller waits for that writer's commit), unless ``force`` (a close that cannot wait):
+    then the appends go in and the other writer keeps its lease.  A lapsed lease is
+    taken over.  ``max_age_ms(snap)``: appends naming a data object older than
+    it are held back (listed in ``Committed.stale``) with every later one of their writer.
+    ``first``: a root to try the first CAS against without reading (the holder's own last
+    write).  Nothing to append and nothing to change in the lease: no write.
+    """
+
+    def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[_Plan] | cas.Skip[Committed]:
+        snap = read.state
+        now = queue.clock_ms()
+        cur = snap.root.lease
+        held_elsewhere = not lease_free(cur, holder, now)
+        if held_elsewhere and not force:
+            return cas.Skip(Committed({}, None, cur))
+        limit = max_age_ms(snap)
+        draft = queue.draft(snap)
+        wms = fm.prune_watermarks(snap.view.watermarks, now, queue.watermark_ttl_ms,
+                                  WATERMARK_CAP)
+        placed: dict[str, dict[int, int]] = {}
+        marks: dict[str, tuple[int, int]] = {}
+        stale: set[str] = set()
+        for pid, entries in _by_writer(pending, snap).items():
+            todo: list[Announced] = []
+            for e in entries:
+                if limit is not None and _age_ms(e.location, now) > limit:
+                    stale.add(pid)
+                    break
+                todo.append(e)
+            if not todo:
+                continue
+            first_seq = tree.append_entries(
+                draft, [fm.NewEntry(e.location, e.metadata, e.size) for e in todo], now)
+            placed[pid] = {e.producer_seq: first_seq + i for i, e in enumerate(todo)}
+            last = first_seq + len(todo) - 1
+            wms[pid] = fm.Watermark(pid, todo[-1].producer_seq, last, now)
+            marks[pid] = (last, now)
+        if held_elsewhere:
+            assert cur is not None
+            lease = cur
+        else:
+            lease = fm.CommitLease(holder, 0 if release else now + lease_ms, interval_ms)
+        releasing = release and cur is not None and cur.holder == holder and cur.expires_ms > now
+        if not placed and not releasing:
+            return cas.Skip(Committed({}, None, cur, frozenset(stale)))
+        draft.watermarks = wms
+        draft.lease = lease
+        return cas.Write(queue.build(draft, now), _Plan(placed, marks, lease, frozenset(stale)))
+
+    def done(plan: _Plan, etag: str) -> Committed:
+        queue.stats.incr("commits")
+        queue.stats.incr("entries_appended", sum(len(v) for v in plan.placed.values()))
+        queue.stats.incr("writers_committed", len(plan.placed))
+        return Committed(plan.placed, queue.latest_snapshot(), plan.lease, plan.stale)
+
+    def landed(read: cas.Read[Snapshot], tried: Sequence[_Plan]) -> Committed | None:
+        snap = read.state
+        for plan in tried:
+            if plan.marks:
+                pid, mark = next(iter(plan.marks.items()))
+                wm = snap.view.watermarks.get(pid)
+                if wm is None or (wm.last_sequence, wm.updated_ms) != mark:
+                    continue
+            elif snap.root.lease != plan.lease:
+                continue
+            queue.stats.incr("deduplicated_appends")
+            return Committed(plan.placed, snap, snap.root.lease, plan.stale)
+        return None
+
+    return queue.run_cas(decide, done, landed=landed, first=first)
+
+
+def _by_writer(pending: Sequence[Pending], snap: Snapshot) -> dict[str, list[Announced]]:
+    """Per writer (in the order first seen), its appends above its watermark: each
+    producer seq once (a re-announcement after a restart may repeat some), ascending."""
+    out: dict[str, dict[int, Announced]] = {}
+    for p in pending:
+        wm = snap.view.watermarks.get(p.producer_id)
+        floor = 0 if wm is None else wm.producer_seq
+        mine = out.setdefault(p.producer_id, {})
+        for e in p.entries:
+            if e.producer_seq > floor:
+                mine.setdefault(e.producer_seq, e)
+    return {pid: [m[k] for k in sorted(m)] for pid, m in out.items() if m}
+
+
+def _age_ms(location: str, now_ms: int) -> int:
+    u = parse_data_key(location)
+    return 0 if u is None else now_ms - u.milliseconds
+
+
+def new_holder_id() -> str:
+    """A fresh committer identity (one per process and buffer)."""
+    return f"h-{ULID()}"
