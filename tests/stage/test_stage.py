@@ -606,11 +606,11 @@ def test_segment_write_back_waits_while_a_wal_sync_round_runs(tmp_path: Path) ->
     import os
     import threading
 
-    from tieredbuf.stage import _fs
+    from tieredbuf.stage import filesystem
 
-    if _fs._sync_file_range is None:
+    if not filesystem.FileSystem().can_write_back:
         pytest.skip("no sync_file_range here: write-back is the fdatasync alone")
-    gate = _fs.IoGate()
+    gate = filesystem.IoGate()
     fd = os.open(tmp_path / "seg", os.O_WRONLY | os.O_CREAT, 0o640)
     try:
         os.write(fd, b"x" * 10_000)

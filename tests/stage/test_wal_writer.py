@@ -16,7 +16,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, WalFullError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 from tieredbuf.stage.wal import ACTIVE_NAME, CURSOR_NAME, NEW_NAME, WalWriter
 
 CFG = b"\x07" * 16

@@ -20,7 +20,7 @@ from tieredbuf import keys
 from tieredbuf.config import Compression
 from tieredbuf.errors import StageLockedError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tieredbuf.format.crc import crc32
 from tieredbuf.format.segment import SEGMENT_MAGIC, TRAILER_SIZE
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 if TYPE_CHECKING:
     from tieredbuf.stage.segments import SealedSegment

@@ -55,8 +55,8 @@ from tieredbuf.format.segment import (
     SegmentBuilder,
     SegmentBundle,
 )
-from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate
+from tieredbuf.stage import filesystem
+from tieredbuf.stage.filesystem import FileSystem, IoGate
 from tieredbuf.stage.segment_check import QSEG, verify_file
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class SegmentDir:
     def __init__(self, path: Path, compression: Compression = Compression.NONE,
                  gate: IoGate | None = None, fs: FileSystem | None = None) -> None:
         self.path = path
-        self.fs = fs = fs or _fs.current()
+        self.fs = fs = fs or filesystem.current()
         self.compression = compression
         self.gate = gate
         """If set, segment bytes go to the disk between WAL sync rounds (IoGate)."""

@@ -45,9 +45,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate, disk_error
-from tieredbuf.stage._malloc import keep_freed_heap
+from tieredbuf.stage import filesystem
 from tieredbuf.stage.append_item import (
     PRODUCER_ID_RE,
     BundleOrRecords,
@@ -56,6 +54,8 @@ from tieredbuf.stage.append_item import (
     lock_stage,
     records_item,
 )
+from tieredbuf.stage.filesystem import FileSystem, IoGate, disk_error
+from tieredbuf.stage.malloc import keep_freed_heap
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,
@@ -108,8 +108,8 @@ class Stage(StageUpkeep):
         self.config = config or StageConfig()
         if self.config.keep_freed_memory:
             keep_freed_heap()  # bodies of the next segment reuse the last one's pages
-        self._fs = fs = fs or _fs.current()
-        """Every file operation goes through this (stage/_fs.py)."""
+        self._fs = fs = fs or filesystem.current()
+        """Every file operation goes through this (stage/filesystem.py)."""
         root = Path(staging_dir)
         fs.makedirs(root)
         self.producer_id = producer_id or default_producer_id(fs, root)
@@ -552,7 +552,7 @@ class Stage(StageUpkeep):
 
     @property
     def fs(self) -> FileSystem:
-        """The file layer this stage does all its I/O through (stage/_fs.py)."""
+        """The file layer this stage does all its I/O through (stage/filesystem.py)."""
         return self._fs
 
     def sealed_segments(self) -> list[SealedSegment]:

@@ -21,7 +21,7 @@ from ulid import ULID
 
 from tieredbuf.config import StageConfig
 from tieredbuf.errors import DiskError, StageError
-from tieredbuf.stage._fs import disk_error
+from tieredbuf.stage.filesystem import disk_error
 from tieredbuf.stage.segments import (
     Accumulator,
     BundleAccumulator,

@@ -57,8 +57,8 @@ from typing import Any
 from tieredbuf.config import WalConfig
 from tieredbuf.errors import ClosedError, DiskError, WalFullError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate, disk_error, zero_file
+from tieredbuf.stage import filesystem
+from tieredbuf.stage.filesystem import FileSystem, IoGate, disk_error, zero_file
 from tieredbuf.stage.wal_purge import WalPurgeMixin
 from tieredbuf.stage.wal_recovery import (
     ACTIVE_NAME,
@@ -111,9 +111,9 @@ class WalWriter(WalRepairMixin, WalPurgeMixin):
     def __init__(self, directory: Path, cfg_hash: bytes, config: WalConfig,
                  gate: IoGate | None = None, fs: FileSystem | None = None) -> None:
         self.dir = directory
-        self._fs = fs = fs or _fs.current()
+        self._fs = fs = fs or filesystem.current()
         self._gate = gate
-        """Marks sync rounds so segment write-back yields to them (stage/_fs.IoGate)."""
+        """Marks sync rounds so segment write-back yields to them (stage/filesystem.IoGate)."""
         self.config = config
         self._cfg_hash = cfg_hash
         self._interval = config.flush_interval.total_seconds()

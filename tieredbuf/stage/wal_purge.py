@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tieredbuf.config import WalConfig
-from tieredbuf.stage._fs import FileSystem, disk_error
+from tieredbuf.stage.filesystem import FileSystem, disk_error
 from tieredbuf.stage.wal_recovery import FREE_PREFIX, WalSpan, write_cursor
 
 log = logging.getLogger("tieredbuf.stage.wal")

@@ -22,7 +22,7 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 log = logging.getLogger(__name__)
 

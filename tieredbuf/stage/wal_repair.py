@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from tieredbuf.errors import DiskError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem, disk_error
+from tieredbuf.stage.filesystem import FileSystem, disk_error
 from tieredbuf.stage.wal_recovery import ACTIVE_NAME, NEW_NAME, WalSpan, truncate
 
 if TYPE_CHECKING:

@@ -36,6 +36,12 @@ _lock = threading.Lock()
 _done: bool | None = None
 
 
+def heap_kept() -> bool | None:
+    """What :func:`keep_freed_heap` decided in this process: True (raised), False (not
+    raised: another C library, or the environment decides), None (not asked yet)."""
+    return _done
+
+
 def keep_freed_heap(environ: dict[str, str] | None = None) -> bool:
     """Raise glibc's trim threshold once per process; True if it is raised (now or
     before), False where it is not (another C library, or the environment decides)."""
