@@ -17,7 +17,7 @@ from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import BackpressureError, StageError, StageLockedError
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
-from tieredbuf.stage.segments import SealedSegment
+from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.stage import Stage
 
 REPO = Path(__file__).resolve().parents[2]

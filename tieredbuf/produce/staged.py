@@ -26,7 +26,7 @@ from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle
 from tieredbuf.produce.prompt_seal import PromptSealer
 from tieredbuf.produce.stage_binding import StageBinding, bind
 from tieredbuf.runtime.forks import ForkGuard
-from tieredbuf.stage.segments import StageAck
+from tieredbuf.stage.append_item import StageAck
 from tieredbuf.stage.stage import Stage
 
 log = logging.getLogger(__name__)

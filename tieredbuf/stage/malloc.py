@@ -61,6 +61,7 @@ def keep_freed_heap(environ: dict[str, str] | None = None) -> bool:
         mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         mallopt.restype = ctypes.c_int
         # mallopt returns 1 on success; the mmap threshold first (it caps the other)
-        _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-            bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        )
         return _done

@@ -46,9 +46,11 @@ from tieredbuf.errors import (
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
 from tieredbuf.stage import filesystem
+from tieredbuf.stage.accumulators import Accumulator, BundleAccumulator, RecordsAccumulator
 from tieredbuf.stage.append_item import (
     PRODUCER_ID_RE,
     BundleOrRecords,
+    StageAck,
     bundle_item,
     default_producer_id,
     lock_stage,
@@ -56,15 +58,8 @@ from tieredbuf.stage.append_item import (
 )
 from tieredbuf.stage.filesystem import FileSystem, IoGate, disk_error
 from tieredbuf.stage.malloc import keep_freed_heap
-from tieredbuf.stage.segments import (
-    Accumulator,
-    BundleAccumulator,
-    PreparedSegment,
-    RecordsAccumulator,
-    SealedSegment,
-    SegmentDir,
-    StageAck,
-)
+from tieredbuf.stage.sealed_segment import SealedSegment
+from tieredbuf.stage.segments import PreparedSegment, SegmentDir
 from tieredbuf.stage.upkeep import StageUpkeep, _SealJob
 from tieredbuf.stage.wal import WalWriter
 

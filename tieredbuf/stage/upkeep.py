@@ -21,16 +21,10 @@ from ulid import ULID
 
 from tieredbuf.config import StageConfig
 from tieredbuf.errors import DiskError, StageError
+from tieredbuf.stage.accumulators import Accumulator, BundleAccumulator, RecordsAccumulator
 from tieredbuf.stage.filesystem import disk_error
-from tieredbuf.stage.segments import (
-    Accumulator,
-    BundleAccumulator,
-    CommitNotDurable,
-    PreparedSegment,
-    RecordsAccumulator,
-    SealedSegment,
-    SegmentDir,
-)
+from tieredbuf.stage.sealed_segment import SealedSegment
+from tieredbuf.stage.segments import CommitNotDurable, PreparedSegment, SegmentDir
 
 if TYPE_CHECKING:
     from tieredbuf.stage.stage import StageStats
