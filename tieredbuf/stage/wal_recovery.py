@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE_NAME = "quiver.wal"
 NEW_NAME = "quiver.wal.new"
-"""The next active file while a rotation is being committed (see _Rotation)."""
+"""The next active file while a rotation is being committed (see wal_state.Rotation)."""
 CURSOR_NAME = "quiver.wal.cursor"
 FREE_PREFIX = "quiver.wal.free."
 _ROTATED_RE = re.compile(r"^quiver\.wal\.(\d+)$")
