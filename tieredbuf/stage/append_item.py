@@ -52,7 +52,7 @@ class BundleOrRecords:
         return wal_fmt.frame_entry(seq, ts, self.entry)
 
 
-def lock_stage(fs: FileSystem, path: Path) -> int | None:
+def lock_stage(fs: FileSystem, path: Path) -> int:
     try:
         fd = fs.lock(path)
     except BlockingIOError as e:
