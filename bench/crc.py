@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine_info, print_table, write_json
 from tieredbuf.format.batch import interleave_lengths
-from tieredbuf.stage._fs import write_all
+from tieredbuf.stage.filesystem import write_all
 
 SEGMENT = 32 << 20
 

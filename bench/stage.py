@@ -75,7 +75,8 @@ from _common import print_table, run_threads, write_json
 import tieredbuf
 from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage.stage import LAYOUT_CONTRACT, Stage
+from tieredbuf.stage.stage import Stage
+from tieredbuf.stage.stage_recovery import LAYOUT_CONTRACT
 from tieredbuf.stage.wal import WalWriter
 
 MiB = 1 << 20
@@ -342,7 +343,7 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
     started = run_threads(len(recs), work)
     secs = time.perf_counter() - started
     sealed = len(stage.sealed_segments())
-    wal = stage._wal
+    wal = stage.wal
     recycled = wal.recycled if wal is not None else None
     t = time.perf_counter()
     stage.close()

@@ -136,20 +136,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-PENDING = {
-    # stage/'s mixins are being replaced by composition (issue 20); gone with that change
-    ("tieredbuf.stage.segment_check", "tieredbuf.stage.segments"),
-    ("tieredbuf.stage.stage", "tieredbuf.stage.upkeep"),
-    ("tieredbuf.stage.wal", "tieredbuf.stage.wal_repair"),
-    "tieredbuf.stage.stage takes _SealJob from tieredbuf.stage.upkeep",
-    "tieredbuf.stage.wal_repair takes _Rotation from tieredbuf.stage.wal",
-    "tieredbuf.produce.stage_binding imports tieredbuf.stage._fs, private to its folder",
-}
 
 
 def test_no_import_cycle_not_even_inside_a_function() -> None:
     graph = {m: {t for t, _ in ts if t != m} for m, ts in imports().items()}
-    assert [c for c in _cycles(graph) if tuple(c) not in PENDING] == []
+    assert _cycles(graph) == []
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:
@@ -170,4 +161,4 @@ def test_no_private_name_crosses_a_module() -> None:
                 crossing.append(f"{mod} takes {name} from {target}")
             elif last.startswith("_") and _folder(target) != _folder(mod):
                 crossing.append(f"{mod} imports {target}, private to its folder")
-    assert sorted(set(crossing) - PENDING) == []
+    assert crossing == []

@@ -411,7 +411,7 @@ class StageConfig:
     backpressure_timeout: timedelta = timedelta(seconds=30)
     keep_freed_memory: bool = True
     """glibc only, process-wide: keep up to 64 MiB of freed heap for reuse instead of
-    returning it to the OS after each seal (``stage/_malloc.py``; skipped when the
+    returning it to the OS after each seal (``stage/malloc.py``; skipped when the
     environment sets glibc's malloc thresholds)."""
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from tests.stage.simfs import SimFs
 from tieredbuf.service.app import build_app
 from tieredbuf.service.bodies import OCTET_STREAM
 from tieredbuf.service.config import ServiceConfig
-from tieredbuf.stage import _fs
+from tieredbuf.stage import filesystem
 
 Serve = Callable[..., Server]
 
@@ -119,5 +119,5 @@ def test_I1_readyz_is_503_while_the_stage_disk_fails_injected(
             assert (await client.get("/readyz")).status == 200
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    with _fs.installed(sim):
+    with filesystem.installed(sim):
         asyncio.run(run())

@@ -56,7 +56,7 @@ from tieredbuf.errors import AlreadyExistsError, DiskError
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
 from tieredbuf.produce.exporter import Exporter
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import GetResult
 

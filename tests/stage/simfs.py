@@ -1,7 +1,7 @@
 """A simulated file layer for the stage: power cuts that keep only what an fsync covered,
 and injected disk faults.
 
-``SimFs`` implements the primitives of ``tieredbuf.stage._fs.FileSystem`` in memory
+``SimFs`` implements the primitives of ``tieredbuf.stage.filesystem.FileSystem`` in memory
 (the stage's compound helpers -- write_atomic, fsync_dir, zero_file -- run unchanged on
 top of them), and keeps, beside the live state every read sees (the page cache), the
 state a power cut would leave.  It models what Linux and ext4 promise, and no more:
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 SECTOR = 512
 

@@ -233,7 +233,7 @@ def test_I1_a_really_full_disk_gives_disk_full_errors_and_appends_resume_when_fr
         # the stage has re-sealed from the WAL
         if not w.append():
             return False
-        st._wait_committed()
+        st.wait_committed()
         return st.disk_fault() is None
 
     _poll(healthy)

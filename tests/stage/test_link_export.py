@@ -18,8 +18,9 @@ import pytest
 import tieredbuf
 from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.format.batch import decode_batch
+from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.segment_check import verify
-from tieredbuf.stage.segments import SPARE_PREFIX, SealedSegment, SegmentDir
+from tieredbuf.stage.segments import SPARE_PREFIX, SegmentDir
 from tieredbuf.stage.stage import Stage
 
 

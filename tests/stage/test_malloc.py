@@ -15,7 +15,7 @@ import pytest
 _PROBE = r"""
 import json, os, sys
 from pathlib import Path
-import tieredbuf.stage._malloc as m
+import tieredbuf.stage.malloc as m
 from tieredbuf.config import StageConfig
 from tieredbuf.stage.stage import Stage
 
@@ -29,7 +29,7 @@ if mode != "none":
 blocks = [b"x" * 100_000 for _ in range(320)]  # a segment's worth of 100 KB bodies
 before = rss()
 del blocks
-print(json.dumps({"applied": m._done, "returned": before - rss()}))
+print(json.dumps({"applied": m.heap_kept(), "returned": before - rss()}))
 """
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from tieredbuf.config import StageConfig
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 from tieredbuf.stage.stage import Stage
 
 

@@ -34,6 +34,8 @@ from tieredbuf.format.batch import decode_batch
 from tieredbuf.produce.exporter import Exporter
 from tieredbuf.stage.stage import Stage
 from tieredbuf.stage.wal import ACTIVE_NAME, NEW_NAME, WalWriter
+from tieredbuf.stage.wal_state import resolve
+from tieredbuf.stage.wal_sync import WalSync
 
 
 def _poll(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -307,33 +309,34 @@ def test_I1_I2_I3_two_hundred_and_more_power_cuts(tmp_path: Path) -> None:
 def _acks_before_fdatasync(sync: bool) -> Iterator[None]:
     """The WAL resolves its appends' LOCAL acks, and only then fdatasyncs (``sync``) --
     or never does."""
-    real = WalWriter._sync_round
+    real = WalSync.round
 
-    def sync_round(self: WalWriter) -> None:
-        with self._lock:
-            if self._rotation is not None:
+    def sync_round(self: WalSync) -> None:
+        st = self.state
+        with st.lock:
+            if st.rotation is not None:
                 done = None
             else:
-                f = self._active
-                self._durable = max(self._durable, self._written)
-                done = self._pop_durable()
+                f = st.active
+                st.durable = max(st.durable, st.written)
+                done = st.pop_durable()
         if done is None:
             real(self)
             return
-        self._resolve(done)  # the acks go out ...
+        resolve(done)  # the acks go out ...
         if sync:
             try:
                 with f.sync_lock:
                     if not f.closed:
-                        self._fs.fdatasync(f.fd)  # ... before the fdatasync
+                        st.fs.fdatasync(f.fd)  # ... before the fdatasync
             except OSError as e:
-                self._fail(e)
+                self.repair.fail(e)
 
-    WalWriter._sync_round = sync_round  # type: ignore[method-assign]
+    WalSync.round = sync_round  # type: ignore[method-assign]
     try:
         yield
     finally:
-        WalWriter._sync_round = real  # type: ignore[method-assign]
+        WalSync.round = real  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["ack-then-fdatasync", "no-fdatasync"])

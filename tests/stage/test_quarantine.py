@@ -21,8 +21,8 @@ from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import StagedDataLossError
 from tieredbuf.produce.exporter import Exporter
 from tieredbuf.queue.manifest_queue import ManifestQueue
+from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.segment_check import verify
-from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store import open_store
 

@@ -17,7 +17,7 @@ from tieredbuf.config import SegmentConfig, StageConfig, WalConfig
 from tieredbuf.errors import BackpressureError, StageError, StageLockedError
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.segment import SegmentReader
-from tieredbuf.stage.segments import SealedSegment
+from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.stage import Stage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -342,10 +342,16 @@ def test_concurrent_appenders_keep_sequence_wal_and_segment_order_aligned(
 def test_regression_seal_and_release_threads_race_on_the_sequence_sidecar(tmp_path: Path) -> None:
     """Found by the kill -9 harness: the sealer and the exporter's release() both wrote
     ``sequence`` through one temp name, and one rename failed with ENOENT, failing the
-    stage.  Writers are serialised now."""
+    stage.  Writers are serialised now (SequenceFile, which both call)."""
     import threading
 
-    stage = Stage(tmp_path / "stage")
+    from tieredbuf.format.cursor import decode_sequence
+    from tieredbuf.stage.filesystem import FileSystem
+    from tieredbuf.stage.stage_state import SequenceFile, StageState
+
+    state = StageState(StageConfig(), tmp_path / "stage", FileSystem())
+    state.next_seq = 7
+    sequence = SequenceFile(state)
     start = threading.Barrier(8)
     errors: list[BaseException] = []
 
@@ -353,7 +359,7 @@ def test_regression_seal_and_release_threads_race_on_the_sequence_sidecar(tmp_pa
         start.wait()
         try:
             for _ in range(100):
-                stage._write_sequence()
+                sequence.write()
         except BaseException as e:  # pragma: no cover - the bug
             errors.append(e)
 
@@ -362,8 +368,8 @@ def test_regression_seal_and_release_threads_race_on_the_sequence_sidecar(tmp_pa
         t.start()
     for t in threads:
         t.join()
-    stage.close()
     assert errors == []
+    assert decode_sequence(sequence.path.read_bytes(), "sequence") == 7
 
 
 _UNSEALED_CHILD = """
@@ -606,11 +612,11 @@ def test_segment_write_back_waits_while_a_wal_sync_round_runs(tmp_path: Path) ->
     import os
     import threading
 
-    from tieredbuf.stage import _fs
+    from tieredbuf.stage import filesystem
 
-    if _fs._sync_file_range is None:
+    if not filesystem.FileSystem().can_write_back:
         pytest.skip("no sync_file_range here: write-back is the fdatasync alone")
-    gate = _fs.IoGate()
+    gate = filesystem.IoGate()
     fd = os.open(tmp_path / "seg", os.O_WRONLY | os.O_CREAT, 0o640)
     try:
         os.write(fd, b"x" * 10_000)
@@ -629,10 +635,19 @@ def test_released_segment_files_are_recycled_and_never_read_as_segments(tmp_path
     """A released segment becomes a spare (``free.<K>``) that the next seal overwrites
     and truncates to its own size; spares count as disk bytes, are dropped at close,
     and a crash leaves nothing of them that load() would read as a segment."""
+    from tieredbuf.stage.filesystem import FileSystem
     from tieredbuf.stage.segments import SPARE_PREFIX
 
+    class LockFs(FileSystem):
+        lock_fd: int | None = None
+
+        def lock(self, path: Path) -> int:
+            self.lock_fd = super().lock(path)
+            return self.lock_fd
+
     segs = tmp_path / "p" / "segments"
-    st = Stage(tmp_path, "p", cfg())
+    fs = LockFs()
+    st = Stage(tmp_path, "p", cfg(), fs=fs)
     st.append_records([b"L" * 5000 for _ in range(20)]).result(timeout=5)
     big = st.seal_all()[0]
     st.release(big)
@@ -645,9 +660,10 @@ def test_released_segment_files_are_recycled_and_never_read_as_segments(tmp_path
     assert small.size < big.size and small.path.stat().st_size == small.size
     assert records_of([small]) == [b"s1", b"s2"]
     st.release(small)
-    # a crash now: the spare is left behind, and a reopen deletes it
-    os.close(st._lock_fd)  # type: ignore[arg-type]
-    st._lock_fd = None
+    # a crash now (its lock goes with the process): the spare is left behind, and a
+    # reopen deletes it
+    assert fs.lock_fd is not None
+    os.close(fs.lock_fd)
     assert [p for p in segs.iterdir() if p.name.startswith(SPARE_PREFIX)]
     with Stage(tmp_path, "p", cfg()) as again:
         assert again.sealed_segments() == []

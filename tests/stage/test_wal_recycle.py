@@ -81,9 +81,9 @@ def _fill_and_recycle(w: WalWriter, d: Path) -> tuple[int, int, int]:
 def test_purged_file_becomes_a_zeroed_spare_reused_by_the_next_rotation(tmp_path: Path) -> None:
     w = _open(tmp_path)
     seq, cursor, first = _fill_and_recycle(w, tmp_path)
-    recycled_start = w._active_span.start  # the recycled file is the active one
+    recycled_start = w.active_span.start  # the recycled file is the active one
     active = tmp_path / ACTIVE_NAME
-    assert active.stat().st_size > w._active_span.file_size  # zeros after the entries
+    assert active.stat().st_size > w.active_span.file_size  # zeros after the entries
     for i in range(3):
         w.append(_entry(seq + i))
     w.close()
@@ -99,8 +99,8 @@ def test_a_recycled_rotated_file_is_truncated_to_its_entries(tmp_path: Path) -> 
     """Only the newest file may end in zeros: rotating a recycled file truncates it."""
     w = _open(tmp_path)
     seq, _, _ = _fill_and_recycle(w, tmp_path)
-    rid = w._active_span
-    while w._active_span is rid:
+    rid = w.active_span
+    while w.active_span is rid:
         w.append(_entry(seq))
         seq += 1
     w.sync()
@@ -141,7 +141,7 @@ def test_torn_frame_before_the_zeros_of_a_recycled_file_is_torn(tmp_path: Path) 
     crash = _crash_copy(tmp_path / "w", tmp_path / "crash")
     w.close()
     active = crash / ACTIVE_NAME
-    off = 38 + w.end - w._active_span.start
+    off = 38 + w.end - w.active_span.start
     with active.open("r+b") as f:  # half of the next entry landed, its rest is zeros
         f.seek(off)
         f.write(b"".join(_entry(seq + 1))[:100])
@@ -160,7 +160,7 @@ def test_I7_damage_in_a_recycled_file_followed_by_entries_is_still_corrupt(
     for i in range(3):
         w.append(_entry(seq + i))
     crash = _crash_copy(tmp_path / "w", tmp_path / "crash")
-    first = 38 + (w._active_span.end - w._active_span.start) - 4 * len(b"".join(_entry(0)))
+    first = 38 + (w.active_span.end - w.active_span.start) - 4 * len(b"".join(_entry(0)))
     w.close()
     active = crash / ACTIVE_NAME
     data = bytearray(active.read_bytes())

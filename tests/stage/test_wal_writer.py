@@ -16,8 +16,9 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import ConfigHashMismatchError, CorruptError, WalFullError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 from tieredbuf.stage.wal import ACTIVE_NAME, CURSOR_NAME, NEW_NAME, WalWriter
+from tieredbuf.stage.wal_rotation import WalRotation
 
 CFG = b"\x07" * 16
 
@@ -332,11 +333,11 @@ def test_replay_reuses_recovery_scans_within_a_bound_and_never_serves_stale_ones
     acks = [w.append(_entry(i)) for i in range(12)]
     w.close()
     w2 = _open(tmp_path, rotation_target=150)
-    assert 0 < sum(n for _, _, n in w2._scans) <= 300  # bounded
-    assert len(w2._scans) < w2.file_count()  # the oldest file is read again
+    assert 0 < sum(n for _, n in w2.kept_scans()) <= 300  # bounded
+    assert len(w2.kept_scans()) < w2.file_count()  # the oldest file is read again
     assert [(e.sequence, s, t) for e, s, t in w2.replay()] == [
         (i, a.start, a.end) for i, a in enumerate(acks)]
-    assert not w2._scans
+    assert not w2.kept_scans()
     assert _seqs(w2) == list(range(12))  # a second replay reads the files
     w2.close()
     w3 = _open(tmp_path, rotation_target=150)
@@ -356,9 +357,9 @@ def test_rotation_round_acks_the_old_files_entries_before_committing_the_new_fil
     new = w.append(_entry(1), wait=False)  # rotates: ``old`` is in quiver.wal.1
     assert (tmp_path / NEW_NAME).exists()
     seen: list[tuple[bool, bool, bool]] = []
-    real = WalWriter._commit_rotation
+    real = WalRotation.commit
 
-    def commit(self: WalWriter, rot: object, old_durable: object = None) -> None:
+    def commit(self: WalRotation, rot: object, old_durable: object = None) -> None:
         def acked() -> None:
             assert callable(old_durable)
             old_durable()
@@ -366,7 +367,7 @@ def test_rotation_round_acks_the_old_files_entries_before_committing_the_new_fil
                          (tmp_path / NEW_NAME).exists()))
         real(self, rot, acked)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(WalWriter, "_commit_rotation", commit)
+    monkeypatch.setattr(WalRotation, "commit", commit)
     w.sync()
     assert seen == [(True, False, True)]
     assert new.durable.result(timeout=5) == new.end

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tieredbuf.stage._fs import WRITE_CHUNK, FileSystem
+from tieredbuf.stage.filesystem import WRITE_CHUNK, FileSystem
 
 
 class _Recording(FileSystem):

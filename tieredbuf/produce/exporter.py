@@ -69,8 +69,8 @@ from tieredbuf.runtime import forks
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.retry import RetryLog, backoff_delay
 from tieredbuf.runtime.stats import Stats
+from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.segment_check import verify
-from tieredbuf.stage.segments import SealedSegment
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import LinkingStore, Store
 from tieredbuf.store.base import manifest_writes_per_s as store_budget

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
 from tieredbuf.errors import StageBufferMismatchError
-from tieredbuf.stage import _fs
+from tieredbuf.stage import filesystem
 
 if TYPE_CHECKING:
     from tieredbuf.queue.manifest_queue import ManifestQueue
-    from tieredbuf.stage._fs import FileSystem
+    from tieredbuf.stage.filesystem import FileSystem
     from tieredbuf.stage.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def canonical_url(url: str) -> str:
 
 def read_binding(stage_path: Path, fs: FileSystem | None = None) -> dict[str, Any] | None:
     """The recorded buffer of one producer stage (``{"buffer_id", "url"}``), or None."""
-    raw = (fs or _fs.current()).read_if_exists(stage_path / keys.STAGE_BUFFER_NAME)
+    raw = (fs or filesystem.current()).read_if_exists(stage_path / keys.STAGE_BUFFER_NAME)
     if raw is None:
         return None
     try:

@@ -35,7 +35,7 @@ from tieredbuf.produce.prompt_seal import PromptSealer
 from tieredbuf.produce.stage_binding import StageBinding, bind
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard
-from tieredbuf.stage.segments import StageAck
+from tieredbuf.stage.append_item import StageAck
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store.base import Store
 

@@ -1,4 +1,5 @@
-"""What one append carries into the stage, and the stage directory's own files.
+"""What one append carries into the stage (and the ack it gets back), and the stage
+directory's own files.
 
 An append's WAL entry body and CRC are encoded before the stage lock is taken (only
 the 17-byte head is framed under it); a records segment sealed without compression
@@ -20,9 +21,18 @@ from tieredbuf import keys
 from tieredbuf.config import Compression
 from tieredbuf.errors import StageLockedError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 PRODUCER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class StageAck:
+    """A LOCAL ack: the entry's per-core sequence and (``wal`` durability) WAL range."""
+
+    sequence: int
+    wal_start: int | None
+    wal_end: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +52,7 @@ class BundleOrRecords:
         return wal_fmt.frame_entry(seq, ts, self.entry)
 
 
-def lock_stage(fs: FileSystem, path: Path) -> int | None:
+def lock_stage(fs: FileSystem, path: Path) -> int:
     try:
         fd = fs.lock(path)
     except BlockingIOError as e:
@@ -63,8 +73,9 @@ def default_producer_id(fs: FileSystem, root: Path) -> str:
     return pid
 
 
-def records_item(records: Sequence[bytes], metadata: bytes, wal: bool,
-                 compression: Compression) -> tuple[BundleOrRecords, int]:
+def records_item(
+    records: Sequence[bytes], metadata: bytes, wal: bool, compression: Compression
+) -> tuple[BundleOrRecords, int]:
     """A ``produce(entries, metadata)`` call, encoded for the WAL when ``wal``; returns
     it with the bytes it counts against the caps."""
     size = sum(map(len, records)) + 4 * len(records) + len(metadata)
@@ -72,10 +83,14 @@ def records_item(records: Sequence[bytes], metadata: bytes, wal: bool,
     # the segment reuses the WAL body's record block instead of interleaving the
     # records again at seal (only without compression: a compressed segment needs
     # the records)
-    block = wal_fmt.records_block(entry, metadata) if entry is not None and \
-        compression == Compression.NONE else None
-    item = BundleOrRecords(records=records, metadata=metadata, entry=entry, size=size + 16,
-                           block=block)
+    block = (
+        wal_fmt.records_block(entry, metadata)
+        if entry is not None and compression == Compression.NONE
+        else None
+    )
+    item = BundleOrRecords(
+        records=records, metadata=metadata, entry=entry, size=size + 16, block=block
+    )
     return item, size + 64
 
 
@@ -85,6 +100,9 @@ def bundle_item(bundle: Mapping[int, pa.RecordBatch], wal: bool) -> tuple[Bundle
         if not 0 <= slot < wal_fmt.MAX_SLOTS:
             raise ValueError(f"slot id {slot} outside 0..{wal_fmt.MAX_SLOTS - 1}")
     n = sum(b.get_total_buffer_size() for b in bundle.values()) + 64
-    entry = wal_fmt.entry_body(wal_fmt.ENTRY_RECORD_BUNDLE, wal_fmt.bundle_body(bundle)) \
-        if wal else None
+    entry = (
+        wal_fmt.entry_body(wal_fmt.ENTRY_RECORD_BUNDLE, wal_fmt.bundle_body(bundle))
+        if wal
+        else None
+    )
     return BundleOrRecords(bundle=bundle, entry=entry), n

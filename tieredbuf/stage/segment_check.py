@@ -6,16 +6,11 @@ quarantined and reported, never uploaded (format-local.md, "Quarantine")."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tieredbuf.format.crc import crc32
 from tieredbuf.format.segment import SEGMENT_MAGIC, TRAILER_SIZE
-from tieredbuf.stage._fs import FileSystem
-
-if TYPE_CHECKING:
-    from tieredbuf.stage.segments import SealedSegment
-
-QSEG = "qseg"
+from tieredbuf.stage.filesystem import FileSystem
+from tieredbuf.stage.sealed_segment import QSEG, SealedSegment
 
 
 def verify(seg: SealedSegment, data: bytes | memoryview | None = None) -> str | None:

@@ -1,4 +1,7 @@
-"""Open segment accumulators and sealed segment files.
+"""Sealed segment files: writing them (prepare, then commit), listing them at open,
+recycling, deleting and quarantining them.  What a sealed segment is, and its sidecar,
+is in stage/sealed_segment.py; the open segments they are made from in
+stage/accumulators.py.
 
 Sealed files live in ``<stage>/segments/``::
 
@@ -21,7 +24,7 @@ quarantine the segment as ``.orphan`` and its entries would be replayed from the
 (neither lost nor exported twice).
 
 CRC.  A ``.qseg`` carries a CRC32 of the whole file in its trailer; a ``.batch`` (the
-RFC's data batch has none) gets one in its sidecar (``crc32``).  :func:`verify` checks
+RFC's data batch has none) gets one in its sidecar (``crc32``).  segment_check.verify checks
 it; ``load()`` verifies every sealed segment at open and the exporter again before
 each upload.  A corrupt segment is quarantined -- renamed ``<name>.corrupt``, its
 sidecar ``<name>.corrupt.json`` -- never uploaded, and reported (see
@@ -31,43 +34,41 @@ so none is ever reused.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 from ulid import ULID
 
 from tieredbuf.config import Compression
-from tieredbuf.format.batch import encode_batch_parts, encode_footer, interleave_lengths
+from tieredbuf.format.batch import encode_batch_parts, encode_footer
 from tieredbuf.format.crc import crc32
-from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.format.segment import (
-    SegmentBuilder,
-    SegmentBundle,
+from tieredbuf.stage import filesystem
+from tieredbuf.stage.accumulators import Accumulator, RecordsAccumulator
+from tieredbuf.stage.filesystem import FileSystem, IoGate
+from tieredbuf.stage.sealed_segment import (
+    BATCH,
+    CORRUPT_SUFFIX,
+    QSEG,
+    SIDECAR_SUFFIX,
+    SealedSegment,
+    from_sidecar,
+    seq_runs,
+    sidecar_json,
 )
-from tieredbuf.stage import _fs
-from tieredbuf.stage._fs import FileSystem, IoGate
-from tieredbuf.stage.segment_check import QSEG, verify_file
+from tieredbuf.stage.segment_check import verify_file
 
 log = logging.getLogger(__name__)
 
-BATCH = "batch"
 SPARE_PREFIX = "free."
 """A released segment file kept for reuse by the next seal (see SegmentDir)."""
-SIDECAR_SUFFIX = ".json"
-SIDECAR_VERSION = 1
-CORRUPT_SUFFIX = ".corrupt"
-"""A quarantined segment: ``<ULID>.<kind>.corrupt`` (and ``.corrupt.json``)."""
 
 
 class CommitNotDurable(OSError):
@@ -76,167 +77,6 @@ class CommitNotDurable(OSError):
     def __init__(self, e: OSError, segment: SealedSegment) -> None:
         super().__init__(e.errno, e.strerror, e.filename)
         self.segment = segment
-
-
-@dataclass(frozen=True, slots=True)
-class StageAck:
-    """A LOCAL ack: the entry's per-core sequence and (``wal`` durability) WAL range."""
-
-    sequence: int
-    wal_start: int | None
-    wal_end: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class SealedSegment:
-    """A sealed, durable, immutable segment file awaiting export."""
-
-    path: Path
-    kind: str  # "qseg" | "batch"
-    ulid: str
-    size: int
-    sequences: tuple[tuple[int, int], ...]
-    """Per-core sequences covered, as inclusive [lo, hi] runs."""
-    wal_start: int | None
-    wal_end: int | None
-    """WAL positions [start, end) spanned by the covered entries (None: segment_only)."""
-    items: tuple[MetadataItem, ...]
-    """RFC metadata items (``batch`` only)."""
-    entry_count: int
-    """Bundles (``qseg``) or produce() calls (``batch``)."""
-    record_count: int
-    """Records (``batch``) or bundles (``qseg``)."""
-    sealed_at_ms: int
-    crc32: int | None = None
-    """CRC32 of the whole file (``batch``; a ``qseg`` has one in its trailer).  None in a
-    sidecar written before tieredbuf recorded it: such a segment is not checked."""
-
-    @property
-    def first_sequence(self) -> int:
-        return self.sequences[0][0]
-
-    @property
-    def last_sequence(self) -> int:
-        return self.sequences[-1][1]
-
-    @property
-    def sidecar_path(self) -> Path:
-        return self.path.with_name(self.path.name + SIDECAR_SUFFIX)
-
-
-def seq_runs(seqs: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    """Sorted inclusive runs of ``seqs``."""
-    out: list[list[int]] = []
-    for s in sorted(seqs):
-        if out and s == out[-1][1] + 1:
-            out[-1][1] = s
-        elif not out or s > out[-1][1]:
-            out.append([s, s])
-    return tuple((a, b) for a, b in out)
-
-
-# --- accumulators -----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Common:
-    opened_at: float = field(default_factory=time.monotonic)
-    seqs: list[int] = field(default_factory=list)
-    wal_start: int | None = None
-    wal_end: int | None = None
-    futures: list[tuple[Future[StageAck], StageAck]] = field(default_factory=list)
-    """segment_only: acks completed when this segment is sealed."""
-
-    def note(self, seq: int, wal_start: int | None, wal_end: int | None) -> None:
-        self.seqs.append(seq)
-        if wal_start is not None and wal_end is not None:
-            self.wal_start = wal_start if self.wal_start is None else self.wal_start
-            self.wal_end = wal_end
-
-
-@dataclass(slots=True)
-class RecordsAccumulator(_Common):
-    records: list[bytes] = field(default_factory=list)
-    """Records of the add() calls that came without an encoded ``block``."""
-    items: list[MetadataItem] = field(default_factory=list)
-    blocks: list[bytes | memoryview | None] = field(default_factory=list)
-    """Per add(): its records already laid out as ``u32 len, bytes`` pairs (a view of
-    the WAL entry body, which holds exactly that: no second copy is kept), or None."""
-    count: int = 0
-    """Records in all."""
-    nbytes: int = 0
-    kind: str = BATCH
-
-    def add(self, records: Sequence[bytes], metadata: bytes, ingestion_ts_nanos: int,
-            nbytes: int | None = None, block: bytes | memoryview | None = None) -> None:
-        """``nbytes``: the caller's precomputed ``sum(len(r) + 4) + len(metadata) + 16``;
-        ``block``: ``records`` encoded as the batch format's uncompressed record block
-        (only for segments sealed without compression)."""
-        self.items.append(MetadataItem(self.count, ingestion_ts_nanos // 1_000_000,
-                                       bytes(metadata)))
-        self.count += len(records)
-        self.blocks.append(block)
-        if block is None:
-            self.records.extend(records)
-        if nbytes is None:
-            nbytes = sum(len(r) + 4 for r in records) + len(metadata) + 16
-        self.nbytes += nbytes
-
-    def drop_buffers(self) -> None:
-        """After the segment is written: release the records (seqs, items stay)."""
-        self.records = []
-        self.blocks = []
-
-    def has_blocks(self) -> bool:
-        return any(b is not None for b in self.blocks)
-
-    def block_parts(self) -> list[bytes | memoryview]:
-        """The uncompressed record block (every record as ``u32 len, bytes``) as
-        buffers for ``writev``: one per add() that came with a block, two per record
-        otherwise."""
-        if not self.has_blocks():
-            return interleave_lengths(self.records)
-        out: list[bytes | memoryview] = []
-        ends = [i.start_index for i in self.items[1:]] + [self.count]
-        pos = 0
-        for item, end, block in zip(self.items, ends, self.blocks, strict=True):
-            if block is not None:
-                out.append(block)
-            else:
-                n = end - item.start_index
-                out += interleave_lengths(self.records[pos : pos + n])
-                pos += n
-        return out
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-
-@dataclass(slots=True)
-class BundleAccumulator(_Common):
-    builder: SegmentBuilder = field(default_factory=SegmentBuilder)
-    kind: str = QSEG
-
-    def add(self, bundle: Mapping[int, pa.RecordBatch], ingestion_ts_nanos: int,
-            sequence: int) -> None:
-        self.builder.add(SegmentBundle(dict(bundle), ingestion_ts_nanos, sequence))
-
-    @property
-    def nbytes(self) -> int:
-        return self.builder.nbytes
-
-    def drop_buffers(self) -> None:
-        """After the segment is written: release the batches."""
-        self.builder = SegmentBuilder()
-
-    def __len__(self) -> int:
-        return len(self.builder)
-
-
-Accumulator = RecordsAccumulator | BundleAccumulator
-
-
-# --- sealed files -----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,10 +115,15 @@ class SegmentDir:
     stage that never evicts fills fresh pages for every segment.  False when an
     exporter reads each segment soon after its seal (:meth:`read` evicts then)."""
 
-    def __init__(self, path: Path, compression: Compression = Compression.NONE,
-                 gate: IoGate | None = None, fs: FileSystem | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        compression: Compression = Compression.NONE,
+        gate: IoGate | None = None,
+        fs: FileSystem | None = None,
+    ) -> None:
         self.path = path
-        self.fs = fs = fs or _fs.current()
+        self.fs = fs = fs or filesystem.current()
         self.compression = compression
         self.gate = gate
         """If set, segment bytes go to the disk between WAL sync rounds (IoGate)."""
@@ -320,8 +165,10 @@ class SegmentDir:
         try:
             fs.rename(spare, tmp)
             if fs.link_count(tmp) != 1:
-                log.warning("segment spare %s shares its bytes with another name; "
-                            "unlinked, not reused", spare)
+                log.warning(
+                    "segment spare %s shares its bytes with another name; unlinked, not reused",
+                    spare,
+                )
                 fs.unlink(tmp)
                 return False
             fs.chmod(tmp, 0o640)
@@ -342,8 +189,9 @@ class SegmentDir:
             self._last_ulid = u
             return u
 
-    def prepare(self, acc: Accumulator, ulid: ULID | None = None,
-                written: Callable[[], None] | None = None) -> PreparedSegment:
+    def prepare(
+        self, acc: Accumulator, ulid: ULID | None = None, written: Callable[[], None] | None = None
+    ) -> PreparedSegment:
         """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync), and
         its sidecar to ``<ULID>.<kind>.json.tmp`` (fdatasync).  Independent of other
         segments: several may be prepared at once.  ``written`` is called once the bytes
@@ -394,12 +242,22 @@ class SegmentDir:
                 fs.unlink(tmp, missing_ok=True)
             raise
         seg = SealedSegment(
-            final, acc.kind, str(ulid), size, seq_runs(acc.seqs), acc.wal_start, acc.wal_end,
-            items, entry_count, record_count, time.time_ns() // 1_000_000, crc,
+            final,
+            acc.kind,
+            str(ulid),
+            size,
+            seq_runs(acc.seqs),
+            acc.wal_start,
+            acc.wal_end,
+            items,
+            entry_count,
+            record_count,
+            time.time_ns() // 1_000_000,
+            crc,
         )
         side_tmp = seg.sidecar_path.with_name(seg.sidecar_path.name + ".tmp")
         try:
-            fs.write_durable(side_tmp, [json.dumps(_to_json(seg)).encode()])
+            fs.write_durable(side_tmp, [json.dumps(sidecar_json(seg)).encode()])
         except BaseException:
             fs.unlink(tmp, missing_ok=True)
             raise
@@ -492,7 +350,7 @@ class SegmentDir:
                     changed = True
                     continue
                 try:
-                    seg = _from_json(p, json.loads(fs.read_bytes(side)), fs.file_size(p))
+                    seg = from_sidecar(p, json.loads(fs.read_bytes(side)), fs.file_size(p))
                 except (ValueError, KeyError, TypeError) as e:
                     log.error("segment %s has an unreadable sidecar (%s); quarantined", p, e)
                     fs.rename(p, p.with_name(name + ".orphan"))
@@ -517,7 +375,7 @@ class SegmentDir:
             side = self.path / name
             seg_path = side.with_name(side.name[: -len(SIDECAR_SUFFIX)])
             try:
-                out.append(_from_json(seg_path, json.loads(fs.read_bytes(side)), None))
+                out.append(from_sidecar(seg_path, json.loads(fs.read_bytes(side)), None))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.error("quarantined segment %s: unreadable sidecar (%s)", side, e)
         return out
@@ -535,7 +393,10 @@ class SegmentDir:
         log.error(
             "sealed segment %s is corrupt (%s): quarantined as %s, never uploaded; its "
             "sequences %s are LOST unless the WAL still held them (docs/failure-modes.md)",
-            seg.path, why, dest.name, list(seg.sequences),
+            seg.path,
+            why,
+            dest.name,
+            list(seg.sequences),
         )
         return dest
 
@@ -572,39 +433,3 @@ class SegmentDir:
         finally:
             with self._spare_lock:
                 self._spare_jobs -= job
-
-
-def _to_json(seg: SealedSegment) -> dict[str, Any]:
-    return {
-        "version": SIDECAR_VERSION,
-        "kind": seg.kind,
-        "ulid": seg.ulid,
-        "size": seg.size,
-        "sequences": [list(r) for r in seg.sequences],
-        "wal_start": seg.wal_start,
-        "wal_end": seg.wal_end,
-        "items": [
-            [i.start_index, i.ingestion_time_ms, base64.b64encode(i.payload).decode()]
-            for i in seg.items
-        ],
-        "entry_count": seg.entry_count,
-        "record_count": seg.record_count,
-        "sealed_at_ms": seg.sealed_at_ms,
-        **({"crc32": seg.crc32} if seg.crc32 is not None else {}),
-    }
-
-
-def _from_json(path: Path, d: dict[str, Any], size: int | None) -> SealedSegment:
-    """``size``: the segment file's (checked against the sidecar), None: not checked."""
-    if d["version"] != SIDECAR_VERSION:
-        raise ValueError(f"unknown sidecar version {d['version']}")
-    if size is not None and size != d["size"]:
-        raise ValueError(f"size {size} != recorded {d['size']}")
-    return SealedSegment(
-        path, d["kind"], d["ulid"], int(d["size"]),
-        tuple((int(a), int(b)) for a, b in d["sequences"]),
-        d["wal_start"], d["wal_end"],
-        tuple(MetadataItem(int(s), int(t), base64.b64decode(m)) for s, t, m in d["items"]),
-        int(d["entry_count"]), int(d["record_count"]), int(d["sealed_at_ms"]),
-        int(d["crc32"]) if d.get("crc32") is not None else None,
-    )

@@ -22,13 +22,13 @@ from tieredbuf.config import WalConfig
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import cursor as cursor_fmt
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem
+from tieredbuf.stage.filesystem import FileSystem
 
 log = logging.getLogger(__name__)
 
 ACTIVE_NAME = "quiver.wal"
 NEW_NAME = "quiver.wal.new"
-"""The next active file while a rotation is being committed (see _Rotation)."""
+"""The next active file while a rotation is being committed (see wal_state.Rotation)."""
 CURSOR_NAME = "quiver.wal.cursor"
 FREE_PREFIX = "quiver.wal.free."
 _ROTATED_RE = re.compile(r"^quiver\.wal\.(\d+)$")
@@ -88,8 +88,7 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
         if _FREE_RE.match(name):
             fs.unlink(directory / name)
     rotated = sorted(
-        (int(m.group(1)), directory / name) for name in names
-        if (m := _ROTATED_RE.match(name))
+        (int(m.group(1)), directory / name) for name in names if (m := _ROTATED_RE.match(name))
     )
     paths: list[tuple[int | None, Path]] = [(rid, p) for rid, p in rotated]
     active = directory / ACTIVE_NAME
@@ -114,16 +113,19 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
             assert res.error is not None
             last = i == len(paths) - 1
             status_i = res.status
-            if status_i == "corrupt" and last and (
-                torn_before_zeros(data, res.good_end) or never_written(data, res.good_end)
+            if (
+                status_i == "corrupt"
+                and last
+                and (torn_before_zeros(data, res.good_end) or never_written(data, res.good_end))
             ):
                 status_i = "torn"  # a recycled file's zeros, or a write a power cut lost
             if status_i == "corrupt" or not last:
                 if config.corrupt_policy == "fail":
                     raise res.error
                 corrupt += len(data) - res.good_end
-                log.error("WAL %s: dropping %d bytes after %s", path,
-                          len(data) - res.good_end, res.error)
+                log.error(
+                    "WAL %s: dropping %d bytes after %s", path, len(data) - res.good_end, res.error
+                )
             else:
                 torn += len(data) - res.good_end
             truncate(fs, path, res.good_end)
@@ -131,20 +133,30 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
             if e.entry_type != wal_fmt.ENTRY_CHECKPOINT:
                 max_seq = e.sequence if max_seq is None else max(max_seq, e.sequence)
         h = res.header
-        spans.append(WalSpan(path, rid, h.wal_position_start,
-                             h.wal_position_start + res.good_end - h.header_size,
-                             h.header_size))
+        spans.append(
+            WalSpan(
+                path,
+                rid,
+                h.wal_position_start,
+                h.wal_position_start + res.good_end - h.header_size,
+                h.header_size,
+            )
+        )
     spans, purged = _finish_purge(fs, directory, spans, cursor)
     for prev, span in itertools.pairwise(spans):
         if prev.end != span.start:
             raise CorruptError(
-                wal_fmt.WHAT, str(span.path), 30,
+                wal_fmt.WHAT,
+                str(span.path),
+                30,
                 f"wal_position_start {span.start} does not continue the previous file's "
                 f"end {prev.end} (a WAL file is missing)",
             )
     if purged and cursor is not None and spans and cursor < spans[0].start:
         raise CorruptError(
-            wal_fmt.WHAT, str(spans[0].path), 30,
+            wal_fmt.WHAT,
+            str(spans[0].path),
+            30,
             f"the cursor {cursor} precedes the oldest WAL file left ({spans[0].start}) "
             "(a WAL file is missing)",
         )
@@ -170,8 +182,9 @@ def recover(fs: FileSystem, directory: Path, cfg_hash: bytes, config: WalConfig)
     return Recovered(WalRecovery(status, torn, corrupt, max_seq), spans, cursor, scans)
 
 
-def _finish_purge(fs: FileSystem, directory: Path, spans: list[WalSpan],
-                  cursor: int | None) -> tuple[list[WalSpan], bool]:
+def _finish_purge(
+    fs: FileSystem, directory: Path, spans: list[WalSpan], cursor: int | None
+) -> tuple[list[WalSpan], bool]:
     """Delete rotated files wholly behind the cursor: a purge (renames to spares and
     unlinks, one directory fsync for all) interrupted by a power cut can leave any
     subset of them, so they may not be contiguous any more; they hold nothing needed."""
@@ -228,7 +241,10 @@ def write_cursor(fs: FileSystem, directory: Path, position: int) -> None:
 
 
 def replay_spans(
-    fs: FileSystem, spans: list[WalSpan], scans: dict[Path, wal_fmt.ScanResult], pos: int,
+    fs: FileSystem,
+    spans: list[WalSpan],
+    scans: dict[Path, wal_fmt.ScanResult],
+    pos: int,
     cfg_hash: bytes,
 ) -> Iterator[tuple[wal_fmt.WalEntry, int, int]]:
     """(entry, start, end) for every entry at or after ``pos``, one file at a time;

@@ -29,34 +29,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from tieredbuf.errors import DiskError
 from tieredbuf.format import wal as wal_fmt
-from tieredbuf.stage._fs import FileSystem, disk_error
+from tieredbuf.stage.filesystem import FileSystem, disk_error
 from tieredbuf.stage.wal_recovery import ACTIVE_NAME, NEW_NAME, WalSpan, truncate
+from tieredbuf.stage.wal_state import Done, OpenFile, WalState, resolve
 
-if TYPE_CHECKING:
-    from tieredbuf.stage.wal import _Rotation
-
-log = logging.getLogger("tieredbuf.stage.wal")
-
-
-@dataclass(slots=True)
-class OpenFile:
-    """An open WAL file."""
-
-    fd: int
-    sync_lock: threading.Lock = field(default_factory=threading.Lock)
-    closed: bool = False
-    recycled: bool = False
-    """A reused spare: zeros (allocated blocks) may follow the last entry."""
+log = logging.getLogger(__name__)
 
 
 def holder_of(spans: Sequence[WalSpan], durable: int) -> WalSpan | None:
@@ -69,9 +51,16 @@ def holder_of(spans: Sequence[WalSpan], durable: int) -> WalSpan | None:
     return out
 
 
-def rewrite(fs: FileSystem, directory: Path, cfg_hash: bytes, holder: WalSpan | None,
-            durable: int, frames: Sequence[bytes | memoryview], rotated_path: Path,
-            rotation_id: int) -> tuple[int, WalSpan]:
+def rewrite(
+    fs: FileSystem,
+    directory: Path,
+    cfg_hash: bytes,
+    holder: WalSpan | None,
+    durable: int,
+    frames: Sequence[bytes | memoryview],
+    rotated_path: Path,
+    rotation_id: int,
+) -> tuple[int, WalSpan]:
     """Steps 1 and 2 above (I/O only; ``holder`` is updated in place as each step
     lands).  Returns the new active file's fd (positioned at its end) and span."""
     if holder is not None and fs.exists(holder.path):  # (a purge may have taken it)
@@ -90,125 +79,120 @@ def rewrite(fs: FileSystem, directory: Path, cfg_hash: bytes, holder: WalSpan | 
     try:
         n = fs.write_all(fd, [header, *frames])
         fs.fdatasync(fd)
-        fs.fsync_dir(directory)  # the holder's rename first (see WalWriter._commit_rotation)
+        fs.fsync_dir(directory)  # the holder's rename first (see WalRotation.commit)
         fs.rename(tmp, directory / ACTIVE_NAME)
         fs.fsync_dir(directory)
     except BaseException:
         fs.close(fd)
         raise
-    return fd, WalSpan(directory / ACTIVE_NAME, None, durable, durable + n - len(header),
-                       len(header))
+    return fd, WalSpan(
+        directory / ACTIVE_NAME, None, durable, durable + n - len(header), len(header)
+    )
 
 
-class WalRepairMixin:
-    """WalWriter's failure handling (the module doc); WalWriter holds the state."""
+class WalRepair:
+    """The writer's failure handling (the module doc), on the writer's state."""
 
-    if TYPE_CHECKING:
-        dir: Path
-        last_error: DiskError | None
-        _fs: FileSystem
-        _cfg_hash: bytes
-        _lock: threading.Lock
-        _cond: threading.Condition
-        _broken: DiskError | None
-        _broken_at: WalSpan | None
-        _epoch: int
-        _rotation: _Rotation | None
-        _rotating: bool
-        _rotated: list[WalSpan]
-        _active: OpenFile
-        _active_span: WalSpan
-        _durable: int
-        _written: int
-        _next_rotation: int
-        _pending: deque[tuple[int, Future[Any], object]]
-        _frames: deque[tuple[int, Sequence[bytes | memoryview]]]
-        _resolve_later: list[tuple[Future[Any], object]]
+    def __init__(self, state: WalState) -> None:
+        self.state = state
 
-        def _pop_durable(self) -> list[tuple[Future[Any], object]]: ...
-
-        @staticmethod
-        def _resolve(done: list[tuple[Future[Any], object]]) -> None: ...
-
-    def _break_locked(self, err: DiskError) -> None:
+    def break_locked(self, err: DiskError) -> None:
         """Under the lock: a write or fdatasync failed.  Stop trusting the open files
         (a sync round already under way will not ack), note the file to cut back."""
-        self.last_error = err
-        if self._broken is None:
-            self._broken_at = holder_of(
-                [*self._rotated, self._active_span], self._durable)
-        self._broken = err
-        self._epoch += 1
-        rot, self._rotation = self._rotation, None
-        self._rotating = False
-        for f in [self._active] + ([rot.old] if rot is not None else []):
+        st = self.state
+        st.last_error = err
+        if st.broken is None:
+            st.broken_at = holder_of([*st.rotated, st.active_span], st.durable)
+        st.broken = err
+        st.epoch += 1
+        rot, st.rotation = st.rotation, None
+        st.rotating = False
+        for f in [st.active] + ([rot.old] if rot is not None else []):
             with f.sync_lock:
                 if not f.closed:
                     with contextlib.suppress(OSError):
-                        self._fs.close(f.fd)
+                        st.fs.close(f.fd)
                     f.closed = True
-        self._cond.notify_all()
+        st.cond.notify_all()
 
-    def _repair_locked(self) -> list[tuple[Future[Any], object]]:
+    def repair_locked(self) -> Done:
         """Under the lock: cut the durable file back, write the unacknowledged frames
         again into a new active file, and ack them; raises the typed DiskError (and
         stays broken) if the disk still fails."""
-        assert self._broken is not None
-        holder = self._broken_at
-        rid = self._next_rotation
-        frames = [p for _, parts in self._frames for p in parts]
+        st = self.state
+        assert st.broken is not None
+        holder = st.broken_at
+        rid = st.next_rotation
+        frames = [p for _, parts in st.frames for p in parts]
         try:
-            fd, span = rewrite(self._fs, self.dir, self._cfg_hash, holder,
-                                          self._durable, frames,
-                                          self.dir / f"{ACTIVE_NAME}.{rid}", rid)
+            fd, span = rewrite(
+                st.fs,
+                st.dir,
+                st.cfg_hash,
+                holder,
+                st.durable,
+                frames,
+                st.dir / f"{ACTIVE_NAME}.{rid}",
+                rid,
+            )
         except OSError as e:
-            self._broken = self.last_error = disk_error(e, "WAL repair", self.dir)
-            raise self._broken from e
+            st.broken = st.last_error = disk_error(e, "WAL repair", st.dir)
+            raise st.broken from e
         finally:
             if holder is not None and holder.rotation_id == rid:  # renamed just now
-                self._next_rotation += 1
-        assert span.end == self._written, (span, self._written)
-        if holder is not None and holder.rotation_id is not None and all(
-                s is not holder for s in self._rotated):
+                st.next_rotation += 1
+        assert span.end == st.written, (span, st.written)
+        if (
+            holder is not None
+            and holder.rotation_id is not None
+            and all(s is not holder for s in st.rotated)
+        ):
             # the holder was the active file (or one a rotation renamed, then broke):
-            # a rotated file now; until this point it was still _active_span only
-            self._rotated.append(holder)
-        log.warning("WAL repaired after %s: %d unacknowledged bytes rewritten to a new %s",
-                    self._broken, span.end - span.start, ACTIVE_NAME)
-        self._rotated = [s for s in self._rotated if s.path.name != NEW_NAME]
-        self._active, self._active_span = OpenFile(fd), span
-        self._broken = self._broken_at = self.last_error = None
-        self._durable = self._written
-        return self._pop_durable()
+            # a rotated file now; until this point it was still active_span only
+            st.rotated.append(holder)
+        log.warning(
+            "WAL repaired after %s: %d unacknowledged bytes rewritten to a new %s",
+            st.broken,
+            span.end - span.start,
+            ACTIVE_NAME,
+        )
+        st.rotated = [s for s in st.rotated if s.path.name != NEW_NAME]
+        st.active, st.active_span = OpenFile(fd), span
+        st.broken = st.broken_at = st.last_error = None
+        st.durable = st.written
+        return st.pop_durable()
 
-    def _fail_locked(self, err: DiskError) -> list[tuple[Future[Any], object]]:
+    def fail_locked(self, err: DiskError) -> Done:
         """Under the lock: break, try the repair at once; if the disk still fails, the
         appends waiting for their fdatasync fail with the typed error."""
-        self._break_locked(err)
+        self.break_locked(err)
         try:
-            return self._repair_locked()
+            return self.repair_locked()
         except DiskError as e:
-            failed = list(self._pending)
-            self._pending.clear()
-            self._cond.notify_all()
+            st = self.state
+            failed = list(st.pending)
+            st.pending.clear()
+            st.cond.notify_all()
             return [(fut, e) for _, fut, _ in failed]
 
-    def _fail_pending_and_raise(self, err: DiskError) -> None:
+    def fail_pending_and_raise(self, err: DiskError) -> None:
         """Under the lock, in an append: break and try the repair; raise ``err`` if it
         failed (the appends waiting for their fdatasync fail with it too).  The caller
-        resolves ``_resolve_later`` after releasing the lock."""
-        self._resolve_later += self._fail_locked(err)
-        if self._broken is not None:
+        resolves ``resolve_later`` after releasing the lock."""
+        st = self.state
+        st.resolve_later += self.fail_locked(err)
+        if st.broken is not None:
             raise err
 
-    def _fail(self, e: OSError, epoch: int | None = None) -> None:
+    def fail(self, e: OSError, epoch: int | None = None) -> None:
         """An fdatasync (or a rotation's rename / directory fsync) failed: after a failed
         fdatasync the page cache cannot be trusted (fsyncgate), so the data is never
-        synced again to be acked; the WAL repairs instead (stage/wal_repair.py).
+        synced again to be acked; the WAL repairs instead (the module doc).
         ``epoch``: the round's; if the WAL broke (and maybe was repaired) since, this
         round's files are already out of use and its error is moot."""
-        with self._lock:
-            if epoch is not None and epoch != self._epoch:
+        st = self.state
+        with st.lock:
+            if epoch is not None and epoch != st.epoch:
                 return
-            done = self._fail_locked(disk_error(e, "WAL fdatasync", self._active_span.path))
-        self._resolve(done)
+            done = self.fail_locked(disk_error(e, "WAL fdatasync", st.active_span.path))
+        resolve(done)

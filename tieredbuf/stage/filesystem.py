@@ -27,8 +27,19 @@ import pyarrow as pa
 
 from tieredbuf.errors import DiskError, DiskFullError, DiskIOError
 
-__all__ = ["FileSystem", "IoGate", "current", "disk_error", "fsync_dir", "installed",
-           "read_if_exists", "write_all", "write_atomic", "write_durable", "zero_file"]
+__all__ = [
+    "FileSystem",
+    "IoGate",
+    "current",
+    "disk_error",
+    "fsync_dir",
+    "installed",
+    "read_if_exists",
+    "write_all",
+    "write_atomic",
+    "write_durable",
+    "zero_file",
+]
 
 Buffers = Iterable[bytes | memoryview | pa.Buffer]
 
@@ -62,8 +73,9 @@ project's test host (ext4, kernel 6.18, a VM) one 32 MiB ``writev`` into fresh
 page-cache pages took 60-85 ms of system time, the same bytes in writes of <= 1.6 MiB
 10-16 ms (docs/architecture.md); the WAL's entries are far below it."""
 _SYNC_FILE_RANGE_FLAGS = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
-_sync_file_range = _libc("sync_file_range",
-                         [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+_sync_file_range = _libc(
+    "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+)
 _FALLOC_FL_ZERO_RANGE = 0x10
 OWNER_ONLY = 0o700
 """The only permission bits a stage file or directory gets, whatever mode the stage
@@ -384,5 +396,8 @@ def disk_error(e: OSError, what: str, path: object = None) -> DiskError:
     where = path if path is not None else e.filename
     cls = DiskFullError if e.errno in (errno.ENOSPC, errno.EDQUOT) else DiskIOError
     text = e.strerror or str(e)
-    return cls(f"{what} failed: {text}" + (f" ({where})" if where is not None else ""),
-               e.errno, None if where is None else str(where))
+    return cls(
+        f"{what} failed: {text}" + (f" ({where})" if where is not None else ""),
+        e.errno,
+        None if where is None else str(where),
+    )

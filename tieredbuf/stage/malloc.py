@@ -36,6 +36,12 @@ _lock = threading.Lock()
 _done: bool | None = None
 
 
+def heap_kept() -> bool | None:
+    """What :func:`keep_freed_heap` decided in this process: True (raised), False (not
+    raised: another C library, or the environment decides), None (not asked yet)."""
+    return _done
+
+
 def keep_freed_heap(environ: dict[str, str] | None = None) -> bool:
     """Raise glibc's trim threshold once per process; True if it is raised (now or
     before), False where it is not (another C library, or the environment decides)."""
@@ -55,6 +61,7 @@ def keep_freed_heap(environ: dict[str, str] | None = None) -> bool:
         mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         mallopt.restype = ctypes.c_int
         # mallopt returns 1 on success; the mmap threshold first (it caps the other)
-        _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-            bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        )
         return _done
