@@ -60,6 +60,7 @@ _SECTION = struct.Struct("<HI")
 _WATERMARK = struct.Struct("<QQq")
 _RETENTION = struct.Struct("<BQQ")
 _BUFFER = struct.Struct("<16sqQ")
+_U32 = struct.Struct("<I")
 _LEASE = struct.Struct("<qI")
 RETAIN_AGE = 0x01
 RETAIN_BYTES = 0x02
@@ -463,7 +464,18 @@ def iter_entries(view: ManifestView) -> Iterator[ManifestEntry]:
 
 def skip_entries(view: ManifestView, k: int, start: int = 0) -> int:
     """Byte offset of the entry ``k`` entries after the one at byte ``start`` (0: the
-    first), walking lengths only."""
+    first), walking lengths only.  The walk unpacks lengths unchecked (a reader skips up
+    to M entries of a group to reach its position); one that runs past the region is
+    walked again checked, which names the byte that is wrong (I7)."""
+    raw, pos, end = view.raw, start, view.entries_end
+    unpack = _U32.unpack_from
+    try:
+        for _ in range(k):
+            pos += 4 + unpack(raw, pos)[0]
+    except struct.error:
+        pos = end + 1
+    if pos <= end:
+        return pos
     r = Reader(view.raw, WHAT, view.obj, start, view.entries_end)
     for i in range(k):
         r.take(r.u32(f"entry {i} length"), f"entry {i}")

@@ -453,22 +453,22 @@ def entry_at(view: fm.ManifestView, index: int) -> fm.ManifestEntry:
     return next(fm.iter_entries(one))
 
 
-def iter_view_from(view: fm.ManifestView, start: int) -> list[fm.ManifestEntry]:
-    """Entries of a flat region with sequence >= ``start``."""
+def iter_view_from(view: fm.ManifestView, start: int) -> Iterator[fm.ManifestEntry]:
+    """Entries of a flat region with sequence >= ``start``, decoded lazily."""
     first = view.footer.first_sequence
     k = max(0, start - first)
     if k >= view.footer.entry_count:
-        return []
+        return iter(())
     off = fm.skip_entries(view, k)
     f = fm.Footer(view.footer.entry_count - k, view.footer.next_sequence, 0, fm.V2)
     rest = fm.ManifestView(bytes(view.raw[off : view.entries_end]), f, view.entries_end - off,
                            obj=view.obj)
-    return list(fm.iter_entries(rest))
+    return fm.iter_entries(rest)
 
 
 def ref_index(refs: Sequence[ft.Ref], seq: int) -> int:
     """Index of the ref covering ``seq`` (len(refs) when past the last)."""
-    return bisect.bisect_left([r.last for r in refs], seq)
+    return bisect.bisect_left(refs, seq, key=lambda r: r.last)
 
 
 def first_at_or_after_time(times: Sequence[int], t: int) -> int:
@@ -489,29 +489,34 @@ def iter_from(root: Root, start: int, load: Load) -> Iterator[fm.ManifestEntry]:
 def iter_sized_from(
     root: Root, start: int, load: Load
 ) -> Iterator[tuple[fm.ManifestEntry, int]]:
-    """:func:`iter_from` with each entry's object size from the stats (0: unknown)."""
-    yield from _iter_refs(root.refs, start, load)
-    stats = root.stats
+    """:func:`iter_from` with each entry's object size from the stats (0: unknown), lazy:
+    finding ``start`` costs one bisection per level (the root's refs are decoded and
+    checked once per root, I7: at most 2M of them whatever the backlog, I6), a node is
+    loaded when the walk reaches it, and only what the caller consumes is decoded."""
+    if start < root.entries_first and root.n_refs:
+        refs = root.refs
+        for r in refs[ref_index(refs, start):]:
+            yield from _iter_node(r, start, load)
     first = root.entries_first
     for e in iter_view_from(root.entries_view(), start):
-        yield e, _size_at(stats, e.sequence - first)
+        yield e, _size(root.stat_at, root.n_entries, e.sequence - first)
 
 
-def _size_at(stats: Sequence[ft.Stat], i: int) -> int:
-    return stats[i].size if i < len(stats) else 0
+def _size(stat_at: Callable[[int], ft.Stat], n: int, i: int) -> int:
+    return stat_at(i).size if i < n else 0
 
 
-def _iter_refs(
-    refs: Sequence[ft.Ref], start: int, load: Load
-) -> Iterator[tuple[fm.ManifestEntry, int]]:
-    for r in refs[ref_index(refs, start):]:
-        node = load(r)
-        if node.level == 0:
-            assert node.entries is not None
-            for e in iter_view_from(node.entries, start):
-                yield e, _size_at(node.stats, e.sequence - node.first)
-        else:
-            yield from _iter_refs(node.refs, start, load)
+def _iter_node(r: ft.Ref, start: int, load: Load) -> Iterator[tuple[fm.ManifestEntry, int]]:
+    node = load(r)
+    if node.level == 0:
+        assert node.entries is not None
+        stats = node.stats
+        for e in iter_view_from(node.entries, start):
+            i = e.sequence - node.first
+            yield e, stats[i].size if i < len(stats) else 0
+        return
+    for c in node.refs[ref_index(node.refs, start):]:
+        yield from _iter_node(c, start, load)
 
 
 def find_sequence(root: Root, seq: int, load: Load) -> fm.ManifestEntry | None:

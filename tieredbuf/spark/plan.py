@@ -28,10 +28,8 @@ Ranges:
 
 from __future__ import annotations
 
-import bisect
 import logging
-import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import tieredbuf
@@ -70,79 +68,12 @@ def read_snapshot(buf: tieredbuf.Buffer) -> Snapshot:
 # --- listing a range lazily ----------------------------------------------------------
 
 
-def iter_sized(root: tree.Root, start: int, load: tree.Load) -> Iterator[Sized]:
-    """Linked entries with sequence >= ``start`` and their sizes, in order, decoding
-    lazily: finding ``start`` costs one bisection per level, and only what the caller
-    consumes is decoded (a node is loaded when the walk reaches it)."""
-    if start < root.entries_first and root.n_refs:
-        # bisect the raw REFs one unpack at a time: decoding all of them (up to 2M + N/M^3)
-        # on every trigger would make a trigger's CPU grow with the backlog; each node
-        # loaded is still checked against the REF that led to it (NodeStore.load, I7)
-        n = root.n_refs
-        first = bisect.bisect_left(range(n), start, key=lambda i: root.ref_at(i).last)
-        for i in range(first, n):
-            yield from _iter_node(root.ref_at(i), start, load)
-    yield from _iter_view(root.entries_view(), start, root.stat_at)
-
-
-def _ref_index(refs: Sequence[ft.Ref], seq: int) -> int:
-    return bisect.bisect_left(refs, seq, key=lambda r: r.last)
-
-
-def _iter_node(r: ft.Ref, start: int, load: tree.Load) -> Iterator[Sized]:
-    node = load(r)
-    if node.level == 0:
-        assert node.entries is not None
-        stats = node.stats
-        yield from _iter_view(node.entries, start, lambda i: stats[i])
-        return
-    for c in node.refs[_ref_index(node.refs, start) :]:
-        yield from _iter_node(c, start, load)
-
-
-def _iter_view(
-    view: fm.ManifestView, start: int, stat: Callable[[int], ft.Stat]
-) -> Iterator[Sized]:
-    first, count = view.footer.first_sequence, view.footer.entry_count
-    k = max(0, start - first)
-    if k >= count:
-        return
-    off = _skip(view, k)
-    rest = fm.ManifestView(
-        bytes(view.raw[off : view.entries_end]),
-        fm.Footer(count - k, view.footer.next_sequence, 0, fm.V2),
-        view.entries_end - off,
-        obj=view.obj,
-    )
-    for e in fm.iter_entries(rest):
-        yield e, stat(e.sequence - first).size
-
-
-_U32 = struct.Struct("<I")
-
-
-def _skip(view: fm.ManifestView, k: int) -> int:
-    """Byte offset of entry ``k``: :func:`fm.skip_entries` without a checked read per
-    length (a trigger skips up to M entries of a group to reach its position); bad
-    lengths fall back to it, which names the byte that is wrong (I7)."""
-    raw, pos, end = view.raw, 0, view.entries_end
-    unpack = _U32.unpack_from
-    try:
-        for _ in range(k):
-            pos += 4 + unpack(raw, pos)[0]
-    except struct.error:
-        pos = end + 1
-    if pos > end:
-        return fm.skip_entries(view, k)  # raises CorruptError
-    return pos
-
-
 def collect(snap: Snapshot, start: int, end: int) -> list[Sized]:
     """The entries ``start <= sequence < end`` (``start >= snap.low``) with their sizes."""
     out: list[Sized] = []
     if end <= start:
         return out
-    for e, size in iter_sized(snap.root, start, snap.nodes.load):
+    for e, size in tree.iter_sized_from(snap.root, start, snap.nodes.load):
         if e.sequence >= end:
             break
         out.append((e, size))
@@ -230,7 +161,7 @@ def window_end(
     pending: list[fm.ManifestEntry] = []
     pool = ThreadPoolExecutor(PLAN_THREADS) if ro.slot is not None else None
     try:
-        for e, _ in iter_sized(snap.root, end, snap.nodes.load):
+        for e, _ in tree.iter_sized_from(snap.root, end, snap.nodes.load):
             pending.append(e)
             if len(pending) >= SCAN_CHUNK:
                 end = _straddle(buf.store, pending, t_ms, ro, end, pool)
@@ -454,7 +385,7 @@ def admit_bytes(store: Store, snap: Snapshot, start: int, end: int, max_bytes: i
                 return e.sequence
         return None
 
-    for item in iter_sized(snap.root, start, snap.nodes.load):
+    for item in tree.iter_sized_from(snap.root, start, snap.nodes.load):
         if item[0].sequence >= end:
             break
         chunk.append(item)
