@@ -77,8 +77,8 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
     assert m["tieredbuf_uploads_total"] == m["tieredbuf_segments_exported_total"]
     assert m["tieredbuf_uploaded_bytes_total"] == m["tieredbuf_exported_bytes_total"] > 0
     assert m["tieredbuf_upload_seconds_total"] > 0
-    # the exporter commits a pass's segments in one CAS: appends <= entries
-    assert 1 <= m["tieredbuf_manifest_appends_total"] <= m["tieredbuf_segments_exported_total"]
+    # fan-in: one commit carries every segment uploaded meanwhile: commits <= entries
+    assert 1 <= m["tieredbuf_manifest_commits_total"] <= m["tieredbuf_segments_exported_total"]
     # a local directory never answers "outcome unknown" or a transient error, so every
     # manifest retry is a CAS lost to the other worker
     assert m["tieredbuf_manifest_unknown_outcomes_total"] == 0
@@ -96,7 +96,7 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
     uploads = m["tieredbuf_store_requests_total{kind=data,op=put_conditional}"]
     assert uploads >= m["tieredbuf_uploads_total"] >= 1
     assert m["tieredbuf_store_requests_total{kind=root,op=put_conditional}"] >= m[
-        "tieredbuf_manifest_appends_total"]
+        "tieredbuf_manifest_commits_total"]
     assert m["tieredbuf_store_requests_total{kind=root,op=get}"] >= 1
     assert m["tieredbuf_store_requests_total{kind=data,op=list}"] == 0
     assert "tieredbuf_store_conflicts_total{kind=root}" in m
@@ -117,10 +117,10 @@ def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) ->
     assert get("tieredbuf_producer_records_in_total", {"producer": "p1"}) == 6
     assert get("tieredbuf_wal_fsyncs_total", {"producer": "p1"}) >= 1
     assert get("tieredbuf_segments_exported_total", {"producer": "p1"}) >= 1
-    assert get("tieredbuf_queue_depth") == get("tieredbuf_manifest_appends_total") >= 1
+    assert get("tieredbuf_queue_depth") == get("tieredbuf_manifest_commits_total") >= 1
     cas = {"op": "put_conditional", "kind": "root"}
     assert get("tieredbuf_store_requests_total", cas) == buf.requests.total(
-        "put_conditional", "root") >= get("tieredbuf_manifest_appends_total")
+        "put_conditional", "root") >= get("tieredbuf_manifest_commits_total")
     assert get("tieredbuf_store_requests_total", {"op": "delete", "kind": "group"}) == 0
     producer.close()
 

@@ -22,7 +22,7 @@ One *cut* (``run_cut(seed)``):
    the real file system (the rebuilt directory copied to ``real_dir``).
 6. The check: every LOCAL-acked record is in the result (I1: the stage's sealed
    segments, or with ``export`` the buffer's queue) and no record is there twice (I2);
-   with ``export`` each writer's records of one kind are in order (I3).
+   with ``export`` each writer's records of one stream are in order (I3).
 
 Everything that decides what happens is drawn from ``random.Random(seed)``; the
 threads still interleave as the OS schedules them, so a seed reproduces the
@@ -265,7 +265,7 @@ def _segment_records(stage: Stage) -> list[str]:
     out: list[str] = []
     for seg in stage.sealed_segments():
         data = stage.read_segment(seg)
-        if seg.kind == "batch":
+        if seg.stream == "batch":
             out += [r.decode() for r in decode_batch(data, str(seg.path))]
         else:
             out += _ids_of_bundles([dict(b.slots) for b in
@@ -274,7 +274,7 @@ def _segment_records(stage: Stage) -> list[str]:
 
 
 def _queue_records(buf: tieredbuf.Buffer) -> tuple[list[str], list[str]]:
-    """(records in queue order, I3 violations: a writer's records of one kind out of
+    """(records in queue order, I3 violations: a writer's records of one stream out of
     order)."""
     if not buf.exists():  # nothing was ever exported (a consumer never creates a buffer)
         return [], []
@@ -284,14 +284,14 @@ def _queue_records(buf: tieredbuf.Buffer) -> tuple[list[str], list[str]]:
     last: dict[tuple[str, str], int] = {}
     errors: list[str] = []
     while (b := c.next_batch()) is not None:
-        kind = "batch" if b.location.endswith(".batch") else "qseg"
-        recs = [r.decode() for r in b.entries] if kind == "batch" else \
+        stream = "batch" if b.location.endswith(".batch") else "qseg"
+        recs = [r.decode() for r in b.entries] if stream == "batch" else \
             _ids_of_bundles(b.bundles())
         for r in recs:
             w, i = r.split(":")
-            if last.get((w, kind), -1) >= int(i):
-                errors.append(f"{kind} {r} after {w}:{last[(w, kind)]}")
-            last[(w, kind)] = int(i)
+            if last.get((w, stream), -1) >= int(i):
+                errors.append(f"{stream} {r} after {w}:{last[(w, stream)]}")
+            last[(w, stream)] = int(i)
         out += recs
     c.close()
     return out, errors

@@ -32,7 +32,7 @@ def cfg(**kw: object) -> StageConfig:
 def records_of(segs: list[SealedSegment]) -> list[bytes]:
     out: list[bytes] = []
     for s in segs:
-        if s.kind == "batch":
+        if s.stream == "batch":
             out += decode_batch(s.path.read_bytes(), str(s.path))
     return out
 
@@ -53,7 +53,7 @@ def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
         assert [a.sequence for a in acks] == [0, 1, 2]
         assert acks[0].wal_end == acks[1].wal_start
         (seg,) = st.seal_all()
-        assert seg.kind == "batch" and seg.path.suffix == ".batch"
+        assert seg.stream == "batch" and seg.path.suffix == ".batch"
         assert decode_batch(seg.path.read_bytes()) == [b"a", b"b", b"c"]
         assert [(i.start_index, i.payload) for i in seg.items] == [
             (0, b"m1"), (2, b"empty"), (2, b"m3")]
@@ -75,7 +75,7 @@ def test_bundles_round_trip_with_schema_drift(tmp_path: Path) -> None:
         for b in ({0: b1, 3: d8}, {0: b2}, {3: d8}):
             st.append_bundle(b).result(timeout=5)
         (seg,) = st.seal_all()
-        assert seg.kind == "qseg" and seg.entry_count == 3
+        assert seg.stream == "qseg" and seg.entry_count == 3
         got = SegmentReader(seg.path.read_bytes(), str(seg.path)).bundles()
         assert [g.sequence for g in got] == [0, 1, 2]
         assert got[0].slots[0].equals(b1) and got[1].slots[0].equals(b2)

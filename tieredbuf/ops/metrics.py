@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from tieredbuf.buffer import Buffer
 from tieredbuf.consume.consumer import Consumer
 from tieredbuf.keys import KINDS
+from tieredbuf.produce.fanin import hub_for
 from tieredbuf.produce.producer import Producer
 from tieredbuf.produce.staged import StagedProducer
 from tieredbuf.queue.subscribers import listing
@@ -49,7 +50,7 @@ class Series:
     key: str
     name: str
     doc: str
-    kind: str = "counter"  # or "gauge"
+    type: str = "counter"  # or "gauge" (the Prometheus metric type)
     scale: float = 1.0
 
 
@@ -80,7 +81,7 @@ PRODUCER_SERIES: tuple[Series, ...] = (
            "Export passes stopped by a permanent store error (retried slowly)."),
     Series("export_failing", "tieredbuf_export_failing",
            "1 while a permanent store error stops exports (the data stays staged).",
-           kind="gauge"),
+           type="gauge"),
     Series("reuploads_for_grace", "tieredbuf_grace_reuploads_total",
            "Objects uploaded again because their enqueue outlived half the GC grace period."),
     Series("backpressure_waits", "tieredbuf_backpressure_waits_total",
@@ -96,13 +97,13 @@ PRODUCER_SERIES: tuple[Series, ...] = (
            "Sealed segments that failed their CRC check and were set aside (data loss)."),
     Series("quarantined_segments", "tieredbuf_stage_quarantined_segments",
            "Quarantined (corrupt) segments in the stage now: non-zero needs an operator.",
-           kind="gauge"),
+           type="gauge"),
     Series("replayed_entries", "tieredbuf_wal_replayed_entries_total",
            "WAL entries replayed at start-up (recovery)."),
     Series("stage_disk_bytes", "tieredbuf_stage_disk_bytes", "WAL plus sealed segment bytes.",
-           kind="gauge"),
+           type="gauge"),
     Series("sealed_segments_pending", "tieredbuf_stage_sealed_segments",
-           "Sealed segments waiting for export.", kind="gauge"),
+           "Sealed segments waiting for export.", type="gauge"),
 )
 
 STORE_ERROR_SERIES: tuple[Series, ...] = (
@@ -125,7 +126,10 @@ QUEUE_SERIES: tuple[Series, ...] = (
            "Transient store errors on the manifest."),
     Series("permanent_errors", "tieredbuf_manifest_permanent_errors_total",
            "Permanent store errors on the manifest (the operation stopped at once)."),
-    Series("appends", "tieredbuf_manifest_appends_total", "Successful append CASes."),
+    Series("commits", "tieredbuf_manifest_commits_total",
+           "Group commits: root CASes appending what every writer uploaded (fan-in)."),
+    Series("appends", "tieredbuf_manifest_appends_total",
+           "A writer's own append CASes (the Spark sink)."),
     Series("entries_appended", "tieredbuf_manifest_entries_appended_total",
            "Queue entries appended."),
     Series("deduplicated_appends", "tieredbuf_manifest_deduplicated_appends_total",
@@ -135,6 +139,24 @@ QUEUE_SERIES: tuple[Series, ...] = (
            "Root manifest bytes read."),
     Series("dequeues", "tieredbuf_manifest_dequeues_total", "Dequeue CASes."),
     Series("groups_written", "tieredbuf_tree_groups_written_total", "Tree group objects written."),
+)
+
+FANIN_SERIES: tuple[Series, ...] = (
+    Series("announcements", "tieredbuf_fanin_announcements_total",
+           "Announcements written (appends handed to another process's committer)."),
+    Series("announcements_read", "tieredbuf_fanin_announcements_read_total",
+           "Announcements of other processes read by this process's committer."),
+    Series("announcements_deleted", "tieredbuf_fanin_announcements_deleted_total",
+           "Announcements deleted once committed."),
+    Series("announcements_expired", "tieredbuf_fanin_announcements_expired_total",
+           "Announcements of gone writers deleted after the GC grace period."),
+    Series("lists", "tieredbuf_fanin_lists_total", "LISTs of pending announcements."),
+    Series("footer_polls", "tieredbuf_fanin_footer_polls_total",
+           "Footer reads while waiting for another process's commit."),
+    Series("releases", "tieredbuf_fanin_lease_releases_total",
+           "Commit leases given up (the last writer of a process left)."),
+    Series("hub_retries", "tieredbuf_fanin_retries_total",
+           "Fan-in turns retried after a transient store error."),
 )
 
 CONSUMER_SERIES: tuple[Series, ...] = (
@@ -161,11 +183,11 @@ def _families(
 ) -> Iterator[Metric]:
     names, values = list(labels), list(labels.values())
     for s in series:
-        if s.key not in stats and s.kind != "counter":
+        if s.key not in stats and s.type != "counter":
             continue  # counters start at 0 (so rate() works); an unknown gauge is left out
         v = float(stats.get(s.key, 0)) * s.scale
         fam: CounterMetricFamily | GaugeMetricFamily
-        if s.kind == "counter":
+        if s.type == "counter":
             fam = CounterMetricFamily(s.name, s.doc, labels=names)
         else:
             fam = GaugeMetricFamily(s.name, s.doc, labels=names)
@@ -246,17 +268,17 @@ def queue_figures(queue: Any, now_ms: int | None = None) -> dict[str, float]:
 
 BUFFER_GAUGES: tuple[Series, ...] = (
     Series("depth", "tieredbuf_queue_depth", "Entries queued (appended, not dequeued).",
-           kind="gauge"),
-    Series("bytes", "tieredbuf_queue_bytes", "Bytes of the data objects queued.", kind="gauge"),
+           type="gauge"),
+    Series("bytes", "tieredbuf_queue_bytes", "Bytes of the data objects queued.", type="gauge"),
     Series("oldest_age", "tieredbuf_queue_oldest_age_seconds",
-           "Age of the oldest queued record (0 when empty).", kind="gauge"),
+           "Age of the oldest queued record (0 when empty).", type="gauge"),
     Series("next_sequence", "tieredbuf_queue_next_sequence", "Next sequence to be appended.",
-           kind="gauge"),
-    Series("epoch", "tieredbuf_queue_epoch", "Consumer epoch in the manifest.", kind="gauge"),
+           type="gauge"),
+    Series("epoch", "tieredbuf_queue_epoch", "Consumer epoch in the manifest.", type="gauge"),
     Series("manifest_bytes", "tieredbuf_manifest_bytes", "Size of the root manifest.",
-           kind="gauge"),
+           type="gauge"),
     Series("tree_levels", "tieredbuf_queue_tree_levels",
-           "Levels of the manifest tree (1: entries in the root only).", kind="gauge"),
+           "Levels of the manifest tree (1: entries in the root only).", type="gauge"),
     Series("scrape_errors", "tieredbuf_queue_scrape_errors_total",
            "Failed reads of the manifest for these gauges."),
 )
@@ -264,21 +286,21 @@ BUFFER_GAUGES: tuple[Series, ...] = (
 
 SUBSCRIBER_GAUGES: tuple[Series, ...] = (
     Series("next_sequence", "tieredbuf_subscriber_next_sequence",
-           "First sequence the subscriber still needs (its position).", kind="gauge"),
+           "First sequence the subscriber still needs (its position).", type="gauge"),
     Series("lag_entries", "tieredbuf_subscriber_lag_entries",
-           "Entries appended that the subscriber has not acked.", kind="gauge"),
+           "Entries appended that the subscriber has not acked.", type="gauge"),
     Series("lag_bytes", "tieredbuf_subscriber_lag_bytes",
-           "Bytes of the linked data objects the subscriber has not acked.", kind="gauge"),
+           "Bytes of the linked data objects the subscriber has not acked.", type="gauge"),
     Series("lag_seconds", "tieredbuf_subscriber_lag_seconds",
            "Age of the oldest entry the subscriber has not acked (0 when caught up).",
-           kind="gauge"),
+           type="gauge"),
     Series("lost", "tieredbuf_subscriber_lost_sequences",
            "Sequences it skipped after retention unlinked them (on_lost=skip), plus those "
-           "it still needs that are already unlinked.", kind="gauge"),
+           "it still needs that are already unlinked.", type="gauge"),
     Series("rejected", "tieredbuf_subscriber_rejected",
-           "Shared work queues: entries rejected so far.", kind="gauge"),
+           "Shared work queues: entries rejected so far.", type="gauge"),
     Series("leases", "tieredbuf_subscriber_leases",
-           "Shared work queues: live leases.", kind="gauge"),
+           "Shared work queues: live leases.", type="gauge"),
 )
 
 
@@ -359,9 +381,9 @@ def consumer_figures(consumer: Any, now_ms: int | None = None) -> dict[str, floa
 
 CONSUMER_GAUGES: tuple[Series, ...] = (
     Series("lag_sequences", "tieredbuf_consumer_lag_sequences",
-           "Queue entries after the consumer's last ack.", kind="gauge"),
+           "Queue entries after the consumer's last ack.", type="gauge"),
     Series("lag_seconds", "tieredbuf_consumer_lag_seconds",
-           "Age of the oldest entry not yet acked (0 when caught up).", kind="gauge"),
+           "Age of the oldest entry not yet acked (0 when caught up).", type="gauge"),
     Series("scrape_errors", "tieredbuf_consumer_lag_scrape_errors_total",
            "Failed reads of the manifest for the lag gauges."),
 )
@@ -435,11 +457,11 @@ GC_SERIES: tuple[Series, ...] = (
            "Tree group objects GC fetched (a looping GC fetches each linked group once)."),
     Series("requests", "tieredbuf_gc_requests_total", "Store requests GC passes sent."),
     Series("last_run", "tieredbuf_gc_last_run_timestamp_seconds", "When the last pass ended.",
-           kind="gauge"),
+           type="gauge"),
     Series("last_duration", "tieredbuf_gc_last_duration_seconds", "How long the last pass took.",
-           kind="gauge"),
+           type="gauge"),
     Series("last_failed", "tieredbuf_gc_last_delete_failures",
-           "Failed deletes of the last pass.", kind="gauge"),
+           "Failed deletes of the last pass.", type="gauge"),
 )
 
 
@@ -469,6 +491,7 @@ def collector_for(
         figures = _Cached(lambda: queue_figures(obj.queue), min_interval)
         return _Multi([
             StatsCollector(obj.queue.stats.snapshot, QUEUE_SERIES, labels),
+            StatsCollector(hub_for(obj.store, obj.queue).stats.snapshot, FANIN_SERIES, labels),
             StatsCollector(figures, BUFFER_GAUGES, labels, reads_store=True),
             RequestCollector(obj.requests, labels),
             SubscriberCollector(obj, labels, min_interval),

@@ -18,9 +18,9 @@ durable and read-only once sealed, and the stage never recycles a file that has
 another name, so the disk does not write its bytes a third time.  Another file system
 (EXDEV) or one without hard links: the bytes are uploaded, from then on.
 
-Exactly once across crashes (I2).  Each kind's segments are appended under the
-producer id ``<stage producer id>.<kind>`` with the segment's last per-core
-sequence + 1 as its append number.  Within one kind, segments seal one after another
+Exactly once across crashes (I2).  Each stream's segments are appended under the
+producer id ``<stage producer id>.<stream>`` with the segment's last per-core
+sequence + 1 as its append number.  Within one stream, segments seal one after another
 and cover increasing sequences, and the stage never reuses a sequence (Quiver
 #4024), so the numbers only grow: a segment that was appended but not released
 before a crash is recognised by the manifest's watermark and released without a
@@ -77,7 +77,7 @@ from tieredbuf.store.base import manifest_writes_per_s as store_budget
 
 log = logging.getLogger(__name__)
 
-KINDS = ("batch", "qseg")
+STREAMS = ("batch", "qseg")
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 """A hard link's errnos that say the store cannot take links from this stage at all."""
 POLL_INTERVAL = 0.01
@@ -103,7 +103,7 @@ def describe_stage(stage: Stage) -> str:
 class Exported:
     """A segment that reached the queue: its per-core sequence runs and where it went."""
 
-    kind: str
+    stream: str
     sequences: tuple[tuple[int, int], ...]
     sequence: int | None
     location: str
@@ -129,7 +129,7 @@ class Exporter:
         before_export: Callable[[], None] | None = None,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
-        ``on_error(None)`` when they work again; ``on_lost(kind, e)`` when a sealed
+        ``on_error(None)`` when they work again; ``on_lost(stream, e)`` when a sealed
         segment fails its CRC check and is quarantined instead of exported.
         ``manifest_writes_per_s``: the buffer's commit budget (:mod:`tieredbuf.produce.fanin`;
         0: unpaced; None: the store's, :func:`tieredbuf.store.base.manifest_writes_per_s`).
@@ -146,9 +146,9 @@ class Exporter:
         self._stop = threading.Event()
         forks.stop_at_exit(self._stop)
         self._publishers = {
-            kind: Publisher(store, f"{stage.producer_id}.{kind}", retry=self.retry,
+            stream: Publisher(store, f"{stage.producer_id}.{stream}", retry=self.retry,
                             stop=self._stop, stats=self.stats, retry_log=self.retry_log)
-            for kind in KINDS
+            for stream in STREAMS
         }
         self._rate = (store_budget(store) if manifest_writes_per_s is None
                       else manifest_writes_per_s)
@@ -321,8 +321,8 @@ class Exporter:
         with self._cond:
             self._idle = False
         self._start_uploads(sealed)
-        for kind in KINDS:
-            order = sorted((s for s in sealed if s.kind == kind), key=lambda s: s.last_sequence)
+        for stream in STREAMS:
+            order = sorted((s for s in sealed if s.stream == stream), key=lambda s: s.last_sequence)
             # the uploads started from the oldest segment on: never a gap (I2, I3).  What
             # is with the hub already goes first; then every done upload in order
             ready: list[_Upload] = []
@@ -339,7 +339,7 @@ class Exporter:
                         del self._uploads[up.segment.ulid]  # uploaded again next pass
                     up.future.result()
             if ready:
-                self._submit(kind, ready)
+                self._submit(stream, ready)
         return True, POLL_INTERVAL
 
     def _link_for(self, seg: SealedSegment) -> Callable[[str], None] | None:
@@ -379,27 +379,27 @@ class Exporter:
                 dest = self.stage.quarantine(seg, why)
                 self.stats.incr("segments_quarantined")
                 if self._on_lost is not None:
-                    self._on_lost(seg.kind, StagedDataLossError(str(dest), seg.sequences, why))
+                    self._on_lost(seg.stream, StagedDataLossError(str(dest), seg.sequences, why))
                 continue
-            suffix = keys.SEGMENT_SUFFIX if seg.kind == "qseg" else keys.BATCH_SUFFIX
+            suffix = keys.SEGMENT_SUFFIX if seg.stream == "qseg" else keys.BATCH_SUFFIX
             p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
                         reload=functools.partial(_read_verified, self.stage, seg), link=link)
             p.size = seg.size
-            fut = self._pool.submit(self._upload, seg.kind, p)
+            fut = self._pool.submit(self._upload, seg.stream, p)
             with self._cond:
                 self._uploads[seg.ulid] = _Upload(seg, p, fut, self._round)
             running += 1
 
-    def _upload(self, kind: str, p: Pending) -> None:
+    def _upload(self, stream: str, p: Pending) -> None:
         started = time.monotonic()
-        self._publishers[kind].upload(p)
+        self._publishers[stream].upload(p)
         took = time.monotonic() - started
         self.upload_s = took if not self.upload_s else 0.8 * self.upload_s + 0.2 * took
         p.drop_body()  # it waits for its append on disk, not in memory
         self._wake.set()
 
-    def _submit(self, kind: str, ready: list[_Upload]) -> None:
-        """Hand every uploaded segment of ``kind`` to the hub, oldest first.  Append
+    def _submit(self, stream: str, ready: list[_Upload]) -> None:
+        """Hand every uploaded segment of ``stream`` to the hub, oldest first.  Append
         numbers (each segment's last per-core sequence + 1) increase with gaps; the
         commit skips those a watermark already covers (a regrouped export after a crash)."""
         with self._cond:
@@ -408,11 +408,11 @@ class Exporter:
         entries = [Announced(u.pending.producer_seq, u.pending.location, u.pending.size,
                              u.pending.metadata) for u in ready]
         self.stats.incr("groups_handed_over")
-        self._hub.submit(self._publishers[kind].producer_id, entries,
-                         functools.partial(self._committed, kind, ready),
-                         functools.partial(self._reupload, kind, ready))
+        self._hub.submit(self._publishers[stream].producer_id, entries,
+                         functools.partial(self._committed, stream, ready),
+                         functools.partial(self._reupload, stream, ready))
 
-    def _committed(self, kind: str, ready: list[_Upload], seqs: list[int | None] | None,
+    def _committed(self, stream: str, ready: list[_Upload], seqs: list[int | None] | None,
                    err: BaseException | None) -> None:
         """On the hub's thread: the segments are in the queue; release them."""
         if err is not None or seqs is None:
@@ -432,13 +432,13 @@ class Exporter:
             self.stats.incr("bytes_exported", up.pending.size)
             self.stage.release(up.segment)
             if self._on_exported is not None:
-                self._on_exported(Exported(kind, up.segment.sequences, seq,
+                self._on_exported(Exported(stream, up.segment.sequences, seq,
                                            up.pending.location))
         with self._cond:
             self._cond.notify_all()
         self._wake.set()
 
-    def _reupload(self, kind: str, ready: list[_Upload],
+    def _reupload(self, stream: str, ready: list[_Upload],
                   entries: Sequence[Announced]) -> list[Announced]:
         """The GC grace rule (on the hub's thread): upload these segments again under
         fresh keys; their bytes are read back from the stage."""
@@ -449,7 +449,7 @@ class Exporter:
             if p is None:
                 out.append(e)
                 continue
-            self._publishers[kind].upload(p)
+            self._publishers[stream].upload(p)
             p.drop_body()
             self.stats.incr("reuploads_for_grace")
             out.append(Announced(e.producer_seq, p.location, p.size, e.metadata))
@@ -494,36 +494,36 @@ class ExportTracker:
             tuple[str, int],
             tuple[Callable[[Exported], None], Callable[[BaseException], None] | None],
         ] = {}
-        self._recent: dict[str, deque[Exported]] = {k: deque(maxlen=remember) for k in KINDS}
-        self._through: dict[str, int] = dict.fromkeys(KINDS, -1)
+        self._recent: dict[str, deque[Exported]] = {k: deque(maxlen=remember) for k in STREAMS}
+        self._through: dict[str, int] = dict.fromkeys(STREAMS, -1)
         self._error: BaseException | None = None
         self._lost: dict[str, deque[StagedDataLossError]] = {
-            k: deque(maxlen=remember) for k in KINDS
+            k: deque(maxlen=remember) for k in STREAMS
         }
 
     def exported(self, ex: Exported) -> None:
         fire: list[Callable[[Exported], None]] = []
         with self._lock:
-            self._recent[ex.kind].append(ex)
-            self._through[ex.kind] = max(self._through[ex.kind], ex.sequences[-1][1])
+            self._recent[ex.stream].append(ex)
+            self._through[ex.stream] = max(self._through[ex.stream], ex.sequences[-1][1])
             for lo, hi in ex.sequences:
                 if hi - lo + 1 <= len(self._waiting):
                     for s in range(lo, hi + 1):
-                        pair = self._waiting.pop((ex.kind, s), None)
+                        pair = self._waiting.pop((ex.stream, s), None)
                         if pair is not None:
                             fire.append(pair[0])
                 else:
-                    for key in [k for k in self._waiting if k[0] == ex.kind and lo <= k[1] <= hi]:
+                    for key in [k for k in self._waiting if k[0] == ex.stream and lo <= k[1] <= hi]:
                         fire.append(self._waiting.pop(key)[0])
         for fn in fire:
             fn(ex)
 
-    def lost(self, kind: str, error: StagedDataLossError) -> None:
+    def lost(self, stream: str, error: StagedDataLossError) -> None:
         """The segment holding ``error.sequences`` was quarantined: fail their waiters."""
         with self._lock:
-            self._lost[kind].append(error)
+            self._lost[stream].append(error)
             hit = [k for k in self._waiting
-                   if k[0] == kind and any(lo <= k[1] <= hi for lo, hi in error.sequences)]
+                   if k[0] == stream and any(lo <= k[1] <= hi for lo, hi in error.sequences)]
             fns = [f for k in hit if (f := self._waiting.pop(k)[1]) is not None]
         for f in fns:
             f(error)
@@ -537,31 +537,31 @@ class ExportTracker:
             assert error is not None
             f(error)
 
-    def exported_through(self, kind: str) -> int:
-        """The highest sequence of ``kind`` exported so far (-1: none)."""
-        return self._through[kind]
+    def exported_through(self, stream: str) -> int:
+        """The highest sequence of ``stream`` exported so far (-1: none)."""
+        return self._through[stream]
 
     def wait_for(
-        self, kind: str, seq: int, cb: Callable[[Exported], None],
+        self, stream: str, seq: int, cb: Callable[[Exported], None],
         on_fail: Callable[[BaseException], None] | None = None,
     ) -> None:
         """Call ``cb`` when ``seq`` is exported (at once if it already is); ``on_fail``
         when exports are stopped by a permanent store error (at once if they are)."""
         with self._lock:
-            losts = self._lost[kind]  # almost always empty: no generator per call then
+            losts = self._lost[stream]  # almost always empty: no generator per call then
             lost = next((e for e in losts if any(lo <= seq <= hi for lo, hi in e.sequences)),
                         None) if losts else None
             if lost is not None:
                 error: BaseException | None = lost
-            elif seq > self._through[kind]:
-                self._waiting[(kind, seq)] = (cb, on_fail)
+            elif seq > self._through[stream]:
+                self._waiting[(stream, seq)] = (cb, on_fail)
                 error = self._error
                 if error is None or on_fail is None:
                     return
             else:
                 error = None
                 hit = next(
-                    (e for e in self._recent[kind]
+                    (e for e in self._recent[stream]
                      if any(lo <= seq <= hi for lo, hi in e.sequences)),
                     None,
                 )
@@ -569,4 +569,4 @@ class ExportTracker:
             assert on_fail is not None
             on_fail(error)
             return
-        cb(hit or Exported(kind, ((seq, seq),), None, ""))
+        cb(hit or Exported(stream, ((seq, seq),), None, ""))

@@ -140,11 +140,11 @@ class StagedProducer:
         if self._closed:
             raise ClosedError("producer is closed")
 
-    def _handle(self, kind: str, fut: Future[StageAck]) -> WriteHandle:
+    def _handle(self, stream: str, fut: Future[StageAck]) -> WriteHandle:
         # the first wait for REMOTE asks for a prompt seal (tieredbuf/produce/prompt_seal.py)
-        return WriteHandle(_StagedWatcher(fut, kind, self, self._prompt.request))
+        return WriteHandle(_StagedWatcher(fut, stream, self, self._prompt.request))
 
-    def _follow(self, w: DurabilityWatcher, kind: str, fut: Future[StageAck]) -> None:
+    def _follow(self, w: DurabilityWatcher, stream: str, fut: Future[StageAck]) -> None:
         """Push the write's LOCAL ack and then its export into ``w`` as they happen."""
         def remote(ex: Exported) -> None:
             w.reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
@@ -156,7 +156,7 @@ class StagedProducer:
                 w.fail(err)
                 return
             w.reach(Durability.LOCAL)
-            self._tracker.wait_for(kind, f.result().sequence, remote, w.fail)
+            self._tracker.wait_for(stream, f.result().sequence, remote, w.fail)
 
         fut.add_done_callback(local)
 
@@ -223,11 +223,11 @@ class _StagedWatcher(DurabilityWatcher):
 
     __slots__ = ("_fut", "_kind", "_producer")
 
-    def __init__(self, fut: Future[StageAck], kind: str, producer: StagedProducer,
+    def __init__(self, fut: Future[StageAck], stream: str, producer: StagedProducer,
                  on_remote_wait: Any) -> None:
         super().__init__(on_remote_wait)
         self._fut = fut
-        self._kind = kind
+        self._kind = stream
         self._producer: StagedProducer | None = producer
         """Set until the watcher is wired (then None)."""
 

@@ -1,6 +1,6 @@
 """Open segments: what an append adds to until its segment is sealed.
 
-One accumulator per kind is open at a time (stage/stage_state.py): records go to a
+One accumulator per stream is open at a time (stage/stage_state.py): records go to a
 :class:`RecordsAccumulator` (sealed as a ``.batch``), Arrow bundles to a
 :class:`BundleAccumulator` (sealed as a ``.qseg``).  Each remembers the sequences and
 WAL range of its entries; SegmentDir.prepare (stage/segments.py) encodes it.
@@ -49,7 +49,7 @@ class RecordsAccumulator(_Common):
     count: int = 0
     """Records in all."""
     nbytes: int = 0
-    kind: str = BATCH
+    stream: str = BATCH
 
     def add(
         self,
@@ -106,7 +106,7 @@ class RecordsAccumulator(_Common):
 @dataclass(slots=True)
 class BundleAccumulator(_Common):
     builder: SegmentBuilder = field(default_factory=SegmentBuilder)
-    kind: str = QSEG
+    stream: str = QSEG
 
     def add(
         self, bundle: Mapping[int, pa.RecordBatch], ingestion_ts_nanos: int, sequence: int

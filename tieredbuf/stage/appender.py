@@ -86,7 +86,7 @@ class Appender:
             if wal_append is None:
                 acc.futures.append((fut, ack))
             if acc.nbytes >= st.config.segment.target_size:
-                st.seal_requested.add(acc.kind)
+                st.seal_requested.add(acc.stream)
                 st.cond.notify_all()
         if wal_append is not None:
             assert st.wal is not None
@@ -142,7 +142,7 @@ class Appender:
             st.forget_sealed(seg)
             st.segments.delete(seg)
             st.stats.dropped_segments += 1
-            if seg.kind == "batch":
+            if seg.stream == "batch":
                 st.stats.dropped_records += seg.record_count
             else:
                 st.stats.dropped_bundles += seg.record_count

@@ -67,7 +67,7 @@ class Releaser:
         being replayed after a crash: replayed, they could be sealed together with later
         entries into a segment whose append number the manifest's watermark does not
         cover, i.e. exported twice (I2).  The cursor stops at the first entry not yet in
-        a sealed segment -- e.g. one in the other kind's open segment -- and moves only
+        a sealed segment -- e.g. one in the other stream's open segment -- and moves only
         after a seal's commit, so an exporter can get there first.  A segment kept that
         way is exported again after a crash, and the watermark recognises it."""
         st = self.state

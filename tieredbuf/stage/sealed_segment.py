@@ -1,8 +1,8 @@
 """What a sealed segment is: :class:`SealedSegment` (the exporter's and recovery's view
 of one file), its kinds and file names, and its sidecar's JSON (docs/format-local.md).
 
-A sealed segment is ``<ULID>.<kind>`` in ``<stage>/segments/`` with its sidecar
-``<ULID>.<kind>.json`` (stage/segments.py writes, lists and deletes them).
+A sealed segment is ``<ULID>.<stream>`` in ``<stage>/segments/`` with its sidecar
+``<ULID>.<stream>.json`` (stage/segments.py writes, lists and deletes them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ QSEG = "qseg"
 SIDECAR_SUFFIX = ".json"
 SIDECAR_VERSION = 1
 CORRUPT_SUFFIX = ".corrupt"
-"""A quarantined segment: ``<ULID>.<kind>.corrupt`` (and ``.corrupt.json``)."""
+"""A quarantined segment: ``<ULID>.<stream>.corrupt`` (and ``.corrupt.json``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class SealedSegment:
     """A sealed, durable, immutable segment file awaiting export."""
 
     path: Path
-    kind: str  # "qseg" | "batch"
+    stream: str  # "qseg" | "batch"
     ulid: str
     size: int
     sequences: tuple[tuple[int, int], ...]
@@ -77,7 +77,7 @@ def sidecar_json(seg: SealedSegment) -> dict[str, Any]:
     """The sidecar of ``seg``, as JSON-ready data."""
     return {
         "version": SIDECAR_VERSION,
-        "kind": seg.kind,
+        "kind": seg.stream,
         "ulid": seg.ulid,
         "size": seg.size,
         "sequences": [list(r) for r in seg.sequences],

@@ -32,10 +32,10 @@ class Sealer:
         self.state = state
         self.releaser = releaser
 
-    def seal(self, kind: str) -> SealedSegment | None:
+    def seal(self, stream: str) -> SealedSegment | None:
         """Seal one accumulator: write the file durably, then move the cursor."""
         with self.state.lock:
-            job = self.take(kind)
+            job = self.take(stream)
         return None if job is None else self.run(job)
 
     def seal_all(self) -> list[SealedSegment]:
@@ -44,16 +44,16 @@ class Sealer:
         self.wait_committed()
         return out
 
-    def take(self, kind: str) -> SealJob | None:
-        """Under the lock: detach ``kind``'s accumulator for sealing, with its commit
+    def take(self, stream: str) -> SealJob | None:
+        """Under the lock: detach ``stream``'s accumulator for sealing, with its commit
         ticket and segment ULID (both in sequence order)."""
         st = self.state
         acc: Accumulator | None
-        if kind == "batch":
+        if stream == "batch":
             acc, st.records = st.records, None
         else:
             acc, st.bundles = st.bundles, None
-        st.seal_requested.discard(kind)
+        st.seal_requested.discard(stream)
         if acc is None or len(acc) == 0:
             return None
         nbytes = acc.nbytes

@@ -21,7 +21,7 @@ def verify(seg: SealedSegment, data: bytes | memoryview | None = None) -> str | 
     view = memoryview(data)
     if len(view) != seg.size:
         return f"{len(view)} bytes, the sidecar says {seg.size}"
-    if seg.kind == QSEG:
+    if seg.stream == QSEG:
         if len(view) < TRAILER_SIZE or bytes(view[-12:-4]) != SEGMENT_MAGIC:
             return "no segment trailer"
         stored = int.from_bytes(view[-4:], "little")

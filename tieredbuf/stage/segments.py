@@ -7,7 +7,7 @@ Sealed files live in ``<stage>/segments/``::
 
     <ULID>.qseg          Arrow bundles, Quiver segment format (read-only, 0o440)
     <ULID>.batch         opaque records, RFC 0001 data batch (read-only, 0o440)
-    <ULID>.<kind>.json   sidecar: what the exporter needs and what recovery needs --
+    <ULID>.<stream>.json   sidecar: what the exporter needs and what recovery needs --
                          WAL position range, per-core sequences covered, and for
                          records the RFC metadata items (start_index, ingestion_time_ms,
                          metadata payload)
@@ -192,8 +192,8 @@ class SegmentDir:
     def prepare(
         self, acc: Accumulator, ulid: ULID | None = None, written: Callable[[], None] | None = None
     ) -> PreparedSegment:
-        """Encode ``acc`` and write it to ``<ULID>.<kind>.tmp`` durably (fdatasync), and
-        its sidecar to ``<ULID>.<kind>.json.tmp`` (fdatasync).  Independent of other
+        """Encode ``acc`` and write it to ``<ULID>.<stream>.tmp`` durably (fdatasync), and
+        its sidecar to ``<ULID>.<stream>.json.tmp`` (fdatasync).  Independent of other
         segments: several may be prepared at once.  ``written`` is called once the bytes
         are in the file (before write-back): the caller may drop ``acc``'s buffers."""
         if isinstance(acc, RecordsAccumulator):
@@ -211,12 +211,12 @@ class SegmentDir:
             items = ()
             entry_count = record_count = len(acc.builder)
         crc = None
-        if acc.kind == BATCH:
+        if acc.stream == BATCH:
             crc = 0
             for part in parts:
                 crc = crc32(part, crc)
         ulid = self.next_ulid() if ulid is None else ulid
-        final = self.path / f"{ulid}.{acc.kind}"
+        final = self.path / f"{ulid}.{acc.stream}"
         tmp = final.with_name(final.name + ".tmp")
         reused = self._reuse_spare(tmp)
         fs = self.fs
@@ -243,7 +243,7 @@ class SegmentDir:
             raise
         seg = SealedSegment(
             final,
-            acc.kind,
+            acc.stream,
             str(ulid),
             size,
             seq_runs(acc.seqs),

@@ -121,7 +121,7 @@ class Replayer:
                 st.stats.replayed_entries += 1
                 full = acc.nbytes >= st.config.segment.target_size
             if full:
-                self.sealer.seal(acc.kind)
+                self.sealer.seal(acc.stream)
         self.sealer.seal_all()
         with st.lock:
             st.replay_frontier = None

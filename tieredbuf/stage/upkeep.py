@@ -66,12 +66,12 @@ class Upkeep:
                         st.cond.wait(None if st.resealing else st.reseal_at - now)
                         continue
                     due = sorted(st.seal_requested)
-                    for kind, acc in (("batch", st.records), ("qseg", st.bundles)):
-                        if acc is None or kind in due:
+                    for stream, acc in (("batch", st.records), ("qseg", st.bundles)):
+                        if acc is None or stream in due:
                             continue
                         left = acc.opened_at + max_open - now
                         if left <= 0:
-                            due.append(kind)
+                            due.append(stream)
                         else:
                             wait = left if wait is None else min(wait, left)
                     # claim under the lock, so another sealer thread does not take the
@@ -91,9 +91,9 @@ class Upkeep:
                     sealer.run(job)
                 except BaseException as e:
                     if isinstance(e, DiskError):
-                        log.warning("sealing %s failed: %s", job.acc.kind, e)
+                        log.warning("sealing %s failed: %s", job.acc.stream, e)
                     else:
-                        log.exception("sealing %s failed", job.acc.kind)
+                        log.exception("sealing %s failed", job.acc.stream)
                     for rest in jobs[i + 1 :]:  # taken: their tickets must still pass
                         with contextlib.suppress(BaseException):
                             sealer.run(rest)
