@@ -303,7 +303,7 @@ class Exporter:
 
     def _export_ready(self) -> tuple[bool, float]:
         """One pass: start uploads for new sealed segments, append what is uploaded when
-        the pacer allows.  Returns (busy, seconds to wait before the next pass)."""
+        the fan-in hub.  Returns (busy, seconds to wait before the next pass)."""
         sealed = self.stage.sealed_segments()
         if self._uploads:  # a segment drop_oldest deleted: its object is GC's orphan
             live = {s.ulid for s in sealed}

@@ -7,10 +7,10 @@ the service's ``durability=remote``) would wait those 5 s.  So the first such wa
 a write asks this sealer for a seal, and it:
 
 * waits ``COALESCE_S`` (a few ms) for other waiters to join the same seal;
-* waits for the exporter's next append slot, less the time a seal and an upload take
-  (there is no point sealing earlier: the append could not go sooner -- this also
-  rate-limits early seals to the buffer's manifest write rate,
-  :mod:`tieredbuf.queue.pacing`);
+* waits for the buffer's next commit, less the time a seal and an upload take
+  (there is no point sealing earlier: the commit could not take it sooner -- this
+  also rate-limits early seals to the buffer's commit rate,
+  :mod:`tieredbuf.produce.fanin`);
 * skips the early seal while the open segments fill fast enough to reach
   ``target_size`` within ``HORIZON_S`` (1 s) -- under load segments keep their full
   size and a waiter gets the size-triggered seal instead -- looking again every
