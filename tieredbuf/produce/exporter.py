@@ -302,8 +302,8 @@ class Exporter:
             self._on_error(None)
 
     def _export_ready(self) -> tuple[bool, float]:
-        """One pass: start uploads for new sealed segments, append what is uploaded when
-        the fan-in hub.  Returns (busy, seconds to wait before the next pass)."""
+        """One pass: start uploads for new sealed segments, hand what is uploaded to the
+        fan-in hub.  Returns (busy, seconds to wait before the next pass)."""
         sealed = self.stage.sealed_segments()
         if self._uploads:  # a segment drop_oldest deleted: its object is GC's orphan
             live = {s.ulid for s in sealed}
