@@ -407,6 +407,11 @@ class CommitHub:
         todo = {pid: gs for pid, gs in todo.items() if gs}
         if not todo:
             return
+        # nothing announced now can land below the root as this hub last saw it
+        floor = 0 if self._view is None else self._view.root.next_seq
+        for gs in todo.values():
+            for g in gs:
+                g.floor = max(g.floor, floor)
         futs: list[Future[None]] = [self._pool.submit(self._announce_writer, gs)
                                     for gs in todo.values()]
         for f in futs:
@@ -492,18 +497,30 @@ def _age_ms(location: str, now_ms: int) -> int:
 
 def _locate(snap: Snapshot, groups: list[_Group]) -> dict[str, int]:
     """Sequences of the groups' data objects, found by location in ``snap`` (each a unique
-    ULID key) from the lowest floor on; one absent (already dequeued) stays unknown."""
+    ULID key); one absent (already dequeued) stays unknown.  A commit puts each writer's
+    appends together, ending at its watermark, so the few entries before the watermarks
+    are looked at first; only what is not there is looked for from the groups' floors
+    on (a writer's appends split over commits this hub did not see one by one)."""
     want = {e.location for g in groups for e in g.entries}
-    last = max((wm.last_sequence for g in groups
-                if (wm := snap.view.watermarks.get(g.producer_id)) is not None), default=-1)
+    marks = [wm.last_sequence for g in groups
+             if (wm := snap.view.watermarks.get(g.producer_id)) is not None]
+    last = max(marks, default=-1)
     found: dict[str, int] = {}
-    for e in snap.iter_from(min(g.floor for g in groups)):
-        if e.sequence > last:
-            break
-        if e.location in want:
-            found[e.location] = e.sequence
-            if len(found) == len(want):
-                break
+
+    def scan(start: int) -> None:
+        for e in snap.iter_from(start):
+            if e.sequence > last:
+                return
+            if e.location in want:
+                found[e.location] = e.sequence
+                if len(found) == len(want):
+                    return
+
+    near = min(marks, default=0) - len(want) + 1
+    scan(max(near, 0))
+    floor = min(g.floor for g in groups)
+    if len(found) < len(want) and floor < near:
+        scan(floor)
     return found
 
 
