@@ -14,10 +14,8 @@ from ulid import ULID
 
 import tieredbuf
 from tieredbuf import gc, keys
-from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BufferNotFoundError, ConfigError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
-from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
 
@@ -104,24 +102,32 @@ def test_I5_gc_uses_the_buffer_grace_and_only_a_longer_explicit_one() -> None:
     assert [m.key for m in buf.store.list("data/")] == [young]
 
 
-def test_I5_publisher_reuploads_by_the_buffers_grace_not_its_config() -> None:
+def test_I5_the_committer_holds_back_by_the_buffers_grace_not_a_writers_config() -> None:
+    """Half the buffer's grace period (root section 6) decides which announced objects a
+    commit holds back for a fresh upload -- not a writer's config."""
+    from ulid import ULID
+
+    from tieredbuf.format.announce import Announced
+    from tieredbuf.produce.fanin import CommitHub
+    from tieredbuf.queue.commit import Pending as CommitPending
+    from tieredbuf.queue.commit import commit
+
     store = open_store("memory://")
-    q = ManifestQueue(store)
+    now = [1_900_000_000_000]
+    q = ManifestQueue(store, clock_ms=lambda: now[0])
     q.append([_entry(0)], "other", 1)
     q.set_gc_grace_period(timedelta(hours=2))
-    now = [1_900_000_000_000]
-    # the producer's config says 10 minutes; the buffer says 2 hours
-    pub = Publisher(store, q, "p", retry=RetryConfig(), gc_grace_period=timedelta(minutes=10),
-                    clock_ms=lambda: now[0])
-    p = Pending(b"\x00" * 6 + b"\x01\x00", ".batch", (MetadataItem(0, 0, b""),), 1)
-    pub.upload(p)
-    uploaded = p.location
-    now[0] += 30 * 60_000  # 30 min: past half the config's grace, inside half the buffer's
-    pub.append([p])
-    assert p.location == uploaded and pub.stats.get("reuploads_for_grace") == 0
+    hub = CommitHub(store, q)
+    hub.attach(5.0, timedelta(minutes=10))  # the writer's config says 10 minutes
+
+    def pending(pseq: int, age_min: int) -> CommitPending:
+        loc = keys.data_key(ULID.from_timestamp((now[0] - age_min * 60_000) / 1000))
+        return CommitPending("p", (Announced(pseq, loc, 8, (MetadataItem(0, 0, b""),)),))
+
+    res = commit(q, [pending(1, 30)], holder="h", lease_ms=1000, interval_ms=200,
+                 max_age_ms=hub.max_age_ms)  # past half the config's, inside the buffer's
+    assert res.placed == {"p": {1: 1}} and not res.stale
     q.set_gc_grace_period(timedelta(minutes=20))
-    p2 = Pending(b"\x00" * 6 + b"\x01\x00", ".batch", (MetadataItem(0, 0, b""),), 2)
-    pub.upload(p2)
-    now[0] += 11 * 60_000  # past half the buffer's new 20 minutes
-    pub.append([p2])
-    assert pub.stats.get("reuploads_for_grace") == 1
+    res = commit(q, [pending(2, 11)], holder="h", lease_ms=1000, interval_ms=200,
+                 max_age_ms=hub.max_age_ms)  # past half the buffer's new 20 minutes
+    assert res.stale == frozenset({"p"}) and res.placed == {}

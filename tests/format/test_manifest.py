@@ -241,3 +241,22 @@ def test_I7_watermarks_out_of_order_or_repeated_are_refused() -> None:
         with pytest.raises(CorruptError, match="out of order or repeated") as e:
             m.open_manifest(bytes(bad), obj="q")
         assert e.value.offset == at + 1 + 1 + 24  # the second id's length byte
+
+
+def test_I7_the_fast_skip_to_a_position_names_a_bad_length() -> None:
+    """skip_entries walks lengths unchecked (a reader skips up to M entries of a group to
+    reach its position) and falls back to the checked walk, which names the bad byte."""
+    from tieredbuf.errors import CorruptError
+    from tieredbuf.format import manifest as fm
+
+    region = b"".join(fm.encode_entry(i, f"data/{i}.batch", ()) for i in range(5))
+    view = fm.ManifestView(region, fm.Footer(5, 5, 0, 2), len(region), obj="queue/manifest")
+    offsets = [fm.skip_entries(view, k) for k in range(6)]
+    assert offsets[-1] == len(region) and offsets == sorted(offsets)
+    assert fm.skip_entries(view, 2, offsets[1]) == offsets[3]
+    bad = bytearray(region)
+    bad[offsets[2] : offsets[2] + 4] = (10**6).to_bytes(4, "little")
+    broken = fm.ManifestView(bytes(bad), view.footer, len(bad), obj="queue/manifest")
+    with pytest.raises(CorruptError, match="queue/manifest") as e:
+        fm.skip_entries(broken, 4)
+    assert e.value.offset == offsets[2] + 4 or "entry 2" in str(e.value)

@@ -123,21 +123,6 @@ def test_I4_a_fenced_query_cannot_dequeue(tmp_path: Path) -> None:
     assert buf.snapshot().head == 4
 
 
-def test_I7_the_fast_skip_to_a_position_names_a_bad_length() -> None:
-    from tieredbuf.errors import CorruptError
-    from tieredbuf.format import manifest as fm
-    from tieredbuf.spark import plan
-
-    region = b"".join(fm.encode_entry(i, f"data/{i}.batch", ()) for i in range(5))
-    view = fm.ManifestView(region, fm.Footer(5, 5, 0, 2), len(region), obj="queue/manifest")
-    assert plan._skip(view, 3) == fm.skip_entries(view, 3)
-    bad = bytearray(region)
-    bad[fm.skip_entries(view, 2) : fm.skip_entries(view, 2) + 4] = (10**6).to_bytes(4, "little")
-    broken = fm.ManifestView(bytes(bad), view.footer, len(bad), obj="queue/manifest")
-    with pytest.raises(CorruptError, match="queue/manifest"):
-        plan._skip(broken, 4)
-
-
 class _Clock:
     def __init__(self) -> None:
         self.t = 100.0

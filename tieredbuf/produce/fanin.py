@@ -278,7 +278,7 @@ class CommitHub:
         # sends nothing) and a writer elsewhere takes over within two intervals
         lease_ms = self._lease_ms(interval) if remote else int(2 * interval * 1000)
         res = commit(self.queue, local + remote, holder=self.holder, lease_ms=lease_ms,
-                     interval_ms=int(interval * 1000), max_age_ms=self._max_age, first=first)
+                     interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._last_commit = time.monotonic()
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
             self._view = self.queue.read()  # elsewhere (another writer's live lease), stale
@@ -302,7 +302,7 @@ class CommitHub:
         remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
         interval = self._interval()
         res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
-                     interval_ms=int(interval * 1000), release=True, max_age_ms=self._max_age)
+                     interval_ms=int(interval * 1000), release=True, max_age_ms=self.max_age_ms)
         self._view = res.snapshot if res.snapshot is not None else self.queue.read()
         self.stats.incr("releases")
         if res.snapshot is not None:
@@ -336,7 +336,7 @@ class CommitHub:
             self.stats.incr("announcements_corrupt")
             return None
 
-    def _max_age(self, snap: Snapshot) -> int:
+    def max_age_ms(self, snap: Snapshot) -> int:
         """Half the buffer's GC grace period (the root's; the default before it has one):
         an older data object may be GC's already (I5)."""
         grace = snap.gc_grace_ms
@@ -351,7 +351,7 @@ class CommitHub:
         writer would have uploaded it again and re-announced by half the grace period --
         its writer died, and never got an ack for it."""
         covered = []
-        expired_after = 2 * self._max_age(snap)
+        expired_after = 2 * self.max_age_ms(snap)
         now = self.wall_ms()
         for k, a in anns.items():
             wm = snap.view.watermarks.get(a.producer_id)
