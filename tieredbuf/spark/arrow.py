@@ -23,7 +23,6 @@ RECORDS_DDL = (
     "value binary, metadata binary, sequence long, index int, "
     "ingestion_time timestamp, location string"
 )
-RECORD_FIELDS = ("value", "metadata", "sequence", "index", "ingestion_time", "location")
 SEQUENCE_COL = "_sequence"
 BUNDLE_COL = "_bundle"
 MAX_BATCH_BYTES = 64 << 20

@@ -29,7 +29,7 @@ Ranges:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import tieredbuf
@@ -410,6 +410,3 @@ def plan_range(
     """Partitions of ``start <= sequence < end`` (``start >= snap.low``)."""
     return object_partitions(buf.store, collect(snap, start, end), ro, ts_from_ms, ts_to_ms)
 
-
-def sizes_known(sized: Sequence[Sized]) -> Mapping[int, int]:
-    return {e.sequence: n for e, n in sized if n > 0}
