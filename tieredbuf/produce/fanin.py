@@ -249,10 +249,10 @@ class CommitHub:
 
     def _commit_turn(self) -> None:
         interval = self._interval()
-        with self._cond:
-            wait = self._last_commit + interval - time.monotonic()
-            if wait > 0:
-                self._cond.wait(wait)
+        with self._cond:  # the budget: a new group waits for the next turn, it never
+            due = self._last_commit + interval  # brings one forward (the last writer
+            while self._budgets and (left := due - time.monotonic()) > 0:  # leaving does)
+                self._cond.wait(left)
         listed = list(self.store.list(keys.PENDING_PREFIX))
         self.stats.incr("lists")
         anns = self._read_announcements([m.key for m in listed])
@@ -297,10 +297,16 @@ class CommitHub:
         """The last writer left while this hub holds the lease: one commit of whatever is
         announced that gives the lease up, so a waiting writer elsewhere takes over at
         once instead of after the lease lapses."""
+        interval = self._interval()
+        with self._cond:  # a release is a root write too: it keeps to the budget
+            due = self._last_commit + interval
+            while not self._budgets and (left := due - time.monotonic()) > 0:
+                self._cond.wait(left)
+            if self._budgets:
+                return  # a writer came back meanwhile: it keeps the lease
         listed = [m.key for m in self.store.list(keys.PENDING_PREFIX)]
         anns = self._read_announcements(listed)
         remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
-        interval = self._interval()
         res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
                      interval_ms=int(interval * 1000), release=True, max_age_ms=self.max_age_ms)
         self._view = res.snapshot if res.snapshot is not None else self.queue.read()
