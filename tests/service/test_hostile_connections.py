@@ -29,7 +29,7 @@ import pytest
 
 from tests.endpoint import S3Endpoint
 from tests.service.server import Server
-from tests.service.util import FAST, consume_all, ndjson, octets, self_signed
+from tests.service.util import FAST, consume_all, ndjson, octets, self_signed, worker_pids
 from tieredbuf.service.bodies import NDJSON, OCTET_STREAM
 
 Serve = Callable[..., Server]
@@ -67,9 +67,9 @@ def _refused(port: int, client: ssl.SSLContext) -> bool:
     return False
 
 
-def _sighup_until(srv: Server, says: str, workers: int = 2) -> None:
-    """SIGHUP to the supervisor until every worker logged ``says`` after it (a worker
-    drops a SIGHUP that arrives before it serves: it is sent again)."""
+def _sighup_until(srv: Server, *says: str) -> None:
+    """SIGHUP to the supervisor until the log holds every line of ``says`` after it
+    (a worker drops a SIGHUP that arrives before it serves: it is sent again)."""
     start = len(srv.logs())
     deadline = time.monotonic() + 60
     while True:
@@ -77,17 +77,24 @@ def _sighup_until(srv: Server, says: str, workers: int = 2) -> None:
         resend = time.monotonic() + 2
         while time.monotonic() < resend:
             log = srv.logs()[start:]
-            if all(f"worker {i}: {says}" in log for i in range(workers)):
+            if all(s in log for s in says):
                 return
-            assert time.monotonic() < deadline, f"not every worker logged {says!r}"
+            assert time.monotonic() < deadline, f"not logged: {says!r}:\n{log}"
             time.sleep(0.05)  # polling the log against a deadline
+
+
+def _workers_ready(srv: Server, count: int) -> None:
+    _until(lambda: srv.logs().count("ready: producer") >= count, f"{count} workers ready",
+           timeout=60)
 
 
 def test_a_mismatched_certificate_and_key_on_sighup_keep_the_old_pair_serving(
     tmp_path: Path, serve: Serve
 ) -> None:
     """Writing the new certificate before the new key is the normal middle of a
-    rotation: a SIGHUP then must change nothing (it broke every new connection)."""
+    rotation: a SIGHUP then must change nothing (it broke every new connection), and
+    a worker restarted then starts with the pair in use (it failed on the half-written
+    pair, three times, and the supervisor gave up: the whole service stopped)."""
     cert, key, trusts_a = self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
     srv = serve(
         f"file://{tmp_path}/buf",
@@ -98,16 +105,24 @@ def test_a_mismatched_certificate_and_key_on_sighup_keep_the_old_pair_serving(
         workers=2,
         tls=trusts_a,
     )
+    _workers_ready(srv, 2)
     b_cert, b_key, trusts_b = self_signed(tmp_path / "b-cert.pem", tmp_path / "b-key.pem")
     shutil.copyfile(b_cert, cert)  # the new certificate, the old key: a mismatch
-    _sighup_until(srv, "certificate not reloaded")
+    _sighup_until(srv, "certificate not reloaded", "worker 0: certificate reloaded",
+                  "worker 1: certificate reloaded")
     for _ in range(20):  # both workers, new connections: still the old pair
         assert _tls_get(srv.port, trusts_a) == 200
+    os.kill(worker_pids(srv.proc.pid)[0], signal.SIGKILL)  # restarted mid-rotation
+    _workers_ready(srv, 3)
+    for _ in range(20):
+        assert _tls_get(srv.port, trusts_a) == 200
     shutil.copyfile(b_key, key)  # the rotation completes
-    _sighup_until(srv, "certificate reloaded")
+    _sighup_until(srv, "certificate reloaded from", "worker 0: certificate reloaded",
+                  "worker 1: certificate reloaded")
     for _ in range(20):
         assert _tls_get(srv.port, trusts_b) == 200
         assert _refused(srv.port, trusts_a), "the old certificate is no longer served"
+    assert "giving up" not in srv.logs()
     assert srv.terminate() == 0
 
 

@@ -21,7 +21,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     from tieredbuf.service.auth import TokenSet, check_exposure
     from tieredbuf.service.config import ServiceConfig
     from tieredbuf.service.supervisor import serve
-    from tieredbuf.service.worker import tls_context
+    from tieredbuf.service.tls import tls_context
 
     store: dict[str, Any] = store_opts(args)
     producer: dict[str, Any] = {}
@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     # what the workers will load, checked once here: a bad token file, certificate or
     # an exposed port without tokens is exit 2 before anything binds
     tokens = TokenSet.from_config(config.token_file)
-    tls_context(config)
+    if config.tls_cert is not None:
+        tls_context(config.tls_cert, config.tls_key)
     check_exposure(config.host, tokens, config.insecure, config.tls_cert is not None)
     return serve(config, out)

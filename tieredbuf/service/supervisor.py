@@ -3,8 +3,9 @@
 The supervisor stays small (it never imports aiohttp): it binds the listening socket,
 starts ``N`` workers that all accept on it (the kernel spreads connections), restarts
 a worker that dies (its stage is recovered by the new one: same directory, same
-producer id), passes SIGHUP on (the workers reload the token file and the TLS
-certificate), and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
+producer id), checks the TLS pair at start and on SIGHUP and passes SIGHUP on (the
+workers reload the token file and the last good pair, :mod:`tieredbuf.service.tls`),
+and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
 each has sealed and exported its stage.
 
 Metrics: prometheus_client's multiprocess mode.  ``PROMETHEUS_MULTIPROC_DIR`` (default
@@ -25,12 +26,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+from tieredbuf.errors import ConfigError
 from tieredbuf.runtime.signals import SignalEvent
 from tieredbuf.service.config import ServiceConfig
+from tieredbuf.service.tls import TlsSnapshot
 
 log = logging.getLogger("tieredbuf.service")
 
@@ -114,13 +117,15 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     """Run the service until SIGTERM/SIGINT; 0 when every worker drained cleanly."""
     out = out or sys.stdout
     _own_stage_root(Path(config.staging_dir))
+    tls = None
+    if config.tls_cert is not None and config.tls_key is not None:
+        tls = TlsSnapshot(config.tls_cert, config.tls_key, Path(config.staging_dir))
+        tls.refresh()  # ConfigError: exit 2 before anything binds
     mdir = _metrics_dir(config)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mdir)}
     try:
         sock = listen(config.host, config.port)
     except OSError as e:
-        from tieredbuf.errors import ConfigError
-
         hint = " (another process uses it; --port 0 picks a free one)" if (
             e.errno == errno.EADDRINUSE) else ""
         why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
@@ -156,15 +161,31 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
+    hup: list[int] = []
+
     def on_hup(signum: int, frame: object) -> None:
-        # SIGHUP: the workers re-read the token file and the TLS certificate
+        hup.append(signum)  # handled in the loop below (file I/O, TLS, logging)
+
+    signal.signal(signal.SIGHUP, on_hup)
+
+    def reload() -> None:
+        # SIGHUP: check the TLS pair (a bad one keeps the snapshot), then the workers
+        # re-read the token file and the snapshot
+        hup.clear()
+        if tls is not None:
+            try:
+                tls.refresh()
+            except ConfigError as e:
+                log.error("certificate not reloaded, keeping the current one: %s", e)
+            else:
+                print(f"tieredbuf serve: certificate reloaded from {tls.cert}",
+                      file=sys.stderr, flush=True)
         for w in workers:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGHUP)
 
-    signal.signal(signal.SIGHUP, on_hup)
-
-    payload = config.to_json()
+    payload = (replace(config, tls_cert=str(tls.path), tls_key=str(tls.path))
+               if tls is not None else config).to_json()
 
     def start(index: int) -> subprocess.Popen[bytes]:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
@@ -183,6 +204,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     code = 0
     try:
         while not stop.wait(0.2):
+            if hup:
+                reload()
             for w in workers:
                 rc = w.proc.poll()
                 if rc is None:

@@ -7,7 +7,8 @@ The supervisor binds the listening socket and passes it down; every worker accep
 on it.  SIGTERM (or SIGINT, or the supervisor dying) stops accepting, lets in-flight
 requests finish, seals and exports the stage, then exits: 0 when the stage is empty,
 1 when the drain timed out (the rest stays staged, LOCAL, for the next start).
-SIGHUP re-reads the token file and the TLS certificate (:class:`TlsContexts`).
+SIGHUP re-reads the token file and the TLS pair the supervisor last checked
+(:mod:`tieredbuf.service.tls`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import sys
 
 from aiohttp import web
@@ -28,6 +28,7 @@ from tieredbuf.service.app import build_app
 from tieredbuf.service.auth import TokenSet
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.http import GuardedSite
+from tieredbuf.service.tls import TlsContexts
 
 log = logging.getLogger("tieredbuf.service")
 PARENT_POLL_S = 1.0
@@ -38,52 +39,6 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
         await asyncio.sleep(PARENT_POLL_S)
     log.warning("supervisor %d went away: draining", parent)
     stop.set()
-
-
-def tls_context(config: ServiceConfig) -> ssl.SSLContext | None:
-    """A new server TLS context (TLS 1.2 or later) holding --tls-cert/--tls-key, or
-    None without --tls-cert; ConfigError when they cannot be loaded (or do not match)."""
-    if config.tls_cert is None:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(config.tls_cert, config.tls_key)
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"cannot load --tls-cert {config.tls_cert} / --tls-key "
-                          f"{config.tls_key}: {type(e).__name__}: {e.strerror or e}") from None
-    return ctx
-
-
-class TlsContexts:
-    """The context the server listens with, and the newest certificate loaded.
-
-    asyncio wraps each new connection with the context the server started with; its
-    SNI callback, which OpenSSL calls for every client hello (with a server name or
-    without), moves the connection to the newest context.  A reload builds a fresh
-    context and replaces the newest one only once the pair loaded and matched: a
-    failed reload (say, the new certificate written but not yet its key) changes
-    nothing, where loading into the live context had already installed the
-    certificate when the key check failed, breaking every new connection."""
-
-    def __init__(self, config: ServiceConfig) -> None:
-        ctx = tls_context(config)
-        assert ctx is not None
-        self.config = config
-        self.listening = self.current = ctx
-        ctx.sni_callback = self._pick
-
-    def _pick(self, conn: ssl.SSLObject, server_name: str | None,
-              ctx: ssl.SSLContext) -> None:
-        current = self.current
-        if current is not ctx:
-            conn.context = current
-
-    def reload(self) -> None:
-        """ConfigError (and no change) when the new pair cannot be used."""
-        ctx = tls_context(self.config)
-        assert ctx is not None
-        self.current = ctx
 
 
 def _reload(tokens: TokenSet | None, tls: TlsContexts | None, index: int) -> None:
@@ -99,7 +54,7 @@ def _reload(tokens: TokenSet | None, tls: TlsContexts | None, index: int) -> Non
             log.error("worker %d: certificate not reloaded, keeping the current one: %s",
                       index, e)
         else:
-            log.info("worker %d: certificate reloaded from %s", index, tls.config.tls_cert)
+            log.info("worker %d: certificate reloaded", index)
 
 
 async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
@@ -107,7 +62,7 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
     """Serve until SIGTERM/SIGINT (or ``early`` holds one caught before the loop ran),
     then drain."""
     tokens = TokenSet.from_config(config.token_file)
-    tls = TlsContexts(config) if config.tls_cert is not None else None
+    tls = TlsContexts(config.tls_cert) if config.tls_cert is not None else None
     app = build_app(config, index, tokens)
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.shutdown_timeout_s)
