@@ -29,21 +29,38 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 S3_ROUND_TRIPS: Mapping[str, float] = {
-    "GET": 0.020, "HEAD": 0.020, "PUT": 0.040, "POST": 0.040, "DELETE": 0.040,
+    "GET": 0.020,
+    "HEAD": 0.020,
+    "PUT": 0.040,
+    "POST": 0.040,
+    "DELETE": 0.040,
 }
 """Seconds added per method: a small S3 GET takes about 20 ms, a PUT about 40 ms."""
 _WRITES = ("PUT", "POST", "DELETE")
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-        "te", "trailer"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+}
 
 
 class LatencyProxy:
     """``with LatencyProxy("http://127.0.0.1:PORT") as p: p.endpoint`` -- a proxy on a
     free loopback port in front of ``upstream``."""
 
-    def __init__(self, upstream: str, delays: Mapping[str, float] = S3_ROUND_TRIPS, *,
-                 lose_responses: float = 0.0, fail_writes: float = 0.0,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        delays: Mapping[str, float] = S3_ROUND_TRIPS,
+        *,
+        lose_responses: float = 0.0,
+        fail_writes: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
         u = urlsplit(upstream)
         assert u.hostname is not None and u.port is not None
         self.upstream = (u.hostname, u.port)
