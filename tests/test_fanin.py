@@ -10,6 +10,7 @@ handle as REMOTE with the right sequence.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import signal
@@ -26,6 +27,7 @@ import pytest
 import tieredbuf
 from tieredbuf import keys
 from tieredbuf.produce.fanin import hub_for
+from tieredbuf.store import open_store
 
 WORKER = Path(__file__).with_name("fanin_worker.py")
 
@@ -161,6 +163,50 @@ def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequ
     assert got.sequence == by_record[b"theirs"]
     assert other.queue.stats.get("commits") == 0  # it never committed itself
     assert list(holder.store.list(keys.PENDING_PREFIX)) == []
+
+
+class RootWriteTimes:
+    """Forwards to a store; notes when each root CAS (not the root's creation) returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.times: list[float] = []
+
+    def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        etag: str = self._inner.put(key, data, mode=mode)
+        if key == keys.MANIFEST_KEY and mode != "create":
+            self.times.append(time.monotonic())
+        return etag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_the_holder_commits_once_per_interval_while_its_own_writers_keep_submitting() -> None:
+    """The budget holds for the committer's own process too: writers handing it groups
+    all the time do not cut its wait for the next slot short (each submit wakes the hub).
+    The gaps are the hub's own pacing (monotonic clock), a bound the code guarantees."""
+    store = RootWriteTimes(open_store("memory://"))
+    buf = tieredbuf.Buffer(store)  # type: ignore[arg-type]
+    rate = 5.0
+    producers = [
+        buf.producer(flush_interval=timedelta(milliseconds=5), manifest_writes_per_s=rate)
+        for _ in range(4)
+    ]
+    handles = []
+    for j in range(40):  # ~1 s of input: a group from some writer every few ms
+        for i, p in enumerate(producers):
+            handles.append(p.produce([f"p{i}:{j}".encode()]))
+        threading.Event().wait(0.025)  # pacing of the input, not synchronisation
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    for p in producers:
+        p.close()
+    commits = store.times
+    assert len(commits) >= 2
+    gaps = [b - a for a, b in itertools.pairwise(commits)]
+    assert min(gaps) >= 1 / rate, f"root writes closer than the interval: {gaps}"
+    _check_once_in_order(_records(buf), {f"p{i}": 40 for i in range(4)})
 
 
 def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:

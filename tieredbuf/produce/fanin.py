@@ -260,9 +260,9 @@ class CommitHub:
 
     def _commit_turn(self) -> None:
         interval = self._interval()
-        with self._cond:
-            wait = self._last_commit + interval - time.monotonic()
-            if wait > 0:
+        due = self._last_commit + interval
+        with self._cond:  # the whole interval: a submit's notify must not cut it short
+            while (wait := due - time.monotonic()) > 0:
                 self._cond.wait(wait)
         listed = list(self.store.list(keys.PENDING_PREFIX))
         self.stats.incr("lists")
