@@ -126,6 +126,8 @@ class CommitHub:
         """When (monotonic) this hub last saw the root change: the holder's rhythm."""
         self._delay = 0.0
         """How long after the expected time a commit is usually seen (EWMA, seconds)."""
+        self._polled_at = 0.0
+        """When (monotonic) this hub, a watcher, last read the root's footer."""
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
@@ -413,15 +415,18 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
-        now = time.monotonic()
         due = self._changed_at + interval + self._delay
-        if due < now:  # no commit seen when expected: look again a quarter interval on
-            due = now + max(interval / 4, MIN_INTERVAL_S)
+        if self._polled_at >= due:  # no commit seen when expected: look again a bit later
+            due = self._polled_at + max(interval / 4, MIN_INTERVAL_S)
         with self._cond:
-            self._cond.wait(max(0.0, due - time.monotonic()))
-            if any(not g.announced for gs in self._waiting.values() for g in gs):
-                return  # a new group: announce it first (the holder lists it next)
+            # a new group before the poll is due: announce it first (the holder lists it
+            # next); once the poll is due it goes first, however busy the writers are
+            while (left := due - time.monotonic()) > 0:
+                if any(not g.announced for gs in self._waiting.values() for g in gs):
+                    return
+                self._cond.wait(left)
         footer = self.queue.read_footer()
+        self._polled_at = time.monotonic()
         self.stats.incr("footer_polls")
         quiet = time.monotonic() - self._changed_at > 2 * interval
         if (
