@@ -13,7 +13,10 @@ moto (or SeaweedFS) and, per request:
   forwarding it (a transient refusal);
 * with ``key_write_window_s``, refuses a PUT or POST to a key within that many seconds
   of the last one the server accepted for it (``429 SlowDown``, not forwarded), as GCS
-  and Cloudflare R2 limit writes to one object key to about one per second.  Unlike
+  and Cloudflare R2 limit writes to one object key to about one per second.  A
+  create-if-absent PUT (``If-None-Match: *``) is forwarded: to a key written within the
+  window it fails with 412 anyway (it exists), which is no write (the conditional-write
+  probe creates a key twice in a row and expects the 412).  Unlike
   :class:`tieredbuf.store.faults.KeyRateLimitedStore` (one process's store), the proxy
   sees every process's writes.
 
@@ -119,7 +122,11 @@ class LatencyProxy:
             return self.rng.random() < p
 
     def forward(self, h: BaseHTTPRequestHandler) -> None:
-        if self.key_write_window_s > 0 and h.command in ("PUT", "POST"):
+        if (
+            self.key_write_window_s > 0
+            and h.command in ("PUT", "POST")
+            and h.headers.get("If-None-Match") is None
+        ):
             key = urlsplit(h.path).path
             with self._lock:
                 lock = self._key_locks.setdefault(key, threading.Lock())
