@@ -10,7 +10,15 @@ moto (or SeaweedFS) and, per request:
   connection instead of answering: the write landed, its response was lost, and the
   client retries it (I2: a retry must recognise its own landed write);
 * with ``fail_writes`` (a probability), answers a write ``503 SlowDown`` without
-  forwarding it (a transient refusal).
+  forwarding it (a transient refusal);
+* with ``key_write_window_s``, refuses a PUT or POST to a key within that many seconds
+  of the last one the server accepted for it (``429 SlowDown``, not forwarded), as GCS
+  and Cloudflare R2 limit writes to one object key to about one per second.  A
+  create-if-absent PUT (``If-None-Match: *``) is forwarded: to a key written within the
+  window it fails with 412 anyway (it exists), which is no write (the conditional-write
+  probe creates a key twice in a row and expects the 412).  Unlike
+  :class:`tieredbuf.store.faults.KeyRateLimitedStore` (one process's store), the proxy
+  sees every process's writes.
 
 Used by the tests (``latency_proxy`` fixtures) and by ``bench/`` (a 20 ms / 40 ms column
 beside loopback), so that no path can again be tuned only for 1 ms.
@@ -29,30 +37,53 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 S3_ROUND_TRIPS: Mapping[str, float] = {
-    "GET": 0.020, "HEAD": 0.020, "PUT": 0.040, "POST": 0.040, "DELETE": 0.040,
+    "GET": 0.020,
+    "HEAD": 0.020,
+    "PUT": 0.040,
+    "POST": 0.040,
+    "DELETE": 0.040,
 }
 """Seconds added per method: a small S3 GET takes about 20 ms, a PUT about 40 ms."""
 _WRITES = ("PUT", "POST", "DELETE")
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-        "te", "trailer"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+}
 
 
 class LatencyProxy:
     """``with LatencyProxy("http://127.0.0.1:PORT") as p: p.endpoint`` -- a proxy on a
     free loopback port in front of ``upstream``."""
 
-    def __init__(self, upstream: str, delays: Mapping[str, float] = S3_ROUND_TRIPS, *,
-                 lose_responses: float = 0.0, fail_writes: float = 0.0,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        delays: Mapping[str, float] = S3_ROUND_TRIPS,
+        *,
+        lose_responses: float = 0.0,
+        fail_writes: float = 0.0,
+        key_write_window_s: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
         u = urlsplit(upstream)
         assert u.hostname is not None and u.port is not None
         self.upstream = (u.hostname, u.port)
         self.delays = dict(delays)
         self.lose_responses = lose_responses
         self.fail_writes = fail_writes
+        self.key_write_window_s = key_write_window_s
+        self._accepted: dict[str, float] = {}
+        """Per key (path): when the server last accepted a write to it (monotonic)."""
+        self._key_locks: dict[str, threading.Lock] = {}
         self.rng = random.Random(seed)
         self.counts: Counter[str] = Counter()
-        """Requests seen, by method, and ``lost`` / ``refused`` for the chaos done."""
+        """Requests seen, by method, and ``lost`` / ``refused`` / ``key_refused`` for the
+        chaos done."""
         self._lock = threading.Lock()
         proxy = self
 
@@ -91,6 +122,20 @@ class LatencyProxy:
             return self.rng.random() < p
 
     def forward(self, h: BaseHTTPRequestHandler) -> None:
+        if (
+            self.key_write_window_s > 0
+            and h.command in ("PUT", "POST")
+            and h.headers.get("If-None-Match") is None
+        ):
+            key = urlsplit(h.path).path
+            with self._lock:
+                lock = self._key_locks.setdefault(key, threading.Lock())
+            with lock:  # one write to a key at a time: the check and the write are one step
+                self._forward(h, key)
+        else:
+            self._forward(h, None)
+
+    def _forward(self, h: BaseHTTPRequestHandler, limited_key: str | None) -> None:
         method = h.command
         with self._lock:
             self.counts[method] += 1
@@ -100,13 +145,15 @@ class LatencyProxy:
         if method in _WRITES and self._chance(self.fail_writes):
             with self._lock:
                 self.counts["refused"] += 1
-            msg = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-            h.send_response(503)
-            h.send_header("Content-Length", str(len(msg)))
-            h.send_header("Content-Type", "application/xml")
-            h.end_headers()
-            h.wfile.write(msg)
+            _slow_down(h, 503)
             return
+        if limited_key is not None:
+            last = self._accepted.get(limited_key)
+            if last is not None and time.monotonic() - last < self.key_write_window_s:
+                with self._lock:
+                    self.counts["key_refused"] += 1
+                _slow_down(h, 429)
+                return
         conn = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
@@ -115,6 +162,8 @@ class LatencyProxy:
             data = resp.read()
         finally:
             conn.close()
+        if limited_key is not None and resp.status < 300:
+            self._accepted[limited_key] = time.monotonic()
         if method in _WRITES and self._chance(self.lose_responses):
             with self._lock:
                 self.counts["lost"] += 1
@@ -130,6 +179,16 @@ class LatencyProxy:
         h.end_headers()
         if method != "HEAD":
             h.wfile.write(data)
+
+
+def _slow_down(h: BaseHTTPRequestHandler, status: int) -> None:
+    """Answer ``status`` SlowDown without forwarding the request."""
+    msg = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+    h.send_response(status)
+    h.send_header("Content-Length", str(len(msg)))
+    h.send_header("Content-Type", "application/xml")
+    h.end_headers()
+    h.wfile.write(msg)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ handle as REMOTE with the right sequence.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import signal
@@ -26,15 +27,20 @@ import pytest
 import tieredbuf
 from tieredbuf import keys
 from tieredbuf.produce.fanin import hub_for
+from tieredbuf.store import open_store
 
 WORKER = Path(__file__).with_name("fanin_worker.py")
 
 
-def _writer(url: str, name: str, n: int, *flags: str,
-            opts: dict[str, Any] | None = None) -> subprocess.Popen[str]:
+def _writer(
+    url: str, name: str, n: int, *flags: str, opts: dict[str, Any] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(WORKER), url, json.dumps(opts or {}), name, str(n), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 class Lines:
@@ -79,8 +85,9 @@ def _acks(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
 def _records(buf: tieredbuf.Buffer) -> list[tuple[int, bytes]]:
     out = []
     for e in buf.entries():
-        for r in tieredbuf.ConsumedBatch(e.sequence, e.location, e.metadata,
-                                         buf.read_object(e)).entries:
+        for r in tieredbuf.ConsumedBatch(
+            e.sequence, e.location, e.metadata, buf.read_object(e)
+        ).entries:
             out.append((e.sequence, r))
     return out
 
@@ -103,8 +110,11 @@ def _wait_for(cond: Any, timeout: float = 60) -> None:
 def test_I2_I3_the_writers_of_one_process_share_each_commit(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/b")
     producers = [buf.producer(flush_interval=timedelta(milliseconds=20)) for _ in range(6)]
-    handles = [(i, j, p.produce([f"p{i}:{j}".encode()]))
-               for j in range(10) for i, p in enumerate(producers)]
+    handles = [
+        (i, j, p.produce([f"p{i}:{j}".encode()]))
+        for j in range(10)
+        for i, p in enumerate(producers)
+    ]
     outcomes = {(i, j): h.wait(tieredbuf.Durability.REMOTE, timeout=60) for i, j, h in handles}
     for p in producers:
         p.close()
@@ -120,7 +130,8 @@ def test_I2_I3_the_writers_of_one_process_share_each_commit(tmp_path: Path) -> N
 
 
 def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequence(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Two buffers on one store are two hubs (two processes, as far as fan-in knows):
     the one holding the lease commits the other's announcement, and the other's handle
     gets REMOTE with the sequence the root gave it."""
@@ -154,6 +165,50 @@ def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequ
     assert list(holder.store.list(keys.PENDING_PREFIX)) == []
 
 
+class RootWriteTimes:
+    """Forwards to a store; notes when each root CAS (not the root's creation) returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.times: list[float] = []
+
+    def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        etag: str = self._inner.put(key, data, mode=mode)
+        if key == keys.MANIFEST_KEY and mode != "create":
+            self.times.append(time.monotonic())
+        return etag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_the_holder_commits_once_per_interval_while_its_own_writers_keep_submitting() -> None:
+    """The budget holds for the committer's own process too: writers handing it groups
+    all the time do not cut its wait for the next slot short (each submit wakes the hub).
+    The gaps are the hub's own pacing (monotonic clock), a bound the code guarantees."""
+    store = RootWriteTimes(open_store("memory://"))
+    buf = tieredbuf.Buffer(store)  # type: ignore[arg-type]
+    rate = 5.0
+    producers = [
+        buf.producer(flush_interval=timedelta(milliseconds=5), manifest_writes_per_s=rate)
+        for _ in range(4)
+    ]
+    handles = []
+    for j in range(40):  # ~1 s of input: a group from some writer every few ms
+        for i, p in enumerate(producers):
+            handles.append(p.produce([f"p{i}:{j}".encode()]))
+        threading.Event().wait(0.025)  # pacing of the input, not synchronisation
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    for p in producers:
+        p.close()
+    commits = store.times
+    assert len(commits) >= 2
+    gaps = [b - a for a, b in itertools.pairwise(commits)]
+    assert min(gaps) >= 1 / rate, f"root writes closer than the interval: {gaps}"
+    _check_once_in_order(_records(buf), {f"p{i}": 40 for i in range(4)})
+
+
 def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/b")
     with buf.producer(manifest_writes_per_s=20.0) as p:
@@ -168,15 +223,20 @@ def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_I1_I2_a_writer_killed_with_its_announcement_out_loses_and_duplicates_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"file://{tmp_path}/b"
     buf = tieredbuf.open(url)
     with buf.producer(manifest_writes_per_s=0.5) as holder:  # commits every 2 s
         holder.produce([b"holder:0"]).wait(timeout=60)
         w = _writer(url, "w", 1, "--hold")
         try:
-            _wait_for(lambda: any(m.key.startswith(keys.PENDING_PREFIX + "p-")
-                                  for m in buf.store.list(keys.PENDING_PREFIX)))
+            _wait_for(
+                lambda: any(
+                    m.key.startswith(keys.PENDING_PREFIX + "p-")
+                    for m in buf.store.list(keys.PENDING_PREFIX)
+                )
+            )
         finally:
             w.send_signal(signal.SIGKILL)  # announced, not committed yet (or just)
             w.communicate(timeout=30)
@@ -188,7 +248,8 @@ def test_I1_I2_a_writer_killed_with_its_announcement_out_loses_and_duplicates_no
 
 @pytest.mark.slow
 def test_I1_I2_a_committer_killed_after_its_commit_before_its_deletes_loses_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"file://{tmp_path}/b"
     # a busy committer: it writes all the time, so it lists and commits every interval
     c = _writer(url, "c", 100_000, "--rate", "2", "--crash-before-delete")
@@ -217,11 +278,14 @@ def test_I1_I2_a_committer_killed_after_its_commit_before_its_deletes_loses_noth
 
 @pytest.mark.slow
 def test_I2_I3_writers_with_clocks_two_seconds_apart_lose_and_duplicate_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"file://{tmp_path}/b"
     tieredbuf.open(url).create()
-    procs = {f"s{i}": _writer(url, f"s{i}", 25, "--skew-ms", str(skew))
-             for i, skew in enumerate((-2000, 0, 2000))}
+    procs = {
+        f"s{i}": _writer(url, f"s{i}", 25, "--skew-ms", str(skew))
+        for i, skew in enumerate((-2000, 0, 2000))
+    }
     acks = {name: _acks(p) for name, p in procs.items()}
     buf = tieredbuf.open(url)
     got = _records(buf)

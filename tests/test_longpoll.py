@@ -191,3 +191,25 @@ def test_a_consumer_that_rewinds_after_idling_reads_at_once(tmp_path: Path) -> N
     again = c.next_batch(timeout=3600)
     assert again is not None and again.sequence == 1
     c.close()
+
+
+def test_idle_poll_max_caps_a_consumers_backoff(tmp_path: Path) -> None:
+    """ConsumerConfig.idle_poll_max: a lower cap means more footer reads while idle
+    (about 1 / cap a second) and a new entry seen sooner."""
+    from datetime import timedelta
+
+    url = f"file://{tmp_path}/b"
+    _produce(url, b"first")
+    counts = {}
+    for cap in (timedelta(milliseconds=100), None):
+        buf = tieredbuf.open(url)
+        c = buf.consumer(**({} if cap is None else {"idle_poll_max": cap}))
+        c.initialize()
+        assert c.next_batch(timeout=5) is not None
+        before = buf.requests.total("get_range", "root")
+        assert c.next_batch(timeout=2.0) is None  # 2 s idle: footer reads only
+        counts[cap] = buf.requests.total("get_range", "root") - before
+        c.close()
+    # the default (0.1 s doubling to 2.5 s) reads at 0.1, 0.3, 0.7 and 1.5 s
+    assert counts[None] <= 5
+    assert counts[timedelta(milliseconds=100)] >= 10, counts

@@ -31,6 +31,9 @@ MAX_UPLOADS_IN_FLIGHT = 4
 """Data object uploads one producer (or one exporter) keeps in flight at a time."""
 """The GC grace period a buffer gets when its root's buffer section is first written
 (``Buffer.set_gc_grace_period`` changes it), and the fallback for a root without one."""
+DEFAULT_IDLE_POLL_MAX = timedelta(seconds=2.5)
+"""A consumer's longest pause between footer reads while idle: 0.4 requests/s, so any
+10 s holds at most 5 (``ConsumerConfig.idle_poll_max``)."""
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -137,6 +140,11 @@ class ConsumerConfig:
     publish_interval: timedelta = timedelta(seconds=1)
     """A named subscriber publishes its position into the root at most this often (and
     only while it is the one holding the head back), besides every flush()/close()."""
+    idle_poll_max: timedelta = DEFAULT_IDLE_POLL_MAX
+    """The longest pause between footer reads of an idle ``next_batch(timeout=...)``
+    (the long poll's backoff doubles from 0.1 s up to it): an idle consumer sends about
+    one small GET per this long, and the first entry after an idle spell is seen up to
+    this late.  The Spark source's ``idlePollMaxMs`` is the same trade for a stream."""
 
     def __post_init__(self) -> None:
         _positive("dequeue_every", self.dequeue_every)
@@ -144,6 +152,9 @@ class ConsumerConfig:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
         _on_lost(self.on_lost)
         _non_negative_td("publish_interval", self.publish_interval)
+        _non_negative_td("idle_poll_max", self.idle_poll_max)
+        if self.idle_poll_max <= timedelta(0):
+            raise ConfigError(f"idle_poll_max must be > 0, got {self.idle_poll_max!r}")
 
 
 def _on_lost(value: str) -> None:

@@ -96,3 +96,21 @@ def test_an_offsets_json_of_another_buffer_is_refused(tmp_path: Path) -> None:
     assert _stream(url, startingOffsets=right).initialOffset()["sequence"] == 1
     with pytest.raises(ConfigError, match="unknown key 'sequnce'"):
         opt.parse_read_options({"path": url, "startingOffsets": '{"sequence": 1, "sequnce": 2}'})
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "soon"])
+def test_idlePollMaxMs_must_be_a_positive_number_of_milliseconds(value: str) -> None:
+    with pytest.raises(ConfigError, match="idlePollMaxMs"):
+        opt.parse_read_options({"path": "file:///x", "idlePollMaxMs": value})
+    ro = opt.parse_read_options({"path": "file:///x", "idlePollMaxMs": "250"})
+    assert ro.idle_poll_max_ms == 250
+
+
+def test_idlePollMaxMs_is_refused_by_a_batch_read(tmp_path: Path) -> None:
+    from tieredbuf.spark.source import DataSourceError, TieredBufDataSource
+
+    url = f"file://{tmp_path}/buf"
+    _fill(url, 1)
+    src = TieredBufDataSource({"path": url, "idlePollMaxMs": "250"})
+    with pytest.raises(DataSourceError, match="idlePollMaxMs apply to readStream only"):
+        src.reader(records_struct())

@@ -178,6 +178,37 @@ def test_an_idle_stream_costs_at_most_half_a_request_a_second(
     assert nxt == seen and store.counts["get_suffix"] == 0
 
 
+def test_idlePollMaxMs_caps_the_idle_backoff_new_data_is_seen_within_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lower cap trades idle requests (1 / cap a second) for how late the first
+    record after an idle spell is seen.  Time is simulated."""
+    from tieredbuf.spark import stream
+
+    clock = _Clock()
+    monkeypatch.setattr(stream.time, "monotonic", clock)
+    url = f"file://{tmp_path}/buf"
+    append_records(tieredbuf.open(url), [[b"a"]], ts_ms=1000)
+    store = _counted(url)
+    r = _reader(url, idlePollMaxMs="250")
+    limit = r.getDefaultReadLimit()
+    end = r.latestOffset(r.initialOffset(), limit)
+    assert r.latestOffset(end, limit) == end  # idle from here
+    store.reset()
+    for _ in range(6000):  # 60 s of polls every 10 ms
+        clock.t += 0.01
+        assert r.latestOffset(end, limit) == end
+    # one footer read per 0.25 s (plus the 10 ms poll tick each pause ends on)
+    assert 60 / 0.26 - 3 <= store.counts["get_suffix"] <= 60 / 0.25 + 1
+    assert store.counts["get"] == 0
+    append_records(tieredbuf.open(url), [[b"b"]], ts_ms=2000)
+    waited = 0.0
+    while r.latestOffset(end, limit) == end:
+        clock.t += 0.01
+        waited += 0.01
+        assert waited <= 0.25 + 1e-9, "not seen within idlePollMaxMs"
+
+
 def test_I4_an_idle_default_consumer_query_learns_it_was_fenced_from_the_footer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

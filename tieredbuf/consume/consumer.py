@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ulid import ULID
 
 from tieredbuf import keys
-from tieredbuf.config import ConsumerConfig
+from tieredbuf.config import DEFAULT_IDLE_POLL_MAX, ConsumerConfig
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -47,7 +47,7 @@ from tieredbuf.errors import (
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
-from tieredbuf.queue.longpoll import FooterPoll
+from tieredbuf.queue.longpoll import IDLE_BACKOFF_S, FooterPoll
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.runtime.forks import ForkGuard
@@ -60,9 +60,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_MAX_S = 2.5
-"""The longest pause between footer reads of an idle ``next_batch(timeout=...)``: 0.4
-requests/s, so any 10 s holds at most 5 (the goal: <= 0.5/s)."""
+IDLE_POLL_MAX_S = DEFAULT_IDLE_POLL_MAX.total_seconds()
+"""The default longest pause between footer reads of an idle ``next_batch(timeout=...)``
+(``ConsumerConfig.idle_poll_max``): 0.4 requests/s, so any 10 s holds at most 5 (the
+goal: <= 0.5/s)."""
 
 WINDOW = 1024
 """Entries decoded per refresh of the manifest."""
@@ -129,7 +130,10 @@ class Consumer:
         self._low = 0
         self._tail = 0
         self._checked_ms = 0
-        self._poll = FooterPoll(queue.read_footer, max_s=IDLE_POLL_MAX_S)
+        idle_max = self.config.idle_poll_max.total_seconds()
+        self._poll = FooterPoll(
+            queue.read_footer, first_s=min(IDLE_BACKOFF_S, idle_max), max_s=idle_max
+        )
         self._footer: Footer | None = None  # a footer the long poll just read
         self._gaps: dict[int, int] = {}
         self._prefetch: dict[int, Future[bytes]] = {}
@@ -267,10 +271,11 @@ class Consumer:
 
         ``timeout`` (seconds): at the tail, wait up to this long for an entry (a long
         poll, :mod:`tieredbuf.queue.longpoll`): the root's 22-byte footer is read
-        0.1 s after the consumer went idle, then with a backoff doubling to 2.5 s, so
-        an idle consumer calling ``next_batch(timeout=...)`` in a loop sends at most
-        one small GET every 2.5 s (the backoff carries over from call to call) and
-        sees a new entry within 2.5 s.  The default consumer learns of a newer epoch from the
+        0.1 s after the consumer went idle, then with a backoff doubling to
+        ``idle_poll_max`` (2.5 s), so an idle consumer calling
+        ``next_batch(timeout=...)`` in a loop sends at most one small GET per
+        ``idle_poll_max`` (the backoff carries over from call to call) and sees a new
+        entry within it.  The default consumer learns of a newer epoch from the
         same footer (FencedError); a named subscriber checks its epoch when an entry
         arrives (its acks land only through its fenced progress CAS).  Without a
         timeout, one check (at the tail: one footer GET) and no wait.

@@ -95,8 +95,14 @@ class CommitHub:
     """The fan-in of one buffer in this process; writers :meth:`attach`, :meth:`submit`
     their uploaded appends in producer-sequence order, and :meth:`detach`."""
 
-    def __init__(self, store: Store, queue: ManifestQueue, *, retry: RetryConfig | None = None,
-                 wall_ms: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        *,
+        retry: RetryConfig | None = None,
+        wall_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.store = store
         self.queue = queue
         self.retry = retry or RetryConfig()
@@ -120,14 +126,17 @@ class CommitHub:
         """When (monotonic) this hub last saw the root change: the holder's rhythm."""
         self._delay = 0.0
         """How long after the expected time a commit is usually seen (EWMA, seconds)."""
+        self._polled_at = 0.0
+        """When (monotonic) this hub, a watcher, last read the root's footer."""
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
 
     # --- writers -----------------------------------------------------------------------
 
-    def attach(self, manifest_writes_per_s: float,
-               gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD) -> int:
+    def attach(
+        self, manifest_writes_per_s: float, gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD
+    ) -> int:
         """A writer joins; its budget counts (the hub commits at the lowest budget of its
         writers, ``0``: unpaced), and so does its grace period where the root records
         none yet (the shortest).  Returns the token to :meth:`detach` with."""
@@ -146,11 +155,15 @@ class CommitHub:
             self._graces.pop(token, None)
             self._cond.notify_all()
             if not self._budgets and self._thread is not None:
-                self._cond.wait_for(lambda: self._thread is None or bool(self._budgets),
-                                    timeout)
+                self._cond.wait_for(lambda: self._thread is None or bool(self._budgets), timeout)
 
-    def submit(self, producer_id: str, entries: Sequence[fa.Announced], done: Done,
-               refresh: Refresh | None = None) -> None:
+    def submit(
+        self,
+        producer_id: str,
+        entries: Sequence[fa.Announced],
+        done: Done,
+        refresh: Refresh | None = None,
+    ) -> None:
         """Queue one group of a writer's uploaded appends (after every earlier group of the
         same writer); ``done`` is called once from the hub's thread."""
         if not entries:
@@ -163,8 +176,7 @@ class CommitHub:
             mine.append(_Group(producer_id, tuple(entries), done, refresh, floor))
             self.stats.incr("groups_submitted")
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="tb-fanin-hub",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="tb-fanin-hub", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
 
@@ -199,8 +211,9 @@ class CommitHub:
     def _holding(self) -> bool:
         """Our lease is live (as far as our last view of the root says)."""
         lease = None if self._view is None else self._view.root.lease
-        return (lease is not None and lease.holder == self.holder
-                and lease.expires_ms > self.wall_ms())
+        return (
+            lease is not None and lease.holder == self.holder and lease.expires_ms > self.wall_ms()
+        )
 
     def _loop(self) -> None:
         with background():  # its store retries go on until the writers leave
@@ -257,8 +270,12 @@ class CommitHub:
         self.stats.incr("lists")
         anns = self._read_announcements([m.key for m in listed])
         with self._cond:
-            local = [Pending(g.producer_id, g.entries)
-                     for groups in self._waiting.values() for g in groups if not g.announced]
+            local = [
+                Pending(g.producer_id, g.entries)
+                for groups in self._waiting.values()
+                for g in groups
+                if not g.announced
+            ]
         remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
         self._others = bool(remote)
         if not local and not remote:
@@ -347,8 +364,9 @@ class CommitHub:
         an older data object may be GC's already (I5)."""
         grace = snap.gc_grace_ms
         if grace is None:
-            grace = min(self._graces.values(),
-                        default=DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1))
+            grace = min(
+                self._graces.values(), default=DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1)
+            )
         return grace // 2
 
     def _delete_covered(self, snap: Snapshot, anns: dict[str, fa.Announcement]) -> None:
@@ -366,8 +384,12 @@ class CommitHub:
             elif any(_age_ms(e.location, now) > expired_after for e in a.entries):
                 covered.append(k)
                 self.stats.incr("announcements_expired")
-                log.warning("%s: an announcement of %s outlived the GC grace period "
-                            "unrefreshed (its writer is gone); deleted", k, a.producer_id)
+                log.warning(
+                    "%s: an announcement of %s outlived the GC grace period "
+                    "unrefreshed (its writer is gone); deleted",
+                    k,
+                    a.producer_id,
+                )
         if covered:
             failed = self.store.delete_many(covered)
             self.stats.incr("announcements_deleted", len(covered) - len(failed))
@@ -380,22 +402,32 @@ class CommitHub:
         self._announce()
         assert self._view is not None
         lease = self._view.root.lease
-        interval = (lease.interval_ms / 1000 if lease is not None and lease.interval_ms
-                    else self._interval())
-        now = time.monotonic()
+        interval = (
+            lease.interval_ms / 1000
+            if lease is not None and lease.interval_ms
+            else self._interval()
+        )
         due = self._changed_at + interval + self._delay
-        if due < now:  # no commit seen when expected: look again a quarter interval on
-            due = now + max(interval / 4, MIN_INTERVAL_S)
+        if self._polled_at >= due:  # no commit seen when expected: look again a bit later
+            due = self._polled_at + max(interval / 4, MIN_INTERVAL_S)
         with self._cond:
-            self._cond.wait(max(0.0, due - time.monotonic()))
-            if any(not g.announced for gs in self._waiting.values() for g in gs):
-                return  # a new group: announce it first (the holder lists it next)
+            # a new group before the poll is due: announce it first (the holder lists it
+            # next); once the poll is due it goes first, however busy the writers are
+            while (left := due - time.monotonic()) > 0:
+                if any(not g.announced for gs in self._waiting.values() for g in gs):
+                    return
+                self._cond.wait(left)
         footer = self.queue.read_footer()
+        self._polled_at = time.monotonic()
         self.stats.incr("footer_polls")
         quiet = time.monotonic() - self._changed_at > 2 * interval
-        if (footer.next_sequence == self._view.root.next_seq
-                and footer.epoch == self._view.footer.epoch and not quiet
-                and lease is not None and lease.expires_ms > self.wall_ms()):
+        if (
+            footer.next_sequence == self._view.root.next_seq
+            and footer.epoch == self._view.footer.epoch
+            and not quiet
+            and lease is not None
+            and lease.expires_ms > self.wall_ms()
+        ):
             return
         seen = time.monotonic()
         snap = self.queue.read()
@@ -408,8 +440,7 @@ class CommitHub:
     def _announce(self) -> None:
         """PUT every local group not announced yet (each writer's in order)."""
         with self._cond:
-            todo = {pid: [g for g in gs if not g.announced]
-                    for pid, gs in self._waiting.items()}
+            todo = {pid: [g for g in gs if not g.announced] for pid, gs in self._waiting.items()}
         todo = {pid: gs for pid, gs in todo.items() if gs}
         if not todo:
             return
@@ -450,15 +481,18 @@ class CommitHub:
         if not finished:
             return
         found: dict[str, int] = {}
-        unplaced = [g for g in finished
-                    if any(e.producer_seq not in placed.get(g.producer_id, {})
-                           for e in g.entries)]
+        unplaced = [
+            g
+            for g in finished
+            if any(e.producer_seq not in placed.get(g.producer_id, {}) for e in g.entries)
+        ]
         if unplaced:
             found = _locate(snap, unplaced)
         for g in finished:
             mine = placed.get(g.producer_id, {})
             seqs: list[int | None] = [
-                mine.get(e.producer_seq, found.get(e.location)) for e in g.entries]
+                mine.get(e.producer_seq, found.get(e.location)) for e in g.entries
+            ]
             self._call(g, seqs, None)
 
     def _refresh_stale(self, res: Committed) -> None:
@@ -473,11 +507,15 @@ class CommitHub:
                 continue
             fresh = tuple(g.refresh(g.entries))
             self.stats.incr("reannounced_for_grace")
-            log.warning("%s: appends waited past half the GC grace period; uploaded again",
-                        g.producer_id)
+            log.warning(
+                "%s: appends waited past half the GC grace period; uploaded again", g.producer_id
+            )
             if g.announced:  # only its writer ever writes an announcement: overwrite it
-                self.store.put(g.key, fa.encode(fa.make(g.producer_id, self.wall_ms(), fresh)),
-                               mode="overwrite")
+                self.store.put(
+                    g.key,
+                    fa.encode(fa.make(g.producer_id, self.wall_ms(), fresh)),
+                    mode="overwrite",
+                )
             with self._cond:
                 g.entries = fresh
 

@@ -39,6 +39,10 @@ MAX_PARTITION_BYTES = 128 << 20
 """Default ``maxPartitionBytes``: small data objects are packed into one Spark partition
 up to this many bytes (Spark's ``spark.sql.files.maxPartitionBytes``)."""
 
+IDLE_POLL_MAX_MS = 2000
+"""Default ``idlePollMaxMs``: an idle stream reads the root's footer at most once per
+this long (0.5 requests/s) and sees new data within it."""
+
 OPEN_COST_BYTES = 4 << 20
 """What opening one more object costs a partition, counted as bytes when packing
 (Spark's ``spark.sql.files.openCostInBytes``)."""
@@ -102,6 +106,7 @@ READ_OPTIONS = frozenset(
         "splitstreamsbytes",
         "maxpartitionbytes",
         "minpartitions",
+        "idlepollmaxms",
     }
 )
 WRITE_OPTIONS = frozenset(
@@ -166,6 +171,7 @@ _DISPLAY = {
         "splitStreamsBytes",
         "maxPartitionBytes",
         "minPartitions",
+        "idlePollMaxMs",
         "producerId",
         "batchVersion",
         "maxObjectBytes",
@@ -356,6 +362,10 @@ class ReadOptions:
     bound_buffers: tuple[tuple[str, str], ...] = ()
     """(option, buffer id) for each offsets JSON that names a buffer: it must be the
     buffer read (checked against its root when planning)."""
+    idle_poll_max_ms: int | None = None
+    """``idlePollMaxMs``: the longest pause of an idle stream's backoff between footer
+    reads (None: :data:`IDLE_POLL_MAX_MS`; ``ConsumerConfig.idle_poll_max`` for a
+    consumer)."""
 
     @property
     def bundles(self) -> bool:
@@ -384,6 +394,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
     maxo = _get(options, "maxOffsetsPerTrigger")
     maxb = _get(options, "maxBytesPerTrigger")
     consumer = _get(options, "consumer")
+    idle = _get(options, "idlePollMaxMs")
     ro = ReadOptions(
         url=buffer_url(options),
         store=tuple(sorted(store_options(options).items())),
@@ -403,6 +414,7 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
             "maxPartitionBytes", _get(options, "maxPartitionBytes") or MAX_PARTITION_BYTES
         ),
         min_partitions=_int("minPartitions", _get(options, "minPartitions") or os.cpu_count() or 1),
+        idle_poll_max_ms=None if idle is None else _int("idlePollMaxMs", idle),
         bound_buffers=tuple(
             (name, bid)
             for name in ("startingOffsets", "endingOffsets")
@@ -432,6 +444,10 @@ def parse_read_options(options: Mapping[str, Any]) -> ReadOptions:
         raise ConfigError(
             "option maxPartitionBytes must be >= 0 (0: one partition per data object), "
             f"got {ro.max_partition_bytes}"
+        )
+    if ro.idle_poll_max_ms is not None and ro.idle_poll_max_ms <= 0:
+        raise ConfigError(
+            f"option idlePollMaxMs must be > 0 (milliseconds), got {ro.idle_poll_max_ms}"
         )
     if ro.min_partitions < 1:
         raise ConfigError(f"option minPartitions must be >= 1, got {ro.min_partitions}")

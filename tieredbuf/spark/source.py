@@ -145,9 +145,15 @@ class TieredBufDataSource(DataSource):
         from tieredbuf.spark.reader import BatchReader
 
         ro = opt.parse_read_options(self.options)
-        if ro.consumer is not None or ro.max_offsets is not None or ro.max_bytes is not None:
+        if (
+            ro.consumer is not None
+            or ro.max_offsets is not None
+            or ro.max_bytes is not None
+            or ro.idle_poll_max_ms is not None
+        ):
             raise ConfigError(
-                "consumer / maxOffsetsPerTrigger / maxBytesPerTrigger apply to readStream only"
+                "consumer / maxOffsetsPerTrigger / maxBytesPerTrigger / idlePollMaxMs apply to "
+                "readStream only"
             )
         return BatchReader(ro, schema)
 

@@ -33,8 +33,9 @@ with the backlog.  An idle query costs almost nothing: Spark asks for the latest
 offset every few milliseconds while nothing arrives; once a trigger found nothing
 new, the source answers from the root's 22-byte footer (one ranged GET: its next
 sequence and epoch) and, after each such answer, without any request for a backoff
-that doubles from ``IDLE_BACKOFF_S`` to ``IDLE_BACKOFF_MAX_S`` (0.1 s to 2 s: at most
-0.5 requests/s idle; new data is seen within 2 s).  With ``consumer`` the query is
+that doubles from ``IDLE_BACKOFF_S`` to the ``idlePollMaxMs`` option (0.1 s to 2 s by
+default: at most 0.5 requests/s idle; new data is seen within 2 s; a lower cap sees it
+sooner for more idle requests, 1 / cap a second).  With ``consumer`` the query is
 a named subscriber of the buffer (:mod:`tieredbuf.spark.consumer_mode`), fenced per
 name: Spark calls ``commit(end)`` only after the micro-batch ending at ``end`` is in
 its commit log -- in fact one micro-batch late, when it plans the next one -- so
@@ -78,8 +79,9 @@ log = logging.getLogger(__name__)
 
 IDLE_BACKOFF_S = 0.1
 """The first pause after a footer read found nothing new."""
-IDLE_BACKOFF_MAX_S = 2.0
-"""The longest pause: an idle query sends at most one small GET per this long."""
+IDLE_BACKOFF_MAX_S = opt.IDLE_POLL_MAX_MS / 1000
+"""The default longest pause (``idlePollMaxMs``): an idle query sends at most one small
+GET per this long."""
 
 CONSUMER = "consumer"
 """The subscriber a query's offsets were read and acked as (its ``consumer`` option)."""
@@ -304,7 +306,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _pause(self, now: float, next_seq: int) -> None:
         self._idle, self._idle_next = True, next_seq
-        self._idle_backoff = min(IDLE_BACKOFF_MAX_S, max(IDLE_BACKOFF_S, 2 * self._idle_backoff))
+        cap = (self.ro.idle_poll_max_ms or opt.IDLE_POLL_MAX_MS) / 1000
+        self._idle_backoff = min(cap, max(IDLE_BACKOFF_S, 2 * self._idle_backoff))
         self._idle_until = now + self._idle_backoff
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
