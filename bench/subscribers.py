@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import S3Endpoint, moto_server, print_table, summarize, write_json
+from _common import S3Endpoint, print_table, serial_moto, summarize, write_json
 
 import tieredbuf
 from tieredbuf.consume.consumer import IDLE_POLL_MAX_S
@@ -64,30 +64,6 @@ from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import data_key
 from tieredbuf.queue.longpoll import FooterPoll
-
-_MOTO_CHILD = """
-import sys, threading
-from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
-                                           create_backend_app)
-from werkzeug.serving import make_server
-inner = DomainDispatcherApplication(create_backend_app)
-lock = threading.Lock()
-def app(environ, start_response):
-    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
-        return list(inner(environ, start_response))  # reads run concurrently
-    with lock:  # one write at a time: atomic conditional PUTs
-        return list(inner(environ, start_response))
-server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
-print(server.server_address[1], flush=True)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-sys.stdin.read()
-server.shutdown()
-"""
-
-
-def serial_moto() -> Any:
-    """moto in a child process, writes serialised (atomic conditional PUTs)."""
-    return moto_server(child=_MOTO_CHILD)
 
 
 def seed(buf: tieredbuf.Buffer, n: int) -> None:
