@@ -127,6 +127,17 @@ class ConsumerConfig:
     """Acks between automatic dequeues (the RFC's 100)."""
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
+    read_ahead_bytes: int = 64 << 20
+    """At most this many bytes of data objects fetched ahead and not yet returned (by the
+    sizes the manifest records; the next entry is always fetched)."""
+    check_every: int = 100
+    """Between the checks that this instance is still its subscriber's current one (the
+    root footer's epoch; a named subscriber's progress object), at most this many entries
+    are served from what the consumer already knows.  It also checks when it reaches the
+    end of what it knows and with every write (I4: a fenced consumer's writes never land;
+    its reads stop within ``check_every`` entries or ``check_interval``)."""
+    check_interval: timedelta = timedelta(seconds=1)
+    """... and at most this long passes between two checks while it serves entries."""
     retry: RetryConfig = field(default_factory=RetryConfig)
     on_lost: str = "raise"
     """Entries retention unlinked before this subscriber read them: ``raise``
@@ -139,6 +150,9 @@ class ConsumerConfig:
         _positive("dequeue_every", self.dequeue_every)
         if self.read_ahead < 0:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _positive("read_ahead_bytes", self.read_ahead_bytes)
+        _positive("check_every", self.check_every)
+        _non_negative_td("check_interval", self.check_interval)
         _on_lost(self.on_lost)
         _non_negative_td("publish_interval", self.publish_interval)
 
