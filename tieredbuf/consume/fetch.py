@@ -73,18 +73,20 @@ class _Pending:
             if self.head is None:
                 return self.parts[0].result()
             actual = self.head.result()
-            chunks = [f.result() for f in self.parts]
+            if actual == self.size:
+                chunks = [f.result() for f in self.parts]
+                if sum(len(c) for c in chunks) == actual:
+                    return b"".join(chunks)
         except ObjectNotFoundError as e:
             raise _missing(self.entry, e) from e
-        if actual != self.size or sum(len(c) for c in chunks) != actual:
-            log.warning(
-                "data object %s is %d bytes, the manifest recorded %d: read whole",
-                self.entry.location,
-                actual,
-                self.size,
-            )
-            return fetch_object(store, self.entry)
-        return b"".join(chunks)
+        self.cancel()
+        log.warning(
+            "data object %s is %d bytes, the manifest recorded %d: read whole",
+            self.entry.location,
+            actual,
+            self.size,
+        )
+        return fetch_object(store, self.entry)
 
 
 class ReadAhead:
