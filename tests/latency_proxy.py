@@ -130,7 +130,8 @@ class LatencyProxy:
         for k, v in resp.getheaders():
             if k.lower() not in _HOP and k.lower() != "content-length":
                 h.send_header(k, v)
-        h.send_header("Content-Length", str(len(data)))
+        length = resp.getheader("Content-Length") if method == "HEAD" else None
+        h.send_header("Content-Length", length or str(len(data)))  # a HEAD's: the object's
         h.end_headers()
         if method != "HEAD":
             h.wfile.write(data)
