@@ -15,7 +15,7 @@ from ulid import ULID
 import tieredbuf
 from tests.subscriber_util import KeyCountingStore
 from tieredbuf import keys
-from tieredbuf.consume.fetch import RANGE_PART, RANGED_FROM, ReadAhead
+from tieredbuf.consume.fetch import RANGE_PART, STREAMS, ReadAhead
 from tieredbuf.errors import MissingObjectError
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import ManifestEntry, MetadataItem, NewEntry
@@ -35,7 +35,7 @@ def test_a_large_object_is_read_in_parallel_ranges_and_reassembled(any_url) -> N
     e = _entry(store, 0, body)
     store.reset()
     with ThreadPoolExecutor(4) as pool:
-        ahead = ReadAhead(store, pool, 4, 1 << 20, part=3000, ranged_from=6000)
+        ahead = ReadAhead(store, pool, 4, 20_000, part=3000)
         assert ahead.take(e, len(body)) == body
     assert store.of("data") == {"get_range": 4, "head": 1}  # 3000+3000+3000+1000
 
@@ -48,9 +48,9 @@ def test_a_recorded_size_that_does_not_match_is_read_whole_never_cut_short(
     body = os.urandom(10_000)
     e = _entry(store, 0, body)
     with ThreadPoolExecutor(4) as pool, caplog.at_level(logging.WARNING):
-        ahead = ReadAhead(store, pool, 4, 1 << 20, part=3000, ranged_from=6000)
+        ahead = ReadAhead(store, pool, 4, 20_000, part=3000)
         assert ahead.take(e, 7000) == body  # the tree said 7,000 bytes: read whole
-        short = ReadAhead(store, pool, 4, 1 << 20, part=3000, ranged_from=6000)
+        short = ReadAhead(store, pool, 4, 20_000, part=3000)
         assert short.take(e, 14_000) == body  # past the object's end: read whole too
     assert "the manifest recorded 7000" in caplog.text
     assert "the manifest recorded 14000" in caplog.text
@@ -61,19 +61,30 @@ def test_a_missing_large_object_is_data_loss_not_a_short_read() -> None:
     store = open_store("memory://")
     e = ManifestEntry(3, keys.data_key(ULID()), ())
     with ThreadPoolExecutor(4) as pool:
-        ahead = ReadAhead(store, pool, 4, 1 << 20, part=3000, ranged_from=6000)
+        ahead = ReadAhead(store, pool, 4, 20_000, part=3000)
         with pytest.raises(MissingObjectError, match="sequence 3"):
             ahead.take(e, 10_000)
 
 
-def test_read_ahead_stops_at_its_byte_budget_but_always_fetches_the_next_entry() -> None:
+def test_ranged_parts_only_where_read_ahead_cannot_keep_enough_streams_busy() -> None:
+    store = open_store("memory://")
+    with ThreadPoolExecutor(4) as pool:
+        ahead = ReadAhead(store, pool, 8, 128 << 20)
+        assert not ahead.ranged((32 << 20) + 100)  # four start within the budget: whole
+        assert ahead.ranged(43 << 20)  # three would: each in parallel ranges
+        assert not ahead.ranged(RANGE_PART)  # one part: never ranged
+        assert ReadAhead(store, pool, STREAMS - 1, 1 << 40).ranged(2 * RANGE_PART)
+        assert ReadAhead(store, pool, 0, 1 << 40).ranged(2 * RANGE_PART)  # no read-ahead
+
+
+def test_read_ahead_starts_another_object_only_while_under_its_byte_budget() -> None:
     store = KeyCountingStore(open_store("memory://"))
     sized = [(_entry(store, i, b"x" * 400), 400) for i in range(6)]
     store.reset()
     with ThreadPoolExecutor(4) as pool:
         ahead = ReadAhead(store, pool, 5, 1000)
         ahead.want(sized)
-        assert [s for s in range(6) if s in ahead] == [0, 1]  # 800 bytes; a third: 1,200
+        assert [s for s in range(6) if s in ahead] == [0, 1, 2]  # 1,200: no fourth
         tight = ReadAhead(store, pool, 5, 100)
         tight.want(sized)
         assert [s for s in range(6) if s in tight] == [0]  # over budget alone: still fetched
@@ -82,13 +93,13 @@ def test_read_ahead_stops_at_its_byte_budget_but_always_fetches_the_next_entry()
         assert [s for s in range(6) if s in off] == []  # read_ahead=0: nothing ahead
         assert ahead.take(*sized[0]) == b"x" * 400
         ahead.want(sized[1:])
-        assert [s for s in range(6) if s in ahead] == [1, 2]
+        assert [s for s in range(6) if s in ahead] == [1, 2, 3]
 
 
 def test_a_consumer_reads_a_large_entry_in_ranged_gets() -> None:
     store = KeyCountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(store)
-    body = encode_batch([os.urandom(RANGED_FROM + 1000)])
+    body = encode_batch([os.urandom(2 * RANGE_PART + 1000)])
     key = keys.data_key(ULID())
     store.put(key, body, mode="create")
     meta = (MetadataItem(0, time.time_ns() // 10**6, b""),)

@@ -127,9 +127,11 @@ class ConsumerConfig:
     """Acks between automatic dequeues (the RFC's 100)."""
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
-    read_ahead_bytes: int = 64 << 20
-    """At most this many bytes of data objects fetched ahead and not yet returned (by the
-    sizes the manifest records; the next entry is always fetched)."""
+    read_ahead_bytes: int = 128 << 20
+    """Read-ahead starts another data object only while those fetched ahead and not yet
+    returned hold less than this (by the sizes the manifest records): at most this plus
+    one object.  Large entries of which fewer than 4 would be in flight are each fetched
+    in parallel 8 MiB ranged GETs instead."""
     check_every: int = 100
     """Between the checks that this instance is still its subscriber's current one (the
     root footer's epoch; a named subscriber's progress object), at most this many entries

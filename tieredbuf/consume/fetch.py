@@ -4,12 +4,13 @@ A reader at S3's round trips (20-30 ms a GET) that fetched one object after anot
 would read about 40 entries a second whatever the bandwidth: :class:`ReadAhead` keeps
 the next entries' GETs in flight on a thread pool, bounded by a number of entries and
 by bytes (the sizes the manifest tree records for each entry), so draining a backlog
-costs one round trip per ``entries`` objects and a large entry does not hold many more
-in memory.  One GET stream is limited by its connection; S3's performance guide
-recommends parallel ranged GETs of 8-16 MB for large objects, so an object of at least
-:data:`RANGED_FROM` bytes is fetched as :data:`RANGE_PART`-byte ranges in parallel,
-with one HEAD beside them: a size that does not match what the tree recorded is read
-again with one plain GET (never trusted to cut the object short).
+costs one round trip per ``entries`` objects and large entries do not pile up in
+memory.  Read-ahead is what keeps several GET streams busy: one stream is limited by
+its connection (S3: about 90 MB/s).  When the byte budget holds fewer than
+:data:`STREAMS` objects of an entry's size (or read-ahead is off), that object is
+fetched as :data:`RANGE_PART`-byte ranges in parallel instead, as S3's performance
+guide recommends, with one HEAD beside them: a size that does not match what the tree
+recorded is read again with one plain GET (never trusted to cut the object short).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ log = logging.getLogger(__name__)
 
 RANGE_PART = 8 << 20
 """Bytes per ranged GET of a large object (S3's guide: 8-16 MB)."""
-RANGED_FROM = 2 * RANGE_PART
-"""Objects of at least this many bytes (as the tree records them) are fetched in parallel
-ranged GETs."""
+STREAMS = 4
+"""GET streams a reader keeps busy: whole objects read ahead when the byte budget holds
+this many, else ranged parts of each (objects of at least two parts)."""
 
 
 def _missing(entry: ManifestEntry, e: ObjectNotFoundError) -> MissingObjectError:
@@ -92,9 +93,10 @@ class _Pending:
 class ReadAhead:
     """Fetches entries' data ahead of a reader, in its order, on ``pool``.
 
-    At most ``entries`` objects and ``max_bytes`` bytes (by recorded sizes; 0 for an
-    unknown size) are in flight or fetched and not yet taken, but the next entry always
-    (when ``entries`` > 0).  Not thread-safe: one reader thread calls it.
+    At most ``entries`` objects are in flight or fetched and not yet taken, and another is
+    started only while those hold less than ``max_bytes`` (by recorded sizes; 0 for an
+    unknown size): at most ``max_bytes`` plus one object.  Not thread-safe: one reader
+    thread calls it.
     """
 
     def __init__(
@@ -105,20 +107,26 @@ class ReadAhead:
         max_bytes: int,
         *,
         part: int = RANGE_PART,
-        ranged_from: int = RANGED_FROM,
+        streams: int = STREAMS,
     ) -> None:
         self.store = store
         self.pool = pool
         self.entries = entries
         self.max_bytes = max_bytes
         self.part = part
-        self.ranged_from = ranged_from
+        self.streams = streams
         self._pending: dict[int, _Pending] = {}
         self._bytes = 0
 
+    def ranged(self, size: int) -> bool:
+        """True when an object of ``size`` bytes is fetched in ranged parts: it has at least
+        two, and read-ahead cannot keep ``streams`` whole objects of its size in flight."""
+        whole = -(-self.max_bytes // size) if size else self.entries  # under the budget
+        return size >= 2 * self.part and min(self.entries, whole) < self.streams
+
     def _start(self, entry: ManifestEntry, size: int) -> _Pending:
         loc = entry.location
-        if size < self.ranged_from:
+        if not self.ranged(size):
             return _Pending(entry, size, [self.pool.submit(fetch_object, self.store, entry)])
         get_range: Callable[[str, int, int], bytes] = self.store.get_range
         parts = [self.pool.submit(get_range, loc, a, b) for a, b in _ranges(size, self.part)]
@@ -133,7 +141,7 @@ class ReadAhead:
                 return
             if entry.sequence in self._pending:
                 continue
-            if self._pending and self._bytes + size > self.max_bytes:
+            if self._pending and self._bytes >= self.max_bytes:
                 return
             self._pending[entry.sequence] = self._start(entry, size)
             self._bytes += size
