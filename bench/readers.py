@@ -113,10 +113,15 @@ def _requests(buf: Any) -> dict[str, Any]:
 def _minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     by = {k: v - before["by_kind"].get(k, 0) for k, v in after["by_kind"].items()}
     ops = {k: v - before["by_op"].get(k, 0) for k, v in after["by_op"].items()}
+    nested = {
+        op: {k: n - before["requests"].get(op, {}).get(k, 0) for k, n in kinds.items()}
+        for op, kinds in after["requests"].items()
+    }
     return {
         "total": after["total"] - before["total"],
         "by_kind": {k: v for k, v in by.items() if v},
         "by_op": {k: v for k, v in ops.items() if v},
+        "requests": {op: {k: n for k, n in kinds.items() if n} for op, kinds in nested.items()},
     }
 
 
@@ -127,6 +132,7 @@ def child_backlog(
 
     buf = tieredbuf.open(url, **opts)
     seen: list[int] = []
+    worker_stats: dict[str, int] = {}
     if kind == "workers":
         first = buf.worker("jobs")
         first.initialize()
@@ -148,6 +154,9 @@ def child_backlog(
                     with lock:
                         seen.append(b.sequence)
                 w.close()
+                with lock:
+                    for k, v in w.stats.snapshot().items():
+                        worker_stats[k] = worker_stats.get(k, 0) + v
             except BaseException as e:
                 errors.append(e)
 
@@ -193,6 +202,8 @@ def child_backlog(
         "rate": round(len(seen) / elapsed, 1),
         "requests": req,
         "requests_per_entry": round(req["total"] / max(1, len(seen)), 3),
+        "queue_stats": buf.queue.stats.snapshot(),
+        "worker_stats": worker_stats,
         "tieredbuf": tieredbuf.__file__,
     }
 

@@ -174,9 +174,14 @@ class WorkerConfig:
     claim_batch: int = 8
     """Entries leased per CAS of the progress object; handed out one per claim()."""
     max_claim_batch: int | None = None
-    """Under contention a worker leases more per CAS, up to this (None: 8 x claim_batch):
-    enough to cover about twice its measured refill time at its measured processing
-    speed, and never more than it can process in half a lease."""
+    """When refills are slow against its processing speed (S3's round trips, contention)
+    a worker leases more per CAS, up to this (None: 8 x claim_batch): enough to cover
+    about twice its measured refill time at its measured processing speed, and never
+    more than it can process in half a lease, counting what it holds."""
+    refill_ahead: bool = True
+    """Start the next refill in the background when the leased entries are about to run
+    out, so claim() does not wait for the progress CAS; False: refill only when claim()
+    finds none left (a lease then starts when a claim needs it)."""
     max_deliveries: int | None = None
     """Reject an entry (reason ``max_deliveries reached``) instead of delivering it a
     ``max_deliveries + 1``-th time; None: redeliver forever."""
@@ -185,8 +190,14 @@ class WorkerConfig:
     cursor: bounds the progress object while a poison entry keeps the position back."""
     read_ahead: int = 8
     """Data objects of leased entries fetched ahead, in parallel."""
+    read_ahead_bytes: int = 128 << 20
+    """As :attr:`ConsumerConfig.read_ahead_bytes`."""
     on_lost: str = "raise"
     """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
+    check_interval: timedelta = timedelta(seconds=1)
+    """A refill re-reads the root at least this often (new entries, retention), besides
+    when its claim reaches the end of the entries it knows (a 22-byte footer GET says
+    whether the tail moved)."""
     publish_interval: timedelta = timedelta(seconds=1)
     retry: RetryConfig = field(default_factory=RetryConfig)
 
@@ -204,7 +215,9 @@ class WorkerConfig:
             raise ConfigError(f"max_span must be in claim_batch..65536, got {self.max_span}")
         if self.read_ahead < 0:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _positive("read_ahead_bytes", self.read_ahead_bytes)
         _on_lost(self.on_lost)
+        _non_negative_td("check_interval", self.check_interval)
         _non_negative_td("publish_interval", self.publish_interval)
 
 

@@ -108,7 +108,10 @@ class Consumer:
     """A fenced consumer of one subscriber; use from one thread."""
 
     def __init__(
-        self, store: Store, queue: ManifestQueue, config: ConsumerConfig | None = None,
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        config: ConsumerConfig | None = None,
         subscriber: str = freg.DEFAULT,
     ) -> None:
         self.store = store
@@ -116,8 +119,11 @@ class Consumer:
         self.config = config or ConsumerConfig()
         self.consumer_id = f"c-{ULID()}"
         self.subscription: Subscription = open_subscription(
-            queue, subscriber, owner=self.consumer_id,
-            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
+            queue,
+            subscriber,
+            owner=self.consumer_id,
+            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1),
+        )
         self.subscriber = subscriber
         self.stats = Stats()
         self.epoch: int | None = None
@@ -135,8 +141,9 @@ class Consumer:
         self._footer: Footer | None = None  # a footer the long poll just read
         self._gaps: dict[int, int] = {}
         self._pool = started_pool(max(4, self.config.read_ahead), "tb-readahead")
-        self._ahead = ReadAhead(store, self._pool, self.config.read_ahead,
-                                self.config.read_ahead_bytes)
+        self._ahead = ReadAhead(
+            store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
+        )
         self._guard = ForkGuard("consumer")  # its read-ahead threads do not survive fork()
         self._closed = False
 
@@ -223,8 +230,10 @@ class Consumer:
         self._current()
 
     def _check_due(self) -> bool:
-        return (self._served >= self.config.check_every
-                or self.subscription.clock_ms() - self._checked_ms >= self._check_ms)
+        return (
+            self._served >= self.config.check_every
+            or self.subscription.clock_ms() - self._checked_ms >= self._check_ms
+        )
 
     # --- reading ---------------------------------------------------------------
 
@@ -273,10 +282,15 @@ class Consumer:
                 f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
                 f"before it read them (retention, or dequeued); the buffer now starts at "
                 f"{self._low}.  initialize(last_acked_sequence={last}) or on_lost='skip' "
-                "moves on")
+                "moves on"
+            )
         n = self._low - self._cursor
-        log.warning("subscriber %r skips sequences %d..%d: unlinked before it read them",
-                    self.subscriber, first, last)
+        log.warning(
+            "subscriber %r skips sequences %d..%d: unlinked before it read them",
+            self.subscriber,
+            first,
+            last,
+        )
         self.stats.incr("lost_sequences", n)
         self.subscription.lost += n
         self._cursor = self._low
@@ -311,8 +325,9 @@ class Consumer:
             if remaining <= 0:
                 return None
             with self._fencing():
-                footer = self._poll.wait(self._tail, remaining,
-                                         epoch=self.subscription.footer_epoch)
+                footer = self._poll.wait(
+                    self._tail, remaining, epoch=self.subscription.footer_epoch
+                )
             if footer is None:
                 self._check_not_closed()
                 return None

@@ -291,12 +291,14 @@ class NamedSubscription(Subscription):
         *,
         fenced: bool = False,
         blind: bool = True,
+        retries: cas.Retries | None = None,
     ) -> R:
         """Write this subscriber's progress object through the one CAS primitive
         (:func:`tieredbuf.queue.cas.run`): ``decide(progress, attempt)`` returns the new
         progress and what it decided (or a Skip); the first attempt is decided from the
         progress as last read or written (``blind``: no GET), a failure re-reads it.
-        ``fenced``: every attempt first checks this instance's epoch (FencedError)."""
+        ``fenced``: every attempt first checks this instance's epoch (FencedError).
+        ``retries``: how to back off (the queue's by default)."""
         epoch = self._epoch() if fenced else None
 
         def fence(p: fp.Progress) -> None:
@@ -322,7 +324,7 @@ class NamedSubscription(Subscription):
         assert self.progress is not None and self.etag is not None and self.reg_id is not None
         first = cas.Read(self.progress, self.etag) if blind else None
         return cas.run(
-            _ProgressObject(self), write, finish, retries=self.queue.cas_retries(),
+            _ProgressObject(self), write, finish, retries=retries or self.queue.cas_retries(),
             stats=self.queue.stats, fence=fence if fenced else None,
             landed=found if landed is not None else None, first=first,
             stat_prefix="progress_", what=f"the progress of subscriber {self.name!r}",
