@@ -193,3 +193,27 @@ def test_check_every_and_check_interval_are_validated() -> None:
         buf.consumer(check_every=0)
     with pytest.raises(ConfigError, match="check_interval"):
         buf.consumer(check_interval=timedelta(seconds=-1))
+
+
+def test_a_default_consumers_dequeue_costs_a_root_get_and_put_and_counts_as_a_check() -> None:
+    """docs/subscribers.md: every dequeue_every acks, 1 root GET + 1 root PUT; the write
+    shows the instance current, so no footer check follows it for check_every entries."""
+    counting = KeyCountingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(counting)
+    seed(buf, 30)
+    c = _consumer(
+        buf,
+        "default",
+        Clock(),
+        read_ahead=0,
+        dequeue_every=10,
+        check_every=10,
+        check_interval=timedelta(hours=1),
+    )
+    c.initialize()
+    counting.reset()
+    assert drain(c, 25) == list(range(25))  # dequeues after acks 10 and 20
+    assert counting.of("root") == {"get": 2, "put": 2}  # and no footer check at all
+    counting.reset()
+    c.flush()
+    assert counting.of("root") == {"get": 1, "put": 1}
