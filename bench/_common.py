@@ -162,6 +162,32 @@ def moto_server(in_process: bool = False, child: str | None = None) -> Iterator[
             proc.wait()
 
 
+_SERIAL_MOTO_CHILD = """
+import sys, threading
+from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                           create_backend_app)
+from werkzeug.serving import make_server
+inner = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def app(environ, start_response):
+    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
+        return list(inner(environ, start_response))  # reads run concurrently
+    with lock:  # one write at a time: atomic conditional PUTs
+        return list(inner(environ, start_response))
+server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+print(server.server_address[1], flush=True)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+sys.stdin.read()
+server.shutdown()
+"""
+
+
+def serial_moto() -> Any:
+    """moto in a child process, writes serialised (atomic conditional PUTs: moto 5.2.5 checks
+    If-Match and then writes without a lock); reads run concurrently, as they do on S3."""
+    return moto_server(child=_SERIAL_MOTO_CHILD)
+
+
 def run_threads(n: int, target: Callable[[int, threading.Barrier], None]) -> float:
     """Run ``target(i, barrier)`` on ``n`` threads until all finish; returns the
     ``time.perf_counter()`` at which the barrier opened (the start of the timed work)."""

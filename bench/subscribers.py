@@ -28,11 +28,17 @@ run concurrently, as they do on S3):
    minus its ingestion time) is reported.  The subscribers' root writes (publications) are
    counted: their acks and positions go to their own progress objects, not the root.
 
+Each row runs once per ``--round-trips`` column: ``loopback`` (moto as is, 1-3 ms a
+request) and ``20/40`` (``tests/latency_proxy.py`` in front of it adds 20 ms to every GET
+and HEAD and 40 ms to every PUT, POST and DELETE: S3's round trips), so that no path is
+tuned only for loopback.
+
 Usage::
 
     flock /tmp/tieredbuf-bench.lock .venv/bin/python bench/subscribers.py
     ... bench/subscribers.py --quick          # 800 entries, 8 s rows
     ... bench/subscribers.py --rows append --repeat 3
+    ... bench/subscribers.py --round-trips 20/40  # only the S3 column
 
 Results: a table on stdout and ``bench/results/subscribers.json`` (with the load average).
 """
@@ -40,6 +46,7 @@ Results: a table on stdout and ``bench/results/subscribers.json`` (with the load
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -49,6 +56,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,38 +64,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import S3Endpoint, moto_server, print_table, summarize, write_json
+from _common import S3Endpoint, print_table, serial_moto, summarize, write_json
 
 import tieredbuf
+from tests.latency_proxy import LatencyProxy
 from tieredbuf.consume.consumer import IDLE_POLL_MAX_S
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import data_key
 from tieredbuf.queue.longpoll import FooterPoll
-
-_MOTO_CHILD = """
-import sys, threading
-from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
-                                           create_backend_app)
-from werkzeug.serving import make_server
-inner = DomainDispatcherApplication(create_backend_app)
-lock = threading.Lock()
-def app(environ, start_response):
-    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
-        return list(inner(environ, start_response))  # reads run concurrently
-    with lock:  # one write at a time: atomic conditional PUTs
-        return list(inner(environ, start_response))
-server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
-print(server.server_address[1], flush=True)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-sys.stdin.read()
-server.shutdown()
-"""
-
-
-def serial_moto() -> Any:
-    """moto in a child process, writes serialised (atomic conditional PUTs)."""
-    return moto_server(child=_MOTO_CHILD)
 
 
 def seed(buf: tieredbuf.Buffer, n: int) -> None:
@@ -432,6 +417,9 @@ def main() -> None:
                          "so the row measures what readers cost the store (paced at the "
                          "library's 5/s, four producers together append ~5/s, whoever reads)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--round-trips", default="loopback,20/40",
+                    help="one column per value: loopback (moto as is), or GET/PUT ms added "
+                         "by tests/latency_proxy.py in front of it (20/40: S3's)")
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
@@ -448,41 +436,60 @@ def main() -> None:
     if args.quick:
         args.entries, args.seconds = 800, 8.0
     rows = set(args.rows.split(","))
-    results: dict[str, Any] = {"load_before": os.getloadavg()}
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "workers": [], "append": []}
     tmp = Path(tempfile.mkdtemp(prefix="tb-bench-subscribers-"))
-    with serial_moto() as ep:
-        if "workers" in rows:
-            batches = [int(x) for x in args.claim_batch.split(",")]
-            runs = [r for _ in range(args.repeat)
-                    for r in row_workers(ep, args.entries, args.work_ms, args.workers, batches)]
-            results["workers"] = runs
-            print_table(["entries", "work", "claim_batch", "1 consumer s",
-                         f"{args.workers} workers s", "speed-up (goal >= 4)", "progress CASes"],
-                        [[r["entries"], f"{r['work_ms']} ms", r["claim_batch"],
-                          r["single_consumer_s"], r["workers_s"], r["speedup"],
-                          r["progress_cas"]] for r in runs])
-        if "append" in rows:
-            runs = [row_append(ep, args.producers, args.subscribers, args.seconds, tmp,
-                               args.wait_s, args.spin_ms) for _ in range(args.repeat)]
-            results["append"] = runs
-            results["append_median_ratio"] = statistics.median(r["ratio"] for r in runs)
-            print_table(["producers", "appends/s: alone",
-                         f"with {args.subscribers} subscribers", "ratio (goal >= 0.9)",
-                         f"with {args.subscribers} plain readers", "ratio",
-                         "subscriber root writes", "appends", "acked per subscriber",
-                         "lag p50/p99 ms", "end lag s", "req/s per subscriber"],
-                        [[r["producers"], r["appends_per_s_no_subscribers"],
-                          r["appends_per_s_with_subscribers"], r["ratio"],
-                          r["appends_per_s_with_plain_readers"], r["ratio_plain_readers"],
-                          r["subscriber_root_writes"], r["appends_with_subscribers"],
-                          r["acked_per_subscriber"],
-                          f"{max(r['subscriber_reads']['lag_ms_p50'])}/"
-                          f"{max(r['subscriber_reads']['lag_ms_p99'])}",
-                          max(r["subscriber_reads"]["end_lag_s"]),
-                          r["subscriber_reads"]["requests_per_s"]]
-                         for r in runs])
-            print("plain readers: seen", [r["plain_readers"]["seen"] for r in runs],
-                  "req/s each", [r["plain_readers"]["requests_per_s"] for r in runs])
+    with ExitStack() as stack:
+        moto = stack.enter_context(serial_moto())
+        columns: list[tuple[str, S3Endpoint]] = []
+        for rt in args.round_trips.split(","):
+            if rt == "loopback":
+                columns.append(("loopback", moto))
+            else:  # "20/40": GET and HEAD / PUT, POST and DELETE, in ms
+                get_ms, put_ms = (float(x) / 1000 for x in rt.split("/"))
+                proxy = stack.enter_context(LatencyProxy(moto.endpoint, {
+                    "GET": get_ms, "HEAD": get_ms, "PUT": put_ms, "POST": put_ms,
+                    "DELETE": put_ms}))
+                columns.append((f"{rt} ms", dataclasses.replace(moto, endpoint=proxy.endpoint)))
+        for label, ep in columns:
+            if "workers" in rows:
+                batches = [int(x) for x in args.claim_batch.split(",")]
+                runs = [dict(r, round_trips=label) for _ in range(args.repeat)
+                        for r in row_workers(ep, args.entries, args.work_ms, args.workers,
+                                             batches)]
+                results["workers"] += runs
+            if "append" in rows:
+                runs = [dict(row_append(ep, args.producers, args.subscribers, args.seconds, tmp,
+                                        args.wait_s, args.spin_ms), round_trips=label)
+                        for _ in range(args.repeat)]
+                results["append"] += runs
+    if results["workers"]:
+        print_table(["round trips", "entries", "work", "claim_batch", "1 consumer s",
+                     f"{args.workers} workers s", "speed-up (goal >= 4)", "progress CASes"],
+                    [[r["round_trips"], r["entries"], f"{r['work_ms']} ms", r["claim_batch"],
+                      r["single_consumer_s"], r["workers_s"], r["speedup"],
+                      r["progress_cas"]] for r in results["workers"]])
+    if results["append"]:
+        runs = results["append"]
+        results["append_median_ratio"] = {
+            label: statistics.median(r["ratio"] for r in runs if r["round_trips"] == label)
+            for label in {r["round_trips"] for r in runs}}
+        print_table(["round trips", "producers", "appends/s: alone",
+                     f"with {args.subscribers} subscribers", "ratio (goal >= 0.9)",
+                     f"with {args.subscribers} plain readers", "ratio",
+                     "subscriber root writes", "appends", "acked per subscriber",
+                     "lag p50/p99 ms", "end lag s", "req/s per subscriber"],
+                    [[r["round_trips"], r["producers"], r["appends_per_s_no_subscribers"],
+                      r["appends_per_s_with_subscribers"], r["ratio"],
+                      r["appends_per_s_with_plain_readers"], r["ratio_plain_readers"],
+                      r["subscriber_root_writes"], r["appends_with_subscribers"],
+                      r["acked_per_subscriber"],
+                      f"{max(r['subscriber_reads']['lag_ms_p50'])}/"
+                      f"{max(r['subscriber_reads']['lag_ms_p99'])}",
+                      max(r["subscriber_reads"]["end_lag_s"]),
+                      r["subscriber_reads"]["requests_per_s"]]
+                     for r in runs])
+        print("plain readers: seen", [r["plain_readers"]["seen"] for r in runs],
+              "req/s each", [r["plain_readers"]["requests_per_s"] for r in runs])
     results["load_after"] = os.getloadavg()
     print(f"load average before {results['load_before']}, after {results['load_after']}")
     print("written to", write_json("subscribers", results))

@@ -89,6 +89,10 @@ class LatencyProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY: the headers and the body go out in separate writes, and with
+            # Nagle's algorithm against the client's delayed ACK each request waited ~40 ms
+            # more than ``delays`` says
+            disable_nagle_algorithm = True
 
             def log_message(self, fmt: str, *args: object) -> None:
                 pass
@@ -175,7 +179,8 @@ class LatencyProxy:
         for k, v in resp.getheaders():
             if k.lower() not in _HOP and k.lower() != "content-length":
                 h.send_header(k, v)
-        h.send_header("Content-Length", str(len(data)))
+        length = resp.getheader("Content-Length") if method == "HEAD" else None
+        h.send_header("Content-Length", length or str(len(data)))  # a HEAD's: the object's
         h.end_headers()
         if method != "HEAD":
             h.wfile.write(data)

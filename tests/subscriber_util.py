@@ -107,3 +107,21 @@ def drain(c: Any, limit: int | None = None, ack: bool = True) -> list[int]:
         if ack:
             c.ack(b.sequence)
     return got
+
+
+def seed(buf: tieredbuf.Buffer, n: int, start: int = 0) -> None:
+    """``n`` entries like :func:`fill`'s (``r<i>``), their objects PUT and appended in one
+    CAS, without a producer (no pacing: fast for long backlogs)."""
+    import time
+
+    from ulid import ULID
+
+    from tieredbuf.format.batch import encode_batch
+    from tieredbuf.format.manifest import MetadataItem, NewEntry
+
+    new = []
+    for i in range(start, start + n):
+        key, body = keys.data_key(ULID()), encode_batch([b"r%d" % i])
+        buf.store.put(key, body, mode="create")
+        new.append(NewEntry(key, (MetadataItem(0, time.time_ns() // 10**6, b"m"),), len(body)))
+    buf.queue.append(new, f"seed-{start}", n)

@@ -61,7 +61,8 @@ def test_I9_every_subscriber_sees_every_entry_once_in_order_across_restarts(any_
 def test_I4_a_new_instance_fences_only_older_instances_of_its_own_subscriber() -> None:
     buf = _buf()
     fill(buf, 4)
-    old = buf.consumer("etl", dequeue_every=1000)
+    # check_every=1: checked before every entry (the amortised bounds: test_consumer_checks)
+    old = buf.consumer("etl", dequeue_every=1000, check_every=1)
     old.initialize()
     other, dflt = buf.consumer("archive"), buf.consumer()
     other.initialize()
@@ -120,7 +121,7 @@ def test_I9_the_head_waits_for_the_slowest_subscriber_and_gc_keeps_what_it_needs
 def test_removing_a_subscriber_releases_its_hold_and_stops_its_instances() -> None:
     buf = _buf()
     fill(buf, 4)
-    live, stalled = buf.consumer("live"), buf.consumer("stalled")
+    live, stalled = buf.consumer("live"), buf.consumer("stalled", check_every=1)
     live.initialize()
     stalled.initialize()
     drain(live)
@@ -131,7 +132,7 @@ def test_removing_a_subscriber_releases_its_hold_and_stops_its_instances() -> No
     assert buf.snapshot().head == 4 and key not in _progress_keys(buf)
     assert [s.name for s in buf.subscribers()] == ["live"]
     with pytest.raises(SubscriberRemovedError):
-        stalled.next_batch()
+        drain(stalled)  # within check_every (1) entries
     assert buf.remove_subscriber("stalled") is False
     # initialize() registers it afresh: a new subscriber starts at the earliest entry held
     again = buf.consumer("stalled")
@@ -142,13 +143,13 @@ def test_removing_a_subscriber_releases_its_hold_and_stops_its_instances() -> No
 def test_removing_default_fences_the_live_default_consumer() -> None:
     buf = _buf()
     fill(buf, 2)
-    c = buf.consumer()
+    c = buf.consumer(check_every=1)
     c.initialize()
     etl = buf.consumer("etl")
     etl.initialize()
     assert buf.remove_subscriber("default")
     with pytest.raises(FencedError):
-        c.next_batch()
+        drain(c)  # within check_every (1) entries
     assert set(buf.snapshot().registry) == {"etl"}
 
 
@@ -342,7 +343,7 @@ def test_I2_a_registration_and_an_epoch_bump_whose_responses_were_lost_land_once
     fill(buf, 2)
     store.arm("put", key=keys.MANIFEST_KEY, when="after", error=PreconditionFailedError,
               times=1)
-    c = buf.consumer("etl")
+    c = buf.consumer("etl", check_every=1)
     c.initialize()
     assert len(_progress_keys(buf)) == 1 and set(buf.snapshot().registry) == {"etl"}
     key = next(iter(_progress_keys(buf)))
@@ -352,7 +353,7 @@ def test_I2_a_registration_and_an_epoch_bump_whose_responses_were_lost_land_once
     assert c2.epoch == 2  # bumped once although the CAS answered "unknown"
     assert drain(c2) == [0, 1]
     with pytest.raises(FencedError):
-        c.next_batch()
+        drain(c)  # within check_every (1) entries
 
 
 def test_a_lost_registration_race_leaves_an_orphan_gc_reaps() -> None:

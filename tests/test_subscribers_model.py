@@ -162,7 +162,10 @@ class SubscriberMachine(RuleBasedStateMachine):
     def _workers(self) -> list[Any]:
         if not self.workers:
             for _ in range(WORKERS):
-                w = self.buf.worker("w", claim_batch=1, max_claim_batch=1,
+                # refill_ahead=False: the model knows of a lease when claim() returns it;
+                # a refill ahead leases in the background, on a thread (the tests of
+                # refilling ahead: tests/test_workers.py)
+                w = self.buf.worker("w", claim_batch=1, max_claim_batch=1, refill_ahead=False,
                                    lease=timedelta(milliseconds=LEASE_MS))
                 w.subscription.clock_ms = self.clock
                 w.initialize()

@@ -4,16 +4,18 @@ redelivery, exactly-once acks (I9), batching and exact request costs."""
 from __future__ import annotations
 
 import random
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 import tieredbuf
-from tests.subscriber_util import KeyCountingStore, fill
+from tests.subscriber_util import KeyCountingStore, fill, seed
 from tieredbuf import keys
 from tieredbuf.errors import (
     AckOrderError,
+    ConfigError,
     DataLossError,
     LeaseExpiredError,
     OutcomeUnknownError,
@@ -410,3 +412,96 @@ def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_move
     assert len(got) + info.lost == 11 and info.next_sequence == 12
     if read_ahead == 0:
         assert got == [10, 11] and info.lost == 9
+
+
+# --- refilling ahead ---------------------------------------------------------------------------
+
+
+class GatedStore(KeyCountingStore):
+    """Holds every write of a progress object while closed (a CAS at S3's round trips, or
+    stuck behind other workers' CASes): the test opens it."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.opened = threading.Event()
+        self.opened.set()
+        self.waiting = threading.Event()
+
+    def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        if key.startswith(keys.SUBSCRIBERS_PREFIX) and not self.opened.is_set():
+            self.waiting.set()
+            if not self.opened.wait(timeout=30):
+                raise TimeoutError("the test never opened the gate")
+        return super().put(key, data, mode=mode)
+
+
+def test_claim_hands_out_what_it_holds_while_the_next_refill_runs_ahead() -> None:
+    """The progress CAS is not on claim()'s path: with the refill ahead stuck in its CAS,
+    claim() still returns every entry already leased; the refill lands afterwards."""
+    gate = GatedStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(gate)
+    seed(buf, 24)
+    w = _worker(buf, claim_batch=8, max_claim_batch=8, read_ahead=0)
+    first = w.claim()  # nothing leased yet: this refill is claim()'s own
+    assert first is not None and first.sequence == 0
+    w._refill_s, w._item_s = 0.5, 0.1  # a refill takes 5 entries' time: start at 5 left
+    gate.opened.clear()
+    got = [first.sequence]
+    w.ack(first.sequence)
+    for _ in range(7):
+        b = w.claim()
+        assert b is not None
+        got.append(b.sequence)
+        w.ack(b.sequence)
+    assert got == list(range(8))  # all handed out with the refill ahead held in its CAS
+    assert gate.waiting.wait(timeout=30) and w.stats.get("refills_ahead") == 1
+    gate.opened.set()
+    rest = [b.sequence for b in iter(w.claim, None)]
+    for s in rest:
+        w.ack(s)
+    w.close()
+    assert rest == list(range(8, 24))
+    assert _progress(buf).next_sequence == 24  # every ack applied, once
+
+
+def test_an_entry_leased_ahead_is_never_handed_out_when_its_lease_is_about_to_lapse() -> None:
+    buf = tieredbuf.open("memory://")
+    seed(buf, 16)
+    clock = Clock()
+    w = _worker(buf, clock, claim_batch=4, max_claim_batch=4, lease=timedelta(seconds=10),
+                read_ahead=0)
+    w.claim()
+    w._refill_s, w._item_s = 1.0, 0.1  # refill ahead at once
+    b = w.claim()
+    assert b is not None and b.sequence == 1
+    w._settle(wait=True)  # 4..7 leased ahead, at the clock's now
+    assert w.held == [0, 1, 2, 3, 4, 5, 6, 7]
+    clock.t += 8_000  # 2 s left of every lease: inside the margin (a quarter of the lease)
+    again = w.claim()
+    assert again is not None
+    assert w.stats.get("lapsed_before_use") == 6  # 2..7: handed back uncharged, not out
+    lease = next(x for x in w.subscription.reload().leases if x.seq == again.sequence)
+    assert lease.expires_ms - clock.t == 10_000  # handed out under a fresh lease
+    assert lease.deliveries == 0
+
+
+def test_refill_ahead_off_refills_only_when_claim_runs_dry() -> None:
+    counting = KeyCountingStore(open_store("memory://"))
+    buf = tieredbuf.Buffer(counting)
+    seed(buf, 12)
+    w = _worker(buf, claim_batch=4, max_claim_batch=4, refill_ahead=False, read_ahead=0)
+    w.claim()
+    w._refill_s, w._item_s = 1.0, 0.1
+    for _ in range(3):
+        assert w.claim() is not None
+        assert w.held == [0, 1, 2, 3]  # nothing leased ahead
+    assert w.claim() is not None and w.held == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert not w.stats.get("refills_ahead")
+
+
+def test_worker_options_are_validated() -> None:
+    buf = tieredbuf.open("memory://")
+    with pytest.raises(ConfigError, match="check_interval"):
+        buf.worker("jobs", check_interval=timedelta(seconds=-1))
+    with pytest.raises(ConfigError, match="read_ahead_bytes"):
+        buf.worker("jobs", read_ahead_bytes=0)

@@ -133,6 +133,19 @@ class ConsumerConfig:
     """Acks between automatic dequeues (the RFC's 100)."""
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
+    read_ahead_bytes: int = 128 << 20
+    """Read-ahead starts another data object only while those fetched ahead and not yet
+    returned hold less than this (by the sizes the manifest records): at most this plus
+    one object.  Large entries of which fewer than 4 would be in flight are each fetched
+    in parallel 8 MiB ranged GETs instead."""
+    check_every: int = 100
+    """Between the checks that this instance is still its subscriber's current one (the
+    root footer's epoch; a named subscriber's progress object), at most this many entries
+    are served from what the consumer already knows.  It also checks when it reaches the
+    end of what it knows and with every write (I4: a fenced consumer's writes never land;
+    its reads stop within ``check_every`` entries or ``check_interval``)."""
+    check_interval: timedelta = timedelta(seconds=1)
+    """... and at most this long passes between two checks while it serves entries."""
     retry: RetryConfig = field(default_factory=RetryConfig)
     on_lost: str = "raise"
     """Entries retention unlinked before this subscriber read them: ``raise``
@@ -150,6 +163,9 @@ class ConsumerConfig:
         _positive("dequeue_every", self.dequeue_every)
         if self.read_ahead < 0:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _positive("read_ahead_bytes", self.read_ahead_bytes)
+        _positive("check_every", self.check_every)
+        _non_negative_td("check_interval", self.check_interval)
         _on_lost(self.on_lost)
         _non_negative_td("publish_interval", self.publish_interval)
         _non_negative_td("idle_poll_max", self.idle_poll_max)
@@ -172,9 +188,14 @@ class WorkerConfig:
     claim_batch: int = 8
     """Entries leased per CAS of the progress object; handed out one per claim()."""
     max_claim_batch: int | None = None
-    """Under contention a worker leases more per CAS, up to this (None: 8 x claim_batch):
-    enough to cover about twice its measured refill time at its measured processing
-    speed, and never more than it can process in half a lease."""
+    """When refills are slow against its processing speed (S3's round trips, contention)
+    a worker leases more per CAS, up to this (None: 8 x claim_batch): enough to cover
+    about twice its measured refill time at its measured processing speed, and never
+    more than it can process in half a lease, counting what it holds."""
+    refill_ahead: bool = True
+    """Start the next refill in the background when the leased entries are about to run
+    out, so claim() does not wait for the progress CAS; False: refill only when claim()
+    finds none left (a lease then starts when a claim needs it)."""
     max_deliveries: int | None = None
     """Reject an entry (reason ``max_deliveries reached``) instead of delivering it a
     ``max_deliveries + 1``-th time; None: redeliver forever."""
@@ -183,8 +204,14 @@ class WorkerConfig:
     cursor: bounds the progress object while a poison entry keeps the position back."""
     read_ahead: int = 8
     """Data objects of leased entries fetched ahead, in parallel."""
+    read_ahead_bytes: int = 128 << 20
+    """As :attr:`ConsumerConfig.read_ahead_bytes`."""
     on_lost: str = "raise"
     """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
+    check_interval: timedelta = timedelta(seconds=1)
+    """A refill re-reads the root at least this often (new entries, retention), besides
+    when its claim reaches the end of the entries it knows (a 22-byte footer GET says
+    whether the tail moved)."""
     publish_interval: timedelta = timedelta(seconds=1)
     retry: RetryConfig = field(default_factory=RetryConfig)
 
@@ -202,7 +229,9 @@ class WorkerConfig:
             raise ConfigError(f"max_span must be in claim_batch..65536, got {self.max_span}")
         if self.read_ahead < 0:
             raise ConfigError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        _positive("read_ahead_bytes", self.read_ahead_bytes)
         _on_lost(self.on_lost)
+        _non_negative_td("check_interval", self.check_interval)
         _non_negative_td("publish_interval", self.publish_interval)
 
 

@@ -117,6 +117,7 @@ class _Runner:
             lease=self.lease,
             claim_batch=1,
             max_claim_batch=1,
+            refill_ahead=False,  # a lease covers one command: none starts before its claim
             read_ahead=1,
             max_deliveries=a.max_deliveries or None,
         )

@@ -2,31 +2,40 @@
 
 ``buf.consumer()`` is subscriber "default": RFC 0001's consumer, resident in the
 root.  ``initialize()`` bumps the manifest epoch, fencing every older default
-consumer (I4); next_batch, ack and flush first check the epoch, with a 22-byte
-ranged GET of the footer when no fresher read is at hand, so a fenced consumer
-fails with FencedError and nothing it does lands.
-
-``buf.consumer(subscriber="etl")`` is a named subscriber (see
+consumer (I4).  ``buf.consumer(subscriber="etl")`` is a named subscriber (see
 :mod:`tieredbuf.queue.subscription`): its epoch and position live in its own progress
-object, so it fences only older instances of "etl".  next_batch checks that epoch
-(one small GET; idling at the tail, at most once per ``publish_interval``); an ack
-costs no request; every ``dequeue_every`` acks and on flush()
-one CAS of the progress object (fenced by its epoch) writes the position, and the
-position is published into the root lazily.
+object, so it fences only older instances of "etl".
+
+**Checks are amortised** (Kafka's consumer fetches many records per round trip; this
+one serves many entries per check).  Whether this instance is still its subscriber's
+current one is checked -- from the root for "default" (a root read, or its 22-byte
+footer), from the progress object for a named subscriber (one small GET) -- when the
+consumer reaches the end of the entries it knows (it reads the root then anyway), at
+least every ``check_every`` entries and every ``check_interval`` while it serves
+entries it already knows, and with every write: a default consumer's dequeue is a
+root CAS at its own epoch, a named subscriber's flush a CAS of its progress object
+fenced by the epoch there.  So nothing a fenced consumer writes lands (its acks,
+flushes and dequeues fail with FencedError), and its reads stop within
+``check_every`` entries or ``check_interval``, or at its next write (I4).  Once it
+knows it is fenced, every call raises FencedError without a request.  An ack costs
+no request: acks are written every ``dequeue_every`` acks and on flush() (a named
+subscriber also on close(), and its position is published into the root lazily).
 
 Every subscriber reads from its own position with the tree's lookups (a window of
 entries at a time, never the whole backlog).  A position that retention already
 unlinked raises DataLossError naming the lost range, or with ``on_lost="skip"``
-is skipped and counted.  Data objects are fetched ``read_ahead`` entries ahead on
-a thread pool, so draining a backlog is not one blocking GET round trip per batch.
+is skipped and counted.  Data objects are fetched ahead (:mod:`tieredbuf.consume.fetch`:
+``read_ahead`` objects and ``read_ahead_bytes`` at most, large ones in parallel ranged
+GETs), so draining a backlog is not one blocking GET round trip per entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -35,6 +44,7 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import DEFAULT_IDLE_POLL_MAX, ConsumerConfig
+from tieredbuf.consume.fetch import ReadAhead, fetch_object
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -42,7 +52,6 @@ from tieredbuf.errors import (
     FencedError,
     MissingObjectError,
     NotInitializedError,
-    ObjectNotFoundError,
 )
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
@@ -54,6 +63,8 @@ from tieredbuf.runtime.forks import ForkGuard
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
+
+__all__ = ["ConsumedBatch", "Consumer", "fetch_object"]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -94,23 +105,14 @@ class ConsumedBatch:
         return [dict(b.slots) for b in decode_segment(self.data, obj=self.location, slots=slots)]
 
 
-def fetch_object(store: Store, entry: ManifestEntry) -> bytes:
-    """GET an entry's data object; a missing one is data loss, never a silent skip."""
-    try:
-        return store.get(entry.location).data
-    except ObjectNotFoundError as e:
-        raise MissingObjectError(
-            f"data object {entry.location} of sequence {entry.sequence} is missing from the "
-            "store (deleted by hand, or by GC after a grace-period violation)",
-            entry.location, entry.sequence,
-        ) from e
-
-
 class Consumer:
     """A fenced consumer of one subscriber; use from one thread."""
 
     def __init__(
-        self, store: Store, queue: ManifestQueue, config: ConsumerConfig | None = None,
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        config: ConsumerConfig | None = None,
         subscriber: str = freg.DEFAULT,
     ) -> None:
         self.store = store
@@ -118,26 +120,34 @@ class Consumer:
         self.config = config or ConsumerConfig()
         self.consumer_id = f"c-{ULID()}"
         self.subscription: Subscription = open_subscription(
-            queue, subscriber, owner=self.consumer_id,
-            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
+            queue,
+            subscriber,
+            owner=self.consumer_id,
+            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1),
+        )
         self.subscriber = subscriber
         self.stats = Stats()
         self.epoch: int | None = None
         self._cursor = 0
         self._acked = -1
         self._acks_since_dequeue = 0
-        self._entries: dict[int, ManifestEntry] = {}
+        self._entries: dict[int, tuple[ManifestEntry, int]] = {}
         self._low = 0
         self._tail = 0
-        self._checked_ms = 0
+        self._served = 0  # entries served since the last check
+        self._checked_ms = 0  # when a check (or a write) last showed this instance current
+        self._check_ms = self.config.check_interval // timedelta(milliseconds=1)
+        self._fenced: FencedError | None = None
         idle_max = self.config.idle_poll_max.total_seconds()
         self._poll = FooterPoll(
             queue.read_footer, first_s=min(IDLE_BACKOFF_S, idle_max), max_s=idle_max
         )
         self._footer: Footer | None = None  # a footer the long poll just read
         self._gaps: dict[int, int] = {}
-        self._prefetch: dict[int, Future[bytes]] = {}
-        self._pool = started_pool(max(1, self.config.read_ahead), "tb-readahead")
+        self._pool = started_pool(max(4, self.config.read_ahead), "tb-readahead")
+        self._ahead = ReadAhead(
+            store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
+        )
         self._guard = ForkGuard("consumer")  # its read-ahead threads do not survive fork()
         self._closed = False
 
@@ -154,10 +164,11 @@ class Consumer:
         self._check_not_closed()
         if last_acked_sequence is not None and last_acked_sequence < 0:
             raise ValueError(f"last_acked_sequence must be >= 0, got {last_acked_sequence}")
-        self._cancel_prefetch()
+        self._ahead.cancel()
         self._entries = {}
         self._poll.reset()
         self._footer = None
+        self._fenced = None
         self._cursor = self.subscription.initialize(last_acked_sequence, start)
         self.epoch = self.subscription.epoch
         self._acked = self._cursor - 1
@@ -168,14 +179,16 @@ class Consumer:
     def close(self) -> None:
         """Stop; a named subscriber also writes its acks and publishes its position (a
         fenced or removed instance has nothing to write: that is logged, not raised)."""
-        if not self._closed and self.epoch is not None and not self.subscription.is_default:
+        if not self._closed and self.epoch is not None:
             try:
-                self.subscription.close()
+                if self._fenced is not None:
+                    raise self._fenced
+                self.subscription.close_reader()
             except FencedError as e:
                 log.info("close of a fenced consumer wrote nothing: %s", e)
         self._closed = True
         self._poll.wake()
-        self._cancel_prefetch()
+        self._ahead.cancel()
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Consumer:
@@ -184,12 +197,14 @@ class Consumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- reading ---------------------------------------------------------------
+    # --- checks ------------------------------------------------------------------
 
     def _epoch(self) -> int:
         self._check_not_closed()
         if self.epoch is None:
             raise NotInitializedError("call initialize() before using the consumer")
+        if self._fenced is not None:
+            raise self._fenced.with_traceback(None)
         return self.epoch
 
     def _check_not_closed(self) -> None:
@@ -197,20 +212,37 @@ class Consumer:
         if self._closed:
             raise ClosedError("consumer is closed")
 
+    @contextlib.contextmanager
+    def _fencing(self) -> Iterator[None]:
+        """Remember a FencedError: every later call raises it again, with no request."""
+        try:
+            yield
+        except FencedError as e:
+            self._fenced = e
+            self._ahead.cancel()
+            raise
+
+    def _current(self) -> None:
+        """A check or a write just showed this instance current: the next check is due
+        ``check_every`` entries or ``check_interval`` from now."""
+        self._served = 0
+        self._checked_ms = self.subscription.clock_ms()
+
     def _check(self, snap: Snapshot | None = None) -> None:
         """Raise FencedError if a newer instance of this subscriber took over."""
-        sub = self.subscription
-        if not sub.is_default:
-            sub.check()
-            if snap is not None:
-                sub.observe(snap)
-        elif snap is None:
-            self.queue.check_epoch(self._epoch())
-        elif snap.footer.epoch != self.epoch:
-            raise FencedError(self._epoch(), snap.footer.epoch)
+        self.subscription.check(snap)
+        self._current()
+
+    def _check_due(self) -> bool:
+        return (
+            self._served >= self.config.check_every
+            or self.subscription.clock_ms() - self._checked_ms >= self._check_ms
+        )
+
+    # --- reading ---------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Re-read the root (also checks the epoch) and the entries from the cursor on.
+        """Re-read the root (and check) and the entries from the cursor on.
 
         Only a window is decoded (the group holding the cursor and what follows, up to
         ``WINDOW`` entries), so a long backlog costs one group GET per window.
@@ -220,7 +252,8 @@ class Consumer:
         self._check(snap)
         start = max(self._cursor, snap.low)
         window = max(WINDOW, self.config.read_ahead + 1)
-        self._entries = {e.sequence: e for e in itertools.islice(snap.iter_from(start), window)}
+        got = itertools.islice(snap.iter_sized_from(start), window)
+        self._entries = {e.sequence: (e, size) for e, size in got}
         self._low = snap.low
         self._tail = snap.root.next_seq
         self.stats.incr("manifest_refreshes")
@@ -229,21 +262,18 @@ class Consumer:
         """At the tail: one 22-byte footer GET says whether anything was appended since the
         last root read (the default consumer's epoch check comes with it).  A named
         subscriber idling at the tail checks its own epoch at most once per
-        ``publish_interval`` (an idle fenced instance has nothing to land)."""
+        ``check_interval`` (an idle fenced instance has nothing to land)."""
         if self._cursor < self._tail:
             return False
         footer, self._footer = self._footer, None
         if footer is None:
             footer = self.queue.read_footer()
-        if self.subscription.is_default and footer.epoch != self.epoch:
-            raise FencedError(self._epoch(), footer.epoch)
+        if self.subscription.check_footer(footer.epoch):
+            self._current()
         if footer.next_sequence > self._tail:
             return False
-        if not self.subscription.is_default:
-            now = self.subscription.clock_ms()
-            if now - self._checked_ms >= self.subscription.publish_interval_ms:
-                self._checked_ms = now
-                self._check()
+        if self._check_due():
+            self._check()
         self.stats.incr("idle_polls")
         return True
 
@@ -256,10 +286,15 @@ class Consumer:
                 f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
                 f"before it read them (retention, or dequeued); the buffer now starts at "
                 f"{self._low}.  initialize(last_acked_sequence={last}) or on_lost='skip' "
-                "moves on")
+                "moves on"
+            )
         n = self._low - self._cursor
-        log.warning("subscriber %r skips sequences %d..%d: unlinked before it read them",
-                    self.subscriber, first, last)
+        log.warning(
+            "subscriber %r skips sequences %d..%d: unlinked before it read them",
+            self.subscriber,
+            first,
+            last,
+        )
         self.stats.incr("lost_sequences", n)
         self.subscription.lost += n
         self._cursor = self._low
@@ -278,7 +313,9 @@ class Consumer:
         entry within it.  The default consumer learns of a newer epoch from the
         same footer (FencedError); a named subscriber checks its epoch when an entry
         arrives (its acks land only through its fenced progress CAS).  Without a
-        timeout, one check (at the tail: one footer GET) and no wait.
+        timeout, no wait (at the tail: one footer GET).  Entries the consumer already
+        knows are served with no request but their data GETs (fetched ahead), and one
+        check every ``check_every`` entries or ``check_interval``.
         """
         if timeout is None or timeout <= 0:
             return self._next_batch()
@@ -292,8 +329,10 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            epoch = self.epoch if self.subscription.is_default else None
-            footer = self._poll.wait(self._tail, remaining, epoch=epoch)
+            with self._fencing():
+                footer = self._poll.wait(
+                    self._tail, remaining, epoch=self.subscription.footer_epoch
+                )
             if footer is None:
                 self._check_not_closed()
                 return None
@@ -301,51 +340,52 @@ class Consumer:
 
     def _next_batch(self) -> ConsumedBatch | None:
         self._epoch()
-        if self._cursor in self._entries:
-            self._check()
-        elif self._nothing_new():
-            return None
-        else:
-            self._refresh()
+        with self._fencing():
+            if self._cursor in self._entries:
+                if self._check_due():
+                    self._check()
+            elif self._nothing_new():
+                return None
+            else:
+                self._refresh()
+            return self._serve()
+
+    def _serve(self) -> ConsumedBatch | None:
         while True:
             if self._cursor < self._low:
                 self._lost()
                 if self._cursor not in self._entries:
                     self._refresh()
             seq = self._cursor
-            entry = self._entries.get(seq)
-            if entry is None:
+            got = self._entries.get(seq)
+            if got is None:
                 return None
-            fut = self._prefetch.pop(seq, None)
+            entry, size = got
+            self._ahead.want(self._upcoming(seq))
             try:
-                data = fut.result() if fut is not None else fetch_object(self.store, entry)
+                data = self._ahead.take(entry, size)
                 break
             except MissingObjectError:
                 # the window may predate a retention pass whose unlinked objects GC has
                 # since reaped: that is retention's loss (told, or skipped), judged from a
                 # fresh root; an object the root still links is missing for another reason
-                self._cancel_prefetch()
+                self._ahead.cancel()
                 self._refresh()
                 if self._cursor >= self._low:
                     raise
         self._cursor = seq + 1
+        self._served += 1
         self._entries.pop(seq, None)
-        self._schedule_prefetch()
+        self._ahead.want(self._upcoming(self._cursor))
         self.stats.incr("batches_read")
         return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
 
-    def _schedule_prefetch(self) -> None:
-        for s in range(self._cursor, self._cursor + self.config.read_ahead):
-            e = self._entries.get(s)
-            if e is None:
-                break
-            if s not in self._prefetch:
-                self._prefetch[s] = self._pool.submit(fetch_object, self.store, e)
-
-    def _cancel_prefetch(self) -> None:
-        for f in self._prefetch.values():
-            f.cancel()
-        self._prefetch.clear()
+    def _upcoming(self, start: int) -> Iterator[tuple[ManifestEntry, int]]:
+        """The known entries from ``start`` on, in order, until the first gap."""
+        s = start
+        while (got := self._entries.get(s)) is not None:
+            yield got
+            s += 1
 
     # --- acknowledging ---------------------------------------------------------
 
@@ -354,8 +394,11 @@ class Consumer:
         return self._acked if self._acked >= 0 else None
 
     def ack(self, sequence: int) -> None:
-        """Confirm ``sequence`` is processed; acks must be in order, one after another."""
-        epoch = self._epoch()
+        """Confirm ``sequence`` is processed; acks must be in order, one after another.
+
+        No request: every ``dequeue_every`` acks (and on flush()) they are written, by a
+        write fenced at this instance's epoch (FencedError: nothing of it lands)."""
+        self._epoch()
         expected = self._acked + 1
         if sequence != expected:
             raise AckOrderError(f"ack({sequence}) out of order: the next ack must be {expected}")
@@ -363,8 +406,6 @@ class Consumer:
             raise AckOrderError(
                 f"ack({sequence}) for a batch not yet read (next read {self._cursor})"
             )
-        if self.subscription.is_default:
-            self.queue.check_epoch(epoch)  # RFC 0001: every queue operation checks the epoch
         self._acked = sequence
         self._ack_gaps()
         self.subscription.ack_through(self._acked)
@@ -383,11 +424,11 @@ class Consumer:
         progress object and publishes its position into the root.  Also verifies this
         instance is not fenced."""
         self._epoch()
-        if not self.subscription.is_default and self.subscription.written == self._acked + 1:
-            self._check()
-        self._dequeue(publish=True)
+        self._dequeue(publish=True, verify=True)
 
-    def _dequeue(self, publish: bool) -> None:
-        self.subscription.flush(publish=publish)
+    def _dequeue(self, publish: bool, verify: bool = False) -> None:
+        with self._fencing():
+            if self.subscription.flush(publish=publish, verify=verify):
+                self._current()
         self._acks_since_dequeue = 0
         self.stats.incr("dequeues")

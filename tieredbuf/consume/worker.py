@@ -7,11 +7,23 @@
     w.close()                   # applies what is buffered, hands back what it still holds
 
 Every change is one CAS of the subscriber's progress object (:mod:`tieredbuf.queue.shared`
-decides): a refill applies this worker's buffered acks and rejects and leases the next
-``claim_batch`` claimable entries (lowest first) under a fresh operation token, which
-is also how a retry after an unknown outcome finds its own write.  Acks and rejects are
-buffered until the next refill, ``flush()``, ``close()``, or at once when a buffered
-ack's lease is about to lapse; ``defer`` is applied at once.
+decides; :mod:`tieredbuf.consume.refill` runs it): a refill applies this worker's
+buffered acks and rejects and leases the next claimable entries (lowest first) under a
+fresh operation token, which is also how a retry after an unknown outcome finds its own
+write.  Acks and rejects are buffered until the next refill, ``flush()``, ``close()``,
+or at once when a buffered ack's lease is about to lapse; ``defer`` is applied at once.
+
+**Refilling ahead.**  At S3's round trips a refill takes 60-100 ms, more when several
+workers contend for the progress object.  So a worker starts its next refill in the
+background when its leased entries are about to run out (when no more are left than it
+hands out during one refill), and ``claim()`` waits for a CAS only when it has none
+left at all.  A refill leases ``claim_batch`` entries, or more when its refills are slow
+against the caller's processing speed: about twice a refill's worth, at most
+``max_claim_batch``, and never more than the worker processes in half a lease, counting
+what it already holds.  Leases are still honoured: an entry whose lease would lapse
+(within a quarter of the lease, at most 5 s) before claim() returns it is handed back
+uncharged, never handed out.  ``refill_ahead=False`` refills only when claim() finds
+nothing left (``tieredbuf work``: a lease covers one command).
 
 Every entry is acked exactly once; processing is at-least-once.  An ack whose lease
 lapsed *and* was claimed again by another worker is refused: the call that applies it
@@ -22,9 +34,9 @@ nothing -- the other worker's ack counts.  Workers never bump the subscriber's e
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,19 +46,20 @@ from datetime import timedelta
 from ulid import ULID
 
 from tieredbuf.config import WorkerConfig
-from tieredbuf.consume.consumer import ConsumedBatch, fetch_object
+from tieredbuf.consume.consumer import ConsumedBatch
+from tieredbuf.consume.fetch import ReadAhead
+from tieredbuf.consume.refill import Refilled, Refiller
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
     DataLossError,
     LeaseExpiredError,
     MissingObjectError,
-    ObjectNotFoundError,
 )
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.progress import MAX_REASON, Lease, Progress
-from tieredbuf.queue import cas, shared
-from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.format.progress import MAX_REASON, Lease
+from tieredbuf.queue import shared
+from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.subscription import NamedSubscription
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.stats import Stats
@@ -59,20 +72,6 @@ def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
     return x if old is None else old + alpha * (x - old)
 
 
-WINDOW = 1024
-"""Entries decoded ahead of the claims (as a consumer reads a window of the backlog)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Apply:
-    """What one refill CAS decided, under its operation token, from the root it judged."""
-
-    applied: shared.Applied
-    token: bytes
-    root: Snapshot
-    wrote: bool = True
-
-
 @dataclasses.dataclass(slots=True)
 class _Held:
     token: bytes
@@ -83,41 +82,67 @@ class _Held:
 class Worker:
     """One worker of the shared subscriber ``subscriber``; use from one thread."""
 
-    def __init__(self, store: Store, queue: ManifestQueue, subscriber: str,
-                 config: WorkerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        queue: ManifestQueue,
+        subscriber: str,
+        config: WorkerConfig | None = None,
+    ) -> None:
         self.store = store
         self.queue = queue
         self.config = config or WorkerConfig()
         self.worker_id = ULID().bytes
         self.subscription = NamedSubscription(
-            queue, subscriber, shared=True, owner=f"w-{ULID.from_bytes(self.worker_id)}",
-            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1))
+            queue,
+            subscriber,
+            shared=True,
+            owner=f"w-{ULID.from_bytes(self.worker_id)}",
+            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1),
+        )
         self.subscriber = subscriber
         self.stats = Stats()
         self._limits = shared.Limits(
             lease_ms=self.config.lease // timedelta(milliseconds=1),
-            claim_n=self.config.claim_batch, max_span=self.config.max_span,
-            max_deliveries=self.config.max_deliveries)
+            claim_n=self.config.claim_batch,
+            max_span=self.config.max_span,
+            max_deliveries=self.config.max_deliveries,
+        )
         self._margin_ms = min(self._limits.lease_ms // 4, 5000)
+        self._refiller = Refiller(
+            queue,
+            self.subscription,
+            self.worker_id,
+            self._limits,
+            check_interval_s=self.config.check_interval.total_seconds(),
+            skip_lost=self.config.on_lost == "skip",
+            clock_ms=self.clock_ms,
+            on_landed=self._landed,
+        )
         self._held: dict[int, _Held] = {}
         self._ready: deque[int] = deque()
         self._ops: list[shared.Op] = []
         self._expiries: dict[bytes, int] = {}
-        self._entries: dict[int, ManifestEntry] = {}
-        self._snap: Snapshot | None = None
-        self._window: dict[int, ManifestEntry] = {}
-        self._contended = False
+        self._entries: dict[int, tuple[ManifestEntry, int]] = {}
         self._refill_s: float | None = None
         self._item_s: float | None = None
         self._handed_at: float | None = None
-        """The last CAS met another worker's write: read the progress object before the next."""
-        self._snap_at = 0.0
-        self._prefetch: dict[int, Future[bytes]] = {}
-        self._pool = started_pool(max(1, self.config.read_ahead), "tb-worker")
+        self._pending: tuple[Future[Refilled], int] | None = None
+        """A refill running ahead, and how many of ``_ops`` it applies."""
+        self._short = False
+        """The last refill got fewer entries than it asked for: none ahead until dry."""
+        self._rng = random.Random(self.worker_id)
+        self._spread = 1 + self._rng.random()
+        self._cas_thread = started_pool(1, "tb-worker-cas")
+        self._pool = started_pool(max(4, self.config.read_ahead), "tb-worker")
+        self._ahead = ReadAhead(
+            store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
+        )
         self._initialized = False
         self._closed = False
         self.on_applied: Callable[[list[int]], None] | None = None
-        """Called after each CAS with the sequences whose acks and rejects it applied."""
+        """Called right after each CAS landed with the sequences whose acks and rejects it
+        applied (on the worker's CAS thread when the CAS was a refill running ahead)."""
 
     def clock_ms(self) -> int:
         """The wall clock leases are judged by (the subscription's)."""
@@ -139,16 +164,24 @@ class Worker:
             return
         try:
             if self._initialized:
+                late: BaseException | None = None
+                try:
+                    self._settle(wait=True)  # what a refill running ahead leased is held too
+                except (LeaseExpiredError, DataLossError) as e:
+                    late = e
                 for seq, h in self._held.items():  # returned by claim(): a delivery
                     action: shared.Action = "defer" if h.handed_out else "release"
                     self._ops.append(shared.Op(action, seq, h.token))
+                self._held.clear()
                 if self._ops:
                     self._apply(0)
                 self.subscription.maybe_publish(force=True)
+                if late is not None:
+                    raise late
         finally:
             self._closed = True
-            for f in self._prefetch.values():
-                f.cancel()
+            self._ahead.cancel()
+            self._cas_thread.shutdown(wait=True)
             self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Worker:
@@ -175,6 +208,7 @@ class Worker:
         if self._handed_at is not None:  # the caller's processing time of the last one
             self._item_s = _ewma(self._item_s, time.monotonic() - self._handed_at)
             self._handed_at = None
+        self._settle(wait=False)
         self._flush_if_lapsing()
         while True:
             now = self.clock_ms()
@@ -193,17 +227,21 @@ class Worker:
                     continue
                 h.handed_out = True
                 self.stats.incr("claimed")
+                self._refill_ahead()
                 self._handed_at = time.monotonic()
                 return batch
-            t0 = time.monotonic()
+            if self._pending is not None:
+                self._settle(wait=True)  # ran dry before the refill ahead landed
+                continue
             if not self._apply(self._claim_n()):
                 return None
-            self._refill_s = _ewma(self._refill_s, time.monotonic() - t0)
 
     def _release(self, seq: int, h: _Held, why: str = "lapsed_before_use") -> None:
         """Hand back a lease whose entry claim() never returned (one about to lapse before
         its turn, by default) with the next CAS: no delivery is charged."""
         del self._held[seq]
+        self._entries.pop(seq, None)
+        self._ahead.drop(seq)
         self._ops.append(shared.Op("release", seq, h.token))
         self.stats.incr(why)
 
@@ -216,21 +254,66 @@ class Worker:
 
     def _claim_n(self) -> int:
         """How many to lease in the next refill: ``claim_batch``, or more when a refill takes
-        long against this worker's processing speed (contention on the progress object):
-        about twice the refill time's worth of entries, at most ``max_claim_batch``, and
-        never more than it processes in half a lease (so none lapses before its turn)."""
+        long against this worker's processing speed (contention on the progress object, S3's
+        round trips): about twice the refill time's worth of entries, at most
+        ``max_claim_batch``, never more than it processes in half a lease, counting the
+        entries it already holds (so none lapses before its turn), and never more than a
+        third of its share of ``max_span`` among the workers at work (each holds about
+        three batches of the span: acked but not yet applied, ready, and the refill's), so
+        that the span does not fill and stall them all."""
         base = self.config.claim_batch
         if self._refill_s is None or not self._item_s:
             return base
         cap = self.config.max_claim_batch or 8 * base
         want = math.ceil(2 * self._refill_s / self._item_s)
-        safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s)
-        return max(1, min(max(base, want), cap, max(safe, 1)))
+        safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s) - len(self._ready)
+        share = self.config.max_span // (3 * self._refiller.workers(self.clock_ms()))
+        return max(1, min(max(base, want), cap, safe, share))
+
+    def _low_water(self) -> int | None:
+        """Entries left when the next refill starts ahead: what this worker hands out during
+        one refill, times a random 1-2 (workers that run alike would otherwise refill at
+        the same moments and conflict on the progress object; None until both are
+        measured: no refill ahead yet)."""
+        if self._refill_s is None or self._item_s is None:
+            return None
+        return max(1, math.ceil(self._refill_s / max(self._item_s, 1e-6) * self._spread))
+
+    def _refill_ahead(self) -> None:
+        """Start the next refill in the background if the leased entries are about to run
+        out and more are known to be claimable (one at a time).  At the known tail, or
+        after a refill that got fewer than it asked for (``max_span``, or everything else
+        leased), claim() refills only when it runs dry: no CAS after CAS finding nothing."""
+        low = self._low_water()
+        if (
+            self._pending is not None
+            or not self.config.refill_ahead
+            or low is None
+            or self._short
+            or len(self._ready) > low
+            or not self._refiller.more_known(self.clock_ms())
+        ):
+            return
+        self._release_lapsing()
+        ops = list(self._ops)
+        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n())
+        self._pending = (fut, len(ops))
+        self._spread = 1 + self._rng.random()
+        self.stats.incr("refills_ahead")
+
+    def _settle(self, wait: bool) -> None:
+        """Take in the refill running ahead: when it is done, or (``wait``) once it is."""
+        if self._pending is None:
+            return
+        fut, n = self._pending
+        if not wait and not fut.done():
+            return
+        self._pending = None
+        self._absorb(fut.result(), n)
 
     def _batch(self, seq: int) -> ConsumedBatch:
-        entry = self._entries.pop(seq)
-        fut = self._prefetch.pop(seq, None)
-        data = fut.result() if fut is not None else fetch_object(self.store, entry)
+        entry, size = self._entries.pop(seq)
+        data = self._ahead.take(entry, size)
         self._schedule_prefetch()
         return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
 
@@ -240,57 +323,20 @@ class Worker:
         held entry below the root's first sequence is released (the next CAS resolves them
         as lost, counted with ``on_lost="skip"``) and, unless skipping, DataLossError says
         so.  An object the root still links is missing for another reason: re-raised."""
-        snap = self._snap = self.queue.read()
-        self._snap_at = time.monotonic()
+        self._settle(wait=True)  # the refiller's root is read here: none may run meanwhile
+        snap = self._refiller.read_root()
         if seq >= snap.low:
             raise err
         for s in sorted(x for x, h in self._held.items() if x < snap.low and not h.handed_out):
-            self._entries.pop(s, None)
-            fut = self._prefetch.pop(s, None)
-            if fut is not None:
-                fut.cancel()
             self._release(s, self._held[s], "unlinked_while_leased")
         if self.config.on_lost != "skip":
             raise DataLossError(
                 f"subscriber {self.subscriber!r}: sequences before {snap.low} were unlinked "
-                f"(retention) before they were acked; on_lost='skip' moves on")
+                f"(retention) before they were acked; on_lost='skip' moves on"
+            )
 
     def _schedule_prefetch(self) -> None:
-        for seq in itertools.islice(self._ready, self.config.read_ahead):
-            e = self._entries.get(seq)
-            if e is not None and seq not in self._prefetch:
-                self._prefetch[seq] = self._pool.submit(fetch_object, self.store, e)
-
-    def _load_entries(self, snap: Snapshot, seqs: list[int]) -> None:
-        """Entries of the claimed sequences.  A window of up to WINDOW entries is decoded
-        from the first one missing (claims move forward: the next refills find theirs
-        there), one tree walk per contiguous run of missing sequences."""
-        position = self.subscription.progress.position if self.subscription.progress else 0
-        for s in [s for s in self._window if s < position]:
-            del self._window[s]
-        runs: list[list[int]] = []
-        for s in sorted(x for x in seqs if x not in self._window):
-            if runs and runs[-1][-1] + 1 == s:
-                runs[-1].append(s)
-            else:
-                runs.append([s])
-        for run in runs:
-            n = max(len(run), WINDOW)
-            try:
-                got = list(itertools.islice(snap.iter_from(run[0]), n))
-            except ObjectNotFoundError:  # a cached root's group was unlinked and reaped
-                snap = self._snap = self.queue.read()
-                self._snap_at = time.monotonic()
-                got = list(itertools.islice(snap.iter_from(run[0]), n))
-            if [e.sequence for e in got[: len(run)]] != run:
-                raise DataLossError(
-                    f"subscriber {self.subscriber!r}: sequences {run[0]}..{run[-1]} were "
-                    f"leased but are no longer linked (retention unlinked them)")
-            if len(self._window) > 4 * WINDOW:
-                self._window.clear()
-            self._window.update((e.sequence, e) for e in got)
-        for s in seqs:
-            self._entries[s] = self._window[s]
+        self._ahead.want(self._entries[s] for s in self._ready if s in self._entries)
 
     # --- resolving -------------------------------------------------------------------
 
@@ -332,6 +378,7 @@ class Worker:
     def flush(self) -> None:
         """Apply every buffered ack and reject now and publish the subscriber's position."""
         self._ensure()
+        self._settle(wait=True)
         if self._ops:
             self._apply(0)
         self.subscription.maybe_publish(force=True)
@@ -350,73 +397,34 @@ class Worker:
     # --- the one CAS -----------------------------------------------------------------
 
     def _apply(self, claim_n: int) -> bool:
-        """One CAS: buffered ops applied, up to ``claim_n`` entries leased.  Returns True if
-        it leased anything.  Raises DataLossError / LeaseExpiredError *after* the CAS
-        landed (what it leased stays queued for the next claim())."""
-        sub = self.subscription
+        """One CAS now (after the refill running ahead, if any): buffered ops applied, up
+        to ``claim_n`` entries leased.  Returns True if it leased anything.  Raises
+        DataLossError / LeaseExpiredError *after* the CAS landed (what it leased stays
+        queued for the next claim())."""
+        self._settle(wait=True)
         self._release_lapsing()
         ops = list(self._ops)
-        limits = dataclasses.replace(self._limits, claim_n=claim_n)
-        roots: list[Snapshot] = []
-        retried: list[int] = []
-        skip_lost = self.config.on_lost == "skip"
+        return self._absorb(self._refiller.run(ops, claim_n), len(ops))
 
-        def decide(p: Progress, attempt: int
-                   ) -> tuple[Progress, _Apply] | cas.Skip[_Apply]:
-            if attempt:
-                retried.append(attempt)
-            if attempt or not roots:
-                roots.append(self._root(p, claim_n))
-            snap = roots[-1]
-            token = ULID().bytes  # each attempt its own: a retry knows which one landed
-            applied = shared.apply(p, ops, worker_id=self.worker_id, op_token=token,
-                                   now_ms=self.clock_ms(), limits=limits,
-                                   next_seq=snap.root.next_seq, low=snap.low,
-                                   skip_lost=skip_lost)
-            if not (ops or applied.claimed or applied.auto_rejected
-                    or (applied.lost is not None and skip_lost)):
-                applied.progress = p  # nothing to change: an idle poll costs no write
-                return cas.Skip(_Apply(applied, token, snap, wrote=False))
-            return applied.progress, _Apply(applied, token, snap)
-
-        def landed(p: Progress, tried: Sequence[_Apply]) -> _Apply | None:
-            token = shared.landed_op(p, self.worker_id, [t.token for t in tried])
-            if token is None:
-                return None
-            self.queue.stats.incr("worker_ops_found_landed")
-            mine = next(t for t in tried if t.token == token)
-            return dataclasses.replace(mine, applied=dataclasses.replace(
-                mine.applied, progress=p, claimed=shared.mine(p, token)))
-
-        def same(a: _Apply) -> _Apply:
-            return a
-
-        def run(blind: bool) -> _Apply:
-            return sub.cas(decide, same, landed, blind=blind)
-
-        # after contention a blind CAS (from the cached progress) would only conflict
-        got = run(blind=not self._contended)
-        if not got.wrote and not self._contended:
-            got = run(blind=False)  # the cached progress may be stale: judge from a fresh read
-        applied, op_token, snap, wrote = got.applied, got.token, got.root, got.wrote
-        self._ops = self._ops[len(ops):]
-        self.stats.incr("cas" if wrote else "idle_polls")
-        self._contended = bool(retried)
-        if self.on_applied is not None and ops:
-            refused = set(applied.expired)
-            self.on_applied([op.seq for op in ops if op.action in ("ack", "reject")
-                             and op.seq not in refused])
-        sub.written = applied.progress.position
-        sub.observe(snap)
-        new = [x for x in applied.claimed if x.token == op_token]
-        if new:
-            self._load_entries(snap, [x.seq for x in new])
-        self._lease(new)
+    def _absorb(self, got: Refilled, n_ops: int) -> bool:
+        """Take in what a refill did (on the caller's thread): its first ``n_ops`` buffered
+        ops are applied; its leases are queued; then what it found is raised."""
+        applied = got.applied
+        self._ops = self._ops[n_ops:]
+        self.stats.incr("cas" if got.wrote else "idle_polls")
+        if got.new:
+            self._refill_s = _ewma(self._refill_s, got.seconds)
+        self._short = len(got.new) < got.asked
+        self._entries.update(got.entries)
+        self._lease(got.new)
         if applied.auto_rejected:
             self.stats.incr("auto_rejected", len(applied.auto_rejected))
-            log.warning("subscriber %r: rejected %s after %s deliveries", self.subscriber,
-                        applied.auto_rejected, self.config.max_deliveries)
-        sub.maybe_publish()
+            log.warning(
+                "subscriber %r: rejected %s after %s deliveries",
+                self.subscriber,
+                applied.auto_rejected,
+                self.config.max_deliveries,
+            )
         if applied.lost is not None and self.config.on_lost == "skip":
             self.stats.incr("lost_sequences", applied.lost[1] - applied.lost[0] + 1)
         if applied.expired:  # first: it is this call's news; a loss is raised again next call
@@ -426,23 +434,19 @@ class Worker:
             first, last = applied.lost
             raise DataLossError(
                 f"subscriber {self.subscriber!r}: sequences {first}..{last} were unlinked "
-                f"(retention) before they were acked; on_lost='skip' moves on")
-        return bool(new)
+                f"(retention) before they were acked; on_lost='skip' moves on"
+            )
+        if got.error is not None:
+            raise got.error
+        return bool(got.new)
 
-    def _root(self, p: Progress | None, claim_n: int) -> Snapshot:
-        """The root as of at most ``publish_interval`` ago, re-read sooner when new entries
-        may be claimable (one 22-byte footer GET tells): a refill of a long backlog does
-        not read (and decode) the whole root every time."""
-        now = time.monotonic()
-        snap = self._snap
-        stale = snap is None or now - self._snap_at >= self.subscription.publish_interval_ms / 1000
-        if (not stale and snap is not None and p is not None
-                and p.claim_cursor + claim_n > snap.root.next_seq):
-            stale = self.queue.read_footer().next_sequence != snap.root.next_seq
-        if stale or snap is None:
-            snap = self.queue.read()
-            self._snap, self._snap_at = snap, now
-        return snap
+    def _landed(self, ops: Sequence[shared.Op], applied: shared.Applied) -> None:
+        """A CAS landed (on the thread that ran it): tell ``on_applied`` at once."""
+        if self.on_applied is not None and ops:
+            refused = set(applied.expired)
+            self.on_applied(
+                [op.seq for op in ops if op.action in ("ack", "reject") and op.seq not in refused]
+            )
 
     def _lease(self, leases: list[Lease]) -> None:
         for x in leases:

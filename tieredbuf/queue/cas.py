@@ -129,6 +129,12 @@ class Retries:
     """Where store failures are logged (once per interval); with it, a direct call (not a
     background loop, :func:`~tieredbuf.runtime.retry.in_background`) gives up after
     ``retry.give_up_after``, raising the last store error."""
+    conflict_delay: Callable[[int], float] | None = None
+    """Seconds to sleep after a lost race before retry ``n`` (None: ``retry``'s back-off).
+    Peers that write one object all the time (a work queue's workers) spread their
+    retries over as many CAS times as there are peers: the exponential back-off either
+    keeps them in step (all re-read after the winner's write, all write again, one wins)
+    or grows one loser's pause to seconds while the others go on winning."""
 
 
 def run(
@@ -203,7 +209,10 @@ def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
     stats.incr(f"{prefix}retries")
     if retries.limit is not None and attempt >= retries.limit:
         raise TieredBufError(f"{what} gave up after {attempt} retries ({why})")
-    delay = backoff_delay(retries.retry, attempt)
+    if why == "conflicts" and retries.conflict_delay is not None:
+        delay = retries.conflict_delay(attempt)
+    else:
+        delay = backoff_delay(retries.retry, attempt)
     if why == "throttled":
         delay = max(delay, random.uniform(THROTTLE_PAUSE_S, 1.5 * THROTTLE_PAUSE_S))
     if retries.log is not None:

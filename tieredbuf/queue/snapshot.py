@@ -82,6 +82,10 @@ class Snapshot:
         """Linked entries with sequence >= max(start, low), loading one group at a time."""
         return tree.iter_from(self.root, max(start, self.root.low), self.nodes.load)
 
+    def iter_sized_from(self, start: int) -> Iterator[tuple[fm.ManifestEntry, int]]:
+        """:meth:`iter_from` with each data object's size in bytes (0: not recorded)."""
+        return tree.iter_sized_from(self.root, max(start, self.root.low), self.nodes.load)
+
     def sized_entries(self) -> list[tuple[fm.ManifestEntry, int]]:
         """:meth:`entries` with each data object's size in bytes (0: not recorded)."""
         return list(tree.iter_sized_from(self.root, self.root.head, self.nodes.load))

@@ -6,8 +6,11 @@ ConsumedBatch objects) needs of a subscriber, without reading any data:
 * ``initialize(last_acked_sequence=None, start="earliest")`` registers the subscriber
   if new and bumps *its own* epoch, fencing older instances of the same subscriber only
   (I4); returns the first sequence to read.
-* ``check()`` raises FencedError (SubscriberRemovedError once removed) if a newer
-  instance took over: one small GET.
+* ``check(snap=None)`` raises FencedError (SubscriberRemovedError once removed) if a
+  newer instance took over: for "default" from a root just read (``snap``: no request)
+  or the root's 22-byte footer, for a named subscriber from its progress object (one
+  small GET); ``check_footer(epoch)`` judges a footer read anyway (it carries only
+  "default"'s epoch).
 * ``ack_through(seq)`` records that everything through ``seq`` is done: no request.
 * ``flush()`` writes it: for "default" a root CAS at the root's epoch (RFC 0001's
   dequeue); for a named subscriber a CAS of its own progress object (fenced by the epoch
@@ -81,15 +84,32 @@ class Subscription:
     def initialize(self, last_acked_sequence: int | None = None, start: str = "earliest") -> int:
         raise NotImplementedError
 
-    def check(self) -> None:
+    def check(self, snap: Snapshot | None = None) -> None:
+        """Raise FencedError if a newer instance of this subscriber took over.  ``snap``: a
+        root just read (noted, see :meth:`observe`; it carries "default"'s epoch)."""
         raise NotImplementedError
+
+    def check_footer(self, footer_epoch: int) -> bool:
+        """The epoch of a root footer just read: FencedError if it fences this instance.
+        True when it was this subscriber's epoch to judge ("default"), False when the
+        footer says nothing about this subscriber (a named one)."""
+        return False
+
+    @property
+    def footer_epoch(self) -> int | None:
+        """The epoch a root footer shows while this instance is current (None: the footer
+        does not carry this subscriber's epoch)."""
+        return None
 
     def ack_through(self, sequence: int) -> None:
         """Everything through ``sequence`` is processed (no request until :meth:`flush`)."""
         self._epoch()
         self.position = max(self.position, sequence + 1)
 
-    def flush(self, publish: bool = True) -> None:
+    def flush(self, publish: bool = True, *, verify: bool = False) -> bool:
+        """Write the position (fenced by this instance's epoch).  ``verify``: even when
+        there is nothing to write, make sure this instance is not fenced.  True when a
+        write or a check showed this instance current."""
         raise NotImplementedError
 
     def observe(self, snap: Snapshot) -> None:
@@ -98,6 +118,10 @@ class Subscription:
     def close(self) -> None:
         if self.epoch is not None:
             self.flush(publish=True)
+
+    def close_reader(self) -> None:
+        """What a consumer's ``close()`` writes: by default everything (:meth:`close`)."""
+        self.close()
 
 
 class DefaultSubscription(Subscription):
@@ -116,12 +140,33 @@ class DefaultSubscription(Subscription):
         self.position = reg.published_next if want is None else want
         return self.position
 
-    def check(self) -> None:
-        self.queue.check_epoch(self._epoch())
+    def check(self, snap: Snapshot | None = None) -> None:
+        epoch = self._epoch()
+        if snap is None:
+            self.queue.check_epoch(epoch)
+        elif snap.footer.epoch != epoch:
+            raise FencedError(epoch, snap.footer.epoch)
 
-    def flush(self, publish: bool = True) -> None:
+    def check_footer(self, footer_epoch: int) -> bool:
+        epoch = self._epoch()
+        if footer_epoch != epoch:
+            raise FencedError(epoch, footer_epoch)
+        return True
+
+    @property
+    def footer_epoch(self) -> int | None:
+        return self.epoch
+
+    def flush(self, publish: bool = True, *, verify: bool = False) -> bool:
+        """RFC 0001's dequeue: a root CAS at this instance's epoch (it reads the root
+        first, so it always verifies)."""
         self.queue.dequeue(self.position - 1, self._epoch())
         self.written = self.position
+        return True
+
+    def close_reader(self) -> None:
+        """RFC 0001's consumer writes nothing at close: its acks land by ``dequeue_every``
+        or ``flush()``."""
 
 
 class NamedSubscription(Subscription):
@@ -246,12 +291,14 @@ class NamedSubscription(Subscription):
         *,
         fenced: bool = False,
         blind: bool = True,
+        retries: cas.Retries | None = None,
     ) -> R:
         """Write this subscriber's progress object through the one CAS primitive
         (:func:`tieredbuf.queue.cas.run`): ``decide(progress, attempt)`` returns the new
         progress and what it decided (or a Skip); the first attempt is decided from the
         progress as last read or written (``blind``: no GET), a failure re-reads it.
-        ``fenced``: every attempt first checks this instance's epoch (FencedError)."""
+        ``fenced``: every attempt first checks this instance's epoch (FencedError).
+        ``retries``: how to back off (the queue's by default)."""
         epoch = self._epoch() if fenced else None
 
         def fence(p: fp.Progress) -> None:
@@ -277,7 +324,7 @@ class NamedSubscription(Subscription):
         assert self.progress is not None and self.etag is not None and self.reg_id is not None
         first = cas.Read(self.progress, self.etag) if blind else None
         return cas.run(
-            _ProgressObject(self), write, finish, retries=self.queue.cas_retries(),
+            _ProgressObject(self), write, finish, retries=retries or self.queue.cas_retries(),
             stats=self.queue.stats, fence=fence if fenced else None,
             landed=found if landed is not None else None, first=first,
             stat_prefix="progress_", what=f"the progress of subscriber {self.name!r}",
@@ -291,11 +338,13 @@ class NamedSubscription(Subscription):
         self.progress, self.etag = got
         return got[0]
 
-    def check(self) -> None:
+    def check(self, snap: Snapshot | None = None) -> None:
         epoch = self._epoch()
         p = self.reload()
         if p.epoch != epoch:
             raise FencedError(epoch, p.epoch, self.name)
+        if snap is not None:
+            self.observe(snap)
 
     # --- position ---------------------------------------------------------------------
 
@@ -306,12 +355,14 @@ class NamedSubscription(Subscription):
         self._published, self._head = reg.published_next, snap.head
         self._observed_ms = self.clock_ms()
 
-    def flush(self, publish: bool = True) -> None:
+    def flush(self, publish: bool = True, *, verify: bool = False) -> bool:
         """Write the position (one CAS of the progress object, fenced by its epoch), then
         publish it into the root if this subscriber holds the head back (``publish``:
-        whenever it is behind what the progress object says)."""
+        whenever it is behind what the progress object says).  ``verify`` with nothing to
+        write: one GET of the progress object checks the epoch."""
         self._epoch()
         position, lost = self.position, self.lost
+        shown = True
         if position != self.written or lost != (self.progress.lost if self.progress else 0):
 
             def decide(p: fp.Progress, attempt: int
@@ -322,8 +373,13 @@ class NamedSubscription(Subscription):
                                            lost=lost, updated_ms=self.clock_ms()), None
 
             self.cas(decide, lambda _: None, fenced=True)
+        elif verify:
+            self.check()
+        else:
+            shown = False
         self.written = position
         self.maybe_publish(force=publish)
+        return shown
 
     def maybe_publish(self, force: bool = False) -> bool:
         """Publish when behind the progress object and either ``force`` or this subscriber

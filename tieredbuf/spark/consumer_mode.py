@@ -39,10 +39,6 @@ class QueueConsumer:
         self.sub: Subscription = buf.subscription(name, owner=f"spark:{name}")
         self.position: int | None = None
 
-    @property
-    def is_default(self) -> bool:
-        return self.sub.is_default
-
     def start(self, latest: bool = False) -> int:
         """Register / bump the epoch (once per query run); returns the subscriber's
         position when it started (``latest``: a new subscriber starts at the tail)."""
@@ -63,19 +59,15 @@ class QueueConsumer:
         return self.sub.epoch
 
     def check(self, snap: Snapshot) -> None:
-        """FencedError when a newer instance of this subscriber took over."""
-        epoch = self.epoch
-        if self.is_default:
-            if snap.footer.epoch != epoch:
-                raise FencedError(epoch, snap.footer.epoch, self.name)
-            return
-        self.sub.check()
-        self.sub.observe(snap)
+        """FencedError when a newer instance of this subscriber took over (for "default"
+        from the root the trigger read, for a named subscriber from its progress object)."""
+        self.start()
+        self.sub.check(snap)
 
     def check_footer_epoch(self, footer_epoch: int) -> None:
         """The idle path's footer read: it carries the epoch of "default" only."""
-        if self.is_default and footer_epoch != self.epoch:
-            raise FencedError(self.epoch, footer_epoch, self.name)
+        self.start()
+        self.sub.check_footer(footer_epoch)
 
     def skipped(self, first: int, low: int) -> int:
         """Sequences ``first..low-1`` are gone and skipped (failOnDataLoss=false): count
