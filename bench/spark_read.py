@@ -228,13 +228,13 @@ def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[s
     import tree as tree_bench  # bench/tree.py: the same bulk path
 
     import tieredbuf
+    from tests.faults import CountingStore
     from tieredbuf.queue.manifest_queue import ManifestQueue
     from tieredbuf.spark import executor
     from tieredbuf.spark import options as opt
     from tieredbuf.spark.source import records_struct
     from tieredbuf.spark.stream import StreamReader
     from tieredbuf.store import open_store
-    from tieredbuf.store.faults import CountingStore
 
     if any(n // 2 < batch * (triggers + 1) for n in sizes):
         raise SystemExit("--planning-batch x --planning-triggers must fit in half the backlog")

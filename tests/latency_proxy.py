@@ -17,7 +17,7 @@ moto (or SeaweedFS) and, per request:
   create-if-absent PUT (``If-None-Match: *``) is forwarded: to a key written within the
   window it fails with 412 anyway (it exists), which is no write (the conditional-write
   probe creates a key twice in a row and expects the 412).  Unlike
-  :class:`tieredbuf.store.faults.KeyRateLimitedStore` (one process's store), the proxy
+  :class:`tests.faults.KeyRateLimitedStore` (one process's store), the proxy
   sees every process's writes.
 
 Used by the tests (``latency_proxy`` fixtures) and by ``bench/`` (a 20 ms / 40 ms column

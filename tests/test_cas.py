@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.faults import FaultInjectingStore
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import (
     AccessDeniedError,
@@ -23,7 +24,6 @@ from tieredbuf.queue import cas
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store import open_store
 from tieredbuf.store.base import IfMatch
-from tieredbuf.store.faults import FaultInjectingStore
 
 KEY = "obj"
 

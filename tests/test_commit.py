@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.faults import FaultInjectingStore
 from tieredbuf import keys
 from tieredbuf.errors import OutcomeUnknownError, PreconditionFailedError
 from tieredbuf.format import announce as fa
@@ -13,7 +14,6 @@ from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.queue.commit import Pending, commit, lease_free
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 MANIFEST_KEY = keys.MANIFEST_KEY
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import tieredbuf
+from tests.faults import CountingStore
 from tieredbuf.errors import AckOrderError, DataLossError, FencedError, NotInitializedError
 from tieredbuf.keys import MANIFEST_KEY
-from tieredbuf.store.faults import CountingStore
 
 
 def _fill(buf: tieredbuf.Buffer, n: int) -> list[list[bytes]]:

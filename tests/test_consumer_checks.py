@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import tieredbuf
-from tests.subscriber_util import KeyCountingStore, drain, seed
+from tests.faults import CountingStore
+from tests.subscriber_util import drain, seed
 from tieredbuf import keys
 from tieredbuf.errors import ConfigError, FencedError
 from tieredbuf.store import open_store
@@ -53,7 +54,7 @@ def test_serving_a_known_window_costs_the_data_gets_and_one_check_per_check_ever
 ) -> None:
     """A consumer that already holds a root listing 250 entries reads neither the root nor
     its progress object again to serve them: only the amortised check, once per 100."""
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     seed(buf, 250)
     c = _consumer(
@@ -68,17 +69,17 @@ def test_serving_a_known_window_costs_the_data_gets_and_one_check_per_check_ever
     c.initialize()
     counting.reset()
     assert drain(c, 250) == list(range(250))
-    check = ("root", "get_suffix") if subscriber == "default" else ("progress", "get")
+    check = ("root", "get_suffix") if subscriber == "default" else ("subscriber", "get")
     assert counting.of("data") == {"get": 250}
     assert counting.of(check[0]) == {check[1]: 2}  # before entries 100 and 200
-    other = "progress" if subscriber == "default" else "root"
+    other = "subscriber" if subscriber == "default" else "root"
     assert counting.of(other) == {}
     assert counting.of("group") == {}
 
 
 @pytest.mark.parametrize("subscriber", SUBSCRIBERS)
 def test_an_ack_costs_no_request(subscriber: str) -> None:
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     seed(buf, 5)
     c = _consumer(buf, subscriber, Clock(), read_ahead=0)
@@ -163,7 +164,7 @@ def test_I4_a_fenced_consumers_acks_never_land(subscriber: str, check: str) -> N
 
 
 def test_I4_a_fenced_default_consumer_learns_it_from_its_dequeue_before_any_check() -> None:
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     seed(buf, 10)
     old = _consumer(buf, "default", Clock(), dequeue_every=4, read_ahead=0, **LONG)
@@ -198,7 +199,7 @@ def test_check_every_and_check_interval_are_validated() -> None:
 def test_a_default_consumers_dequeue_costs_a_root_get_and_put_and_counts_as_a_check() -> None:
     """docs/subscribers.md: every dequeue_every acks, 1 root GET + 1 root PUT; the write
     shows the instance current, so no footer check follows it for check_every entries."""
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     seed(buf, 30)
     c = _consumer(

@@ -24,12 +24,12 @@ import pytest
 
 import tieredbuf
 from tests.endpoint import S3Endpoint
+from tests.faults import CountingStore, FaultInjectingStore
 from tests.tcp_proxy import TcpProxy
 from tieredbuf import Durability, errors
 from tieredbuf.config import RetryConfig
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import CountingStore, FaultInjectingStore
 
 FAST = {"max_open_duration": timedelta(milliseconds=20)}
 QUICK_RECOVERY = {

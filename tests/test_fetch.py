@@ -13,7 +13,7 @@ import pytest
 from ulid import ULID
 
 import tieredbuf
-from tests.subscriber_util import KeyCountingStore
+from tests.faults import CountingStore
 from tieredbuf import keys
 from tieredbuf.consume.fetch import RANGE_PART, STREAMS, ReadAhead
 from tieredbuf.errors import MissingObjectError
@@ -30,7 +30,7 @@ def _entry(store: Any, seq: int, body: bytes) -> ManifestEntry:
 
 def test_a_large_object_is_read_in_parallel_ranges_and_reassembled(any_url) -> None:  # type: ignore[no-untyped-def]
     url, opts = any_url
-    store = KeyCountingStore(tieredbuf.open(url, **opts).store)
+    store = CountingStore(tieredbuf.open(url, **opts).store)
     body = os.urandom(10_000)
     e = _entry(store, 0, body)
     store.reset()
@@ -44,7 +44,7 @@ def test_a_recorded_size_that_does_not_match_is_read_whole_never_cut_short(
     any_url, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
     url, opts = any_url
-    store = KeyCountingStore(tieredbuf.open(url, **opts).store)
+    store = CountingStore(tieredbuf.open(url, **opts).store)
     body = os.urandom(10_000)
     e = _entry(store, 0, body)
     with ThreadPoolExecutor(4) as pool, caplog.at_level(logging.WARNING):
@@ -78,7 +78,7 @@ def test_ranged_parts_only_where_read_ahead_cannot_keep_enough_streams_busy() ->
 
 
 def test_read_ahead_starts_another_object_only_while_under_its_byte_budget() -> None:
-    store = KeyCountingStore(open_store("memory://"))
+    store = CountingStore(open_store("memory://"))
     sized = [(_entry(store, i, b"x" * 400), 400) for i in range(6)]
     store.reset()
     with ThreadPoolExecutor(4) as pool:
@@ -97,7 +97,7 @@ def test_read_ahead_starts_another_object_only_while_under_its_byte_budget() -> 
 
 
 def test_a_consumer_reads_a_large_entry_in_ranged_gets() -> None:
-    store = KeyCountingStore(open_store("memory://"))
+    store = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(store)
     body = encode_batch([os.urandom(2 * RANGE_PART + 1000)])
     key = keys.data_key(ULID())

@@ -83,8 +83,8 @@ def test_gc_on_an_empty_queue_deletes_old_unreferenced_objects_only(  # type: ig
 
 
 def test_gc_counts_failed_deletes_and_keeps_going() -> None:
+    from tests.faults import FaultInjectingStore
     from tieredbuf.errors import StoreError
-    from tieredbuf.store.faults import FaultInjectingStore
 
     store = FaultInjectingStore(tieredbuf.open("memory://").store)
     buf = tieredbuf.Buffer(store)
@@ -100,9 +100,9 @@ def test_gc_counts_failed_deletes_and_keeps_going() -> None:
 def test_I5_gc_reaps_orphan_and_unlinked_groups_and_keeps_every_reachable_object(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import time
 
+    from tests.faults import FaultInjectingStore
     from tieredbuf.config import TreeConfig
     from tieredbuf.errors import PreconditionFailedError
-    from tieredbuf.store.faults import FaultInjectingStore
 
     buf = tieredbuf.open(f"file://{tmp_path}/b", tree=TreeConfig(m=2))
     now = time.time_ns() // 1_000_000  # group ULIDs carry the wall clock

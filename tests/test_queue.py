@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tieredbuf
+from tests.faults import FaultInjectingStore
 from tieredbuf.errors import (
     AlreadyExistsError,
     FencedError,
@@ -16,7 +17,6 @@ from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.keys import MANIFEST_KEY
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 def _e(loc: str) -> NewEntry:

@@ -17,11 +17,11 @@ from datetime import timedelta
 
 import pytest
 
+from tests.faults import KeyRateLimitedStore
 from tieredbuf import Durability, keys
 from tieredbuf.buffer import Buffer
 from tieredbuf.queue.cas import THROTTLE_PAUSE_S
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import KeyRateLimitedStore
 
 PRODUCERS = 3
 CALLS = 30

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import FaultInjectingStore
 from tieredbuf import gc, keys
 from tieredbuf.config import TreeConfig
 from tieredbuf.consume.reader import ContinuousReader
@@ -17,7 +18,6 @@ from tieredbuf.errors import StoreError
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 class _Buf:

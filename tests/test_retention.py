@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 import tieredbuf
+from tests.faults import FaultInjectingStore
 from tieredbuf import keys
 from tieredbuf.errors import CorruptError, OutcomeUnknownError
 from tieredbuf.format import manifest as fm
@@ -16,7 +17,6 @@ from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem, NewEntry, RetentionPolicy
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 def _e(i: int) -> NewEntry:

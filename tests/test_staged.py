@@ -88,10 +88,10 @@ def test_I2_segment_appended_before_a_crash_is_not_appended_again(tmp_path: Path
 
 
 def test_I2_group_commit_after_a_crash_appends_only_what_did_not_land(tmp_path: Path) -> None:
+    from tests.faults import FaultInjectingStore
     from tieredbuf.errors import OutcomeUnknownError
     from tieredbuf.keys import MANIFEST_KEY
     from tieredbuf.store import open_store
-    from tieredbuf.store.faults import FaultInjectingStore
 
     url = f"file://{tmp_path}/buf"
     stage = Stage(tmp_path / "stage")

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 
 import tieredbuf
-from tests.subscriber_util import KeyCountingStore, drain, fill
+from tests.faults import CountingStore, FaultInjectingStore
+from tests.subscriber_util import drain, fill
 from tieredbuf import gc, keys
 from tieredbuf.errors import (
     BufferNotFoundError,
@@ -23,7 +24,6 @@ from tieredbuf.errors import (
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import registry as freg
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 def _buf() -> tieredbuf.Buffer:
@@ -286,7 +286,7 @@ def test_a_default_only_buffer_keeps_its_bytes_and_an_older_root_reads_as_defaul
 
 
 def test_an_ack_costs_no_request_and_a_flush_one_progress_cas() -> None:
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 15)
     other = buf.consumer("other")
@@ -306,17 +306,17 @@ def test_an_ack_costs_no_request_and_a_flush_one_progress_cas() -> None:
     assert b is not None
     counting.reset()
     c.ack(b.sequence)  # the 5th ack: one CAS of its own progress object, nothing else
-    assert counting.of("progress") == {"put": 1} and counting.of("root") == {}
+    assert counting.of("subscriber") == {"put": 1} and counting.of("root") == {}
     counting.reset()
     c.flush()  # nothing new to write: one GET checks the epoch; flush() always publishes:
     # one root GET, one GET per named subscriber behind the tail, one root CAS
-    assert counting.of("progress") == {"get": 3}
+    assert counting.of("subscriber") == {"get": 3}
     assert counting.of("root") == {"get": 1, "put": 1}
 
 
 def test_publication_is_lazy_only_the_subscriber_holding_the_head_writes_the_root() -> None:
     clock = [1_000_000]
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 20)
     fast = buf.consumer("fast", dequeue_every=2, read_ahead=0)
@@ -326,7 +326,7 @@ def test_publication_is_lazy_only_the_subscriber_holding_the_head_writes_the_roo
         c.initialize()
     counting.reset()
     drain(fast, 10)  # 5 progress CASes; it published once (it held the head), then not
-    assert counting.of("progress").get("put") == 5
+    assert counting.of("subscriber").get("put") == 5
     assert counting.of("root").get("put", 0) == 1
     counting.reset()
     drain(slow, 4)  # holds the head: publishes, at most once per publish_interval

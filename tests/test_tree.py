@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.faults import CountingStore
 from tests.fuzzing import FUZZ, bits, canonical, cuts, damage, flips
 from tieredbuf import keys
 from tieredbuf.config import TreeConfig
@@ -23,7 +24,6 @@ from tieredbuf.format.manifest import (
 )
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import CountingStore
 
 
 def _e(i: int, size: int = 10) -> NewEntry:

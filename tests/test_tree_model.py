@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from tests.faults import FaultInjectingStore
 from tieredbuf import gc, keys
 from tieredbuf.config import TreeConfig
 from tieredbuf.format import tree as ft
@@ -22,7 +23,6 @@ from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue import tree
 from tieredbuf.queue.manifest_queue import ManifestQueue, retention_of
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 class Crash(Exception):

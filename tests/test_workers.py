@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import tieredbuf
-from tests.subscriber_util import KeyCountingStore, fill, seed
+from tests.faults import CountingStore, FaultInjectingStore
+from tests.subscriber_util import fill, seed
 from tieredbuf import keys
 from tieredbuf.errors import (
     AckOrderError,
@@ -23,7 +24,6 @@ from tieredbuf.errors import (
     SubscriberRemovedError,
 )
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import FaultInjectingStore
 
 
 class Clock:
@@ -170,7 +170,7 @@ def test_max_span_bounds_the_state_behind_a_stuck_entry() -> None:
 
 
 def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 16)
     w = _worker(buf, Clock(), claim_batch=8, max_claim_batch=8, read_ahead=0,
@@ -185,7 +185,7 @@ def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
     # same CAS and leases from the root the first one read (it already lists entry 15).
     # After the first, the subscriber held the head: one publication (root GET, its
     # progress GET, root CAS); the second is rate-limited.
-    assert counting.of("progress") == {"put": 2, "get": 1}
+    assert counting.of("subscriber") == {"put": 2, "get": 1}
     assert counting.of("root") == {"get": 2, "put": 1}
     assert counting.of("data") == {"get": 16}
 
@@ -370,7 +370,7 @@ def test_I2_an_auto_reject_is_reported_when_its_cas_response_was_lost() -> None:
 
 def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
     """docs/subscribers.md: an idle worker poll is a footer GET and a progress GET."""
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 1)
     w = _worker(buf, claim_batch=1, publish_interval=timedelta(hours=1))
@@ -382,7 +382,7 @@ def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
     counting.reset()
     assert w.claim() is None
     assert counting.of("root") == {"get_suffix": 1}
-    assert counting.of("progress") == {"get": 1}
+    assert counting.of("subscriber") == {"get": 1}
     assert sum(counting.counts.values()) == 2
 
 
@@ -417,7 +417,7 @@ def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_move
 # --- refilling ahead ---------------------------------------------------------------------------
 
 
-class GatedStore(KeyCountingStore):
+class GatedStore(CountingStore):
     """Holds every write of a progress object while closed (a CAS at S3's round trips, or
     stuck behind other workers' CASes): the test opens it."""
 
@@ -486,7 +486,7 @@ def test_an_entry_leased_ahead_is_never_handed_out_when_its_lease_is_about_to_la
 
 
 def test_refill_ahead_off_refills_only_when_claim_runs_dry() -> None:
-    counting = KeyCountingStore(open_store("memory://"))
+    counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     seed(buf, 12)
     w = _worker(buf, claim_batch=4, max_claim_batch=4, refill_ahead=False, read_ahead=0)

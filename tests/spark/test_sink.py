@@ -22,6 +22,7 @@ from pyspark.errors import StreamingQueryException
 from ulid import ULID
 
 import tieredbuf
+from tests.faults import CountingStore
 from tests.spark.conftest import spark_options, unique
 from tests.spark.util import append_records, consume_all
 from tieredbuf import gc, keys
@@ -29,7 +30,6 @@ from tieredbuf.errors import ConfigError, DataLossError
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.spark import options as opt
 from tieredbuf.spark import writer as wr
-from tieredbuf.store.faults import CountingStore
 
 pytestmark = pytest.mark.spark
 

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadMaxFiles
 
 import tieredbuf
+from tests.faults import CountingStore
 from tests.spark.util import append_records, bulk_fill
 from tieredbuf.errors import FencedError
 from tieredbuf.queue import tree
@@ -24,7 +25,6 @@ from tieredbuf.spark.reader import BatchReader
 from tieredbuf.spark.source import records_struct
 from tieredbuf.spark.stream import StreamReader
 from tieredbuf.store import open_store
-from tieredbuf.store.faults import CountingStore
 
 
 def _reader(url: str, **options: str) -> StreamReader:

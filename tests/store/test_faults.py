@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
+from tests.faults import CountingStore, FaultInjectingStore, KeyRateLimitedStore
 from tieredbuf import errors
 from tieredbuf.store import IfMatch, open_store
 from tieredbuf.store.base import manifest_writes_per_s
 from tieredbuf.store.counting import MeteredStore
-from tieredbuf.store.faults import CountingStore, FaultInjectingStore, KeyRateLimitedStore
 
 
 def test_after_fault_lands_the_write_then_reports_a_conflict() -> None:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import S3Endpoint
+from tests.faults import CountingStore
 from tests.store.conftest import make_store
 from tieredbuf import errors
 from tieredbuf.store import GetResult, IfMatch, ObjectMeta, PutMode, Store, open_store
-from tieredbuf.store.faults import CountingStore
 from tieredbuf.store.objstore import ObjStore
 from tieredbuf.store.probe import PROBES, ProbeCache, probe_conditional_writes
 

@@ -1,5 +1,5 @@
-"""Store wrappers for tests: fault injection (invariant I2), a per-key write limit, and
-call counting.
+"""Store wrappers for tests and benchmarks: fault injection (invariant I2), a per-key
+write limit, and request counting (by operation and by kind of key).
 
 ``FaultInjectingStore`` reproduces what a real S3 client does when a response is lost:
 ``when="after"`` performs the real operation and then raises, so the caller sees an
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from tieredbuf.errors import ConflictError, ObjectNotFoundError
+from tieredbuf.keys import key_kind
 from tieredbuf.store.base import (
     KEY_LIMITED_MANIFEST_WRITES_PER_S,
     GetResult,
@@ -301,15 +302,19 @@ class KeyRateLimitedStore:
 
 
 class CountingStore:
-    """A Store that forwards to ``inner`` and counts calls per operation.  Thread-safe.
+    """A Store that forwards to ``inner`` and counts calls per operation, and requests
+    per operation and kind of key (:func:`tieredbuf.keys.key_kind`).  Thread-safe.
 
-    ``counts["get"]`` etc.; ``bytes_read`` / ``bytes_written`` sum payload sizes.
+    ``counts["get"]`` etc. (calls); ``of("root")``: requests on one kind of key, by
+    operation (a ``delete_many`` counts one ``delete`` per key); ``bytes_read`` /
+    ``bytes_written`` sum payload sizes.
     """
 
     def __init__(self, inner: Store) -> None:
         self._inner = inner
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._by_kind: Counter[tuple[str, str]] = Counter()
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -333,48 +338,62 @@ class CountingStore:
         c = self.counts
         return c["get"] + c["get_range"] + c["get_suffix"]
 
+    @property
+    def by_kind(self) -> Counter[tuple[str, str]]:
+        """A snapshot of the requests by (operation, kind of key)."""
+        with self._lock:
+            return Counter(self._by_kind)
+
+    def of(self, kind: str) -> dict[str, int]:
+        """Requests on one kind of key (``root``, ``data``, ``group``, ``subscriber``,
+        ``announcement``...), by operation."""
+        with self._lock:
+            return {op: n for (op, k), n in self._by_kind.items() if k == kind and n}
+
     def reset(self) -> None:
         with self._lock:
             self._counts.clear()
+            self._by_kind.clear()
             self.bytes_read = 0
             self.bytes_written = 0
 
-    def _count(self, op: str, read: int = 0, written: int = 0) -> None:
+    def _count(self, op: str, key: str, read: int = 0, written: int = 0) -> None:
         with self._lock:
             self._counts[op] += 1
+            self._by_kind[(op, key_kind(key))] += 1
             self.bytes_read += read
             self.bytes_written += written
 
     def get(self, key: str) -> GetResult:
-        self._count("get")
+        self._count("get", key)
         r = self._inner.get(key)
         self._count_bytes(read=len(r.data))
         return r
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        self._count("get_range")
+        self._count("get_range", key)
         b = self._inner.get_range(key, start, end)
         self._count_bytes(read=len(b))
         return b
 
     def get_suffix(self, key: str, length: int) -> bytes:
-        self._count("get_suffix")
+        self._count("get_suffix", key)
         b = self._inner.get_suffix(key, length)
         self._count_bytes(read=len(b))
         return b
 
     def head(self, key: str) -> ObjectMeta:
-        self._count("head")
+        self._count("head", key)
         return self._inner.head(key)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
-        self._count("put", written=memoryview(data).nbytes)
+        self._count("put", key, written=memoryview(data).nbytes)
         return self._inner.put(key, data, mode=mode)
 
     def put_multipart(
         self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
     ) -> str:
-        self._count("put_multipart")
+        self._count("put_multipart", key)
 
         def counted() -> Iterator[bytes | memoryview]:
             for c in chunks:
@@ -384,15 +403,18 @@ class CountingStore:
         return self._inner.put_multipart(key, counted(), mode=mode)
 
     def copy(self, src: str, dst: str) -> None:
-        self._count("copy")
+        self._count("copy", dst)
         self._inner.copy(src, dst)
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
-        self._count("list")
+        self._count("list", prefix)
         return self._inner.list(prefix)
 
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
-        self._count("delete_many")
+        with self._lock:
+            self._counts["delete_many"] += 1
+            for k in keys:
+                self._by_kind[("delete", key_kind(k))] += 1
         return self._inner.delete_many(keys)
 
     def close(self) -> None:
