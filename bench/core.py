@@ -105,7 +105,9 @@ def local_backend(root: Path) -> Backend:
     counter = iter(range(1 << 30))
 
     def new_buffer() -> tieredbuf.Buffer:
-        return tieredbuf.open(f"file://{root}/tb-{next(counter)}")
+        buf = tieredbuf.open(f"file://{root}/tb-{next(counter)}")
+        buf.create()  # the latency run's consumer starts first, and readers never create
+        return buf
 
     def new_baseline() -> Callable[[str], Callable[[str, bytes], None]]:
         d = root / f"naive-{next(counter)}"
@@ -131,7 +133,9 @@ def local_backend(root: Path) -> Backend:
 
 def moto_backend(ep: S3Endpoint) -> Backend:
     def new_buffer() -> tieredbuf.Buffer:
-        return tieredbuf.open(f"s3://{ep.new_bucket('tb')}/buf", **ep.options())
+        buf = tieredbuf.open(f"s3://{ep.new_bucket('tb')}/buf", **ep.options())
+        buf.create()
+        return buf
 
     def new_baseline() -> Callable[[str], Callable[[str, bytes], None]]:
         bucket = ep.new_bucket("naive")

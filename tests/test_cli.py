@@ -192,6 +192,7 @@ def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> 
     assert f"tieredbuf_gc_requests_total {sum(UNCHANGED_PASS.values())}.0" in body
 
 
+@pytest.mark.slow
 def test_gc_loop_caches_groups_across_passes_and_stops_on_sigterm(tmp_path: Path) -> None:
     import signal
 

@@ -132,6 +132,7 @@ def test_the_table_in_getting_started_matches(tmp_path: Path) -> None:
         assert row, f"docs/getting-started.md has no row for {what!r} with exit {code}"
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_on_serve_forces_the_exit(tmp_path: Path) -> None:
     """The store is unreachable, so the drain after the first Ctrl-C would retry until
     --drain-timeout (5 min); the second Ctrl-C kills the workers and exits 130.  The

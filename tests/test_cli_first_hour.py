@@ -73,6 +73,7 @@ def no_traceback(r: subprocess.CompletedProcess[str]) -> None:
 # --- nothing hangs --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_produce_to_an_unreachable_store_gives_up_at_timeout_naming_what_was_not_stored(
     tmp_path: Path,
 ) -> None:
@@ -101,6 +102,7 @@ def test_produce_to_an_unreachable_store_gives_up_at_timeout_naming_what_was_not
     assert r.stdout == ""
 
 
+@pytest.mark.slow
 def test_produce_with_a_stage_names_what_is_still_staged_and_how_to_export_it(
     tmp_path: Path,
 ) -> None:
@@ -160,6 +162,7 @@ def moto_failing_object_puts() -> Iterator[str]:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_a_write_command_gives_up_at_timeout_and_names_the_flag(
     tmp_path: Path,
     s3_endpoint: S3Endpoint,
@@ -197,6 +200,7 @@ def test_a_write_command_gives_up_at_timeout_and_names_the_flag(
     assert len(lines) <= 3, lines
 
 
+@pytest.mark.slow
 def test_every_command_that_writes_has_a_timeout_with_a_default(tmp_path: Path) -> None:
     for cmd in ("produce", "consume", "work", "grace", "retention", "subscribers", "gc", "drain"):
         r = tb([cmd, "--help"], tmp_path)
@@ -220,6 +224,7 @@ def test_a_regular_file_as_the_url_exits_2_at_once(tmp_path: Path) -> None:
     assert f.read_text() == '{"n": 1}\n'
 
 
+@pytest.mark.slow
 def test_one_ctrl_c_stops_produce_without_a_traceback(tmp_path: Path) -> None:
     """The first Ctrl-C used to print a KeyboardInterrupt traceback from producer.close
     and leave the process alive."""
@@ -311,6 +316,7 @@ def _aws_files(home: Path, ep: S3Endpoint, *, default_secret: str) -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_credentials_come_from_a_profile_in_aws_files(
     tmp_path: Path, seaweedfs_endpoint: S3Endpoint
 ) -> None:
@@ -354,6 +360,7 @@ def test_credentials_come_from_a_profile_in_aws_files(
     assert r.returncode == 2 and "profile 'nope'" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_pretty_printed_json_is_refused_with_the_fix(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     pretty = '[\n  {"id": 1},\n  {"id": 2}\n]\n'
@@ -382,6 +389,7 @@ def test_pretty_printed_json_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_help_has_no_markup_and_every_command_a_description(tmp_path: Path) -> None:
     r = tb(["--help"], tmp_path)
     assert r.returncode == 0 and "``" not in r.stdout, r.stdout

@@ -57,6 +57,7 @@ def _read_all(url: str) -> list[str]:
 # --- 1. a stage belongs to one buffer ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_I1_a_killed_producers_stage_is_refused_for_another_buffer(tmp_path: Path) -> None:
     a, b = f"file://{tmp_path}/A", f"file://{tmp_path}/B"
     stage = tmp_path / "stage"
@@ -129,6 +130,7 @@ def test_a_staged_producer_opens_and_acks_local_while_the_store_is_unreachable(
         assert p.returncode == 0 and "LOCAL" in p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_a_buffer_recreated_at_the_same_url_is_another_buffer(tmp_path: Path) -> None:
     """The stage learns its buffer's id at its first export (opening a stage never
     needs the store); from then on a re-created buffer at the same URL is refused."""
@@ -149,6 +151,7 @@ def test_a_buffer_recreated_at_the_same_url_is_another_buffer(tmp_path: Path) ->
     assert _read_all(a) == ["new"]
 
 
+@pytest.mark.slow
 def test_the_demos_default_stage_is_per_url(tmp_path: Path) -> None:
     r1 = tb("demo", "--calls", "5", cwd=tmp_path)
     r2 = tb("demo", "file://./other", "--calls", "5", cwd=tmp_path)
@@ -167,6 +170,7 @@ def _produce(url: str, lines: list[str]) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_I4_consume_no_ack_never_fences_the_live_consumer(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _produce(url, ["a", "b"])
@@ -306,6 +310,7 @@ def test_consume_writes_bundles_as_parquet_or_arrow_ipc(tmp_path: Path, suffix: 
     assert tieredbuf.open(url).snapshot().footer.entry_count == 0
 
 
+@pytest.mark.slow
 def test_consume_json_and_parquet_for_records(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     r = tb("produce", url, "--metadata", "m1", stdin="a\n\xff\n")
@@ -329,6 +334,7 @@ def test_consume_json_and_parquet_for_records(tmp_path: Path) -> None:
 # --- entries and retention -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_entries_lists_the_queue_without_fencing_and_retention_shows_and_sets(
         tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
@@ -391,6 +397,7 @@ def _on_a_terminal(argv: list[str], both: bool) -> tuple[bytes, bytes]:
     return term, piped
 
 
+@pytest.mark.slow
 def test_progress_is_drawn_on_a_terminal_stderr_and_never_among_records(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _produce(url, ["a", "b"])
@@ -404,6 +411,7 @@ def test_progress_is_drawn_on_a_terminal_stderr_and_never_among_records(tmp_path
     assert "\r" not in r.stderr and r.stderr.startswith("consumed 2 batches")
 
 
+@pytest.mark.slow
 def test_consume_as_a_named_subscriber_leaves_the_default_consumer_alone(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _produce(url, ["a"])
@@ -415,6 +423,7 @@ def test_consume_as_a_named_subscriber_leaves_the_default_consumer_alone(tmp_pat
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+@pytest.mark.slow
 def test_consume_out_file_refuses_records_and_bundles_together_before_any_ack(
         tmp_path: Path, suffix: str) -> None:
     """Records and slot-0 bundles would share one output file: refused before any ack,

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import tieredbuf
 from tieredbuf.queue.subscribers import SubscriberInfo
 
@@ -103,6 +105,7 @@ def test_an_entry_failing_every_time_is_rejected_after_max_deliveries(tmp_path: 
     assert rej.seq == 0 and rej.deliveries == 2 and b"max_deliveries" in rej.reason
 
 
+@pytest.mark.slow
 def test_a_lapsed_lease_of_a_killed_runner_is_redelivered_and_acked_once(
     tmp_path: Path,
 ) -> None:
@@ -161,6 +164,7 @@ def test_a_lapsed_lease_of_a_killed_runner_is_redelivered_and_acked_once(
     assert sub.next_sequence == 1 and sub.work["leased"] == 0  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_a_command_outliving_its_lease_is_stopped_and_the_entry_handed_back(
     tmp_path: Path,
 ) -> None:

@@ -81,6 +81,7 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
     assert modes == {0o400}, modes
 
 
+@pytest.mark.slow
 def test_I1_I2_kill_minus_9_a_few_times_loses_and_doubles_nothing(tmp_path: Path) -> None:
     _crash_loop(tmp_path, kills=4, seed=7)
 

@@ -293,6 +293,7 @@ def _params() -> list[object]:
 
 @pytest.mark.s3
 @pytest.mark.parametrize(("source", "spark"), _params())
+@pytest.mark.slow
 def test_page_runs_as_written(
     source: Path, spark: bool, tmp_path: Path, s3_endpoint: S3Endpoint
 ) -> None:

@@ -143,6 +143,7 @@ def test_cli_on_a_missing_bucket_prints_one_line_and_exits_3(s3_endpoint: S3Endp
     assert "Traceback" not in r.stderr and "Debug source" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_usage_failures_are_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {k: "" for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                            "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
@@ -166,6 +167,7 @@ def test_cli_usage_failures_are_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_I1_bad_credentials_keep_the_stage_and_drain_exports_it_with_good_ones(
     seaweedfs_endpoint: S3Endpoint, tmp_path: Path
 ) -> None:
@@ -257,6 +259,7 @@ def proxy(s3_endpoint: S3Endpoint) -> Any:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_I1_unreachable_endpoint_is_retried_then_drain_exports_once_it_is_back(
     s3_endpoint: S3Endpoint, proxy: TcpProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -355,6 +358,7 @@ def test_stateless_close_timeout_says_how_much_is_dropped(
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_service_healthz_500_with_the_reason_then_200_once_the_bucket_exists(
     s3_endpoint: S3Endpoint, serve: Any
 ) -> None:

@@ -101,6 +101,7 @@ def proxy(azurite_endpoint: AzureEndpoint) -> Iterator[TcpProxy]:
     p.shut()
 
 
+@pytest.mark.slow
 def test_I1_unreachable_endpoint_is_retried_then_cli_drain_exports_once_it_is_back(
     azurite_endpoint: AzureEndpoint, proxy: TcpProxy, tmp_path: Path
 ) -> None:

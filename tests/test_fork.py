@@ -51,6 +51,7 @@ def _run_child(method: str, url: str, opts: dict[str, Any], stage: Path, tag: st
 
 @pytest.mark.s3
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+@pytest.mark.slow
 def test_a_child_process_writes_remote_and_reads_after_the_parent_used_s3(
     method: str, s3_endpoint: S3Endpoint, tmp_path: Path
 ) -> None:

@@ -88,6 +88,7 @@ POLLERS = ("consumer (default)", "consumer (named subscriber)")
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
     roles: dict[str, tuple[tieredbuf.Buffer, Callable[[], None]]] = {
         "direct producer": _direct(tmp_path),

@@ -68,6 +68,7 @@ def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple
     pytest.param("seaweedfs_endpoint", marks=pytest.mark.s3),
     pytest.param("azurite_endpoint", marks=pytest.mark.azure),
 ])
+@pytest.mark.slow
 def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     server: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -98,6 +99,7 @@ def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     assert commits < appended  # fan-in: a commit carries several writers' entries
 
 
+@pytest.mark.slow
 def test_I2_concurrent_producer_processes_on_a_local_directory(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     names, n = ["a", "b", "c"], 60

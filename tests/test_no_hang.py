@@ -40,6 +40,7 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_readme_snippet_against_a_wrong_port_raises_and_the_interpreter_exits() -> None:
     """The README's producer lines against a port nothing listens on: the REMOTE wait
     times out, the script ends with that error, and the process exits (an upload thread
@@ -70,6 +71,7 @@ def test_a_producer_never_closed_does_not_keep_the_interpreter_alive() -> None:
     assert "leaving" in r.stdout
 
 
+@pytest.mark.slow
 def test_create_against_a_host_that_does_not_resolve_gives_up_and_warns_while_retrying(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -134,6 +134,7 @@ def _serve(em: Emitted, tmp: Path, url: str, *args: str, env: dict[str, str]) ->
     return srv
 
 
+@pytest.mark.slow
 def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
     tmp_path: Path, echo_endpoint: str, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,

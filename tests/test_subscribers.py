@@ -208,6 +208,7 @@ def test_I9_retention_wins_over_a_stalled_subscriber_who_is_told() -> None:
 
 
 @pytest.mark.parametrize("read_ahead", [0, 4])
+@pytest.mark.slow
 def test_I9_a_skipping_subscriber_whose_read_window_was_unlinked_and_reaped_moves_on(
         read_ahead: int) -> None:
     """Review finding: a named subscriber held a window of entries; retention unlinked them
@@ -285,6 +286,7 @@ def test_a_default_only_buffer_keeps_its_bytes_and_an_older_root_reads_as_defaul
     assert set(view.subscribers or {}) == {"default", "etl"}
 
 
+@pytest.mark.slow
 def test_an_ack_costs_no_request_and_a_flush_one_progress_cas() -> None:
     counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
@@ -314,6 +316,7 @@ def test_an_ack_costs_no_request_and_a_flush_one_progress_cas() -> None:
     assert counting.of("root") == {"get": 1, "put": 1}
 
 
+@pytest.mark.slow
 def test_publication_is_lazy_only_the_subscriber_holding_the_head_writes_the_root() -> None:
     clock = [1_000_000]
     counting = CountingStore(open_store("memory://"))

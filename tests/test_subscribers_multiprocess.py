@@ -82,6 +82,7 @@ def _far() -> int:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
     s3_endpoint, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
@@ -177,6 +178,7 @@ def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_I9_four_workers_one_killed_while_holding_leases_every_entry_acked_once(
     s3_endpoint, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:

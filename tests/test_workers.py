@@ -47,6 +47,7 @@ def _progress(buf: tieredbuf.Buffer, name: str = "jobs") -> Any:
     return info
 
 
+@pytest.mark.slow
 def test_I9_workers_share_a_subscriber_each_entry_acked_exactly_once_out_of_order() -> None:
     buf = tieredbuf.open("memory://")
     fill(buf, 30)
@@ -155,6 +156,7 @@ def test_max_deliveries_rejects_a_poison_entry_instead_of_redelivering_it() -> N
         (0, 2, b"max_deliveries reached")]
 
 
+@pytest.mark.slow
 def test_max_span_bounds_the_state_behind_a_stuck_entry() -> None:
     buf = tieredbuf.open("memory://")
     fill(buf, 12)
@@ -169,6 +171,7 @@ def test_max_span_bounds_the_state_behind_a_stuck_entry() -> None:
     assert _progress(buf).work["claim_cursor"] == 4
 
 
+@pytest.mark.slow
 def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
     counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
@@ -247,6 +250,7 @@ def test_a_removed_shared_subscriber_stops_its_workers() -> None:
         w.claim()
 
 
+@pytest.mark.slow
 def test_under_a_slow_refill_a_worker_leases_more_per_cas_within_its_limits() -> None:
     buf = tieredbuf.open("memory://")
     fill(buf, 40)
@@ -387,6 +391,7 @@ def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
 
 
 @pytest.mark.parametrize("read_ahead", [0, 4])
+@pytest.mark.slow
 def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_moves_on(
         read_ahead: int) -> None:
     """The worker twin of the subscriber finding: leased entries that retention unlinked

@@ -6,6 +6,7 @@ to what the encoder writes or raise CorruptError naming an offset inside the inp
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -193,12 +194,14 @@ def _same_segment(a: list[segment.SegmentBundle], b: list[segment.SegmentBundle]
 
 @FUZZ
 @given(segment_bundles)
+@pytest.mark.slow
 def test_segments_round_trip(bundles: list[segment.SegmentBundle]) -> None:
     assert _same_segment(_decode_seg(segment.encode_segment(bundles)), bundles)
 
 
 @FUZZ
 @given(segment_bundles, cuts, flips, bits)
+@pytest.mark.slow
 def test_I7_a_cut_or_flipped_segment_is_always_named(
     bundles: list[segment.SegmentBundle], cut: int, flip: int, bit: int
 ) -> None:
@@ -210,6 +213,7 @@ def test_I7_a_cut_or_flipped_segment_is_always_named(
 
 @FUZZ
 @given(segment_bundles, flips, bits)
+@pytest.mark.slow
 def test_I7_a_flip_the_crc_is_not_asked_to_catch_decodes_to_a_writable_segment(
     bundles: list[segment.SegmentBundle], flip: int, bit: int
 ) -> None:

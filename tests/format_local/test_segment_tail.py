@@ -173,6 +173,7 @@ def test_tail_bit_flip_is_named_or_read_as_the_whole_object_reader_reads_it(
 
 @FUZZ
 @given(segment_bundles)
+@pytest.mark.slow
 def test_generated_segments_tail_agrees_with_the_reader(
     bundles: list[SegmentBundle],
 ) -> None:

@@ -92,6 +92,7 @@ def test_max_records_is_the_largest_request_accepted(tmp_path: Path, serve: Serv
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.slow
 def test_an_arrow_decompression_bomb_is_413_before_it_is_decoded(
     tmp_path: Path, serve: Serve, codec: str
 ) -> None:

@@ -88,6 +88,7 @@ def _workers_ready(srv: Server, count: int) -> None:
            timeout=60)
 
 
+@pytest.mark.slow
 def test_a_mismatched_certificate_and_key_on_sighup_keep_the_old_pair_serving(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -207,6 +208,7 @@ def _closed_by_server(sock: socket.socket, drip: bytes, deadline: float) -> byte
     raise AssertionError(f"the server kept the connection past the deadline: {got!r}")
 
 
+@pytest.mark.slow
 def test_slow_clients_are_cut_off_by_the_header_and_body_timeouts(
     tmp_path: Path, serve: Serve
 ) -> None:

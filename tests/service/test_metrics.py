@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 import tieredbuf
@@ -31,6 +32,7 @@ def _files(stage: Path, pattern: str) -> int:
     return sum(p.stat().st_size for p in stage.glob(pattern) if p.is_file())
 
 
+@pytest.mark.slow
 def test_metrics_endpoint_after_a_run_has_the_key_series(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:

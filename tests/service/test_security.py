@@ -92,6 +92,7 @@ def test_metrics_and_health_can_be_protected(tmp_path: Path, serve: Serve) -> No
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 def test_tokens_rotate_on_file_change_and_on_sighup_without_a_restart(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -165,6 +166,7 @@ def _serve_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     return p.returncode, p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_an_exposed_port_without_tokens_is_refused_unless_insecure(
     tmp_path: Path, serve: Serve
 ) -> None:

@@ -31,6 +31,7 @@ from tieredbuf.store import open_store
 Serve = Callable[..., Server]
 
 
+@pytest.mark.slow
 def test_I1_records_and_arrow_at_both_durabilities_end_up_consumable(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -111,6 +112,7 @@ def test_bad_input_gets_its_4xx_and_leaves_nothing_behind(tmp_path: Path, serve:
     assert records == [b'{"warm":1}', b'{"after":1}']
 
 
+@pytest.mark.slow
 def test_backpressure_answers_503_with_retry_after(tmp_path: Path, serve: Serve) -> None:
     # An object store nobody listens on: nothing is exported, so the stage fills up.
     srv = serve("s3://nowhere/buf", "--endpoint", "http://127.0.0.1:9", "--allow-http",
@@ -165,6 +167,7 @@ def _load(srv: Server, thread: int, acks: Acks, stop: threading.Event) -> None:
         i += 1
 
 
+@pytest.mark.slow
 def test_I1_sigterm_under_load_loses_no_acknowledged_record(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -229,6 +232,7 @@ def test_service_on_azure_remote_acks_name_the_object(
     assert records == [f'{{"i":{i}}}'.encode() for i in range(20)]
 
 
+@pytest.mark.slow
 def test_I1_a_killed_worker_is_restarted_and_recovers_its_stage(
     tmp_path: Path, serve: Serve
 ) -> None:

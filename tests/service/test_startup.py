@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.service.server import Server
 from tests.service.util import consume_all, octets
 from tieredbuf.service.bodies import OCTET_STREAM
@@ -21,6 +23,7 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
 
 
+@pytest.mark.slow
 def test_I1_sigterm_while_the_workers_start_drains_their_stages(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:

@@ -13,6 +13,7 @@ import tieredbuf
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow
 def test_an_option_typo_is_the_first_line_of_the_error(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     with tieredbuf.open(url).producer() as p:

@@ -46,6 +46,7 @@ def _values(df: Any) -> list[bytes]:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_streaming_startingTimestamp_only_chooses_the_start(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)
@@ -75,6 +76,7 @@ def test_streaming_startingTimestamp_only_chooses_the_start(spark: Any, tmp_path
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_adjacent_batch_time_windows_return_late_records_once(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -238,6 +240,7 @@ def test_the_day_by_day_backfill_example_writes_every_record_once(
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_the_backfill_example_on_an_empty_range_says_so_and_writes_nothing(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

@@ -78,6 +78,7 @@ def _latest_offsets(q: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_failOnDataLoss_false_skips_a_missing_object_on_executors(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -95,6 +96,7 @@ def test_failOnDataLoss_false_skips_a_missing_object_on_executors(
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_sequences_gone_from_the_queue_fail_or_are_skipped_and_counted(
     spark: Any, tmp_path: Path
 ) -> None:

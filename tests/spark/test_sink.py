@@ -52,6 +52,7 @@ def _pipe(spark: Any, src: str, dst: str, ckpt: Path, **sink: str) -> Any:
             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(dst))
 
 
+@pytest.mark.slow
 def test_a_reused_producerId_fails_the_query_instead_of_dropping_its_data(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -70,6 +71,7 @@ def test_a_reused_producerId_fails_the_query_instead_of_dropping_its_data(
     assert _records(sink) == first  # nothing appended, and the failure is loud, not a skip
 
 
+@pytest.mark.slow
 def test_crash_between_offset_log_and_commit_log_loses_and_doubles_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -104,6 +106,7 @@ def test_crash_between_offset_log_and_commit_log_loses_and_doubles_nothing(
     assert len(set(got)) == len(got)
 
 
+@pytest.mark.slow
 def test_batch_writes_are_idempotent_per_producerId_and_batchVersion(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -137,6 +140,7 @@ def _fail_on_v7(v: Any) -> Any:
     return v
 
 
+@pytest.mark.slow
 def test_an_aborted_job_appends_nothing_and_leaves_only_what_gc_reclaims(
     spark: Any, tmp_path: Path
 ) -> None:

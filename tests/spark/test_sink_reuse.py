@@ -65,6 +65,7 @@ def _position(buf: tieredbuf.Buffer, name: str) -> int:
     return info.next_sequence
 
 
+@pytest.mark.slow
 def test_a_reused_producerId_with_an_equal_batch_id_fails_and_acks_nothing_at_the_source(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_reused_producerId_with_an_equal_batch_id_fails_and_acks_nothing_at_th
     assert len(b.entries()) == 3
 
 
+@pytest.mark.slow
 def test_a_rerun_of_the_same_querys_batch_after_a_restart_stays_a_no_op(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -67,6 +67,7 @@ def _records(buf: tieredbuf.Buffer, e: Any) -> list[bytes]:
 
 
 @pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_offsets_and_timestamps_select_ranges(
     spark: Any, buffer_url: tuple[str, dict[str, Any]]
 ) -> None:
@@ -120,6 +121,7 @@ def _stream(spark: Any, url: str, store: dict[str, Any], out: Path, ckpt: Path,
 
 
 @pytest.mark.parametrize("buffer_url", WITH_AZURE, indirect=True)
+@pytest.mark.slow
 def test_stream_available_now_exactly_once_across_runs(
     spark: Any, buffer_url: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -149,6 +151,7 @@ def test_stream_available_now_exactly_once_across_runs(
 
 
 @pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_admission_control_splits_backlog(
     spark: Any, buffer_url: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -169,6 +172,7 @@ def test_admission_control_splits_backlog(
     assert spark.read.parquet(str(tmp_path / "o2")).count() == 70
 
 
+@pytest.mark.slow
 def test_second_query_with_same_consumer_fences_first(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)
@@ -197,6 +201,7 @@ def test_second_query_with_same_consumer_fences_first(spark: Any, tmp_path: Path
 
 
 @pytest.mark.parametrize("buffer_url", WITH_AZURE, indirect=True)
+@pytest.mark.slow
 def test_sink_output_is_consumable(
     spark: Any, buffer_url: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -282,6 +287,7 @@ def _many_stream_buffer(url: str, store: dict[str, Any]) -> tieredbuf.Buffer:
 
 
 @pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)
+@pytest.mark.slow
 def test_large_segments_split_by_stream_read_rows_exactly_once(
     spark: Any, buffer_url: tuple[str, dict[str, Any]]
 ) -> None:

@@ -83,6 +83,7 @@ def test_a_checkpoint_without_consumer_may_take_one_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_query_restarted_under_another_consumer_name_fails_loudly(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -267,10 +267,12 @@ def test_I1_I2_power_cuts_during_appends_rotation_and_sealing() -> None:
     _assert_survived(_suite(range(1000, 1016), export=False))
 
 
+@pytest.mark.slow
 def test_I1_I2_I3_power_cuts_during_export_and_recovery() -> None:
     _assert_survived(_suite(range(2000, 2016), export=True))
 
 
+@pytest.mark.slow
 def test_I1_I2_I3_I5_power_cuts_during_export_by_hard_link() -> None:
     """The exporter links sealed segments into a store directory on the same disk: a cut
     at any step (the link to the temp name, the create-if-absent link, the directory
@@ -279,6 +281,7 @@ def test_I1_I2_I3_I5_power_cuts_during_export_by_hard_link() -> None:
     _assert_survived(_suite(range(5000, 5016), export=True, link=True))
 
 
+@pytest.mark.slow
 def test_I1_I2_power_cuts_after_injected_disk_faults() -> None:
     """Three ENOSPC / EIO faults at random operations (WAL, segments, renames, directory
     fsyncs) before the cut: the WAL repairs, the stage re-seals, and still every acked

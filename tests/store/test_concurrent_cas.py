@@ -64,6 +64,7 @@ def test_localdir_cas_counter_across_processes_loses_no_update(tmp_path: Path) -
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_moto_cas_counter_across_processes_loses_no_update(s3_endpoint_serial: S3Endpoint) -> None:
     """Against moto with serialised requests: plain moto's If-Match check is not atomic
     with its write (see s3_endpoint_serial) and loses an update about one run in two when
@@ -72,6 +73,7 @@ def test_moto_cas_counter_across_processes_loses_no_update(s3_endpoint_serial: S
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_seaweedfs_cas_counter_across_processes_loses_no_update(
     seaweedfs_endpoint: S3Endpoint, seaweedfs_bucket: str
 ) -> None:

@@ -132,6 +132,7 @@ def test_a_buffer_meters_every_role_through_one_counter() -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_counts_equal_what_the_s3_server_received(tmp_path: Path) -> None:
     """A whole life -- probe, bucket check, staged and direct producers, group writes,
     a consumer, GC, inspect -- counted by the buffer and by the server: the same."""
