@@ -295,3 +295,66 @@ def test_I2_I3_writers_with_clocks_two_seconds_apart_lose_and_duplicate_nothing(
         for rec, seq in a.items():
             assert by_record[rec] == seq  # each handle got its own entry's sequence
     assert list(buf.store.list(keys.PENDING_PREFIX)) == []
+
+
+class RoundTrips:
+    """Forwards to a store, each request ``delay`` seconds late: a slow store's round
+    trips (injected latency, as tests/latency_proxy.py adds over HTTP)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self.delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in ("get", "get_range", "get_suffix", "head", "put", "list", "delete_many"):
+            return attr
+
+        def slow(*args: Any, **kw: Any) -> Any:
+            threading.Event().wait(self.delay)  # the round trip, not synchronisation
+            return attr(*args, **kw)
+
+        return slow
+
+
+@pytest.mark.slow
+def test_I2_the_lease_outlasts_the_holders_commit_turn_at_slow_round_trips(
+    tmp_path: Path,
+) -> None:
+    """At 120 ms a request a commit turn (LIST, root GET, root PUT) takes longer than
+    two 200 ms intervals minus one: a lease of two intervals lapsed between every two
+    commits of a busy holder, and a writer elsewhere then committed itself (racing the
+    holder, a CAS conflict each time) instead of announcing.  The lease now covers the
+    holder's measured turn: the other writer announces and never commits."""
+    inner = open_store(f"file://{tmp_path}/b")
+    holder = tieredbuf.Buffer(RoundTrips(inner, 0.12))  # type: ignore[arg-type]
+    other = tieredbuf.Buffer(RoundTrips(inner, 0.12))  # type: ignore[arg-type]
+    stop = threading.Event()
+    hp = holder.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        for i in range(3):  # a few commits: the holder has measured its turn
+            hp.produce([b"warm%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+
+        def keep_busy() -> None:  # a busy holder keeps committing (short lease: alone)
+            i = 0
+            while not stop.is_set():
+                hp.produce([b"h%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+                i += 1
+
+        busy = threading.Thread(target=keep_busy)
+        busy.start()
+        op = other.producer(flush_interval=timedelta(milliseconds=5))
+        try:
+            for i in range(8):
+                op.produce([b"o%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        finally:
+            stop.set()
+            busy.join(timeout=60)
+            op.close(timeout=60)
+    finally:
+        hp.close(timeout=60)
+    assert other.queue.stats.get("commits") == 0, "the other writer raced the holder"
+    assert hub_for(other.store, other.queue).stats.get("announcements") >= 8
+    assert sorted(r for _, r in _records(holder) if r.startswith(b"o")) == [
+        b"o%d" % i for i in range(8)
+    ]

@@ -128,6 +128,10 @@ class CommitHub:
         """How long after the expected time a commit is usually seen (EWMA, seconds)."""
         self._polled_at = 0.0
         """When (monotonic) this hub, a watcher, last read the root's footer."""
+        self._turn_s = 0.0
+        """How long a commit turn takes (LIST to CAS): the slowest lately (decaying)."""
+        self._yield = False
+        """A commit found another holder's live lease: announce once before committing."""
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
@@ -205,8 +209,20 @@ class CommitHub:
             self._last_interval = max(paced, MIN_INTERVAL_S)
         return self._last_interval
 
-    def _lease_ms(self, interval: float) -> int:
-        return int(max(LEASE_MIN_S, 4 * interval) * 1000)
+    def _lease_ms(self, interval: float, others: bool) -> int:
+        """While other processes announce, a long lease (they wait for this holder, and a
+        lapse would make them race for it); with only this process's writers, two
+        intervals, so that once they go quiet the hub stops at once (an idle hub sends
+        nothing) and a writer elsewhere takes over within two intervals.  Either way it
+        outlasts the time between two commits: an interval plus a commit turn (LIST,
+        reads, CAS), which at a slow store's round trips is longer than an interval --
+        a lease that lapsed between two commits of a busy holder let a writer elsewhere
+        judge it free again and again, commit-race the holder, lose, and never
+        announce: it starved."""
+        turn = self._turn_s
+        if others:
+            return int(max(LEASE_MIN_S, 4 * interval, 4 * (interval + turn)) * 1000)
+        return int(2 * (interval + turn) * 1000)
 
     def _holding(self) -> bool:
         """Our lease is live (as far as our last view of the root says)."""
@@ -253,6 +269,9 @@ class CommitHub:
                 self._fail_all(e)
 
     def _may_commit(self) -> bool:
+        if self._yield:  # a commit just found another holder's lease: hand it our groups
+            self._yield = False  # (announce) rather than race it again; if its lease
+            return False  # lapses meanwhile, the next turn commits them
         if self._view is None:
             self._view = self.queue.read()
             self._changed_at = time.monotonic()
@@ -266,6 +285,7 @@ class CommitHub:
             due = self._last_commit + interval  # brings one forward (the last writer
             while self._budgets and (left := due - time.monotonic()) > 0:  # leaving does)
                 self._cond.wait(left)
+        started = time.monotonic()
         listed = list(self.store.list(keys.PENDING_PREFIX))
         self.stats.incr("lists")
         anns = self._read_announcements([m.key for m in listed])
@@ -289,17 +309,16 @@ class CommitHub:
         if view is not None and self._holding() and self.queue.knows_root:
             latest = self.queue.latest_snapshot()
             first = cas.Read(latest, latest.etag)
-        # while other writers announce, a long lease (they wait for this holder, and a
-        # lapse would make them race for it); with only this process's writers, a lease of
-        # two intervals, so that once they go quiet the hub stops at once (an idle hub
-        # sends nothing) and a writer elsewhere takes over within two intervals
-        lease_ms = self._lease_ms(interval) if remote else int(2 * interval * 1000)
-        res = commit(self.queue, local + remote, holder=self.holder, lease_ms=lease_ms,
+        res = commit(self.queue, local + remote, holder=self.holder,
+                     lease_ms=self._lease_ms(interval, bool(remote)),
                      interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._last_commit = time.monotonic()
+        self._turn_s = max(self._last_commit - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
             self._view = self.queue.read()  # elsewhere (another writer's live lease), stale
             self._changed_at = time.monotonic()
+            if res.lease is not None and res.lease.holder != self.holder:
+                self._yield = True  # another holder: announce before trying again
             self._resolve(self._view)
             self._refresh_stale(res)
             return
