@@ -32,19 +32,20 @@ def test_consumer_and_worker_read_ahead_threads_do_not_grow_with_use() -> None:
         p.produce([b"x"] * 10).wait(tieredbuf.Durability.REMOTE, timeout=30)
     # counts are taken against what was there before: the suite's other tests may have
     # left a pool behind in this process, and only this test's are asserted
-    there = (_named("tb-readahead"), _named("tb-worker"))
+    there = (_named("tb-readahead"), _named("tb-worker"), _named("tb-refill"))
     c = buf.consumer()
     c.initialize()
     w = buf.worker("jobs", lease=timedelta(seconds=30))
-    before = (_named("tb-readahead"), _named("tb-worker"))
-    assert before == (there[0] + c.config.read_ahead, there[1] + w.config.read_ahead)
+    before = (_named("tb-readahead"), _named("tb-worker"), _named("tb-refill"))
+    assert before == (  # the refill CAS runs on one thread of its own
+        there[0] + c.config.read_ahead, there[1] + w.config.read_ahead, there[2] + 1)
     b = c.next_batch()
     assert b is not None
     c.ack(b.sequence)
     wb = w.claim()
     assert wb is not None
     w.ack(wb.sequence)
-    assert (_named("tb-readahead"), _named("tb-worker")) == before
+    assert (_named("tb-readahead"), _named("tb-worker"), _named("tb-refill")) == before
     c.close()
     w.close()
-    assert (_named("tb-readahead"), _named("tb-worker")) == there
+    assert (_named("tb-readahead"), _named("tb-worker"), _named("tb-refill")) == there

@@ -133,7 +133,7 @@ class Worker:
         """The last refill got fewer entries than it asked for: none ahead until dry."""
         self._rng = random.Random(self.worker_id)
         self._spread = 1 + self._rng.random()
-        self._cas_thread = started_pool(1, "tb-worker-cas")
+        self._cas_thread = started_pool(1, "tb-refill")
         self._pool = started_pool(max(4, self.config.read_ahead), "tb-worker")
         self._ahead = ReadAhead(
             store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
