@@ -59,8 +59,7 @@ def schedule(rate: float, seconds: float, start: float, seed: int) -> list[float
     return [start + (i + rng.random()) / rate for i in range(int(rate * seconds))]
 
 
-def steady(rate: float, seconds: float, start: float, seed: int = 0
-           ) -> Iterator[tuple[int, float]]:
+def steady(rate: float, seconds: float, start: float, seed: int = 0) -> Iterator[tuple[int, float]]:
     """(call number, due monotonic time) from ``schedule``, sleeping until each is due."""
     for i, due in enumerate(schedule(rate, seconds, start, seed)):
         delay = due - time.monotonic()
@@ -109,7 +108,9 @@ class Acks:
 
 
 def sync_throughput(
-    write: Callable[[int, list[bytes]], None], spec: dict[str, Any], start: float,
+    write: Callable[[int, list[bytes]], None],
+    spec: dict[str, Any],
+    start: float,
     deadline: float,
 ) -> dict[str, Any]:
     """``threads`` threads call ``write(thread, records)`` until the deadline or budget;
@@ -143,8 +144,9 @@ def sync_throughput(
     return {"records": n, "end": {"ack": max(ends)}}
 
 
-def sync_latency(write: Callable[[bytes], None], spec: dict[str, Any], start: float
-                 ) -> dict[str, Any]:
+def sync_latency(
+    write: Callable[[bytes], None], spec: dict[str, Any], start: float
+) -> dict[str, Any]:
     rec = records_for(spec["worker"], 0, 1, spec["size"])[0]
     lat: list[float] = []
     behind: list[float] = []
@@ -155,8 +157,11 @@ def sync_latency(write: Callable[[bytes], None], spec: dict[str, Any], start: fl
         write(rec)
         if i >= warm:
             lat.append((time.monotonic() - t0) * 1e3)
-    return {"latency_ms": {"ack": lat}, "behind_ms": behind,
-            "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start)}
+    return {
+        "latency_ms": {"ack": lat},
+        "behind_ms": behind,
+        "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start),
+    }
 
 
 class PersistQueue:
@@ -255,8 +260,10 @@ def delta_location(spec: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
         return str(Path(spec["dir"]) / "delta"), None
     s3 = spec["s3"]
     return f"s3://{s3['bucket']}/delta", {
-        "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": s3["endpoint"],
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_REGION": "us-east-1",
     }
 
@@ -267,8 +274,9 @@ def delta_setup(spec: dict[str, Any]) -> None:
     from deltalake import write_deltalake
 
     uri, options = delta_location(spec)
-    write_deltalake(uri, pa.table({"v": pa.array([], pa.binary())}), mode="append",
-                    storage_options=options)
+    write_deltalake(
+        uri, pa.table({"v": pa.array([], pa.binary())}), mode="append", storage_options=options
+    )
 
 
 def delta_count(spec: dict[str, Any]) -> int:
@@ -296,9 +304,13 @@ class SlateDB:
             path = str(Path(spec["dir"]) / "slatedb").lstrip("/")
         else:
             s3 = spec["s3"]
-            os.environ.update(AWS_ENDPOINT=s3["endpoint"], AWS_ALLOW_HTTP="true",
-                              AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                              AWS_REGION="us-east-1")
+            os.environ.update(
+                AWS_ENDPOINT=s3["endpoint"],
+                AWS_ALLOW_HTTP="true",
+                AWS_ACCESS_KEY_ID="testing",
+                AWS_SECRET_ACCESS_KEY="testing",
+                AWS_REGION="us-east-1",
+            )
             store = ObjectStore.resolve(f"s3://{s3['bucket']}")
             path = "slatedb"
         settings = Settings.default()
@@ -367,8 +379,11 @@ class SlateDB:
             await asyncio.gather(*tasks)
 
         self.loop.run_until_complete(run())
-        return {"latency_ms": {"ack": lat}, "behind_ms": behind,
-                "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start)}
+        return {
+            "latency_ms": {"ack": lat},
+            "behind_ms": behind,
+            "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start),
+        }
 
     def warm(self, recs: list[bytes]) -> None:
         async def run() -> None:
@@ -391,8 +406,9 @@ class SlateDB:
         from slatedb.uniffi import KeyRange
 
         async def run() -> int:
-            it = await self.db.scan(KeyRange(start=None, start_inclusive=False, end=None,
-                                             end_inclusive=False))
+            it = await self.db.scan(
+                KeyRange(start=None, start_inclusive=False, end=None, end_inclusive=False)
+            )
             n = 0
             while await it.next() is not None:
                 n += 1
@@ -440,8 +456,13 @@ class Tieredbuf:
         else:
             s3 = spec["s3"]
             self.buf = tieredbuf.open(
-                f"s3://{s3['bucket']}/buf", endpoint=s3["endpoint"], region="us-east-1",
-                access_key_id="testing", secret_access_key="testing", allow_http=True)
+                f"s3://{s3['bucket']}/buf",
+                endpoint=s3["endpoint"],
+                region="us-east-1",
+                access_key_id="testing",
+                secret_access_key="testing",
+                allow_http=True,
+            )
         flush = timedelta(milliseconds=spec["remote_flush_ms"])
         if spec.get("probe_level") == "LOCAL":
             # strace check of the LOCAL ack alone: no segment seal between the writes
@@ -452,10 +473,12 @@ class Tieredbuf:
             # The segment timer is the staged producer's remote flush interval: it seals
             # an open segment this long after its first entry, and the exporter ships it.
             self.producer = self.buf.producer(
-                staging_dir=Path(spec["dir"]) / f"stage-{spec['worker']}",
-                max_open_duration=flush)
-            self.levels = {"LOCAL": tieredbuf.Durability.LOCAL,
-                           "REMOTE": tieredbuf.Durability.REMOTE}
+                staging_dir=Path(spec["dir"]) / f"stage-{spec['worker']}", max_open_duration=flush
+            )
+            self.levels = {
+                "LOCAL": tieredbuf.Durability.LOCAL,
+                "REMOTE": tieredbuf.Durability.REMOTE,
+            }
         else:
             self.producer = self.buf.producer(flush_interval=flush)
             self.levels = {"ack": tieredbuf.Durability.REMOTE}
@@ -463,6 +486,7 @@ class Tieredbuf:
 
     def _watch(self, h: Any, acks: Acks, t0: float | None) -> None:
         for name, level in self.levels.items():
+
             def fire(name: str = name, level: Any = level) -> None:
                 err = None
                 try:
@@ -505,8 +529,11 @@ class Tieredbuf:
             raise errors[0]
         for name in self.levels:
             acks.wait_for(name, sum(calls))
-        return {"records": sum(calls) * batch, "end": dict(acks.last),
-                "producer_stats": _stats(self.producer)}
+        return {
+            "records": sum(calls) * batch,
+            "end": dict(acks.last),
+            "producer_stats": _stats(self.producer),
+        }
 
     def latency(self, spec: dict[str, Any], start: float) -> dict[str, Any]:
         rec = records_for(spec["worker"], 0, 1, spec["size"])[0]
@@ -522,8 +549,11 @@ class Tieredbuf:
             n += 1
         for name in self.levels:
             acks.wait_for(name, n)
-        return {"latency_ms": acks.lat, "behind_ms": behind,
-                "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start)}
+        return {
+            "latency_ms": acks.lat,
+            "behind_ms": behind,
+            "achieved_rate": len(behind) / max(1e-9, time.monotonic() - start),
+        }
 
     def warm(self, recs: list[bytes]) -> None:
         self.producer.produce(recs).wait(self.tb.Durability.REMOTE, timeout=60)

@@ -26,15 +26,19 @@ _cache: dict[tuple[int, int, int], list[pa.RecordBatch]] = {}
 def _build(rows: int, value_bytes: int) -> pa.RecordBatch:
     base = os.urandom(value_bytes)
     values = pa.array([base[:-8] + i.to_bytes(8, "little") for i in range(rows)], pa.binary())
-    return pa.RecordBatch.from_arrays([
-        values,
-        repeat_value(b"bench", rows, pa.binary()),
-        pa.array(np.full(rows, 7, dtype=np.int64)),
-        pa.array(np.arange(rows, dtype=np.int32)),
-        pa.array(np.full(rows, 1_700_000_000_000_000, dtype=np.int64),
-                 pa.timestamp("us", tz="UTC")),
-        repeat_value(b"data/01KXXXXXXXXXXXXXXXXXXXXXXX.batch", rows, pa.string()),
-    ], schema=records_schema())
+    return pa.RecordBatch.from_arrays(
+        [
+            values,
+            repeat_value(b"bench", rows, pa.binary()),
+            pa.array(np.full(rows, 7, dtype=np.int64)),
+            pa.array(np.arange(rows, dtype=np.int32)),
+            pa.array(
+                np.full(rows, 1_700_000_000_000_000, dtype=np.int64), pa.timestamp("us", tz="UTC")
+            ),
+            repeat_value(b"data/01KXXXXXXXXXXXXXXXXXXXXXXX.batch", rows, pa.string()),
+        ],
+        schema=records_schema(),
+    )
 
 
 def _batches(rows: int, per_batch: int, value_bytes: int) -> list[pa.RecordBatch]:
@@ -42,15 +46,20 @@ def _batches(rows: int, per_batch: int, value_bytes: int) -> list[pa.RecordBatch
     slices of one big batch, which the Arrow IPC writer would have to re-base)."""
     key = (rows, per_batch, value_bytes)
     if key not in _cache:
-        _cache[key] = [_build(min(per_batch, rows - off), value_bytes)
-                       for off in range(0, rows, per_batch)]
+        _cache[key] = [
+            _build(min(per_batch, rows - off), value_bytes) for off in range(0, rows, per_batch)
+        ]
     return _cache[key]
 
 
 class _Reader(DataSourceReader):
     def __init__(self, partitions: int, rows: int, per_batch: int, value_bytes: int) -> None:
         self.n, self.rows, self.per_batch, self.value_bytes = (
-            partitions, rows, per_batch, value_bytes)
+            partitions,
+            rows,
+            per_batch,
+            value_bytes,
+        )
 
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(i) for i in range(self.n)]
@@ -69,5 +78,6 @@ class FloorSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         o = self.options
-        return _Reader(int(o["partitions"]), int(o["rows"]), int(o["rows_per_batch"]),
-                       int(o["value_bytes"]))
+        return _Reader(
+            int(o["partitions"]), int(o["rows"]), int(o["rows_per_batch"]), int(o["value_bytes"])
+        )

@@ -298,8 +298,10 @@ def tieredbuf_latency(
                 h = producer.produce(records)
                 produce_ms.append((time.monotonic_ns() - t) / 1e6)
                 if i >= warm_calls:  # ack times by callback, as the service waits for them
-                    for level, out in ((tieredbuf.Durability.LOCAL, local_ms),
-                                       (tieredbuf.Durability.REMOTE, ack_ms)):
+                    for level, out in (
+                        (tieredbuf.Durability.LOCAL, local_ms),
+                        (tieredbuf.Durability.REMOTE, ack_ms),
+                    ):
                         if stage is not None or level == tieredbuf.Durability.REMOTE:
                             h.watcher.when(level, functools.partial(_stamp, out, t))
                 handles.put((i, t, h))
@@ -416,8 +418,11 @@ def staged_options(args: argparse.Namespace) -> dict[str, Any]:
         out["manifest_writes_per_s"] = args.writes_per_s
     for opt in args.staged_option:
         k, _, v = opt.partition("=")
-        out[k] = timedelta(milliseconds=float(v[:-2])) if v.endswith("ms") else (
-            int(v) if v.isdigit() else v)
+        out[k] = (
+            timedelta(milliseconds=float(v[:-2]))
+            if v.endswith("ms")
+            else (int(v) if v.isdigit() else v)
+        )
     return out
 
 
@@ -443,12 +448,18 @@ def bench_backend(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     lat: dict[str, Any] = {}
     for name, stage in (("direct", None), ("staged", True)):
         for label, rate in (("high", args.rate), ("low", args.low_rate)):
-            staging = Path(tempfile.mkdtemp(prefix="tb-bench-stage-", dir=args.tmpdir)) \
-                if stage else None
+            staging = (
+                Path(tempfile.mkdtemp(prefix="tb-bench-stage-", dir=args.tmpdir)) if stage else None
+            )
             try:
                 lat[f"{name}_{label}"] = tieredbuf_latency(
-                    backend, rate, args.latency_seconds, args.warmup, args.batch,
-                    args.record_size, args.poll_interval,
+                    backend,
+                    rate,
+                    args.latency_seconds,
+                    args.warmup,
+                    args.batch,
+                    args.record_size,
+                    args.poll_interval,
                     producer_options(args) if stage is None else staged_options(args),
                     staging,
                 )
@@ -459,7 +470,11 @@ def bench_backend(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
         backend, args.rate, args.latency_seconds, args.warmup, args.batch, args.record_size
     )
     base_low = baseline_latency(
-        backend, args.low_rate, args.latency_seconds, args.warmup, args.batch,
+        backend,
+        args.low_rate,
+        args.latency_seconds,
+        args.warmup,
+        args.batch,
         args.record_size,
     )
     return {
@@ -537,21 +552,44 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         for key in ("direct_high", "direct_low", "staged_high", "staged_low"):
             lt = lb["tieredbuf"][key]
             who, level = key.split("_")
-            labels = [(f"{who} REMOTE ack (wait)", lt["remote_ack_ms"]),
-                      (f"{who} produce->consume", lt["produce_to_consume_ms"])]
+            labels = [
+                (f"{who} REMOTE ack (wait)", lt["remote_ack_ms"]),
+                (f"{who} produce->consume", lt["produce_to_consume_ms"]),
+            ]
             if who == "staged":
                 labels.insert(0, ("staged LOCAL ack (wait)", lt["local_ack_ms"]))
             for label, s in labels:
-                rows.append([name, f"{lt['rate']:g}/s", label, s["n"], f"{s['p50']:.2f}",
-                             f"{s['p99']:.2f}", f"{s['max']:.2f}"])
+                rows.append(
+                    [
+                        name,
+                        f"{lt['rate']:g}/s",
+                        label,
+                        s["n"],
+                        f"{s['p50']:.2f}",
+                        f"{s['p99']:.2f}",
+                        f"{s['max']:.2f}",
+                    ]
+                )
         for label, rate, s in (
             ("baseline PUT (same rate)", args.rate, lb["baseline"]["put_latency_ms"]),
             ("baseline PUT (same rate)", args.low_rate, lb["baseline_low"]["put_latency_ms"]),
-            ("baseline PUT (under load)", None,
-             r["throughput"]["baseline"]["median"]["put_latency_ms"]),
+            (
+                "baseline PUT (under load)",
+                None,
+                r["throughput"]["baseline"]["median"]["put_latency_ms"],
+            ),
         ):
-            rows.append([name, f"{rate:g}/s" if rate else "max", label, s["n"],
-                         f"{s['p50']:.2f}", f"{s['p99']:.2f}", f"{s['max']:.2f}"])
+            rows.append(
+                [
+                    name,
+                    f"{rate:g}/s" if rate else "max",
+                    label,
+                    s["n"],
+                    f"{s['p50']:.2f}",
+                    f"{s['p99']:.2f}",
+                    f"{s['max']:.2f}",
+                ]
+            )
     print_table(["store", "rate", "metric", "n", "p50 ms", "p99 ms", "max ms"], rows)
     print()
     flush_ms = FLUSH_INTERVAL / timedelta(milliseconds=1)
@@ -560,13 +598,17 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         rtt = r["latency"]["baseline_low"]["put_latency_ms"]["p50"]
         for level in ("high", "low"):
             d = lt[f"direct_{level}"]["remote_ack_ms"]["p99"]
-            print(f"goal [{name}] direct REMOTE p99 at {lt[f'direct_{level}']['rate']:g}/s "
-                  f"<= 2 x {flush_ms:g} ms + one PUT ({rtt:.1f} ms): {d:.1f} ms -> "
-                  f"{'met' if d <= 2 * flush_ms + rtt else 'MISSED'}")
+            print(
+                f"goal [{name}] direct REMOTE p99 at {lt[f'direct_{level}']['rate']:g}/s "
+                f"<= 2 x {flush_ms:g} ms + one PUT ({rtt:.1f} ms): {d:.1f} ms -> "
+                f"{'met' if d <= 2 * flush_ms + rtt else 'MISSED'}"
+            )
         st = lt["staged_low"]["remote_ack_ms"]
-        print(f"goal [{name}] staged REMOTE at {lt['staged_low']['rate']:g}/s p50 <= 150 ms, "
-              f"p99 <= 300 ms: p50 {st['p50']:.1f}, p99 {st['p99']:.1f} -> "
-              f"{'met' if st['p50'] <= 150 and st['p99'] <= 300 else 'MISSED'}")
+        print(
+            f"goal [{name}] staged REMOTE at {lt['staged_low']['rate']:g}/s p50 <= 150 ms, "
+            f"p99 <= 300 ms: p50 {st['p50']:.1f}, p99 {st['p99']:.1f} -> "
+            f"{'met' if st['p50'] <= 150 and st['p99'] <= 300 else 'MISSED'}"
+        )
     print()
     print("Durability each side had:")
     for name, r in results.items():
@@ -588,12 +630,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--record-size", type=int, default=1024, help="bytes per record")
     p.add_argument("--repeat", type=int, help="throughput runs per system (median reported)")
     p.add_argument("--rate", type=float, default=100.0, help="latency: produce calls per second")
-    p.add_argument("--low-rate", type=float, default=5.0,
-                   help="latency: the light load's produce calls per second")
-    p.add_argument("--writes-per-s", type=float,
-                   help="manifest_writes_per_s of both producers (default: the library's)")
-    p.add_argument("--staged-option", action="append", default=[],
-                   help="a staged producer option, e.g. max_open_duration=100ms (repeatable)")
+    p.add_argument(
+        "--low-rate",
+        type=float,
+        default=5.0,
+        help="latency: the light load's produce calls per second",
+    )
+    p.add_argument(
+        "--writes-per-s",
+        type=float,
+        help="manifest_writes_per_s of both producers (default: the library's)",
+    )
+    p.add_argument(
+        "--staged-option",
+        action="append",
+        default=[],
+        help="a staged producer option, e.g. max_open_duration=100ms (repeatable)",
+    )
     p.add_argument("--latency-seconds", type=float, help="latency: seconds of producing")
     p.add_argument("--warmup", type=float, default=1.0, help="latency: seconds dropped")
     p.add_argument(

@@ -78,19 +78,38 @@ def main() -> None:
             parts = parts_for(record, per_call)
             runs = [once(parts, Path(tmp)) for _ in range(args.repeat)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            results[label] = {"median_s": med, "parts": len(parts),
-                              "seal_crc_over_seal": med["seal_crc"] / med["seal"],
-                              "verify_over_read": med["verify"] / med["read"]}
-            rows.append([label, len(parts), *(f"{med[k] * 1000:.1f}" for k in
-                         ("seal", "seal_crc", "read", "verify")),
-                         f"{med['seal_crc'] / med['seal']:.2f}",
-                         f"{med['verify'] / med['read']:.2f}"])
-    print(f"one 32 MiB .batch segment, median of {args.repeat}; load average "
-          f"{os.getloadavg()[0]:.2f}")
-    print_table(["segment", "parts", "seal ms", "+crc ms", "read ms", "+verify ms",
-                 "crc/seal", "verify/read"], rows)
-    write_json("crc", {"machine": machine_info(), "load_avg": os.getloadavg(),
-                       "results": results})
+            results[label] = {
+                "median_s": med,
+                "parts": len(parts),
+                "seal_crc_over_seal": med["seal_crc"] / med["seal"],
+                "verify_over_read": med["verify"] / med["read"],
+            }
+            rows.append(
+                [
+                    label,
+                    len(parts),
+                    *(f"{med[k] * 1000:.1f}" for k in ("seal", "seal_crc", "read", "verify")),
+                    f"{med['seal_crc'] / med['seal']:.2f}",
+                    f"{med['verify'] / med['read']:.2f}",
+                ]
+            )
+    print(
+        f"one 32 MiB .batch segment, median of {args.repeat}; load average {os.getloadavg()[0]:.2f}"
+    )
+    print_table(
+        [
+            "segment",
+            "parts",
+            "seal ms",
+            "+crc ms",
+            "read ms",
+            "+verify ms",
+            "crc/seal",
+            "verify/read",
+        ],
+        rows,
+    )
+    write_json("crc", {"machine": machine_info(), "load_avg": os.getloadavg(), "results": results})
 
 
 if __name__ == "__main__":

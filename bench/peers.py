@@ -70,8 +70,15 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import moto_server, print_table, summarize, write_json
 
 MiB = 1 << 20
-SYSTEMS = ("persist-queue", "slatedb", "slatedb-memmove", "deltalake", "deltalake-4w",
-           "tieredbuf-direct", "tieredbuf-staged")
+SYSTEMS = (
+    "persist-queue",
+    "slatedb",
+    "slatedb-memmove",
+    "deltalake",
+    "deltalake-4w",
+    "tieredbuf-direct",
+    "tieredbuf-staged",
+)
 STORES: dict[str, tuple[str, ...]] = {
     "persist-queue": ("local",),
     "slatedb": ("local", "moto"),
@@ -90,43 +97,65 @@ SYNC_CALLS = "fsync,fdatasync,sync_file_range"
 LOCAL_FSYNC, LOCAL_CACHE, REMOTE = "local-fsync", "local-pagecache", "remote"
 DURABILITY: dict[tuple[str, str, str], tuple[str, str]] = {
     ("persist-queue", "local", "ack"): (
-        LOCAL_FSYNC, "put() returns after its own SQLite commit; SQLite in WAL mode with "
+        LOCAL_FSYNC,
+        "put() returns after its own SQLite commit; SQLite in WAL mode with "
         "the default synchronous=FULL fdatasyncs the WAL file on every commit (no group "
-        "commit: one fdatasync per put)"),
+        "commit: one fdatasync per put)",
+    ),
     ("slatedb", "local", "ack"): (
-        LOCAL_CACHE, "await_durable() returns once the WAL SST holding the write is "
+        LOCAL_CACHE,
+        "await_durable() returns once the WAL SST holding the write is "
         "written through object_store's LocalFileSystem (write + rename): no fsync, "
-        "so it is in the page cache only"),
+        "so it is in the page cache only",
+    ),
     ("slatedb", "moto", "ack"): (
-        REMOTE, "await_durable() returns once the WAL SST holding the write is PUT to "
-        "the bucket (flush_interval group commit)"),
+        REMOTE,
+        "await_durable() returns once the WAL SST holding the write is PUT to "
+        "the bucket (flush_interval group commit)",
+    ),
     ("deltalake", "local", "ack"): (
-        LOCAL_CACHE, "write_deltalake() returns after the Parquet file is written and "
-        "the commit JSON is linked into _delta_log (write + link/rename): no fsync"),
+        LOCAL_CACHE,
+        "write_deltalake() returns after the Parquet file is written and "
+        "the commit JSON is linked into _delta_log (write + link/rename): no fsync",
+    ),
     ("deltalake", "moto", "ack"): (
-        REMOTE, "write_deltalake() returns after the Parquet PUT and the commit JSON "
+        REMOTE,
+        "write_deltalake() returns after the Parquet PUT and the commit JSON "
         "written put-if-absent (delta-rs 1.x: conditional PUT, no lock provider; retried "
-        "on a version conflict)"),
+        "on a version conflict)",
+    ),
     ("tieredbuf-direct", "local", "ack"): (
-        LOCAL_FSYNC, "REMOTE on the local-directory store: the data object and the "
+        LOCAL_FSYNC,
+        "REMOTE on the local-directory store: the data object and the "
         "manifest are each written to a temp file, fsynced, renamed into place and the "
-        "directory fsynced before the ack (batched every flush_interval)"),
+        "directory fsynced before the ack (batched every flush_interval)",
+    ),
     ("tieredbuf-direct", "moto", "ack"): (
-        REMOTE, "REMOTE: data object PUT (If-None-Match), then the manifest read (GET) "
+        REMOTE,
+        "REMOTE: data object PUT (If-None-Match), then the manifest read (GET) "
         "and replaced by CAS (If-Match): three requests in sequence per flush "
-        "(flush_interval after the batch's first record)"),
+        "(flush_interval after the batch's first record)",
+    ),
     ("tieredbuf-staged", "local", "LOCAL"): (
-        LOCAL_FSYNC, "LOCAL: the WAL fdatasync covering the write returned (group "
-        "commit every 25 ms); the exporter to the same disk runs meanwhile"),
+        LOCAL_FSYNC,
+        "LOCAL: the WAL fdatasync covering the write returned (group "
+        "commit every 25 ms); the exporter to the same disk runs meanwhile",
+    ),
     ("tieredbuf-staged", "local", "REMOTE"): (
-        LOCAL_FSYNC, "REMOTE on the local-directory store: segment sealed (fdatasync), "
-        "exported as an fsynced object, manifest CAS fsynced"),
+        LOCAL_FSYNC,
+        "REMOTE on the local-directory store: segment sealed (fdatasync), "
+        "exported as an fsynced object, manifest CAS fsynced",
+    ),
     ("tieredbuf-staged", "moto", "LOCAL"): (
-        LOCAL_FSYNC, "LOCAL: the WAL fdatasync covering the write returned (group "
-        "commit every 25 ms); the exporter uploads to moto meanwhile"),
+        LOCAL_FSYNC,
+        "LOCAL: the WAL fdatasync covering the write returned (group "
+        "commit every 25 ms); the exporter uploads to moto meanwhile",
+    ),
     ("tieredbuf-staged", "moto", "REMOTE"): (
-        REMOTE, "REMOTE: WAL fdatasync, segment sealed, uploaded (If-None-Match) and "
-        "appended by manifest CAS (If-Match)"),
+        REMOTE,
+        "REMOTE: WAL fdatasync, segment sealed, uploaded (If-None-Match) and "
+        "appended by manifest CAS (If-Match)",
+    ),
 }
 CLASS_TITLE = {
     LOCAL_FSYNC: "local disk, fsync/fdatasync before the ack",
@@ -174,8 +203,7 @@ def worker_main(spec: dict[str, Any]) -> None:
             if spec["verify"] and hasattr(side, "count"):
                 n, expected = side.count(), out["records"] + spec["warm_records"]
                 if n != expected:
-                    raise AssertionError(f"{spec['system']} holds {n} records, "
-                                         f"expected {expected}")
+                    raise AssertionError(f"{spec['system']} holds {n} records, expected {expected}")
                 out["verified"] = "read back"
         elif mode == "latency":
             out = side.latency(spec, start)
@@ -188,15 +216,21 @@ def worker_main(spec: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_workers(spec: dict[str, Any], mode: str, procs: int,
-                prefix: list[str] | None = None) -> list[dict[str, Any]]:
+def run_workers(
+    spec: dict[str, Any], mode: str, procs: int, prefix: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Start ``procs`` workers, let them set up, start them together, collect results."""
     ws = []
     for i in range(procs):
         arg = json.dumps({**spec, "mode": mode, "worker": i})
-        ws.append(subprocess.Popen(
-            [*(prefix or []), sys.executable, __file__, "--_worker", arg],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        ws.append(
+            subprocess.Popen(
+                [*(prefix or []), sys.executable, __file__, "--_worker", arg],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         if mode not in ("setup", "count"):
             for w in ws:
@@ -237,20 +271,36 @@ def batch_for(size: int, args: argparse.Namespace) -> int:
     return args.batch_64k if size >= 65536 else args.batch
 
 
-def case_spec(system: str, store: str, size: int, args: argparse.Namespace, d: Path,
-              s3: dict[str, str] | None, part: str = "throughput") -> dict[str, Any]:
+def case_spec(
+    system: str,
+    store: str,
+    size: int,
+    args: argparse.Namespace,
+    d: Path,
+    s3: dict[str, str] | None,
+    part: str = "throughput",
+) -> dict[str, Any]:
     procs = 4 if system == "deltalake-4w" else 1
     # deltalake: one writer per process (threads in one process would only be more
     # writers racing for the same commit versions)
     threads = 1 if adapter_name(system) == "deltalake" else args.threads
     return {
-        "system": adapter_name(system), "store": store, "size": size, "dir": str(d),
-        "s3": s3, "threads": threads, "window": args.window,
+        "system": adapter_name(system),
+        "store": store,
+        "size": size,
+        "dir": str(d),
+        "s3": s3,
+        "threads": threads,
+        "window": args.window,
         "batch": batch_for(size, args),
         "seconds": args.seconds if part == "throughput" else args.seconds_lat,
-        "budget_bytes": args.budget_mib * MiB // procs, "rate": args.rate / procs,
-        "warmup": args.warmup, "remote_flush_ms": args.remote_flush_ms,
-        "verify": args.verify, "probe_n": args.probe_n, "procs": procs,
+        "budget_bytes": args.budget_mib * MiB // procs,
+        "rate": args.rate / procs,
+        "warmup": args.warmup,
+        "remote_flush_ms": args.remote_flush_ms,
+        "verify": args.verify,
+        "probe_n": args.probe_n,
+        "procs": procs,
         "slatedb_memmove": system == "slatedb-memmove",
     }
 
@@ -263,12 +313,19 @@ def throughput_case(spec: dict[str, Any], system: str) -> dict[str, Any]:
     start = res[0]["start"]
     records = sum(r["records"] for r in res)
     warm = procs * spec["batch"]
-    out: dict[str, Any] = {"records": records, "bytes": records * spec["size"],
-                           "workers": res, "levels": {}}
+    out: dict[str, Any] = {
+        "records": records,
+        "bytes": records * spec["size"],
+        "workers": res,
+        "levels": {},
+    }
     for lv in levels_of(system):
         secs = max(r["end"][lv] for r in res) - start
-        out["levels"][lv] = {"seconds": secs, "records_per_s": records / secs,
-                             "mib_per_s": records * spec["size"] / MiB / secs}
+        out["levels"][lv] = {
+            "seconds": secs,
+            "records_per_s": records / secs,
+            "mib_per_s": records * spec["size"] / MiB / secs,
+        }
     if spec["system"] == "deltalake":
         n = run_workers(spec, "count", 1)[0]["count"]
         if n != records + warm:
@@ -312,14 +369,22 @@ def strace_case(spec: dict[str, Any], root: Path, level: str) -> dict[str, Any]:
         s = {**spec, "dir": str(d), "probe_n": n, "probe_level": level}
         if spec["system"] == "deltalake":
             run_workers(s, "setup", 1)
-        run_workers(s, "probe", 1,
-                    prefix=["strace", "-f", "-c", "-e", f"trace={SYNC_CALLS}", "-o", str(out)])
+        run_workers(
+            s,
+            "probe",
+            1,
+            prefix=["strace", "-f", "-c", "-e", f"trace={SYNC_CALLS}", "-o", str(out)],
+        )
         runs[n] = parse_strace(out)
         shutil.rmtree(d, ignore_errors=True)
     base, full = runs[0], runs[spec["probe_n"]]
     extra = {k: full.get(k, 0) - base.get(k, 0) for k in sorted(set(base) | set(full))}
-    return {"writes": spec["probe_n"], "baseline_calls": base, "calls": full,
-            "per_write": {k: v / spec["probe_n"] for k, v in extra.items()}}
+    return {
+        "writes": spec["probe_n"],
+        "baseline_calls": base,
+        "calls": full,
+        "per_write": {k: v / spec["probe_n"] for k, v in extra.items()},
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,7 +422,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     spec = case_spec(system, store, 1024, args, root, None)
                     print(f"[{key}] strace durability check ...", flush=True)
                     results[key]["strace"] = {
-                        lv: strace_case(spec, root, lv) for lv in levels_of(system)}
+                        lv: strace_case(spec, root, lv) for lv in levels_of(system)
+                    }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return results
@@ -400,11 +466,13 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     sizes = [str(s) for s in args.sizes]
     names = {"100": "100 B", "1024": "1 KiB", "65536": "64 KiB"}
     print()
-    print(f"Throughput: {args.threads} threads per writer process (deltalake: 1 writer "
-          "process of 1 thread; deltalake-4w: 4 of 1), "
-          f"<= {args.window} calls in flight per thread where the API is asynchronous; "
-          f"{args.batch} records per call ({args.batch_64k} at 64 KiB); "
-          f"{args.seconds:g} s or {args.budget_mib} MiB per case; rec/s (MiB/s)")
+    print(
+        f"Throughput: {args.threads} threads per writer process (deltalake: 1 writer "
+        "process of 1 thread; deltalake-4w: 4 of 1), "
+        f"<= {args.window} calls in flight per thread where the API is asynchronous; "
+        f"{args.batch} records per call ({args.batch_64k} at 64 KiB); "
+        f"{args.seconds:g} s or {args.budget_mib} MiB per case; rec/s (MiB/s)"
+    )
     rows = []
     for cls, system, store, lv in row_keys(results):
         r = results[f"{system}/{store}"]["sizes"]
@@ -415,9 +483,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         rows.append([CLASS_LABEL[cls], side_label(system, store, lv), *cells])
     table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
-    print(f"Ack latency: one record per call at {args.rate:g} calls/s for {args.seconds_lat:g} s "
-          f"(first {args.warmup:g} s dropped); p50 / p99 ms [achieved calls/s when below "
-          "the target]")
+    print(
+        f"Ack latency: one record per call at {args.rate:g} calls/s for {args.seconds_lat:g} s "
+        f"(first {args.warmup:g} s dropped); p50 / p99 ms [achieved calls/s when below "
+        "the target]"
+    )
     rows = []
     for cls, system, store, lv in row_keys(results):
         r = results[f"{system}/{store}"]["sizes"]
@@ -425,21 +495,28 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         for s in sizes:
             lat = r[s]["latency"]
             q = lat["levels"][lv]
-            behind = (f" [{lat['achieved_rate']:.0f}/s]"
-                      if lat["achieved_rate"] < 0.95 * lat["target_rate"] else "")
+            behind = (
+                f" [{lat['achieved_rate']:.0f}/s]"
+                if lat["achieved_rate"] < 0.95 * lat["target_rate"]
+                else ""
+            )
             cells.append(f"{q['p50']:.1f} / {q['p99']:.1f}{behind}")
         rows.append([CLASS_LABEL[cls], side_label(system, store, lv), *cells])
     table(["durability", "side", *(names.get(s, s + " B") for s in sizes)], rows, args.markdown)
     print()
     print("What an ack meant:")
     for cls, system, store, lv in row_keys(results):
-        print(f"  [{cls}] {side_label(system, store, lv)}: "
-              f"{DURABILITY[(adapter_name(system), store, lv)][1]}")
+        print(
+            f"  [{cls}] {side_label(system, store, lv)}: "
+            f"{DURABILITY[(adapter_name(system), store, lv)][1]}"
+        )
     checked = {k: v["strace"] for k, v in results.items() if "strace" in v}
     if checked:
         print()
-        print(f"strace -f -e trace={SYNC_CALLS}: sync calls per acknowledged single-record "
-              "write (N writes, less a run of 0), local store, 1 KiB")
+        print(
+            f"strace -f -e trace={SYNC_CALLS}: sync calls per acknowledged single-record "
+            "write (N writes, less a run of 0), local store, 1 KiB"
+        )
         for k, by_level in checked.items():
             for lv, v in by_level.items():
                 per = ", ".join(f"{c} {x:.2f}" for c, x in v["per_write"].items() if x)
@@ -450,8 +527,9 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short cases, ~2-3 min in all")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma list of: {', '.join(SYSTEMS)}")
+    p.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}"
+    )
     p.add_argument("--stores", default="local,moto", help="comma list of: local, moto")
     p.add_argument("--sizes", default="100,1024,65536", help="record sizes in bytes")
     p.add_argument("--threads", type=int, default=4, help="threads per writer process")
@@ -463,18 +541,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=20.0, help="latency: calls per second")
     p.add_argument("--seconds-lat", type=float, help="latency: seconds per case")
     p.add_argument("--warmup", type=float, default=0.5, help="latency: seconds dropped")
-    p.add_argument("--remote-flush-ms", type=int, default=100,
-                   help="slatedb flush_interval, tieredbuf-direct flush_interval and "
-                   "tieredbuf-staged segment max_open_duration (ms)")
-    p.add_argument("--no-strace", dest="strace", action="store_false",
-                   help="skip the strace durability check")
+    p.add_argument(
+        "--remote-flush-ms",
+        type=int,
+        default=100,
+        help="slatedb flush_interval, tieredbuf-direct flush_interval and "
+        "tieredbuf-staged segment max_open_duration (ms)",
+    )
+    p.add_argument(
+        "--no-strace", dest="strace", action="store_false", help="skip the strace durability check"
+    )
     p.add_argument("--probe-n", type=int, default=20, help="strace check: writes per side")
-    p.add_argument("--verify", action="store_true",
-                   help="read every record back after each throughput case (slow)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every record back after each throughput case (slow)",
+    )
     p.add_argument("--tmpdir", help="parent of the local stores (default: $TMPDIR or /tmp)")
     p.add_argument("--out", default="peers", help="results file name under bench/results/")
-    p.add_argument("--render", metavar="JSON",
-                   help="print the report of a saved results file instead of running")
+    p.add_argument(
+        "--render",
+        metavar="JSON",
+        help="print the report of a saved results file instead of running",
+    )
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     a = p.parse_args(argv)
     a.systems = [s for s in a.systems.split(",") if s]
@@ -489,8 +578,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.warmup >= a.seconds_lat:
         p.error("--warmup must be shorter than --seconds-lat")
     if a.strace and shutil.which("strace") is None:
-        print("strace not found (apt-get install -y strace): skipping the durability check",
-              file=sys.stderr)
+        print(
+            "strace not found (apt-get install -y strace): skipping the durability check",
+            file=sys.stderr,
+        )
         a.strace = False
     return a
 
@@ -513,8 +604,10 @@ def main(argv: list[str] | None = None) -> int:
             if k not in ("render", "markdown"):
                 setattr(args, k, v)
         report(saved["results"], args)
-        print(f"\nload average: start {saved['loadavg']['start']}, end "
-              f"{saved['loadavg']['end']}; {saved['machine']}")
+        print(
+            f"\nload average: start {saved['loadavg']['start']}, end "
+            f"{saved['loadavg']['end']}; {saved['machine']}"
+        )
         return 0
     started = time.monotonic()
     load_start = loadavg()
@@ -522,17 +615,24 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     load_end = loadavg()
     report(results, args)
-    print(f"\nload average: start {load_start}, end {load_end} ({os.cpu_count()} cpus, "
-          "shared with other engineers' tests)")
-    path = write_json(args.out, {
-        "benchmark": "peers",
-        "config": vars(args),
-        "loadavg": {"start": load_start, "end": load_end},
-        "durability": {f"{s}/{st}/{lv}": {"class": c, "ack": t}
-                       for (s, st, lv), (c, t) in DURABILITY.items()},
-        "results": results,
-        "wall_seconds": time.monotonic() - started,
-    })
+    print(
+        f"\nload average: start {load_start}, end {load_end} ({os.cpu_count()} cpus, "
+        "shared with other engineers' tests)"
+    )
+    path = write_json(
+        args.out,
+        {
+            "benchmark": "peers",
+            "config": vars(args),
+            "loadavg": {"start": load_start, "end": load_end},
+            "durability": {
+                f"{s}/{st}/{lv}": {"class": c, "ack": t}
+                for (s, st, lv), (c, t) in DURABILITY.items()
+            },
+            "results": results,
+            "wall_seconds": time.monotonic() - started,
+        },
+    )
     print(f"\nwrote {path} ({time.monotonic() - started:.0f} s)")
     return 0
 

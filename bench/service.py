@@ -70,18 +70,41 @@ def _body(n: int, size: int, tag: str) -> bytes:
     return b"".join(struct.pack("<I", len(r)) + r for r in recs)
 
 
-def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str],
-           workers: int | None = None, extra: tuple[str, ...] = ()) -> tuple[
-    subprocess.Popen[str], int
-]:
+def _start(
+    url: str,
+    stage: Path,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    workers: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen[str], int]:
     seal = ["--max-open-duration", args.max_open_duration] if args.max_open_duration else []
     if args.manifest_writes_per_s is not None:
         seal += ["--manifest-writes-per-s", str(args.manifest_writes_per_s)]
-    cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
-           "--port", "0", "--workers", str(workers or args.workers), *seal, *args.serve_args,
-           *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **env}, cwd=tempfile.gettempdir())
+    cmd = [
+        sys.executable,
+        "-m",
+        "tieredbuf.cli",
+        "serve",
+        url,
+        "--staging",
+        str(stage),
+        "--port",
+        "0",
+        "--workers",
+        str(workers or args.workers),
+        *seal,
+        *args.serve_args,
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **env},
+        cwd=tempfile.gettempdir(),
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
@@ -101,8 +124,12 @@ def _start(url: str, stage: Path, args: argparse.Namespace, env: dict[str, str],
 def _post(port: int, durability: str, body: bytes) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("POST", f"/v1/produce?durability={durability}", body,
-                     {"Content-Type": "application/octet-stream"})
+        conn.request(
+            "POST",
+            f"/v1/produce?durability={durability}",
+            body,
+            {"Content-Type": "application/octet-stream"},
+        )
         r = conn.getresponse()
         r.read()
         return r.status
@@ -110,8 +137,9 @@ def _post(port: int, durability: str, body: bytes) -> int:
         conn.close()
 
 
-def _run_low(port: int, durability: str, args: argparse.Namespace,
-             rate: float | None = None) -> dict[str, Any]:
+def _run_low(
+    port: int, durability: str, args: argparse.Namespace, rate: float | None = None
+) -> dict[str, Any]:
     """An open loop: one request every 1/rate s (each on its own thread and connection),
     whatever the earlier ones are doing; ``rate`` s*``--low-seconds`` requests, at least
     ``--low-min-requests``."""
@@ -183,8 +211,12 @@ def _run_level(port: int, durability: str, args: argparse.Namespace) -> dict[str
             body = _body(args.records, args.record_size, f"{durability}-{i}")
             t0 = time.perf_counter()
             try:
-                conn.request("POST", f"/v1/produce?durability={durability}", body,
-                             {"Content-Type": "application/octet-stream"})
+                conn.request(
+                    "POST",
+                    f"/v1/produce?durability={durability}",
+                    body,
+                    {"Content-Type": "application/octet-stream"},
+                )
                 r = conn.getresponse()
                 r.read()
             except OSError:
@@ -249,34 +281,69 @@ def main() -> None:
     p.add_argument("--time-cap", type=float, default=60.0, help="seconds per level")
     p.add_argument("--low-rate", type=float, default=5.0, help="requests/s of the low rate")
     p.add_argument("--low-seconds", type=float, default=20.0, help="seconds of the low rate")
-    p.add_argument("--low-rates", type=float, nargs="+", default=None,
-                   help="several low rates in one run (one service), in this order; "
-                        "overrides --low-rate")
-    p.add_argument("--low-min-requests", type=int, default=0,
-                   help="at least this many requests per low rate (longer at low rates)")
-    p.add_argument("--durabilities", nargs="+", choices=("local", "remote"),
-                   default=["local", "remote"])
+    p.add_argument(
+        "--low-rates",
+        type=float,
+        nargs="+",
+        default=None,
+        help="several low rates in one run (one service), in this order; overrides --low-rate",
+    )
+    p.add_argument(
+        "--low-min-requests",
+        type=int,
+        default=0,
+        help="at least this many requests per low rate (longer at low rates)",
+    )
+    p.add_argument(
+        "--durabilities", nargs="+", choices=("local", "remote"), default=["local", "remote"]
+    )
     p.add_argument("--no-high", action="store_true", help="skip the high-rate (closed loop) levels")
-    p.add_argument("--max-open-duration", default=None,
-                   help="segment seal interval (default: the library's 5 s)")
-    p.add_argument("--manifest-writes-per-s", type=float, default=None,
-                   help="the buffer's manifest append budget (default: the library's 5/s)")
+    p.add_argument(
+        "--max-open-duration",
+        default=None,
+        help="segment seal interval (default: the library's 5 s)",
+    )
+    p.add_argument(
+        "--manifest-writes-per-s",
+        type=float,
+        default=None,
+        help="the buffer's manifest append budget (default: the library's 5/s)",
+    )
     p.add_argument("--serve-args", nargs="*", default=[])
     p.add_argument("--no-low", action="store_true", help="skip the low-rate (open loop) levels")
-    p.add_argument("--baseline-tree", metavar="DIR",
-                   help="run everything on the code in DIR first (PYTHONPATH=DIR)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="with --baseline-tree: run both this many times, alternating "
-                        "which goes first")
-    p.add_argument("--memory", action="store_true",
-                   help="peak worker memory per request at the body limit, not load")
-    p.add_argument("--memory-limit", type=int, default=16 << 20, metavar="BYTES",
-                   help="--max-body of the memory cases (default 16 MiB)")
-    p.add_argument("--bomb-factor", type=int, default=16,
-                   help="the Arrow bomb decodes to this many times --memory-limit")
+    p.add_argument(
+        "--baseline-tree",
+        metavar="DIR",
+        help="run everything on the code in DIR first (PYTHONPATH=DIR)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --baseline-tree: run both this many times, alternating which goes first",
+    )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak worker memory per request at the body limit, not load",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=int,
+        default=16 << 20,
+        metavar="BYTES",
+        help="--max-body of the memory cases (default 16 MiB)",
+    )
+    p.add_argument(
+        "--bomb-factor",
+        type=int,
+        default=16,
+        help="the Arrow bomb decodes to this many times --memory-limit",
+    )
     args = p.parse_args()
-    codes: list[tuple[str, str | None]] = [("baseline", args.baseline_tree)] \
-        if args.baseline_tree else []
+    codes: list[tuple[str, str | None]] = (
+        [("baseline", args.baseline_tree)] if args.baseline_tree else []
+    )
     codes.append(("this", None))
     if args.memory:
         _main_memory(args, codes)
@@ -289,24 +356,39 @@ def main() -> None:
         if args.store == "moto":
             ep = stack.enter_context(moto_server())
             base, opts = f"s3://{ep.new_bucket()}/svc", ep.options()
-            env = {"AWS_ACCESS_KEY_ID": ep.access_key_id,
-                   "AWS_SECRET_ACCESS_KEY": ep.secret_access_key}
-            args.serve_args = [*args.serve_args, "--endpoint", ep.endpoint,
-                               "--region", ep.region, "--allow-http"]
+            env = {
+                "AWS_ACCESS_KEY_ID": ep.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": ep.secret_access_key,
+            }
+            args.serve_args = [
+                *args.serve_args,
+                "--endpoint",
+                ep.endpoint,
+                "--region",
+                ep.region,
+                "--allow-http",
+            ]
         else:
             base, opts, env = f"file://{tmp}/buf", {}, {}
         # rounds alternate the order (AB, BA, AB, ...): on a shared, noisy machine the
         # second run of a pair is not always the one that meets the busier minute
-        order = [pair for r in range(args.rounds) for pair in (codes if r % 2 == 0
-                                                                else codes[::-1])]
+        order = [
+            pair for r in range(args.rounds) for pair in (codes if r % 2 == 0 else codes[::-1])
+        ]
         for i, (code, tree) in enumerate(order):
             url = f"{base}-{code}-{i}"
             code_env = {**env, "PYTHONPATH": tree} if tree else env
             proc, port = _start(url, tmp / f"stage-{code}-{i}", args, code_env)
             try:
-                levels = [] if args.no_low else [
-                    _run_low(port, d, args, r)
-                    for r in (args.low_rates or [args.low_rate]) for d in args.durabilities]
+                levels = (
+                    []
+                    if args.no_low
+                    else [
+                        _run_low(port, d, args, r)
+                        for r in (args.low_rates or [args.low_rate])
+                        for d in args.durabilities
+                    ]
+                )
                 if not args.no_high:
                     levels += [_run_level(port, d, args) for d in args.durabilities]
             finally:
@@ -314,47 +396,86 @@ def main() -> None:
                 rc = proc.wait(300)
             for lv in levels:
                 lv["code"] = code if args.rounds == 1 else f"{code} #{i + 1}"
-            runs.append({"code": code, "tree": tree or "this tree", "levels": levels,
-                         "drain_exit_code": rc,
-                         "acknowledged_records": sum(lv["ok"] for lv in levels) * args.records,
-                         "consumed_records": _count_back(url, opts)})
+            runs.append(
+                {
+                    "code": code,
+                    "tree": tree or "this tree",
+                    "levels": levels,
+                    "drain_exit_code": rc,
+                    "acknowledged_records": sum(lv["ok"] for lv in levels) * args.records,
+                    "consumed_records": _count_back(url, opts),
+                }
+            )
     shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"tieredbuf serve on 127.0.0.1, store {args.store}, {args.workers} workers, "
-          f"{args.records} x {args.record_size} B records per request, max_open_duration "
-          f"{args.max_open_duration or 'default (5s)'}, manifest_writes_per_s "
-          f"{'default (5)' if args.manifest_writes_per_s is None else args.manifest_writes_per_s}"
-          f"; load average "
-          + " ".join(f"{x:.2f}" for x in load))
+    print(
+        f"tieredbuf serve on 127.0.0.1, store {args.store}, {args.workers} workers, "
+        f"{args.records} x {args.record_size} B records per request, max_open_duration "
+        f"{args.max_open_duration or 'default (5s)'}, manifest_writes_per_s "
+        f"{'default (5)' if args.manifest_writes_per_s is None else args.manifest_writes_per_s}"
+        f"; load average " + " ".join(f"{x:.2f}" for x in load)
+    )
     levels = [lv for run in runs for lv in run["levels"]]
     print_table(
-        ["code", "durability", "load", "ok", "errors", "req/s", "records/s", "p50 ms",
-         "p99 ms", "max ms", "load avg (1 min) before/after"],
-        [[lv["code"], lv["durability"], lv["load"], lv["ok"], lv["errors"] or "-",
-          lv["requests_per_s"], lv["records_per_s"], lv["latency_ms"]["p50"],
-          lv["latency_ms"]["p99"], lv["latency_ms"]["max"],
-          f"{lv['load_average'][0]:.2f} / {lv['load_average'][3]:.2f}"] for lv in levels],
+        [
+            "code",
+            "durability",
+            "load",
+            "ok",
+            "errors",
+            "req/s",
+            "records/s",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "load avg (1 min) before/after",
+        ],
+        [
+            [
+                lv["code"],
+                lv["durability"],
+                lv["load"],
+                lv["ok"],
+                lv["errors"] or "-",
+                lv["requests_per_s"],
+                lv["records_per_s"],
+                lv["latency_ms"]["p50"],
+                lv["latency_ms"]["p99"],
+                lv["latency_ms"]["max"],
+                f"{lv['load_average'][0]:.2f} / {lv['load_average'][3]:.2f}",
+            ]
+            for lv in levels
+        ],
     )
-    for low_remote in (lv for lv in levels if lv["durability"] == "remote"
-                       and lv["load"].startswith("low")):
+    for low_remote in (
+        lv for lv in levels if lv["durability"] == "remote" and lv["load"].startswith("low")
+    ):
         p50, p99 = low_remote["latency_ms"]["p50"], low_remote["latency_ms"]["p99"]
-        print(f"goal ({low_remote['code']}): remote at {low_remote['load']} p50 <= 150 ms and "
-              f"p99 <= 300 ms: p50 {p50}, p99 {p99} -> "
-              f"{'met' if p50 <= 150 and p99 <= 300 else 'MISSED'}")
+        print(
+            f"goal ({low_remote['code']}): remote at {low_remote['load']} p50 <= 150 ms and "
+            f"p99 <= 300 ms: p50 {p50}, p99 {p99} -> "
+            f"{'met' if p50 <= 150 and p99 <= 300 else 'MISSED'}"
+        )
     for n, run in enumerate(runs, start=1):
         exact = run["acknowledged_records"] == run["consumed_records"]
-        print(f"{run['code']} #{n}: SIGTERM drain exit {run['drain_exit_code']}; acknowledged "
-              f"records {run['acknowledged_records']}, consumed back "
-              f"{run['consumed_records']} ({'exact' if exact else 'MISMATCH'})")
-    path = write_json("service", {
-        "config": {k: v for k, v in vars(args).items()},
-        "durability_meaning": {
-            "local": "WAL fdatasync returned on the worker's disk",
-            "remote": f"segment uploaded to the {args.store} store and appended to the manifest",
+        print(
+            f"{run['code']} #{n}: SIGTERM drain exit {run['drain_exit_code']}; acknowledged "
+            f"records {run['acknowledged_records']}, consumed back "
+            f"{run['consumed_records']} ({'exact' if exact else 'MISMATCH'})"
+        )
+    path = write_json(
+        "service",
+        {
+            "config": {k: v for k, v in vars(args).items()},
+            "durability_meaning": {
+                "local": "WAL fdatasync returned on the worker's disk",
+                "remote": f"segment uploaded to the {args.store} store and appended to "
+                "the manifest",
+            },
+            "runs": runs,
+            "load_average_before": load,
         },
-        "runs": runs,
-        "load_average_before": load,
-    })
+    )
     print(f"results: {path}")
 
 
@@ -370,34 +491,75 @@ def _main_memory(args: argparse.Namespace, codes: list[tuple[str, str | None]]) 
         for code, tree in codes:
             url = f"file://{tmp}/buf-{i}-{code}"
             env = {"PYTHONPATH": tree} if tree else {}
-            proc, port = _start(url, tmp / f"stage-{i}-{code}", args, env, workers=1,
-                                extra=("--max-body", str(limit)))
+            proc, port = _start(
+                url,
+                tmp / f"stage-{i}-{code}",
+                args,
+                env,
+                workers=1,
+                extra=("--max-body", str(limit)),
+            )
             try:
-                (worker,) = (int(p) for p in Path(
-                    f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())
+                (worker,) = (
+                    int(p)
+                    for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                )
                 load_before = os.getloadavg()[0]
                 got = mem.measure(port, worker, ctype, body)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(600)
-            rows.append({"case": name, "code": code, "body_bytes": len(body),
-                         "x_limit": round(got["peak_growth_mib"] * (1 << 20) / limit, 2),
-                         "load_average_1min": round(load_before, 2), **got})
+            rows.append(
+                {
+                    "case": name,
+                    "code": code,
+                    "body_bytes": len(body),
+                    "x_limit": round(got["peak_growth_mib"] * (1 << 20) / limit, 2),
+                    "load_average_1min": round(load_before, 2),
+                    **got,
+                }
+            )
         del body
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"peak worker memory per request, --max-body {limit} B (goal <= 4x), one worker, "
-          f"file:// store; load average " + " ".join(f"{x:.2f}" for x in load))
-    print_table(["case", "code", "body bytes", "status", "peak growth MiB", "x limit",
-                 "seconds", "load (1 min)"],
-                [[r["case"], r["code"], r["body_bytes"], r["status"], r["peak_growth_mib"],
-                  r["x_limit"], r["seconds"], r["load_average_1min"]] for r in rows])
-    path = write_json("service-memory", {
-        "config": {k: v for k, v in vars(args).items()},
-        "memory_limit_bytes": limit,
-        "goal": "peak growth <= 4x the body limit",
-        "rows": rows,
-        "load_average_before": load,
-    })
+    print(
+        f"peak worker memory per request, --max-body {limit} B (goal <= 4x), one worker, "
+        f"file:// store; load average " + " ".join(f"{x:.2f}" for x in load)
+    )
+    print_table(
+        [
+            "case",
+            "code",
+            "body bytes",
+            "status",
+            "peak growth MiB",
+            "x limit",
+            "seconds",
+            "load (1 min)",
+        ],
+        [
+            [
+                r["case"],
+                r["code"],
+                r["body_bytes"],
+                r["status"],
+                r["peak_growth_mib"],
+                r["x_limit"],
+                r["seconds"],
+                r["load_average_1min"],
+            ]
+            for r in rows
+        ],
+    )
+    path = write_json(
+        "service-memory",
+        {
+            "config": {k: v for k, v in vars(args).items()},
+            "memory_limit_bytes": limit,
+            "goal": "peak growth <= 4x the body limit",
+            "rows": rows,
+            "load_average_before": load,
+        },
+    )
     print(f"results: {path}")
 
 

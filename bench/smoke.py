@@ -25,20 +25,64 @@ SMOKE: dict[str, list[str]] = {
     "cost": ["--gib", "0.004", "--sizes", "1024", "--producers", "1", "--store", "local"],
     "crc": ["--repeat", "1"],
     "fanin": ["--smoke", "--no-baseline"],
-    "peers": ["--quick", "--stores", "local", "--sizes", "1024", "--seconds", "0.5",
-              "--seconds-lat", "1", "--warmup", "0.2"],
+    "peers": [
+        "--quick",
+        "--stores",
+        "local",
+        "--sizes",
+        "1024",
+        "--seconds",
+        "0.5",
+        "--seconds-lat",
+        "1",
+        "--warmup",
+        "0.2",
+    ],
     "readers": ["--smoke"],
-    "service": ["--store", "local", "--requests", "40", "--low-seconds", "1",
-                "--time-cap", "20"],
-    "soak": ["--duration", "6", "--warmup", "1", "--sample", "0.5", "--rate", "200",
-             "--json", "soak-smoke"],
-    "spark_read": ["--rows", "20000", "--objects", "4", "--repeats", "1",
-                   "--latency-records", "2", "--planning-sizes", "1000",
-                   "--planning-triggers", "2"],
+    "service": ["--store", "local", "--requests", "40", "--low-seconds", "1", "--time-cap", "20"],
+    "soak": [
+        "--duration",
+        "6",
+        "--warmup",
+        "1",
+        "--sample",
+        "0.5",
+        "--rate",
+        "200",
+        "--json",
+        "soak-smoke",
+    ],
+    "spark_read": [
+        "--rows",
+        "20000",
+        "--objects",
+        "4",
+        "--repeats",
+        "1",
+        "--latency-records",
+        "2",
+        "--planning-sizes",
+        "1000",
+        "--planning-triggers",
+        "2",
+    ],
     "stage": ["--quick", "--produce-mib", "4", "--bundle-mib", "4", "--replay-mib", "4"],
-    "subscribers": ["--entries", "100", "--seconds", "2", "--workers", "2",
-                    "--claim-batch", "8", "--producers", "1", "--subscribers", "1",
-                    "--round-trips", "loopback"],
+    "subscribers": [
+        "--entries",
+        "100",
+        "--seconds",
+        "2",
+        "--workers",
+        "2",
+        "--claim-batch",
+        "8",
+        "--producers",
+        "1",
+        "--subscribers",
+        "1",
+        "--round-trips",
+        "loopback",
+    ],
     "tree": ["--quick"],
 }
 """Per script: the arguments that make it a smoke run."""
@@ -51,8 +95,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"no smoke run for {unknown}; known: {sorted(SMOKE)}", file=sys.stderr)
         return 2
-    missing = sorted(p.stem for p in BENCH.glob("[a-z]*.py")
-                     if p.stem not in SMOKE and p.stem != "smoke")
+    missing = sorted(
+        p.stem for p in BENCH.glob("[a-z]*.py") if p.stem not in SMOKE and p.stem != "smoke"
+    )
     if missing and not argv:
         print(f"bench scripts with no smoke run: {missing}", file=sys.stderr)
         return 2
@@ -62,14 +107,16 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, str(BENCH / f"{name}.py"), *SMOKE[name]]
         t0 = time.monotonic()
         try:
-            r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=LIMIT_S)
+            r = subprocess.run(
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LIMIT_S
+            )
             rc, out = r.returncode, r.stdout + r.stderr
         except subprocess.TimeoutExpired as e:
             rc, out = -1, f"timed out after {LIMIT_S:.0f} s\n{e.stdout or ''}{e.stderr or ''}"
         took = time.monotonic() - t0
-        print(f"bench/{name}.py: {'ok' if rc == 0 else f'FAILED ({rc})'} in {took:.1f} s",
-              flush=True)
+        print(
+            f"bench/{name}.py: {'ok' if rc == 0 else f'FAILED ({rc})'} in {took:.1f} s", flush=True
+        )
         if rc != 0:
             failed.append(name)
             print("\n".join(str(out).splitlines()[-40:]), file=sys.stderr)

@@ -77,8 +77,9 @@ TOLERANCE = {
 Subscriber = Callable[[tieredbuf.Buffer, threading.Event, dict[str, int]], None]
 
 
-def named_subscriber(buf: tieredbuf.Buffer, stop: threading.Event,
-                     counters: dict[str, int]) -> None:
+def named_subscriber(
+    buf: tieredbuf.Buffer, stop: threading.Event, counters: dict[str, int]
+) -> None:
     c = buf.consumer(subscriber="soak-etl", on_lost="skip", dequeue_every=100)
     c.initialize()
     try:
@@ -94,8 +95,7 @@ def named_subscriber(buf: tieredbuf.Buffer, stop: threading.Event,
         c.close()
 
 
-def shared_worker(buf: tieredbuf.Buffer, stop: threading.Event,
-                  counters: dict[str, int]) -> None:
+def shared_worker(buf: tieredbuf.Buffer, stop: threading.Event, counters: dict[str, int]) -> None:
     w = buf.worker("soak-jobs", lease=timedelta(seconds=30), on_lost="skip")
     try:
         while not stop.is_set():
@@ -133,17 +133,21 @@ def _dir_bytes(path: Path) -> int:
 
 def _thread_names() -> dict[str, int]:
     """Python threads by name, numbers stripped (``tb-export_3`` counts as ``tb-export``)."""
-    return dict(collections.Counter(t.name.rstrip("0123456789_-")
-                                    for t in threading.enumerate()))
+    return dict(collections.Counter(t.name.rstrip("0123456789_-") for t in threading.enumerate()))
 
 
 def _named_growth(early: list[dict[str, Any]], late: list[dict[str, Any]]) -> str:
     """Which named threads a failure is made of: each name's max count, early -> late."""
+
     def peak(samples: list[dict[str, Any]], name: str) -> int:
         return max(s["thread_names"].get(name, 0) for s in samples)
+
     names = {n for s in late for n in s["thread_names"]}
-    grew = [f"{n} {peak(early, n)} -> {peak(late, n)}" for n in sorted(names)
-            if peak(late, n) > peak(early, n)]
+    grew = [
+        f"{n} {peak(early, n)} -> {peak(late, n)}"
+        for n in sorted(names)
+        if peak(late, n) > peak(early, n)
+    ]
     return f"; by name: {', '.join(grew)}" if grew else "; no Python thread grew (native)"
 
 
@@ -151,8 +155,9 @@ class Soak:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
-        self.url = (f"file://{workdir}/buf" if args.store == "file"
-                    else f"memory://soak-{os.getpid()}")
+        self.url = (
+            f"file://{workdir}/buf" if args.store == "file" else f"memory://soak-{os.getpid()}"
+        )
         self.buf = tieredbuf.open(self.url)
         self.stop = threading.Event()
         self.counters: dict[str, int] = collections.defaultdict(int)
@@ -176,9 +181,12 @@ class Soak:
 
     def _producer(self, i: int) -> None:
         # small segments and WAL files: their sawtooth is short against the run
-        p = self.buf.producer(staging_dir=self.stages[i], target_size=1 << 20,
-                              rotation_target=4 << 20,
-                              max_open_duration=timedelta(milliseconds=200))
+        p = self.buf.producer(
+            staging_dir=self.stages[i],
+            target_size=1 << 20,
+            rotation_target=4 << 20,
+            max_open_duration=timedelta(milliseconds=200),
+        )
         rec = b"r" * self.args.record_bytes
         interval = RECORDS_PER_CALL / self.args.rate
         inflight: collections.deque[Any] = collections.deque()
@@ -245,18 +253,30 @@ class Soak:
 
     def _sample(self, t0: float) -> None:
         snap = self.buf.snapshot()
-        self.samples.append({
-            "t": round(time.monotonic() - t0, 2),
-            "rss_bytes": _status("VmRSS") * 1024,
-            "open_fds": len(os.listdir("/proc/self/fd")),
-            "threads": _status("Threads"),
-            "thread_names": _thread_names(),
-            "stage_disk_bytes": sum(_dir_bytes(s) for s in self.stages),
-            "store_bytes": _dir_bytes(self.workdir / "buf") if self.args.store == "file" else None,
-            "queued_entries": snap.root.next_seq - snap.low,
-            **{k: self.counters[k] for k in ("produced", "consumed", "read_entries",
-                                              "subscriber_read", "worker_acked")},
-        })
+        self.samples.append(
+            {
+                "t": round(time.monotonic() - t0, 2),
+                "rss_bytes": _status("VmRSS") * 1024,
+                "open_fds": len(os.listdir("/proc/self/fd")),
+                "threads": _status("Threads"),
+                "thread_names": _thread_names(),
+                "stage_disk_bytes": sum(_dir_bytes(s) for s in self.stages),
+                "store_bytes": _dir_bytes(self.workdir / "buf")
+                if self.args.store == "file"
+                else None,
+                "queued_entries": snap.root.next_seq - snap.low,
+                **{
+                    k: self.counters[k]
+                    for k in (
+                        "produced",
+                        "consumed",
+                        "read_entries",
+                        "subscriber_read",
+                        "worker_acked",
+                    )
+                },
+            }
+        )
 
     # --- the run --------------------------------------------------------------------
 
@@ -266,13 +286,19 @@ class Soak:
         # a production buffer should use, and fine here: every writer is in this process
         # and links what it uploads within milliseconds
         self.buf.set_gc_grace_period(GC_GRACE, force=True)
-        threads = [self._guard(f"producer-{i}", lambda i=i: self._producer(i))
-                   for i in range(self.args.producers)]
-        threads += [self._guard("consumer", self._consumer), self._guard("reader", self._reader),
-                    self._guard("gc", self._gc)]
-        threads += [self._guard(f"subscriber-{i}", lambda fn=fn: fn(self.buf, self.stop,
-                                                                   self.counters))
-                    for i, fn in enumerate(SUBSCRIBERS)]
+        threads = [
+            self._guard(f"producer-{i}", lambda i=i: self._producer(i))
+            for i in range(self.args.producers)
+        ]
+        threads += [
+            self._guard("consumer", self._consumer),
+            self._guard("reader", self._reader),
+            self._guard("gc", self._gc),
+        ]
+        threads += [
+            self._guard(f"subscriber-{i}", lambda fn=fn: fn(self.buf, self.stop, self.counters))
+            for i, fn in enumerate(SUBSCRIBERS)
+        ]
         t0 = time.monotonic()
         end = t0 + self.args.duration
         while not self.stop.is_set() and time.monotonic() < end:
@@ -287,8 +313,9 @@ class Soak:
         return self.verdict()
 
     def verdict(self) -> dict[str, Any]:
-        warm = self.args.warmup if self.args.warmup is not None else max(
-            10.0, self.args.duration / 5)
+        warm = (
+            self.args.warmup if self.args.warmup is not None else max(10.0, self.args.duration / 5)
+        )
         after = [s for s in self.samples if s["t"] >= warm]
         half = len(after) // 2
         early, late = after[:half], after[half:]
@@ -302,21 +329,27 @@ class Soak:
                 b = max(s[metric] for s in late)
                 allowed = tol[1] if tol[0] == "abs" else max(a * tol[1], tol[2])
                 grew = b - a > allowed
-                growth[metric] = {"early_max": a, "late_max": b, "allowed": allowed,
-                                  "grew": grew}
+                growth[metric] = {"early_max": a, "late_max": b, "allowed": allowed, "grew": grew}
                 if grew:
                     why = _named_growth(early, late) if metric == "threads" else ""
-                    failed.append(f"{metric} grew after warm-up: {a} -> {b} "
-                                  f"(allowed +{allowed}){why}")
-            hooks = {"subscriber_read": named_subscriber in SUBSCRIBERS,
-                     "worker_acked": shared_worker in SUBSCRIBERS}
+                    failed.append(
+                        f"{metric} grew after warm-up: {a} -> {b} (allowed +{allowed}){why}"
+                    )
+            hooks = {
+                "subscriber_read": named_subscriber in SUBSCRIBERS,
+                "worker_acked": shared_worker in SUBSCRIBERS,
+            }
             for metric in ("consumed", "read_entries", *(m for m, on in hooks.items() if on)):
                 if late[-1][metric] <= late[0][metric]:
                     failed.append(f"no progress in {metric} in the later half")
         return {
-            "config": {**vars(self.args), "url": self.url.split("://")[0] + "://",
-                       "warmup_s": warm, "tolerance": TOLERANCE,
-                       "subscribers": len(SUBSCRIBERS)},
+            "config": {
+                **vars(self.args),
+                "url": self.url.split("://")[0] + "://",
+                "warmup_s": warm,
+                "tolerance": TOLERANCE,
+                "subscribers": len(SUBSCRIBERS),
+            },
             "loadavg": os.getloadavg(),
             "counters": dict(self.counters),
             "growth": growth,
@@ -328,8 +361,12 @@ class Soak:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
-    ap.add_argument("--warmup", type=float, default=None,
-                    help="seconds ignored at the start (default: duration/5, at least 10)")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds ignored at the start (default: duration/5, at least 10)",
+    )
     ap.add_argument("--sample", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--store", choices=["file", "memory"], default="file")
     ap.add_argument("--producers", type=int, default=2)
@@ -342,10 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         result = Soak(args, workdir).run()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    rows = [[m, g["early_max"], g["late_max"], g["allowed"], "GREW" if g["grew"] else "ok"]
-            for m, g in result["growth"].items()]
-    print(f"soak {args.duration:.0f} s, {args.producers} producers x {args.rate:.0f} rec/s, "
-          f"store {args.store}, load average {result['loadavg'][0]:.2f}")
+    rows = [
+        [m, g["early_max"], g["late_max"], g["allowed"], "GREW" if g["grew"] else "ok"]
+        for m, g in result["growth"].items()
+    ]
+    print(
+        f"soak {args.duration:.0f} s, {args.producers} producers x {args.rate:.0f} rec/s, "
+        f"store {args.store}, load average {result['loadavg'][0]:.2f}"
+    )
     print_table(["metric", "early max", "late max", "allowed +", "verdict"], rows)
     print("counters:", ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items())))
     path = write_json(args.json, result)

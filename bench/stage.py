@@ -123,9 +123,7 @@ def device_of(path: Path) -> str:
     with open("/proc/mounts") as f:
         for line in f:
             dev, mnt, fstype = line.split()[:3]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(
-                best[1]
-            ):
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
                 best = (dev, mnt, fstype)
     return f"{best[0]} on {best[1]} ({best[2]})"
 
@@ -287,8 +285,9 @@ def make_records(threads: int, batch: int, size: int) -> list[list[bytes]]:
     ]
 
 
-def windowed(n_calls: int, window: int, submit: Callable[[], Any],
-             wait: Callable[[Any], None]) -> None:
+def windowed(
+    n_calls: int, window: int, submit: Callable[[], Any], wait: Callable[[Any], None]
+) -> None:
     pending: deque[Any] = deque()
     for _ in range(n_calls):
         pending.append(submit())
@@ -298,8 +297,9 @@ def windowed(n_calls: int, window: int, submit: Callable[[], Any],
         wait(pending.popleft())
 
 
-def produce_raw(d: Path, recs: list[list[bytes]], calls: int, window: int,
-                twice: bool = False) -> dict[str, Any]:
+def produce_raw(
+    d: Path, recs: list[list[bytes]], calls: int, window: int, twice: bool = False
+) -> dict[str, Any]:
     wal = RawGroupWal(d / "raw.wal", GROUP.total_seconds())
     segs = RawSegments(d) if twice else None
 
@@ -309,6 +309,7 @@ def produce_raw(d: Path, recs: list[list[bytes]], calls: int, window: int,
         if segs is None:
             windowed(calls, window, lambda: wal.append(mine), wal.wait)
         else:
+
             def submit() -> int:
                 end = wal.append(mine)
                 segs.add(mine)
@@ -327,8 +328,9 @@ def produce_raw(d: Path, recs: list[list[bytes]], calls: int, window: int,
 
 
 def stage_config(durability: str, **seg: Any) -> StageConfig:
-    return StageConfig(durability=durability, wal=WalConfig(flush_interval=GROUP),
-                       segment=SegmentConfig(**seg))
+    return StageConfig(
+        durability=durability, wal=WalConfig(flush_interval=GROUP), segment=SegmentConfig(**seg)
+    )
 
 
 def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> dict[str, Any]:
@@ -337,8 +339,7 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
     def work(i: int, barrier: threading.Barrier) -> None:
         mine = recs[i]
         barrier.wait()
-        windowed(calls, window, lambda: stage.append_records(mine, META),
-                 lambda f: f.result())
+        windowed(calls, window, lambda: stage.append_records(mine, META), lambda f: f.result())
 
     started = run_threads(len(recs), work)
     secs = time.perf_counter() - started
@@ -347,13 +348,17 @@ def produce_stage(d: Path, recs: list[list[bytes]], calls: int, window: int) -> 
     recycled = wal.recycled if wal is not None else None
     t = time.perf_counter()
     stage.close()
-    return {"seconds": secs, "segments_sealed_in_window": sealed,
-            "wal_rotations_into_recycled_files": recycled,
-            "close_seconds": time.perf_counter() - t}
+    return {
+        "seconds": secs,
+        "segments_sealed_in_window": sealed,
+        "wal_rotations_into_recycled_files": recycled,
+        "close_seconds": time.perf_counter() - t,
+    }
 
 
-def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
-                     export: str, remote: bool = False) -> dict[str, Any]:
+def produce_producer(
+    d: Path, recs: list[list[bytes]], calls: int, window: int, export: str, remote: bool = False
+) -> dict[str, Any]:
     """``remote``: every call waits for REMOTE (each one asks for a prompt seal), not LOCAL."""
     url = "memory://" if export == "memory" else f"file://{d}/store"
     buf = tieredbuf.open(url)
@@ -363,8 +368,7 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
     def work(i: int, barrier: threading.Barrier) -> None:
         mine = recs[i]
         barrier.wait()
-        windowed(calls, window, lambda: producer.produce(mine, META),
-                 lambda h: h.wait(level))
+        windowed(calls, window, lambda: producer.produce(mine, META), lambda h: h.wait(level))
 
     started = run_threads(len(recs), work)
     secs = time.perf_counter() - started
@@ -374,12 +378,17 @@ def produce_producer(d: Path, recs: list[list[bytes]], calls: int, window: int,
     close_s = time.perf_counter() - t
     buf.close()
     sealed = stats.get("segments_sealed", 0)
-    return {"seconds": secs, "close_seconds": close_s,
-            "objects_uploaded_in_window": stats.get("objects_uploaded"),
-            "of_them_hard_links": stats.get("objects_linked"),
-            "segments_sealed_in_window": sealed, "prompt_seals": stats.get("prompt_seals"),
-            "mean_segment_mib": stats.get("bytes_exported", 0) / MiB / max(1, sealed)
-            if remote else None}
+    return {
+        "seconds": secs,
+        "close_seconds": close_s,
+        "objects_uploaded_in_window": stats.get("objects_uploaded"),
+        "of_them_hard_links": stats.get("objects_linked"),
+        "segments_sealed_in_window": sealed,
+        "prompt_seals": stats.get("prompt_seals"),
+        "mean_segment_mib": stats.get("bytes_exported", 0) / MiB / max(1, sealed)
+        if remote
+        else None,
+    }
 
 
 def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
@@ -390,8 +399,9 @@ def bench_produce(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
     return out
 
 
-def bench_produce_case(args: argparse.Namespace, scratch: Scratch, threads: int, size: int,
-                       batch: int) -> dict[str, Any]:
+def bench_produce_case(
+    args: argparse.Namespace, scratch: Scratch, threads: int, size: int, batch: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     per_call = size * batch
     calls = max(1, args.produce_mib * MiB // (per_call * threads))
@@ -402,11 +412,14 @@ def bench_produce_case(args: argparse.Namespace, scratch: Scratch, threads: int,
     remote_rows = ("producer-memory-remote",) if args.remote_row else ()
     for via in ("stage", *(f"producer-{e}" for e in exports), *remote_rows):
         key = f"{size // 1024}KiB/{via}/{threads}t"
-        sides = ("tieredbuf", "raw", "raw_2x") if via == "stage" and args.raw_2x \
+        sides = (
+            ("tieredbuf", "raw", "raw_2x")
+            if via == "stage" and args.raw_2x
             else ("tieredbuf", "raw")
+        )
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
         for rep in range(args.repeat):
-            order = sides[rep % len(sides):] + sides[: rep % len(sides)]
+            order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
             for side in order:
                 print(f"[produce {key}] run {rep + 1}/{args.repeat}: {side}", flush=True)
                 d = scratch.new(f"p-{side}")
@@ -432,13 +445,20 @@ def bench_produce_case(args: argparse.Namespace, scratch: Scratch, threads: int,
                 runs[side].append(r)
         m = {s: med([r["records_per_s"] for r in runs[s]]) for s in sides}
         out[key] = {
-            "record_size": size, "records_per_call": batch, "threads": threads,
-            "window_calls": args.window, "records": n_rec, "bytes": nbytes,
+            "record_size": size,
+            "records_per_call": batch,
+            "threads": threads,
+            "window_calls": args.window,
+            "records": n_rec,
+            "bytes": nbytes,
             "export": via[9:].removesuffix("-remote") if via != "stage" else None,
             "awaited": "REMOTE" if via.endswith("-remote") else "LOCAL",
-            **{s: {"records_per_s": m[s], "mib_per_s": m[s] * size / MiB,
-                   "runs": runs[s]} for s in sides},
-            "ratio": m["tieredbuf"] / m["raw"], "target": 0.6,
+            **{
+                s: {"records_per_s": m[s], "mib_per_s": m[s] * size / MiB, "runs": runs[s]}
+                for s in sides
+            },
+            "ratio": m["tieredbuf"] / m["raw"],
+            "target": 0.6,
         }
         if "raw_2x" in m:
             out[key]["ratio_raw_2x_over_raw"] = m["raw_2x"] / m["raw"]
@@ -455,23 +475,28 @@ def make_bundles(n: int, rows: int) -> list[dict[int, pa.RecordBatch]]:
     rng = np.random.default_rng(7)
     pool = []
     for k in range(8):
-        a = pa.record_batch({
-            "ts": pa.array(np.arange(rows, dtype=np.int64) + k * rows),
-            "value": pa.array(rng.random(rows)),
-            "count": pa.array(rng.integers(0, 1 << 30, rows, dtype=np.int32)),
-            "name": pa.array([f"service-{i % 97:03d}-{k}" for i in range(rows)]),
-        })
-        b = pa.record_batch({
-            "span_id": pa.array(rng.integers(0, 1 << 62, rows // 2, dtype=np.int64)),
-            "duration": pa.array(rng.random(rows // 2)),
-            "attrs": pa.array([f"k={i % 13};v={i}" for i in range(rows // 2)]),
-        })
+        a = pa.record_batch(
+            {
+                "ts": pa.array(np.arange(rows, dtype=np.int64) + k * rows),
+                "value": pa.array(rng.random(rows)),
+                "count": pa.array(rng.integers(0, 1 << 30, rows, dtype=np.int32)),
+                "name": pa.array([f"service-{i % 97:03d}-{k}" for i in range(rows)]),
+            }
+        )
+        b = pa.record_batch(
+            {
+                "span_id": pa.array(rng.integers(0, 1 << 62, rows // 2, dtype=np.int64)),
+                "duration": pa.array(rng.random(rows // 2)),
+                "attrs": pa.array([f"k={i % 13};v={i}" for i in range(rows // 2)]),
+            }
+        )
         pool.append({0: a, 1: b})
     return [pool[i % len(pool)] for i in range(n)]
 
 
-def ingest_stage(d: Path, bundles: list[dict[int, pa.RecordBatch]], durability: str
-                 ) -> dict[str, Any]:
+def ingest_stage(
+    d: Path, bundles: list[dict[int, pa.RecordBatch]], durability: str
+) -> dict[str, Any]:
     stage = Stage(d, PRODUCER_ID, stage_config(durability))
     t0 = time.perf_counter()
     futs: list[Future[Any]] = [stage.append_bundle(b) for b in bundles]
@@ -514,7 +539,7 @@ def bench_bundles(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
     sides = ("segment_only", "wal", "ipc_file")
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for rep in range(args.repeat):
-        order = sides[rep % 3:] + sides[: rep % 3]
+        order = sides[rep % 3 :] + sides[: rep % 3]
         for side in order:
             print(f"[bundles] run {rep + 1}/{args.repeat}: {side}", flush=True)
             d = scratch.new(f"b-{side}")
@@ -526,10 +551,15 @@ def bench_bundles(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
             runs[side].append(r)
     m = {s: med([r["mib_per_s"] for r in runs[s]]) for s in sides}
     return {
-        "bundles": n, "bytes": nbytes, "bundle_bytes": per, "rows_per_bundle":
-        [one[0].num_rows, one[1].num_rows], "slots": 2,
-        **{s: {"mib_per_s": m[s], "bundles_per_s": m[s] * MiB / per, "runs": runs[s]}
-           for s in sides},
+        "bundles": n,
+        "bytes": nbytes,
+        "bundle_bytes": per,
+        "rows_per_bundle": [one[0].num_rows, one[1].num_rows],
+        "slots": 2,
+        **{
+            s: {"mib_per_s": m[s], "bundles_per_s": m[s] * MiB / per, "runs": runs[s]}
+            for s in sides
+        },
         "ratio_segment_only_over_ipc": m["segment_only"] / m["ipc_file"],
         "target_segment_only_over_ipc": 0.9,
         "ratio_wal_over_segment_only": m["wal"] / m["segment_only"],
@@ -542,8 +572,9 @@ def bench_bundles(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
 
 def replay_writer(d: Path, kind: str, mib: int, rows: int) -> None:
     """Child process: stage ``mib`` MiB with sealing disabled, wait for LOCAL, report ready."""
-    cfg = stage_config("wal", target_size=8 << 30, max_open_bytes=8 << 30,
-                       max_open_duration=timedelta(hours=1))
+    cfg = stage_config(
+        "wal", target_size=8 << 30, max_open_bytes=8 << 30, max_open_duration=timedelta(hours=1)
+    )
     stage = Stage(d, PRODUCER_ID, cfg)
     futs: deque[Future[Any]] = deque()
     total = 0
@@ -566,9 +597,17 @@ def replay_writer(d: Path, kind: str, mib: int, rows: int) -> None:
 
 def make_killed_stage(d: Path, kind: str, args: argparse.Namespace) -> int:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--_replay-writer", str(d), kind, str(args.replay_mib),
-         str(args.bundle_rows)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--_replay-writer",
+            str(d),
+            kind,
+            str(args.replay_mib),
+            str(args.bundle_rows),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -583,8 +622,9 @@ def make_killed_stage(d: Path, kind: str, args: argparse.Namespace) -> int:
 
 def wal_files(stage_dir: Path) -> list[Path]:
     w = stage_dir / PRODUCER_ID / "wal"
-    return sorted(p for p in w.iterdir() if p.name.startswith("quiver.wal")
-                  and not p.name.endswith(".cursor"))
+    return sorted(
+        p for p in w.iterdir() if p.name.startswith("quiver.wal") and not p.name.endswith(".cursor")
+    )
 
 
 def raw_read(files: list[Path]) -> int:
@@ -610,7 +650,7 @@ def bench_replay(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
         sides = ("stage_open", "wal_decode", "raw_read")
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
         for rep in range(args.repeat):
-            order = sides[rep % 3:] + sides[: rep % 3]
+            order = sides[rep % 3 :] + sides[: rep % 3]
             for side in order:
                 print(f"[replay {kind}] run {rep + 1}/{args.repeat}: {side}", flush=True)
                 d = scratch.new(f"r-{kind}-{side}")
@@ -634,8 +674,11 @@ def bench_replay(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
                     r["segments"] = len(stage.sealed_segments())
                     stage.close()
                 elif side == "wal_decode":
-                    w = WalWriter(d / PRODUCER_ID / "wal",
-                                  wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT), WalConfig())
+                    w = WalWriter(
+                        d / PRODUCER_ID / "wal",
+                        wal_fmt.segment_cfg_hash(LAYOUT_CONTRACT),
+                        WalConfig(),
+                    )
                     t_open = time.perf_counter() - t0
                     r["entries"] = sum(1 for _ in w.replay())
                     r["seconds"] = time.perf_counter() - t0
@@ -652,9 +695,12 @@ def bench_replay(args: argparse.Namespace, scratch: Scratch) -> dict[str, Any]:
         shutil.rmtree(template, ignore_errors=True)
         m = {s: med([r.get("mib_per_s", float("nan")) for r in runs[s]]) for s in sides}
         out[kind] = {
-            "wal_bytes": wal_bytes, "payload_bytes": payload, "wal_files": len(files),
-            "entry": "produce() calls of 100 x 1 KiB records" if kind == "records" else
-            f"2-slot bundles, {args.bundle_rows} + {args.bundle_rows // 2} rows",
+            "wal_bytes": wal_bytes,
+            "payload_bytes": payload,
+            "wal_files": len(files),
+            "entry": "produce() calls of 100 x 1 KiB records"
+            if kind == "records"
+            else f"2-slot bundles, {args.bundle_rows} + {args.bundle_rows // 2} rows",
             **{s: {"mib_per_s": m[s], "runs": runs[s]} for s in sides},
             "ratio_stage_open_over_raw": m["stage_open"] / m["raw_read"],
             "ratio_wal_decode_over_raw": m["wal_decode"] / m["raw_read"],
@@ -673,10 +719,12 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     if "produce" in res:
         print()
         threads = "/".join(map(str, args.threads))
-        print(f"1. produce, durability='wal', LOCAL acks awaited ({threads} threads, "
-              f"<= {args.window} calls in flight each); raw = writev + group fdatasync "
-              "every 25 ms; target ratio >= 0.6; median of "
-              f"{args.repeat}")
+        print(
+            f"1. produce, durability='wal', LOCAL acks awaited ({threads} threads, "
+            f"<= {args.window} calls in flight each); raw = writev + group fdatasync "
+            "every 25 ms; target ratio >= 0.6; median of "
+            f"{args.repeat}"
+        )
         rows = []
         for key, r in res["produce"].items():
             for side in ("tieredbuf", "raw", "raw_2x"):
@@ -684,52 +732,81 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
                     continue
                 s = r[side]
                 ratio = {"tieredbuf": r["ratio"], "raw_2x": r.get("ratio_raw_2x_over_raw")}
-                rows.append([
-                    key, side, f"{r['records_per_call']}", f"{r['bytes'] / MiB:.0f}",
-                    f"{s['records_per_s']:,.0f}", f"{s['mib_per_s']:.1f}",
-                    f"{ratio[side]:.2f}" if side in ratio else "",
-                    spread(s["runs"], "records_per_s"),
-                ])
-        print_table(["case", "side", "rec/call", "MiB", "rec/s", "MiB/s", "ratio",
-                     "runs rec/s"], rows)
-        print("   'producer-*' rows: StagedProducer, its exporter uploading in the background "
-              "(not awaited: the clock stops at the last LOCAL ack) to a memory:// store "
-              "(-memory: the object store off this disk, as S3 is) or a file:// store on the "
-              "same disk (-file: it takes each sealed segment as a hard link)")
-        print("   'raw_2x' (diagnostic): raw plus the same bytes rewritten into 32 MiB files "
-              "by a background thread, i.e. the stage's double write without its Python work")
+                rows.append(
+                    [
+                        key,
+                        side,
+                        f"{r['records_per_call']}",
+                        f"{r['bytes'] / MiB:.0f}",
+                        f"{s['records_per_s']:,.0f}",
+                        f"{s['mib_per_s']:.1f}",
+                        f"{ratio[side]:.2f}" if side in ratio else "",
+                        spread(s["runs"], "records_per_s"),
+                    ]
+                )
+        print_table(
+            ["case", "side", "rec/call", "MiB", "rec/s", "MiB/s", "ratio", "runs rec/s"], rows
+        )
+        print(
+            "   'producer-*' rows: StagedProducer, its exporter uploading in the background "
+            "(not awaited: the clock stops at the last LOCAL ack) to a memory:// store "
+            "(-memory: the object store off this disk, as S3 is) or a file:// store on the "
+            "same disk (-file: it takes each sealed segment as a hard link)"
+        )
+        print(
+            "   'raw_2x' (diagnostic): raw plus the same bytes rewritten into 32 MiB files "
+            "by a background thread, i.e. the stage's double write without its Python work"
+        )
         for key, r in res["produce"].items():
             if r.get("awaited") == "REMOTE":
                 t = r["tieredbuf"]["runs"]
-                print(f"   {key}: every call waits for REMOTE (prompt seals asked for), "
-                      f"{t[0].get('window_calls')} calls in flight per thread; mean sealed "
-                      f"segment {med([x['mean_segment_mib'] for x in t]):.1f} MiB (target "
-                      f"32), prompt seals {[x['prompt_seals'] for x in t]}")
+                print(
+                    f"   {key}: every call waits for REMOTE (prompt seals asked for), "
+                    f"{t[0].get('window_calls')} calls in flight per thread; mean sealed "
+                    f"segment {med([x['mean_segment_mib'] for x in t]):.1f} MiB (target "
+                    f"32), prompt seals {[x['prompt_seals'] for x in t]}"
+                )
     if "bundles" in res:
         b = res["bundles"]
         print()
-        print(f"2/3. bundle ingest, {b['bundles']} bundles x {b['bundle_bytes'] / MiB:.2f} MiB "
-              f"(2 slots), one thread; median of {args.repeat}")
-        rows = [[s, f"{b[s]['mib_per_s']:.1f}", f"{b[s]['bundles_per_s']:,.0f}",
-                 spread(b[s]["runs"], "mib_per_s")] for s in ("segment_only", "wal", "ipc_file")]
+        print(
+            f"2/3. bundle ingest, {b['bundles']} bundles x {b['bundle_bytes'] / MiB:.2f} MiB "
+            f"(2 slots), one thread; median of {args.repeat}"
+        )
+        rows = [
+            [
+                s,
+                f"{b[s]['mib_per_s']:.1f}",
+                f"{b[s]['bundles_per_s']:,.0f}",
+                spread(b[s]["runs"], "mib_per_s"),
+            ]
+            for s in ("segment_only", "wal", "ipc_file")
+        ]
         print_table(["side", "MiB/s", "bundles/s", "runs MiB/s"], rows)
-        print(f"   segment_only / ipc_file = {b['ratio_segment_only_over_ipc']:.2f} "
-              "(target >= 0.9)")
-        print(f"   wal / segment_only      = {b['ratio_wal_over_segment_only']:.2f} "
-              "(target >= 0.6)")
+        print(
+            f"   segment_only / ipc_file = {b['ratio_segment_only_over_ipc']:.2f} (target >= 0.9)"
+        )
+        print(
+            f"   wal / segment_only      = {b['ratio_wal_over_segment_only']:.2f} (target >= 0.6)"
+        )
     if "replay" in res:
         print()
         print(f"4. WAL replay after SIGKILL, cold page cache; median of {args.repeat}")
         rows = []
         for kind, r in res["replay"].items():
             for s in ("stage_open", "wal_decode", "raw_read"):
-                rows.append([kind, f"{r['wal_bytes'] / MiB:.0f}", r["wal_files"], s,
-                             f"{r[s]['mib_per_s']:.1f}",
-                             f"{r[s]['mib_per_s'] / r['raw_read']['mib_per_s']:.2f}",
-                             spread([x for x in r[s]["runs"] if "mib_per_s" in x],
-                                    "mib_per_s")])
-        print_table(["WAL holds", "MiB", "files", "side", "MiB/s", "vs raw", "runs MiB/s"],
-                    rows)
+                rows.append(
+                    [
+                        kind,
+                        f"{r['wal_bytes'] / MiB:.0f}",
+                        r["wal_files"],
+                        s,
+                        f"{r[s]['mib_per_s']:.1f}",
+                        f"{r[s]['mib_per_s'] / r['raw_read']['mib_per_s']:.2f}",
+                        spread([x for x in r[s]["runs"] if "mib_per_s" in x], "mib_per_s"),
+                    ]
+                )
+        print_table(["WAL holds", "MiB", "files", "side", "MiB/s", "vs raw", "runs MiB/s"], rows)
     print()
     print("Durability each side had:")
     for part in res:
@@ -742,18 +819,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, one run, ~10-30 s")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
     p.add_argument("--repeat", type=int, help="runs per side (median reported); default 3")
-    p.add_argument("--threads", default="1,4",
-                   help="produce: comma list of producer thread counts (one row each)")
-    p.add_argument("--no-raw-2x", dest="raw_2x", action="store_false",
-                   help="produce: skip the diagnostic raw_2x side of the stage rows")
+    p.add_argument(
+        "--threads",
+        default="1,4",
+        help="produce: comma list of producer thread counts (one row each)",
+    )
+    p.add_argument(
+        "--no-raw-2x",
+        dest="raw_2x",
+        action="store_false",
+        help="produce: skip the diagnostic raw_2x side of the stage rows",
+    )
     p.add_argument("--window", type=int, default=64, help="produce: calls in flight per thread")
     p.add_argument("--batch-1k", type=int, default=100, help="records per call at 1 KiB")
     p.add_argument("--batch-64k", type=int, default=4, help="records per call at 64 KiB")
     p.add_argument("--produce-mib", type=int, help="produce: MiB per run")
-    p.add_argument("--export", choices=("both", "file", "memory"), default="both",
-                   help="StagedProducer's buffer: memory://, file:// on the same disk, or both")
-    p.add_argument("--no-remote-row", dest="remote_row", action="store_false",
-                   help="skip the producer-memory-remote rows (calls wait for REMOTE)")
+    p.add_argument(
+        "--export",
+        choices=("both", "file", "memory"),
+        default="both",
+        help="StagedProducer's buffer: memory://, file:// on the same disk, or both",
+    )
+    p.add_argument(
+        "--no-remote-row",
+        dest="remote_row",
+        action="store_false",
+        help="skip the producer-memory-remote rows (calls wait for REMOTE)",
+    )
     p.add_argument("--bundle-mib", type=int, help="bundles: MiB per run")
     p.add_argument("--bundle-rows", type=int, default=16384, help="rows in slot 0's batch")
     p.add_argument("--replay-mib", type=int, help="replay: MiB staged before the kill")
@@ -785,8 +877,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="tb-stage-bench-", dir=args.tmpdir))
     disk = device_of(root)
     load_start = loadavg()
-    print(f"temp dir {root} on {disk}; load average {load_start}; {os.cpu_count()} cpus",
-          flush=True)
+    print(
+        f"temp dir {root} on {disk}; load average {load_start}; {os.cpu_count()} cpus", flush=True
+    )
     scratch = Scratch(root)
     res: dict[str, Any] = {}
     try:
@@ -801,17 +894,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     load_end = loadavg()
     report(res, args)
-    print(f"\nload average: start {load_start}, end {load_end} ({os.cpu_count()} cpus); "
-          f"disk: {disk}")
-    path = write_json(args.out, {
-        "benchmark": "stage",
-        "config": vars(args),
-        "disk": {"tmpdir": str(root), "device": disk},
-        "loadavg": {"start": load_start, "end": load_end},
-        "durability": {k: DURABILITY[k] for k in res},
-        "results": res,
-        "wall_seconds": time.perf_counter() - started,
-    })
+    print(
+        f"\nload average: start {load_start}, end {load_end} ({os.cpu_count()} cpus); disk: {disk}"
+    )
+    path = write_json(
+        args.out,
+        {
+            "benchmark": "stage",
+            "config": vars(args),
+            "disk": {"tmpdir": str(root), "device": disk},
+            "loadavg": {"start": load_start, "end": load_end},
+            "durability": {k: DURABILITY[k] for k in res},
+            "results": res,
+            "wall_seconds": time.perf_counter() - started,
+        },
+    )
     print(f"\nwrote {path} ({time.perf_counter() - started:.0f} s)")
     return 0
 

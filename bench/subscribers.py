@@ -77,6 +77,7 @@ from tieredbuf.queue.longpoll import FooterPoll
 
 def seed(buf: tieredbuf.Buffer, n: int) -> None:
     """``n`` entries of one small object each: objects PUT in parallel, appended 250 a CAS."""
+
     def put(i: int) -> NewEntry:
         key = data_key(__import__("ulid").ULID())
         body = encode_batch([b"job %d" % i])
@@ -93,8 +94,9 @@ def seed(buf: tieredbuf.Buffer, n: int) -> None:
 # --- row 1: work queue ------------------------------------------------------------------
 
 
-def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int,
-                batches: list[int]) -> list[dict[str, Any]]:
+def row_workers(
+    ep: S3Endpoint, entries: int, work_ms: int, workers: int, batches: list[int]
+) -> list[dict[str, Any]]:
     buf = tieredbuf.open(f"s3://{ep.new_bucket('sub')}/buf", **ep.options())
     buf.create()
     single = buf.consumer("single")
@@ -121,8 +123,9 @@ def row_workers(ep: S3Endpoint, entries: int, work_ms: int, workers: int,
     return [_drain_with_workers(buf, entries, work, workers, cb, t_single) for cb in batches]
 
 
-def _drain_with_workers(buf: tieredbuf.Buffer, entries: int, work: float, workers: int,
-                        cb: int, t_single: float) -> dict[str, Any]:
+def _drain_with_workers(
+    buf: tieredbuf.Buffer, entries: int, work: float, workers: int, cb: int, t_single: float
+) -> dict[str, Any]:
     counts = [0] * workers
     errors: list[BaseException] = []
     stats: list[dict[str, int]] = []
@@ -156,11 +159,16 @@ def _drain_with_workers(buf: tieredbuf.Buffer, entries: int, work: float, worker
         raise errors[0]
     assert sum(counts) == entries, counts
     return {
-        "entries": entries, "work_ms": round(work * 1000), "workers": workers,
+        "entries": entries,
+        "work_ms": round(work * 1000),
+        "workers": workers,
         "claim_batch": cb,
-        "single_consumer_s": round(t_single, 2), "workers_s": round(t_workers, 2),
-        "single_rate": round(entries / t_single, 1), "workers_rate": round(entries / t_workers, 1),
-        "speedup": round(t_single / t_workers, 2), "per_worker": counts,
+        "single_consumer_s": round(t_single, 2),
+        "workers_s": round(t_workers, 2),
+        "single_rate": round(entries / t_single, 1),
+        "workers_rate": round(entries / t_workers, 1),
+        "speedup": round(t_single / t_workers, 2),
+        "per_worker": counts,
         "progress_cas": sum(x.get("cas", 0) for x in stats),
     }
 
@@ -168,8 +176,9 @@ def _drain_with_workers(buf: tieredbuf.Buffer, entries: int, work: float, worker
 # --- row 2: append rate -----------------------------------------------------------------
 
 
-def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: float,
-                   writes_per_s: float) -> None:
+def child_producer(
+    url: str, opts: dict[str, Any], seconds: float, start_at: float, writes_per_s: float
+) -> None:
     buf = tieredbuf.open(url, **opts)
     p = buf.producer(flush_interval=timedelta(0), manifest_writes_per_s=writes_per_s)
     while time.time() < start_at:
@@ -182,8 +191,12 @@ def child_producer(url: str, opts: dict[str, Any], seconds: float, start_at: flo
     last_done = time.time()
     elapsed = last_done - start_at
     p.close()
-    print(json.dumps({"appends": n, "elapsed": elapsed, "last_done": last_done,
-                      **buf.queue.stats.snapshot()}), flush=True)
+    print(
+        json.dumps(
+            {"appends": n, "elapsed": elapsed, "last_done": last_done, **buf.queue.stats.snapshot()}
+        ),
+        flush=True,
+    )
 
 
 WRITES_PER_S = [0.0]
@@ -221,8 +234,10 @@ class _Tally:
         if self.next_seq == self.target:
             return True
         if time.time() > self.stop_seen + DRAIN_LIMIT_S:
-            raise RuntimeError(f"still at {self.next_seq} of {self.target} "
-                               f"{DRAIN_LIMIT_S:.0f} s after the producers stopped")
+            raise RuntimeError(
+                f"still at {self.next_seq} of {self.target} "
+                f"{DRAIN_LIMIT_S:.0f} s after the producers stopped"
+            )
         return False
 
     def saw(self, sequence: int, metadata: Any) -> None:
@@ -234,18 +249,29 @@ class _Tally:
 
     def report(self, **extra: Any) -> None:
         window = max(1e-9, self.stop_seen - self.t0)
-        print(json.dumps({
-            "seen": self.next_seq, "last_t": self.last_t, "behind_at_stop": self.behind_at_stop,
-            "lag_ms": summarize(self.lags_ms),
-            "requests_until_stop": self.requests_at_stop.get("total", 0),
-            "requests_per_s_until_stop": round(self.requests_at_stop.get("total", 0) / window,
-                                               1),
-            "requests_until_stop_by": self.requests_at_stop.get("requests", {}),
-            **self.buf.queue.stats.snapshot(), **extra}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "seen": self.next_seq,
+                    "last_t": self.last_t,
+                    "behind_at_stop": self.behind_at_stop,
+                    "lag_ms": summarize(self.lags_ms),
+                    "requests_until_stop": self.requests_at_stop.get("total", 0),
+                    "requests_per_s_until_stop": round(
+                        self.requests_at_stop.get("total", 0) / window, 1
+                    ),
+                    "requests_until_stop_by": self.requests_at_stop.get("requests", {}),
+                    **self.buf.queue.stats.snapshot(),
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
 
 
-def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str,
-                     wait_s: float, spin_ms: int) -> None:
+def child_subscriber(
+    url: str, opts: dict[str, Any], name: str, stop: str, wait_s: float, spin_ms: int
+) -> None:
     buf = tieredbuf.open(url, **opts)
     c = buf.consumer(name)
     c.initialize()
@@ -264,13 +290,14 @@ def child_subscriber(url: str, opts: dict[str, Any], name: str, stop: str,
         tally.saw(b.sequence, b.metadata)
         c.ack(b.sequence)
     c.close()
-    tally.report(acked=c.stats.snapshot().get("acks", 0),
-                 last_acked=c.last_acked_sequence,
-                 **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()})
+    tally.report(
+        acked=c.stats.snapshot().get("acks", 0),
+        last_acked=c.last_acked_sequence,
+        **{f"consumer_{k}": v for k, v in c.stats.snapshot().items()},
+    )
 
 
-def child_reader(url: str, opts: dict[str, Any], stop: str, wait_s: float,
-                 spin_ms: int) -> None:
+def child_reader(url: str, opts: dict[str, Any], stop: str, wait_s: float, spin_ms: int) -> None:
     """The control: reads every entry and its data like a subscriber, acks nothing."""
     buf = tieredbuf.open(url, **opts)
     r = buf.reader()
@@ -295,14 +322,27 @@ def child_reader(url: str, opts: dict[str, Any], stop: str, wait_s: float,
 
 
 def _child(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, "--child", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, "--child", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float, list[Any]]:
     start_at = time.time() + 2.0
-    procs = [_child("producer", url, json.dumps(ep.options()), str(seconds), str(start_at),
-                    str(WRITES_PER_S[0])) for _ in range(n)]
+    procs = [
+        _child(
+            "producer",
+            url,
+            json.dumps(ep.options()),
+            str(seconds),
+            str(start_at),
+            str(WRITES_PER_S[0]),
+        )
+        for _ in range(n)
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=seconds + 120)
@@ -313,18 +353,27 @@ def _producers(ep: S3Endpoint, url: str, n: int, seconds: float) -> tuple[float,
     return appends / max(o["elapsed"] for o in outs), outs
 
 
-def _with_readers(ep: S3Endpoint, kind: str, n: int, producers: int, seconds: float,
-                  tmp: Path, wait_s: float, spin_ms: int
-                  ) -> tuple[float, list[Any], list[Any], dict[str, Any]]:
+def _with_readers(
+    ep: S3Endpoint,
+    kind: str,
+    n: int,
+    producers: int,
+    seconds: float,
+    tmp: Path,
+    wait_s: float,
+    spin_ms: int,
+) -> tuple[float, list[Any], list[Any], dict[str, Any]]:
     url = f"s3://{ep.new_bucket('app')}/buf"
     buf = tieredbuf.open(url, **ep.options())
     buf.create()
     stop = tmp / f"stop-{time.monotonic_ns()}"
     o = json.dumps(ep.options())
-    readers = [_child("subscriber", url, o, f"s{i}", str(stop), str(wait_s), str(spin_ms))
-               if kind == "subscriber"
-               else _child("reader", url, o, str(stop), str(wait_s), str(spin_ms))
-               for i in range(n)]
+    readers = [
+        _child("subscriber", url, o, f"s{i}", str(stop), str(wait_s), str(spin_ms))
+        if kind == "subscriber"
+        else _child("reader", url, o, str(stop), str(wait_s), str(spin_ms))
+        for i in range(n)
+    ]
     for r in readers:
         assert r.stdout is not None
         line = r.stdout.readline()
@@ -359,20 +408,30 @@ def _with_readers(ep: S3Endpoint, kind: str, n: int, producers: int, seconds: fl
     return rate, out, r_out, summary
 
 
-def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
-               tmp: Path, wait_s: float, spin_ms: int) -> dict[str, Any]:
+def row_append(
+    ep: S3Endpoint,
+    producers: int,
+    subscribers: int,
+    seconds: float,
+    tmp: Path,
+    wait_s: float,
+    spin_ms: int,
+) -> dict[str, Any]:
     url0 = f"s3://{ep.new_bucket('app')}/buf"
     tieredbuf.open(url0, **ep.options()).create()
     base_rate, base_out = _producers(ep, url0, producers, seconds)
-    rate, out, sub_out, sub_sum = _with_readers(ep, "subscriber", subscribers, producers,
-                                                seconds, tmp, wait_s, spin_ms)
-    ctl_rate, _, ctl_out, ctl_sum = _with_readers(ep, "reader", subscribers, producers,
-                                                  seconds, tmp, wait_s, spin_ms)
-    if any(x["acked"] != x["seen"] or x["last_acked"] != sub_sum["appended"] - 1
-           for x in sub_out):
+    rate, out, sub_out, sub_sum = _with_readers(
+        ep, "subscriber", subscribers, producers, seconds, tmp, wait_s, spin_ms
+    )
+    ctl_rate, _, ctl_out, ctl_sum = _with_readers(
+        ep, "reader", subscribers, producers, seconds, tmp, wait_s, spin_ms
+    )
+    if any(x["acked"] != x["seen"] or x["last_acked"] != sub_sum["appended"] - 1 for x in sub_out):
         raise RuntimeError(f"a subscriber did not ack every entry: {sub_out}")
     return {
-        "producers": producers, "subscribers": subscribers, "seconds": seconds,
+        "producers": producers,
+        "subscribers": subscribers,
+        "seconds": seconds,
         "manifest_writes_per_s": WRITES_PER_S[0],
         "loop": f"spin {spin_ms} ms" if spin_ms else f"next_batch(timeout={wait_s})",
         "appends_per_s_no_subscribers": round(base_rate, 1),
@@ -387,8 +446,9 @@ def row_append(ep: S3Endpoint, producers: int, subscribers: int, seconds: float,
         "subscriber_reads": sub_sum,
         "acked_per_subscriber": [o["acked"] for o in sub_out],
         "plain_readers": ctl_sum,
-        "subscriber_root_writes": sum(o.get("publications", 0) + o.get("registrations", 0)
-                                      for o in sub_out),
+        "subscriber_root_writes": sum(
+            o.get("publications", 0) + o.get("registrations", 0) for o in sub_out
+        ),
         "subscriber_progress_writes": sum(o.get("progress_writes", 0) for o in sub_out),
         "subscriber_requests_until_stop": [o["requests_until_stop_by"] for o in sub_out],
         "plain_reader_requests_until_stop": [o["requests_until_stop_by"] for o in ctl_out],
@@ -407,28 +467,45 @@ def main() -> None:
     ap.add_argument("--producers", type=int, default=4)
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--wait-s", type=float, default=1.0,
-                    help="the long poll's timeout: next_batch(timeout=...) at the tail")
-    ap.add_argument("--spin-ms", type=int, default=0,
-                    help="instead of the long poll, re-poll every N ms when caught up "
-                         "(the earlier loop; 0: long poll)")
-    ap.add_argument("--writes-per-s", type=float, default=0.0,
-                    help="the producers' manifest_writes_per_s; 0 (default): no pacing, "
-                         "so the row measures what readers cost the store (paced at the "
-                         "library's 5/s, four producers together append ~5/s, whoever reads)")
+    ap.add_argument(
+        "--wait-s",
+        type=float,
+        default=1.0,
+        help="the long poll's timeout: next_batch(timeout=...) at the tail",
+    )
+    ap.add_argument(
+        "--spin-ms",
+        type=int,
+        default=0,
+        help="instead of the long poll, re-poll every N ms when caught up "
+        "(the earlier loop; 0: long poll)",
+    )
+    ap.add_argument(
+        "--writes-per-s",
+        type=float,
+        default=0.0,
+        help="the producers' manifest_writes_per_s; 0 (default): no pacing, "
+        "so the row measures what readers cost the store (paced at the "
+        "library's 5/s, four producers together append ~5/s, whoever reads)",
+    )
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--round-trips", default="loopback,20/40",
-                    help="one column per value: loopback (moto as is), or GET/PUT ms added "
-                         "by tests/latency_proxy.py in front of it (20/40: S3's)")
+    ap.add_argument(
+        "--round-trips",
+        default="loopback,20/40",
+        help="one column per value: loopback (moto as is), or GET/PUT ms added "
+        "by tests/latency_proxy.py in front of it (20/40: S3's)",
+    )
     args = ap.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "producer":
-            child_producer(rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]),
-                           float(rest[4]))
+            child_producer(
+                rest[0], json.loads(rest[1]), float(rest[2]), float(rest[3]), float(rest[4])
+            )
         elif kind == "subscriber":
-            child_subscriber(rest[0], json.loads(rest[1]), rest[2], rest[3], float(rest[4]),
-                             int(rest[5]))
+            child_subscriber(
+                rest[0], json.loads(rest[1]), rest[2], rest[3], float(rest[4]), int(rest[5])
+            )
         else:
             child_reader(rest[0], json.loads(rest[1]), rest[2], float(rest[3]), int(rest[4]))
         return
@@ -446,50 +523,119 @@ def main() -> None:
                 columns.append(("loopback", moto))
             else:  # "20/40": GET and HEAD / PUT, POST and DELETE, in ms
                 get_ms, put_ms = (float(x) / 1000 for x in rt.split("/"))
-                proxy = stack.enter_context(LatencyProxy(moto.endpoint, {
-                    "GET": get_ms, "HEAD": get_ms, "PUT": put_ms, "POST": put_ms,
-                    "DELETE": put_ms}))
+                proxy = stack.enter_context(
+                    LatencyProxy(
+                        moto.endpoint,
+                        {
+                            "GET": get_ms,
+                            "HEAD": get_ms,
+                            "PUT": put_ms,
+                            "POST": put_ms,
+                            "DELETE": put_ms,
+                        },
+                    )
+                )
                 columns.append((f"{rt} ms", dataclasses.replace(moto, endpoint=proxy.endpoint)))
         for label, ep in columns:
             if "workers" in rows:
                 batches = [int(x) for x in args.claim_batch.split(",")]
-                runs = [dict(r, round_trips=label) for _ in range(args.repeat)
-                        for r in row_workers(ep, args.entries, args.work_ms, args.workers,
-                                             batches)]
+                runs = [
+                    dict(r, round_trips=label)
+                    for _ in range(args.repeat)
+                    for r in row_workers(ep, args.entries, args.work_ms, args.workers, batches)
+                ]
                 results["workers"] += runs
             if "append" in rows:
-                runs = [dict(row_append(ep, args.producers, args.subscribers, args.seconds, tmp,
-                                        args.wait_s, args.spin_ms), round_trips=label)
-                        for _ in range(args.repeat)]
+                runs = [
+                    dict(
+                        row_append(
+                            ep,
+                            args.producers,
+                            args.subscribers,
+                            args.seconds,
+                            tmp,
+                            args.wait_s,
+                            args.spin_ms,
+                        ),
+                        round_trips=label,
+                    )
+                    for _ in range(args.repeat)
+                ]
                 results["append"] += runs
     if results["workers"]:
-        print_table(["round trips", "entries", "work", "claim_batch", "1 consumer s",
-                     f"{args.workers} workers s", "speed-up (goal >= 4)", "progress CASes"],
-                    [[r["round_trips"], r["entries"], f"{r['work_ms']} ms", r["claim_batch"],
-                      r["single_consumer_s"], r["workers_s"], r["speedup"],
-                      r["progress_cas"]] for r in results["workers"]])
+        print_table(
+            [
+                "round trips",
+                "entries",
+                "work",
+                "claim_batch",
+                "1 consumer s",
+                f"{args.workers} workers s",
+                "speed-up (goal >= 4)",
+                "progress CASes",
+            ],
+            [
+                [
+                    r["round_trips"],
+                    r["entries"],
+                    f"{r['work_ms']} ms",
+                    r["claim_batch"],
+                    r["single_consumer_s"],
+                    r["workers_s"],
+                    r["speedup"],
+                    r["progress_cas"],
+                ]
+                for r in results["workers"]
+            ],
+        )
     if results["append"]:
         runs = results["append"]
         results["append_median_ratio"] = {
             label: statistics.median(r["ratio"] for r in runs if r["round_trips"] == label)
-            for label in {r["round_trips"] for r in runs}}
-        print_table(["round trips", "producers", "appends/s: alone",
-                     f"with {args.subscribers} subscribers", "ratio (goal >= 0.9)",
-                     f"with {args.subscribers} plain readers", "ratio",
-                     "subscriber root writes", "appends", "acked per subscriber",
-                     "lag p50/p99 ms", "end lag s", "req/s per subscriber"],
-                    [[r["round_trips"], r["producers"], r["appends_per_s_no_subscribers"],
-                      r["appends_per_s_with_subscribers"], r["ratio"],
-                      r["appends_per_s_with_plain_readers"], r["ratio_plain_readers"],
-                      r["subscriber_root_writes"], r["appends_with_subscribers"],
-                      r["acked_per_subscriber"],
-                      f"{max(r['subscriber_reads']['lag_ms_p50'])}/"
-                      f"{max(r['subscriber_reads']['lag_ms_p99'])}",
-                      max(r["subscriber_reads"]["end_lag_s"]),
-                      r["subscriber_reads"]["requests_per_s"]]
-                     for r in runs])
-        print("plain readers: seen", [r["plain_readers"]["seen"] for r in runs],
-              "req/s each", [r["plain_readers"]["requests_per_s"] for r in runs])
+            for label in {r["round_trips"] for r in runs}
+        }
+        print_table(
+            [
+                "round trips",
+                "producers",
+                "appends/s: alone",
+                f"with {args.subscribers} subscribers",
+                "ratio (goal >= 0.9)",
+                f"with {args.subscribers} plain readers",
+                "ratio",
+                "subscriber root writes",
+                "appends",
+                "acked per subscriber",
+                "lag p50/p99 ms",
+                "end lag s",
+                "req/s per subscriber",
+            ],
+            [
+                [
+                    r["round_trips"],
+                    r["producers"],
+                    r["appends_per_s_no_subscribers"],
+                    r["appends_per_s_with_subscribers"],
+                    r["ratio"],
+                    r["appends_per_s_with_plain_readers"],
+                    r["ratio_plain_readers"],
+                    r["subscriber_root_writes"],
+                    r["appends_with_subscribers"],
+                    r["acked_per_subscriber"],
+                    f"{max(r['subscriber_reads']['lag_ms_p50'])}/"
+                    f"{max(r['subscriber_reads']['lag_ms_p99'])}",
+                    max(r["subscriber_reads"]["end_lag_s"]),
+                    r["subscriber_reads"]["requests_per_s"],
+                ]
+                for r in runs
+            ],
+        )
+        print(
+            "plain readers: seen",
+            [r["plain_readers"]["seen"] for r in runs],
+            "req/s each",
+            [r["plain_readers"]["requests_per_s"] for r in runs],
+        )
     results["load_after"] = os.getloadavg()
     print(f"load average before {results['load_before']}, after {results['load_after']}")
     print("written to", write_json("subscribers", results))

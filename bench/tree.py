@@ -43,8 +43,11 @@ from tieredbuf.store.base import IfMatch, Store
 def _entries(n: int, start: int = 0) -> list[fm.NewEntry]:
     base = 1_800_000_000_000
     return [
-        fm.NewEntry(keys.data_key(ULID.from_timestamp((base + i) / 1000)),
-                    (fm.MetadataItem(0, base + i, b""),), 1 << 20)
+        fm.NewEntry(
+            keys.data_key(ULID.from_timestamp((base + i) / 1000)),
+            (fm.MetadataItem(0, base + i, b""),),
+            1 << 20,
+        )
         for i in range(start, start + n)
     ]
 
@@ -58,8 +61,7 @@ def bulk_tree(store: Store, q: ManifestQueue, n: int) -> None:
 
 
 def bulk_flat(store: Store, n: int, key: str) -> None:
-    region = b"".join(fm.encode_entry(i, e.location, e.metadata)
-                      for i, e in enumerate(_entries(n)))
+    region = b"".join(fm.encode_entry(i, e.location, e.metadata) for i, e in enumerate(_entries(n)))
     footer = fm.encode_footer(fm.Footer(n, n, 0, fm.V1))
     store.put(key, region + footer, mode="overwrite")
 
@@ -121,12 +123,17 @@ def measure(store: Store, n: int, reps: int, flat_reps: int) -> dict[str, Any]:
         flat_lat.append((time.perf_counter() - t) * 1000)
     store.delete_many([flat_key])
     return {
-        "queued": n, "build_s": round(build_s, 2),
-        "root_bytes": root_size, "root_bytes_built": built_size, "append_ms": summarize(lat),
-        "append_cpu_ms": summarize(cpu), "root_bytes_p50": sorted(sizes)[len(sizes) // 2],
+        "queued": n,
+        "build_s": round(build_s, 2),
+        "root_bytes": root_size,
+        "root_bytes_built": built_size,
+        "append_ms": summarize(lat),
+        "append_cpu_ms": summarize(cpu),
+        "root_bytes_p50": sorted(sizes)[len(sizes) // 2],
         "own_ms": summarize(own),
         "groups": sum(1 for _ in store.list(keys.GROUPS_PREFIX)),
-        "flat_bytes": flat_size, "flat_append_ms": summarize(flat_lat),
+        "flat_bytes": flat_size,
+        "flat_append_ms": summarize(flat_lat),
     }
 
 
@@ -152,11 +159,21 @@ def main() -> None:
                 flat_reps = 3 if n >= 1_000_000 else (10 if n >= 100_000 else reps)
                 r = measure(make(n), n, reps, flat_reps)
                 per.append(r)
-                rows.append([name, n, r["root_bytes"], r["root_bytes_p50"],
-                             f"{r['append_ms']['p50']:.2f}", f"{r['append_cpu_ms']['p50']:.2f}",
-                             f"{r['own_ms']['p50']:.3f}",
-                             r["flat_bytes"], f"{r['flat_append_ms']['p50']:.2f}", r["groups"],
-                             r["build_s"]])
+                rows.append(
+                    [
+                        name,
+                        n,
+                        r["root_bytes"],
+                        r["root_bytes_p50"],
+                        f"{r['append_ms']['p50']:.2f}",
+                        f"{r['append_cpu_ms']['p50']:.2f}",
+                        f"{r['own_ms']['p50']:.3f}",
+                        r["flat_bytes"],
+                        f"{r['flat_append_ms']['p50']:.2f}",
+                        r["groups"],
+                        r["build_s"],
+                    ]
+                )
             lo, hi = per[0], per[-1]
             results["stores"][name] = {
                 "runs": per,
@@ -167,14 +184,30 @@ def main() -> None:
                 "flat_ratio_append_p50": hi["flat_append_ms"]["p50"] / lo["flat_append_ms"]["p50"],
                 "flat_ratio_bytes": hi["flat_bytes"] / lo["flat_bytes"],
             }
-    print_table(["store", "queued", "root B max", "root B p50", "append p50 ms", "cpu p50 ms",
-                 "own p50 ms", "flat B", "flat p50 ms", "groups", "build s"], rows)
+    print_table(
+        [
+            "store",
+            "queued",
+            "root B max",
+            "root B p50",
+            "append p50 ms",
+            "cpu p50 ms",
+            "own p50 ms",
+            "flat B",
+            "flat p50 ms",
+            "groups",
+            "build s",
+        ],
+        rows,
+    )
     for name, s in results["stores"].items():
-        print(f"{name}: tree append p50 ratio {sizes[-1]}/{sizes[0]} = "
-              f"{s['ratio_append_p50']:.2f}, cpu {s['ratio_append_cpu_p50']:.2f}, "
-              f"own (outside store calls) {s['ratio_own_p50']:.2f} "
-              f"(root bytes x{s['ratio_root_bytes']:.2f}); "
-              f"flat: x{s['flat_ratio_append_p50']:.1f} (bytes x{s['flat_ratio_bytes']:.0f})")
+        print(
+            f"{name}: tree append p50 ratio {sizes[-1]}/{sizes[0]} = "
+            f"{s['ratio_append_p50']:.2f}, cpu {s['ratio_append_cpu_p50']:.2f}, "
+            f"own (outside store calls) {s['ratio_own_p50']:.2f} "
+            f"(root bytes x{s['ratio_root_bytes']:.2f}); "
+            f"flat: x{s['flat_ratio_append_p50']:.1f} (bytes x{s['flat_ratio_bytes']:.0f})"
+        )
     path = write_json("tree" if not args.quick else "tree-quick", results)
     print(f"wrote {path}")
 

@@ -43,8 +43,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("buffer")
     ap.add_argument("out")
-    ap.add_argument("--from", dest="start", required=True,
-                    help="first day: YYYY-MM-DD, today or yesterday (UTC)")
+    ap.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        help="first day: YYYY-MM-DD, today or yesterday (UTC)",
+    )
     ap.add_argument("--days", type=int, default=1)
     ap.add_argument("--endpoint")
     ap.add_argument("--region", default="us-east-1")
@@ -69,10 +73,17 @@ def main() -> None:
             reader = reader.option("region", args.region)
         if args.endpoint:  # an http:// endpoint implies plain HTTP
             reader = reader.option("endpoint", args.endpoint)
-        df = reader.load(args.buffer).selectExpr(
-            "CAST(value AS STRING) AS value", "sequence", "index", "ingestion_time",
-            "to_date(ingestion_time) AS day",
-        ).cache()
+        df = (
+            reader.load(args.buffer)
+            .selectExpr(
+                "CAST(value AS STRING) AS value",
+                "sequence",
+                "index",
+                "ingestion_time",
+                "to_date(ingestion_time) AS day",
+            )
+            .cache()
+        )
         n = df.count()
         if n == 0:
             print(f"{day}: no records ingested that day; nothing written")
@@ -82,8 +93,10 @@ def main() -> None:
         total += n
         print(f"{day}: {n} record{'' if n == 1 else 's'} -> {args.out}/day={day}")
     if total == 0:
-        print(f"{first} .. {first + timedelta(days=args.days - 1)}: the buffer holds no "
-              "records ingested in this range; nothing written")
+        print(
+            f"{first} .. {first + timedelta(days=args.days - 1)}: the buffer holds no "
+            "records ingested in this range; nothing written"
+        )
 
 
 if __name__ == "__main__":

@@ -83,7 +83,11 @@ def main() -> None:
         .option("maxOffsetsPerTrigger", args.max_objects_per_trigger)
     )
     records = reader.load(args.buffer).selectExpr(
-        "CAST(value AS STRING) AS value", "metadata", "sequence", "index", "ingestion_time",
+        "CAST(value AS STRING) AS value",
+        "metadata",
+        "sequence",
+        "index",
+        "ingestion_time",
         "to_date(ingestion_time) AS day",
     )
     writer = (
@@ -91,13 +95,18 @@ def main() -> None:
         .option("checkpointLocation", args.checkpoint)
         .partitionBy("day")
     )
-    writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(
-        processingTime="10 seconds"
+    writer = (
+        writer.trigger(availableNow=True)
+        if args.available_now
+        else writer.trigger(processingTime="10 seconds")
     )
     query = writer.start(args.out)
     buf = tieredbuf.open(args.buffer, **store)
-    print(f"streaming {args.buffer} as subscriber {args.consumer!r} into {args.out} "
-          f"(Parquet, by day; checkpoint {args.checkpoint})", flush=True)
+    print(
+        f"streaming {args.buffer} as subscriber {args.consumer!r} into {args.out} "
+        f"(Parquet, by day; checkpoint {args.checkpoint})",
+        flush=True,
+    )
     seen, rows = -1, 0
     t0 = time.monotonic()
     while True:
@@ -107,12 +116,18 @@ def main() -> None:
                 continue
             seen = p["batchId"]
             rows += p["numInputRows"]
-            print(f"batch {seen}: {p['numInputRows']} rows (total {rows}), up to sequence "
-                  f"{_offset(p)}, {_lag(buf, args.consumer)} -> {args.out}", flush=True)
+            print(
+                f"batch {seen}: {p['numInputRows']} rows (total {rows}), up to sequence "
+                f"{_offset(p)}, {_lag(buf, args.consumer)} -> {args.out}",
+                flush=True,
+            )
         if done:
             break
-    print(f"done: {rows} rows in {seen + 1} micro-batches, {time.monotonic() - t0:.1f} s; "
-          f"Parquet in {args.out}", flush=True)
+    print(
+        f"done: {rows} rows in {seen + 1} micro-batches, {time.monotonic() - t0:.1f} s; "
+        f"Parquet in {args.out}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azure
     base: Path = tmp_path_factory.mktemp("azurite")
     with azurite_server(base, os.environ.get("TIEREDBUF_AZURITE_BLOB")) as ep:
         if ep is None:
-            pytest.skip("Azurite `azurite-blob` not found: npm install azurite@3.37.0 in the "
-                        "repository (as .ci/run does), or set TIEREDBUF_AZURITE_BLOB")
+            pytest.skip(
+                "Azurite `azurite-blob` not found: npm install azurite@3.37.0 in the "
+                "repository (as .ci/run does), or set TIEREDBUF_AZURITE_BLOB"
+            )
         yield ep
 
 

@@ -79,18 +79,28 @@ class AzureEndpoint:
         version = "2021-08-06"
         # Blob service Shared Key: VERB, 11 standard headers (empty), x-ms-* headers,
         # the canonical resource (/account/path, then the query parameters)
-        to_sign = "\n".join([
-            "PUT", *[""] * 11, f"x-ms-date:{date}\nx-ms-version:{version}",
-            f"/{self.account_name}{parts.path}/{name}\nrestype:container",
-        ])
+        to_sign = "\n".join(
+            [
+                "PUT",
+                *[""] * 11,
+                f"x-ms-date:{date}\nx-ms-version:{version}",
+                f"/{self.account_name}{parts.path}/{name}\nrestype:container",
+            ]
+        )
         mac = hmac.new(base64.b64decode(self.account_key), to_sign.encode(), hashlib.sha256)
         auth = f"SharedKey {self.account_name}:{base64.b64encode(mac.digest()).decode()}"
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
         try:
-            conn.request("PUT", f"{parts.path}/{name}?restype=container", headers={
-                "x-ms-date": date, "x-ms-version": version, "Authorization": auth,
-                "Content-Length": "0",
-            })
+            conn.request(
+                "PUT",
+                f"{parts.path}/{name}?restype=container",
+                headers={
+                    "x-ms-date": date,
+                    "x-ms-version": version,
+                    "Authorization": auth,
+                    "Content-Length": "0",
+                },
+            )
             r = conn.getresponse()
             body = r.read()
         finally:

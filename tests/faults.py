@@ -37,8 +37,7 @@ from tieredbuf.store.base import (
 from tieredbuf.store.errmap import Facts, classify
 
 Op = Literal[
-    "get", "get_range", "get_suffix", "head", "put", "put_multipart", "copy", "list",
-    "delete_many"
+    "get", "get_range", "get_suffix", "head", "put", "put_multipart", "copy", "list", "delete_many"
 ]
 OPS: tuple[Op, ...] = (
     "get",
@@ -255,13 +254,17 @@ class KeyRateLimitedStore:
             last = self.writes.get(key)
             refuse = bool(last) and now - last[-1] < self.window_s  # type: ignore[index]
             with self._lock:
-                self.attempts.setdefault(key, []).append(
-                    (now, threading.get_ident(), not refuse))
+                self.attempts.setdefault(key, []).append((now, threading.get_ident(), not refuse))
             if refuse:
                 with self._lock:
                     self.refused[key] += 1
-                facts = Facts(status=429, code="SlowDown", method="PUT", uri=key,
-                              message="Please reduce your request rate.")
+                facts = Facts(
+                    status=429,
+                    code="SlowDown",
+                    method="PUT",
+                    uri=key,
+                    message="Please reduce your request rate.",
+                )
                 raise classify(facts, key, write=True)
             result = fn()
             with self._lock:

@@ -20,8 +20,11 @@ from tieredbuf.errors import CorruptError
 
 T = TypeVar("T")
 
-FUZZ = settings(max_examples=int(os.environ.get("TIEREDBUF_FUZZ_EXAMPLES", "300")),
-                deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("TIEREDBUF_FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 """300 examples per property; ``TIEREDBUF_FUZZ_EXAMPLES=20000`` for a deeper run."""
 
 cuts = st.integers(min_value=0, max_value=1 << 16)
@@ -49,8 +52,9 @@ def decoded_or_named(decode: Callable[[bytes], T], data: bytes, obj: str) -> T |
         return None
 
 
-def canonical(decode: Callable[[bytes], T], encode: Callable[[T], bytes], data: bytes,
-              obj: str) -> T | None:
+def canonical(
+    decode: Callable[[bytes], T], encode: Callable[[T], bytes], data: bytes, obj: str
+) -> T | None:
     """Damaged ``data`` of a one-encoding-per-value format: a CorruptError inside the
     input, or a value that encodes back to exactly ``data``."""
     got = decoded_or_named(decode, data, obj)

@@ -73,24 +73,38 @@ def azurite_server(base: Path, exe: str | None = None) -> Iterator[AzureEndpoint
     port = _free_ports(1)[0]
     out = open(base / "azurite.out", "wb")  # noqa: SIM115 -- lives as long as the server
     proc = subprocess.Popen(
-        [exe, "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(port),
-         "--location", str(base / "data"), "--silent"],
-        stdout=out, stderr=subprocess.STDOUT, cwd=base,
+        [
+            exe,
+            "--skipApiVersionCheck",
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(base / "data"),
+            "--silent",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=base,
     )
     ep = AzureEndpoint(endpoint=f"http://127.0.0.1:{port}/devstoreaccount1")
     try:
         deadline = time.monotonic() + AZURITE_READY_TIMEOUT
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"azurite-blob exited with {proc.returncode}: "
-                                   f"{(base / 'azurite.out').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"azurite-blob exited with {proc.returncode}: "
+                    f"{(base / 'azurite.out').read_text()[-2000:]}"
+                )
             try:
                 ep.create_container("tb-ready-probe")
                 break
             except OSError as e:  # not listening yet
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Azurite not ready after {AZURITE_READY_TIMEOUT}s: "
-                                       f"{e!r}") from e
+                    raise RuntimeError(
+                        f"Azurite not ready after {AZURITE_READY_TIMEOUT}s: {e!r}"
+                    ) from e
                 time.sleep(0.05)  # polling interval, not synchronisation
         yield ep
     finally:
@@ -110,8 +124,13 @@ def fake_gcs_binary() -> str | None:
     except ImportError:
         return None
     machine = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(os.uname().machine)
-    exe = (Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
-           / f"fake-gcs-server-{sys.platform}-{machine}")
+    exe = (
+        Path(wrapper.__file__).parent
+        / "vendor"
+        / "fake-gcs-server"
+        / "bin"
+        / f"fake-gcs-server-{sys.platform}-{machine}"
+    )
     return str(exe) if exe.is_file() else None
 
 
@@ -128,9 +147,24 @@ def fake_gcs_server(base: Path) -> Iterator[str | None]:
     url = f"http://127.0.0.1:{port}"
     out = open(base / "fake-gcs.out", "wb")  # noqa: SIM115 -- lives as long as the server
     proc = subprocess.Popen(
-        [exe, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend",
-         "memory", "-public-host", f"127.0.0.1:{port}", "-external-url", url],
-        stdout=out, stderr=subprocess.STDOUT, cwd=base,
+        [
+            exe,
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            "-public-host",
+            f"127.0.0.1:{port}",
+            "-external-url",
+            url,
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=base,
     )
     try:
         deadline = time.monotonic() + 30
@@ -316,17 +350,17 @@ class RequestRecorder:
             return None  # bucket creation by the test, other tests' buckets
         key = parts[1] if len(parts) > 1 else ""
         if key.startswith(self.prefix):
-            key = key[len(self.prefix):]
+            key = key[len(self.prefix) :]
         if method == "GET" and len(parts) == 1:
             prefix = query.get("prefix", [""])[0]
-            return "list", keys.key_kind(prefix[len(self.prefix):])
+            return "list", keys.key_kind(prefix[len(self.prefix) :])
         if method == "POST" and "delete" in query:  # DeleteObjects: the kind of its first key
             size = int(environ.get("CONTENT_LENGTH") or 0)
             body = environ["wsgi.input"].read(size)
             environ["wsgi.input"] = io.BytesIO(body)
             first = re.search(rb"<Key>([^<]*)</Key>", body)
             key = unquote(first.group(1).decode()) if first else ""
-            return "delete", keys.key_kind(key[len(self.prefix):])
+            return "delete", keys.key_kind(key[len(self.prefix) :])
         kind = keys.key_kind(key)
         if method == "HEAD":
             return "head", kind

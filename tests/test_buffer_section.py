@@ -124,10 +124,12 @@ def test_I5_the_committer_holds_back_by_the_buffers_grace_not_a_writers_config()
         loc = keys.data_key(ULID.from_timestamp((now[0] - age_min * 60_000) / 1000))
         return CommitPending("p", (Announced(pseq, loc, 8, (MetadataItem(0, 0, b""),)),))
 
-    res = commit(q, [pending(1, 30)], holder="h", lease_ms=1000, interval_ms=200,
-                 max_age_ms=hub.max_age_ms)  # past half the config's, inside the buffer's
+    res = commit(
+        q, [pending(1, 30)], holder="h", lease_ms=1000, interval_ms=200, max_age_ms=hub.max_age_ms
+    )  # past half the config's, inside the buffer's
     assert res.placed == {"p": {1: 1}} and not res.stale
     q.set_gc_grace_period(timedelta(minutes=20))
-    res = commit(q, [pending(2, 11)], holder="h", lease_ms=1000, interval_ms=200,
-                 max_age_ms=hub.max_age_ms)  # past half the buffer's new 20 minutes
+    res = commit(
+        q, [pending(2, 11)], holder="h", lease_ms=1000, interval_ms=200, max_age_ms=hub.max_age_ms
+    )  # past half the buffer's new 20 minutes
     assert res.stale == frozenset({"p"}) and res.placed == {}

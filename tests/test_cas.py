@@ -76,8 +76,9 @@ def _increment(obj: CounterObject, stats: Stats, me: str, epoch: int = 1) -> int
         if c.epoch != epoch:
             raise FencedError(epoch, c.epoch)
 
-    return cas.run(obj, decide, lambda d, _etag: d, retries=_retries(), stats=stats,
-                   landed=landed, fence=fence)
+    return cas.run(
+        obj, decide, lambda d, _etag: d, retries=_retries(), stats=stats, landed=landed, fence=fence
+    )
 
 
 def test_I2_a_write_whose_response_was_lost_is_recognised_not_repeated() -> None:
@@ -112,8 +113,7 @@ def test_I2_a_retry_returns_the_decision_of_the_attempt_that_landed() -> None:
         return next((t for t in tried if f"a@{t}" in read.state.last_by), None)
 
     fault = store.arm("put", key=KEY, when="after", error=OutcomeUnknownError, times=1)
-    got = cas.run(obj, decide, lambda d, _e: d, retries=_retries(), stats=stats,
-                  landed=landed)
+    got = cas.run(obj, decide, lambda d, _e: d, retries=_retries(), stats=stats, landed=landed)
     assert fault.fired == 1 and decided == [3] and got == 3
 
 
@@ -123,9 +123,14 @@ def test_a_lost_race_rereads_and_decides_again_from_the_fresh_state() -> None:
     _increment(obj, stats, "a")
     stale = obj.read()
     _increment(obj, stats, "b")  # a rival moves it on
-    got = cas.run(obj, lambda r, a: cas.Write(_encode(Counter(r.state.value + 1, 1, "c")),
-                                              r.state.value + 1),
-                  lambda d, _e: d, retries=_retries(), stats=stats, first=stale)
+    got = cas.run(
+        obj,
+        lambda r, a: cas.Write(_encode(Counter(r.state.value + 1, 1, "c")), r.state.value + 1),
+        lambda d, _e: d,
+        retries=_retries(),
+        stats=stats,
+        first=stale,
+    )
     assert got == 3 and obj.read().state.value == 3
     assert stats.get("conflicts") == 1 and stats.get("retries") == 1
 
@@ -158,21 +163,43 @@ def test_the_retry_limit_names_what_gave_up() -> None:
     obj, stats = CounterObject(store), Stats()
     store.arm("put", key=KEY, when="before", error=TransientStoreError, times=None)
     with pytest.raises(TieredBufError, match="counter gave up after 2 retries"):
-        cas.run(obj, lambda r, a: cas.Write(b"x", None), lambda d, e: None,
-                retries=_retries(limit=2), stats=stats, what="counter")
+        cas.run(
+            obj,
+            lambda r, a: cas.Write(b"x", None),
+            lambda d, e: None,
+            retries=_retries(limit=2),
+            stats=stats,
+            what="counter",
+        )
 
 
 def test_skip_unchanged_and_replan() -> None:
     store = FaultInjectingStore(open_store("memory://"))
     obj, stats = CounterObject(store), Stats()
-    assert cas.run(obj, lambda r, a: cas.Skip("done"), lambda d, e: "wrote",
-                   retries=_retries(), stats=stats) == "done"
+    assert (
+        cas.run(
+            obj,
+            lambda r, a: cas.Skip("done"),
+            lambda d, e: "wrote",
+            retries=_retries(),
+            stats=stats,
+        )
+        == "done"
+    )
 
     def unchanged() -> bytes:
         raise cas.Unchanged("nothing")
 
-    assert cas.run(obj, lambda r, a: cas.Write(unchanged, None), lambda d, e: "wrote",
-                   retries=_retries(), stats=stats) == "nothing"
+    assert (
+        cas.run(
+            obj,
+            lambda r, a: cas.Write(unchanged, None),
+            lambda d, e: "wrote",
+            retries=_retries(),
+            stats=stats,
+        )
+        == "nothing"
+    )
     plans: list[int] = []
 
     def decide(read: cas.Read[Counter], attempt: int) -> cas.Write[None]:
@@ -181,6 +208,5 @@ def test_skip_unchanged_and_replan() -> None:
             raise cas.Replan("late_links")
         return cas.Write(b"1,1,x", None)
 
-    assert cas.run(obj, decide, lambda d, e: "wrote", retries=_retries(),
-                   stats=stats) == "wrote"
+    assert cas.run(obj, decide, lambda d, e: "wrote", retries=_retries(), stats=stats) == "wrote"
     assert plans == [0, 1] and stats.get("late_links") == 1

@@ -173,8 +173,9 @@ def test_gc_runs_concurrently_with_itself_and_writes_metrics(tmp_path: Path) -> 
     _run("consume", url)  # all acked and dequeued: the objects are garbage
     tieredbuf.open(url).set_gc_grace_period(timedelta(0), force=True)
     results: list[tuple[int, str]] = []
-    threads = [threading.Thread(target=lambda: results.append(
-        _run("gc", url, "--json"))) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(_run("gc", url, "--json"))) for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -200,12 +201,16 @@ def test_gc_loop_caches_groups_across_passes_and_stops_on_sigterm(tmp_path: Path
 
     url = f"file://{tmp_path}/b"
     with tieredbuf.open(url, tree=TreeConfig(m=2)).producer(  # m=2: the root links groups
-            flush_interval=timedelta(milliseconds=1)) as p:
+        flush_interval=timedelta(milliseconds=1)
+    ) as p:
         for i in range(12):
             p.produce([b"r%d" % i]).wait(timeout=60)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tieredbuf.cli", "gc", url, "--loop", "100ms", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         reports = [json.loads(proc.stdout.readline()) for _ in range(3)]
@@ -233,8 +238,11 @@ def test_drain_takes_over_every_worker_stage_of_a_dead_service(tmp_path: Path) -
     worker = Path(__file__).with_name("staged_worker.py")
     acked: list[str] = []
     for i in range(2):  # two "workers", each killed -9 after a few LOCAL acks
-        proc = subprocess.Popen([sys.executable, str(worker), url, str(root / f"worker-{i}"),
-                                 str(i)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(worker), url, str(root / f"worker-{i}"), str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             acked.append(line[4:].strip())

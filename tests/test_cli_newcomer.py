@@ -23,16 +23,19 @@ EXE = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf
 WORKER = Path(__file__).with_name("staged_worker.py")
 
 
-def tb(*argv: str, cwd: Path | None = None, timeout: float = 120,
-       stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXE, *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, input=stdin)
+def tb(
+    *argv: str, cwd: Path | None = None, timeout: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [EXE, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, input=stdin
+    )
 
 
 def _kill_after_local_acks(url: str, stage: Path, run: str, n: int) -> list[str]:
     """A staged producer process, SIGKILLed once ``n`` records are LOCAL-acked."""
-    proc = subprocess.Popen([sys.executable, str(WORKER), url, str(stage), run],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), url, str(stage), run], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     acked = []
     for line in proc.stdout:
@@ -49,9 +52,13 @@ def _read_all(url: str) -> list[str]:
     buf = tieredbuf.open(url)
     if not buf.exists():
         return []
-    return [r.decode() for e in buf.reader() for r in
-            tieredbuf.ConsumedBatch(e.sequence, e.location, e.metadata,
-                                    buf.read_object(e)).entries]
+    return [
+        r.decode()
+        for e in buf.reader()
+        for r in tieredbuf.ConsumedBatch(
+            e.sequence, e.location, e.metadata, buf.read_object(e)
+        ).entries
+    ]
 
 
 # --- 1. a stage belongs to one buffer ----------------------------------------------------
@@ -69,11 +76,13 @@ def test_I1_a_killed_producers_stage_is_refused_for_another_buffer(tmp_path: Pat
     assert len(err) == 1 and "holds records for" in err[0] and str(tmp_path / "A") in err[0]
     assert _read_all(b) == []  # nothing went to B
     # a staged producer opened for B is refused too, before it exports anything
-    code = ("import sys, tieredbuf\n"
-            "try:\n"
-            f"    tieredbuf.open({b!r}).producer(staging_dir={str(stage)!r})\n"
-            "except tieredbuf.errors.StageBufferMismatchError as e:\n"
-            "    print('refused:', e); sys.exit(7)\n")
+    code = (
+        "import sys, tieredbuf\n"
+        "try:\n"
+        f"    tieredbuf.open({b!r}).producer(staging_dir={str(stage)!r})\n"
+        "except tieredbuf.errors.StageBufferMismatchError as e:\n"
+        "    print('refused:', e); sys.exit(7)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 7 and "refused" in p.stdout, p.stdout + p.stderr
     assert _read_all(b) == []
@@ -89,11 +98,12 @@ def test_an_empty_stage_is_rebound_to_the_next_buffer(tmp_path: Path) -> None:
     a, b = f"file://{tmp_path}/A", f"file://{tmp_path}/B"
     stage = tmp_path / "stage"
     for url, rec in ((a, "x"), (b, "y")):
-        code = ("import tieredbuf\n"
-                f"with tieredbuf.open({url!r}).producer(staging_dir={str(stage)!r}) as p:\n"
-                f"    p.produce([b{rec!r}])\n")
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=60)
+        code = (
+            "import tieredbuf\n"
+            f"with tieredbuf.open({url!r}).producer(staging_dir={str(stage)!r}) as p:\n"
+            f"    p.produce([b{rec!r}])\n"
+        )
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
     assert _read_all(a) == ["x"] and _read_all(b) == ["y"]
 
@@ -111,22 +121,28 @@ def test_the_stage_binding_names_the_buffer_id_once_the_buffer_has_one(tmp_path:
 
 
 def test_a_staged_producer_opens_and_acks_local_while_the_store_is_unreachable(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The binding check needs no store at open: a stage with records, reopened for
     its own (unreachable) buffer, still opens and acks LOCAL."""
     url = "s3://bucket/prefix"
     stage = tmp_path / "stage"
-    opts = ("endpoint='http://127.0.0.1:9', region='us-east-1', access_key_id='k', "
-            "secret_access_key='s'")
-    code = ("import tieredbuf\n"
-            f"buf = tieredbuf.open({url!r}, {opts})\n"
-            f"p = buf.producer(staging_dir={str(stage)!r})\n"
-            "p.produce([b'x']).wait(tieredbuf.Durability.LOCAL, timeout=30)\n"
-            "print('LOCAL', flush=True)\n"
-            "import os; os._exit(0)\n")
+    opts = (
+        "endpoint='http://127.0.0.1:9', region='us-east-1', access_key_id='k', "
+        "secret_access_key='s'"
+    )
+    code = (
+        "import tieredbuf\n"
+        f"buf = tieredbuf.open({url!r}, {opts})\n"
+        f"p = buf.producer(staging_dir={str(stage)!r})\n"
+        "p.produce([b'x']).wait(tieredbuf.Durability.LOCAL, timeout=30)\n"
+        "print('LOCAL', flush=True)\n"
+        "import os; os._exit(0)\n"
+    )
     for _ in range(2):  # the second open finds records in the stage
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
         assert p.returncode == 0 and "LOCAL" in p.stdout, p.stderr
 
 
@@ -136,9 +152,11 @@ def test_a_buffer_recreated_at_the_same_url_is_another_buffer(tmp_path: Path) ->
     needs the store); from then on a re-created buffer at the same URL is refused."""
     a = f"file://{tmp_path}/A"
     stage = tmp_path / "stage"
-    code = ("import tieredbuf\n"
-            f"with tieredbuf.open({a!r}).producer(staging_dir={str(stage)!r}) as p:\n"
-            "    p.produce([b'seed'])\n")
+    code = (
+        "import tieredbuf\n"
+        f"with tieredbuf.open({a!r}).producer(staging_dir={str(stage)!r}) as p:\n"
+        "    p.produce([b'seed'])\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     (bound,) = stage.glob("*/buffer.json")
@@ -211,7 +229,8 @@ def _lines_until(stream: object, want: int, deadline: float) -> list[str]:
 
 @pytest.mark.parametrize("ack", [False, True], ids=["no-ack", "ack"])
 def test_consume_follow_tails_the_queue_and_ctrl_c_prints_a_summary(
-        tmp_path: Path, ack: bool) -> None:
+    tmp_path: Path, ack: bool
+) -> None:
     url = f"file://{tmp_path}/b"
     _produce(url, ["one"])
     argv = [EXE, "consume", url, "--follow", "--poll-max", "100ms"]
@@ -241,12 +260,18 @@ def test_consume_follow_tails_the_queue_and_ctrl_c_prints_a_summary(
 # --- 3. typos never create or read empty buffers ------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [
-    ["consume", "{url}"], ["consume", "{url}", "--no-ack"], ["inspect", "{url}"],
-    ["inspect", "{url}", "--json"], ["gc", "{url}"], ["grace", "{url}"],
-])
-def test_reading_a_url_with_no_buffer_is_exit_2_naming_it(tmp_path: Path,
-                                                          argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["consume", "{url}"],
+        ["consume", "{url}", "--no-ack"],
+        ["inspect", "{url}"],
+        ["inspect", "{url}", "--json"],
+        ["gc", "{url}"],
+        ["grace", "{url}"],
+    ],
+)
+def test_reading_a_url_with_no_buffer_is_exit_2_naming_it(tmp_path: Path, argv: list[str]) -> None:
     url = f"file://{tmp_path}/nonexistent"
     r = tb(*(a.format(url=url) for a in argv))
     assert r.returncode == EXIT_USAGE, r.stdout + r.stderr
@@ -269,8 +294,12 @@ def test_only_produce_or_an_explicit_create_makes_a_buffer(tmp_path: Path) -> No
 
 
 def _ingest(url: str, stage: Path) -> list[pa.RecordBatch]:
-    batches = [pa.record_batch({"id": pa.array([i, i + 1], pa.int64()),
-                                "name": pa.array([f"n{i}", f"n{i + 1}"])}) for i in (0, 2)]
+    batches = [
+        pa.record_batch(
+            {"id": pa.array([i, i + 1], pa.int64()), "name": pa.array([f"n{i}", f"n{i + 1}"])}
+        )
+        for i in (0, 2)
+    ]
     with tieredbuf.open(url).producer(staging_dir=stage) as p:
         for b in batches:
             p.ingest({0: b})
@@ -317,8 +346,10 @@ def test_consume_json_and_parquet_for_records(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     r = tb("consume", url, "--no-ack", "--json")
     rows = [json.loads(x) for x in r.stdout.splitlines()]
-    assert [(x["sequence"], x["index"], x["metadata"]) for x in rows] == [(0, 0, "m1"),
-                                                                          (0, 1, "m1")]
+    assert [(x["sequence"], x["index"], x["metadata"]) for x in rows] == [
+        (0, 0, "m1"),
+        (0, 1, "m1"),
+    ]
     assert rows[0]["value"] == "a" and rows[1]["value"] == "\xff"
     assert all(x["ingestion_time_ms"] > 0 for x in rows)
     out = tmp_path / "r.parquet"
@@ -336,7 +367,8 @@ def test_consume_json_and_parquet_for_records(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_entries_lists_the_queue_without_fencing_and_retention_shows_and_sets(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     url = f"file://{tmp_path}/b"
     for i in range(3):
         r = tb("produce", url, "--metadata", f"m{i}", stdin=f"r{i}\n")
@@ -345,7 +377,10 @@ def test_entries_lists_the_queue_without_fencing_and_retention_shows_and_sets(
     r = tb("entries", url, "--json")
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert [(x["sequence"], x["metadata"][0]["payload"]) for x in rows] == [
-        (0, "m0"), (1, "m1"), (2, "m2")]
+        (0, "m0"),
+        (1, "m1"),
+        (2, "m2"),
+    ]
     assert all(x["location"].startswith("data/") and x["ingestion_time_ms"] for x in rows)
     r = tb("entries", url, "--from", "1", "--limit", "1")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2  # header + one entry
@@ -377,8 +412,9 @@ def _on_a_terminal(argv: list[str], both: bool) -> tuple[bytes, bytes]:
 
     master, slave = pty.openpty()
     out_r, out_w = os.pipe()
-    p = subprocess.Popen([EXE, *argv], stdin=subprocess.DEVNULL,
-                         stdout=slave if both else out_w, stderr=slave)
+    p = subprocess.Popen(
+        [EXE, *argv], stdin=subprocess.DEVNULL, stdout=slave if both else out_w, stderr=slave
+    )
     os.close(slave)
     os.close(out_w)
     term = b""
@@ -404,8 +440,9 @@ def test_progress_is_drawn_on_a_terminal_stderr_and_never_among_records(tmp_path
     _produce(url, ["c"])
     term, piped = _on_a_terminal(["consume", url, "--no-ack"], both=True)
     assert b"a\r\nb\r\nc\r\n" in term and b"consume [" not in term and b"\rconsume" not in term
-    term, piped = _on_a_terminal(["consume", url, "--no-ack", "--out", str(tmp_path / "d")],
-                                 both=False)
+    term, piped = _on_a_terminal(
+        ["consume", url, "--no-ack", "--out", str(tmp_path / "d")], both=False
+    )
     assert b"\rconsume" in term and piped == b""  # the bar: on the terminal's stderr only
     r = tb("consume", url, "--no-ack", "--out", str(tmp_path / "e"))  # not a terminal
     assert "\r" not in r.stderr and r.stderr.startswith("consumed 2 batches")
@@ -425,7 +462,8 @@ def test_consume_as_a_named_subscriber_leaves_the_default_consumer_alone(tmp_pat
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
 @pytest.mark.slow
 def test_consume_out_file_refuses_records_and_bundles_together_before_any_ack(
-        tmp_path: Path, suffix: str) -> None:
+    tmp_path: Path, suffix: str
+) -> None:
     """Records and slot-0 bundles would share one output file: refused before any ack,
     and no unreadable file is left behind (an ack never follows unreadable output)."""
     url = f"file://{tmp_path}/b"

@@ -52,8 +52,14 @@ def test_subscribers_lists_positions_lag_and_rejected_entries(tmp_path: Path) ->
     assert got["etl"]["next_sequence"] == 4 and got["etl"]["lag_entries"] == 2
     assert got["etl"]["lag_bytes"] > 0 and got["etl"]["epoch"] == 1
     assert got["jobs"]["work"]["leased"] == 4  # claim_batch 8: all six leased, two resolved
-    assert got["jobs"]["rejected"] == [{"sequence": 1, "time_ms": got["jobs"]["rejected"][0][
-        "time_ms"], "deliveries": 1, "reason": "not json"}]
+    assert got["jobs"]["rejected"] == [
+        {
+            "sequence": 1,
+            "time_ms": got["jobs"]["rejected"][0]["time_ms"],
+            "deliveries": 1,
+            "reason": "not json",
+        }
+    ]
 
 
 def test_inspect_shows_the_subscribers(tmp_path: Path) -> None:
@@ -85,9 +91,12 @@ def test_metrics_have_per_subscriber_lag(tmp_path: Path) -> None:
     buf = _setup(f"file://{tmp_path}/b")
     reg = CollectorRegistry()
     tieredbuf.ops.metrics.register(buf, reg, min_interval=0)
-    lag = {s.labels["subscriber"]: s.value
-           for fam in reg.collect() if fam.name == "tieredbuf_subscriber_lag_entries"
-           for s in fam.samples}
+    lag = {
+        s.labels["subscriber"]: s.value
+        for fam in reg.collect()
+        if fam.name == "tieredbuf_subscriber_lag_entries"
+        for s in fam.samples
+    }
     assert lag == {"etl": 2.0, "jobs": 4.0}
     rejected = reg.get_sample_value("tieredbuf_subscriber_rejected", {"subscriber": "jobs"})
     assert rejected == 1.0

@@ -76,7 +76,8 @@ def test_I2_what_a_watermark_covers_is_never_appended_again() -> None:
 
 @pytest.mark.parametrize("error", [OutcomeUnknownError, PreconditionFailedError])
 def test_I2_a_commit_whose_response_was_lost_is_recognised_with_its_own_placements(
-        error: type[Exception]) -> None:
+    error: type[Exception],
+) -> None:
     store = FaultInjectingStore(open_store("memory://"))
     q = _queue(store)
     _commit(q, [_p("a", (1, "a1"))])
@@ -143,8 +144,11 @@ def test_I5_an_append_naming_an_object_older_than_half_the_grace_is_held_back() 
     q = _queue(open_store("memory://"), clock)
     old = keys.data_key(ULID.from_timestamp((clock.t - 6 * 60_000) / 1000))
     fresh = keys.data_key(ULID.from_timestamp(clock.t / 1000))
-    res = _commit(q, [_p("a", (1, old), (2, fresh)), _p("b", (1, fresh + "x"))],
-                  max_age_ms=lambda snap: 5 * 60_000)
+    res = _commit(
+        q,
+        [_p("a", (1, old), (2, fresh)), _p("b", (1, fresh + "x"))],
+        max_age_ms=lambda snap: 5 * 60_000,
+    )
     assert res.stale == frozenset({"a"})
     assert res.placed == {"b": {1: 0}}  # b is not held back by a's stale object
     assert "a" not in q.read().view.watermarks

@@ -20,8 +20,7 @@ _NOT_INSTALLED = {"persistqueue": "persist-queue"}
 
 def _names(reqs: list[str]) -> set[str]:
     """Normalised distribution names of requirement strings."""
-    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower().replace("_", "-")
-            for r in reqs}
+    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
 
 
 def _imported(paths: list[Path], local: set[str]) -> set[str]:

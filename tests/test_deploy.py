@@ -26,7 +26,8 @@ def test_compose_serves_with_a_token_it_makes_the_operator_set() -> None:
 
 def test_k8s_serves_with_a_token_file_from_a_secret() -> None:
     docs: list[dict[str, Any]] = list(
-        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text()))
+        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text())
+    )
     pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     serve = pod["containers"][0]
     args = serve["args"]
@@ -42,9 +43,13 @@ def test_k8s_serves_with_a_token_file_from_a_secret() -> None:
 def _stop_budget(args: list[str]) -> timedelta:
     """What `tieredbuf serve` may take after SIGTERM: --shutdown-timeout + --drain-timeout
     (their defaults unless given) + the 30 s the supervisor adds before it kills a worker."""
-    ns = build_parser().parse_args([*args[:2], "--staging=/s",
-                                    *(a for a in args if a.split("=")[0] in
-                                      ("--shutdown-timeout", "--drain-timeout"))])
+    ns = build_parser().parse_args(
+        [
+            *args[:2],
+            "--staging=/s",
+            *(a for a in args if a.split("=")[0] in ("--shutdown-timeout", "--drain-timeout")),
+        ]
+    )
     return ns.shutdown_timeout + ns.drain_timeout + timedelta(seconds=30)
 
 
@@ -55,7 +60,8 @@ def test_compose_waits_for_the_drain_operations_md_promises() -> None:
 
 def test_k8s_waits_for_the_drain_operations_md_promises() -> None:
     docs: list[dict[str, Any]] = list(
-        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text()))
+        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text())
+    )
     pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     grace = timedelta(seconds=pod["terminationGracePeriodSeconds"])
     assert grace >= _stop_budget(pod["containers"][0]["args"])
@@ -70,8 +76,12 @@ def test_every_alert_rule_names_metrics_tieredbuf_exports() -> None:
     names = set(re.findall(r'"(tieredbuf_[a-z0-9_]+)"', source))
     defined = names | {f"{n}_total" for n in names}  # prometheus_client's Counter suffix
     rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
-    used = {name for group in rules["groups"] for rule in group["rules"]
-            for name in re.findall(r"tieredbuf_[a-z0-9_]+", rule["expr"])}
+    used = {
+        name
+        for group in rules["groups"]
+        for rule in group["rules"]
+        for name in re.findall(r"tieredbuf_[a-z0-9_]+", rule["expr"])
+    }
     assert used and used <= defined, sorted(used - defined)
 
 
@@ -80,8 +90,10 @@ def test_the_stuck_consumer_rule_is_judged_against_positions() -> None:
     oldest record must also require new entries and a head that did not move."""
     rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
     by_name = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
-    for name, position in (("TieredbufConsumerStuck", "tieredbuf_queue_depth"),
-                           ("TieredbufSubscriberStuck", "tieredbuf_subscriber_next_sequence")):
+    for name, position in (
+        ("TieredbufConsumerStuck", "tieredbuf_queue_depth"),
+        ("TieredbufSubscriberStuck", "tieredbuf_subscriber_next_sequence"),
+    ):
         expr = by_name[name]
         assert "changes(max(tieredbuf_queue_next_sequence)" in expr and position in expr
     assert not any("oldest_age" in e and "changes(" not in e for e in by_name.values())

@@ -13,8 +13,9 @@ READS = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Z][A-Z0-9
 
 
 def _read_by_the_code() -> set[str]:
-    names = {e for table in (S3_OPTION_ENV, AZURE_OPTION_ENV)
-             for envs in table.values() for e in envs}
+    names = {
+        e for table in (S3_OPTION_ENV, AZURE_OPTION_ENV) for envs in table.values() for e in envs
+    }
     names |= set(S3_CREDENTIAL_ENV) | {TOKENS_ENV}
     for path in [*(ROOT / "tieredbuf").rglob("*.py"), ROOT / "tests" / "conftest.py"]:
         names |= set(READS.findall(path.read_text("utf-8")))
@@ -25,7 +26,12 @@ def test_every_environment_variable_is_documented() -> None:
     doc = (ROOT / "docs" / "operations.md").read_text("utf-8")
     section = doc.split("## Environment variables", 1)[1]
     names = _read_by_the_code()
-    assert {"TIEREDBUF_LOG_LEVEL", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP",
-            "AZURE_STORAGE_ACCOUNT_KEY", "TIEREDBUF_AZURITE_BLOB"} <= names
+    assert {
+        "TIEREDBUF_LOG_LEVEL",
+        "AWS_ENDPOINT_URL",
+        "AWS_ALLOW_HTTP",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "TIEREDBUF_AZURITE_BLOB",
+    } <= names
     missing = sorted(n for n in names if f"`{n}`" not in section)
     assert not missing, f"docs/operations.md, Environment variables, lacks {missing}"

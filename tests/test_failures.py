@@ -33,8 +33,9 @@ from tieredbuf.store import open_store
 
 FAST = {"max_open_duration": timedelta(milliseconds=20)}
 QUICK_RECOVERY = {
-    "failure_retry": RetryConfig(initial_backoff=timedelta(milliseconds=20),
-                                 max_backoff=timedelta(milliseconds=200)),
+    "failure_retry": RetryConfig(
+        initial_backoff=timedelta(milliseconds=20), max_backoff=timedelta(milliseconds=200)
+    ),
 }
 
 
@@ -51,11 +52,17 @@ def _records(url: str, **opts: Any) -> list[bytes]:
     return out
 
 
-def _cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120
-         ) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf"))
-    return subprocess.run([exe, *argv], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [exe, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _poll(cond: Any, timeout: float, what: str) -> None:
@@ -71,8 +78,10 @@ def _s3_args(ep: S3Endpoint, endpoint: str | None = None) -> list[str]:
 
 
 def _creds(ep: S3Endpoint, secret: str | None = None) -> dict[str, str]:
-    return {"AWS_ACCESS_KEY_ID": ep.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": secret or ep.secret_access_key}
+    return {
+        "AWS_ACCESS_KEY_ID": ep.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": secret or ep.secret_access_key,
+    }
 
 
 # --- permanent: a missing bucket (moto) ---------------------------------------------
@@ -119,8 +128,9 @@ def test_I1_missing_bucket_fails_remote_waits_at_once_keeps_data_and_recovers(
 def test_stateless_producer_fails_handles_flush_and_close_on_a_missing_bucket(
     s3_endpoint: S3Endpoint,
 ) -> None:
-    buf = tieredbuf.open(f"s3://tb-{uuid.uuid4().hex[:16]}/b", **s3_endpoint.options(),
-                         max_retries=0)
+    buf = tieredbuf.open(
+        f"s3://tb-{uuid.uuid4().hex[:16]}/b", **s3_endpoint.options(), max_retries=0
+    )
     p = buf.producer(flush_interval=timedelta(milliseconds=10))
     h = p.produce([b"x"])
     with pytest.raises(errors.BucketNotFoundError):
@@ -145,9 +155,17 @@ def test_cli_on_a_missing_bucket_prints_one_line_and_exits_3(s3_endpoint: S3Endp
 
 @pytest.mark.slow
 def test_cli_usage_failures_are_one_line_and_exit_2(tmp_path: Path) -> None:
-    env = {k: "" for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                           "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                           "AWS_CONTAINER_CREDENTIALS_FULL_URI", "TIEREDBUF_S3_INSTANCE_METADATA")}
+    env = {
+        k: ""
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "TIEREDBUF_S3_INSTANCE_METADATA",
+        )
+    }
     cases = [
         (["inspect", "s4://bucket/p"], "unsupported store URL scheme"),
         (["inspect", "s3://bucket/p", "--endpoint", "127.0.0.1:9000"], "http:// or https://"),
@@ -202,8 +220,9 @@ def test_bad_credentials_stop_a_stateless_producer_with_a_credentials_error(
 ) -> None:
     ep = seaweedfs_endpoint
     url = f"s3://{ep.new_bucket()}/b"
-    p = tieredbuf.open(url, **{**ep.options(), "access_key_id": "nobody"},
-                       max_retries=0).producer(flush_interval=timedelta(milliseconds=10))
+    p = tieredbuf.open(url, **{**ep.options(), "access_key_id": "nobody"}, max_retries=0).producer(
+        flush_interval=timedelta(milliseconds=10)
+    )
     with pytest.raises(errors.CredentialsError, match="InvalidAccessKeyId"):
         p.produce([b"x"]).wait(Durability.REMOTE, timeout=30)
     with pytest.raises(errors.CredentialsError):
@@ -213,8 +232,9 @@ def test_bad_credentials_stop_a_stateless_producer_with_a_credentials_error(
 # --- permanent errors stop the CAS loops at once -----------------------------------
 
 
-@pytest.mark.parametrize("error", [errors.AccessDeniedError, errors.BucketNotFoundError,
-                                   errors.CredentialsError])
+@pytest.mark.parametrize(
+    "error", [errors.AccessDeniedError, errors.BucketNotFoundError, errors.CredentialsError]
+)
 def test_a_permanent_error_stops_every_manifest_loop_without_spinning(
     error: type[Exception],
 ) -> None:
@@ -265,8 +285,13 @@ def test_I1_unreachable_endpoint_is_retried_then_drain_exports_once_it_is_back(
 ) -> None:
     bucket = s3_endpoint.new_bucket()
     url = f"s3://{bucket}/b"
-    opts = {**s3_endpoint.options(), "endpoint": proxy.endpoint, "max_retries": 0,
-            "connect_timeout": 1, "timeout": 5}
+    opts = {
+        **s3_endpoint.options(),
+        "endpoint": proxy.endpoint,
+        "max_retries": 0,
+        "connect_timeout": 1,
+        "timeout": 5,
+    }
     stage = tmp_path / "stage"
     p = tieredbuf.open(url, **opts).producer(staging_dir=stage, **FAST)
     p.produce([b"before"]).wait(Durability.REMOTE, timeout=30)
@@ -295,9 +320,18 @@ def test_I1_unreachable_endpoint_is_retried_then_drain_exports_once_it_is_back(
     # interval on stderr); the endpoint comes back; it exports and exits 0.
     exe = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf"))
     drain = subprocess.Popen(
-        [exe, "drain", str(stage), url, *_s3_args(s3_endpoint, proxy.endpoint),
-         "--timeout", "120s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            exe,
+            "drain",
+            str(stage),
+            url,
+            *_s3_args(s3_endpoint, proxy.endpoint),
+            "--timeout",
+            "120s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, **_creds(s3_endpoint)},
     )
     assert drain.stderr is not None
@@ -324,8 +358,15 @@ def test_drain_times_out_with_one_line_naming_what_is_still_staged(
     p.produce([b"x"]).wait(Durability.LOCAL, timeout=10)
     with pytest.raises(errors.FlushTimeoutError):
         p.close(timeout=0.2)
-    r = _cli("drain", str(stage), url, *_s3_args(s3_endpoint, proxy.endpoint),
-             "--timeout", "1s", env=_creds(s3_endpoint))
+    r = _cli(
+        "drain",
+        str(stage),
+        url,
+        *_s3_args(s3_endpoint, proxy.endpoint),
+        "--timeout",
+        "1s",
+        env=_creds(s3_endpoint),
+    )
     assert r.returncode == 3, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert "FlushTimeoutError" in last and str(stage) in last and "still staged" in last
@@ -340,8 +381,9 @@ def test_stateless_close_timeout_says_how_much_is_dropped(
 ) -> None:
     url = f"s3://{s3_endpoint.new_bucket()}/b"
     proxy.shut()
-    buf = tieredbuf.open(url, **{**s3_endpoint.options(), "endpoint": proxy.endpoint},
-                         max_retries=0, probe=False)
+    buf = tieredbuf.open(
+        url, **{**s3_endpoint.options(), "endpoint": proxy.endpoint}, max_retries=0, probe=False
+    )
     p = buf.producer(flush_interval=timedelta(milliseconds=10))
     hs = [p.produce([b"x" * 10]) for _ in range(3)]
     with pytest.raises(errors.FlushTimeoutError, match=r"3 produce\(\) call"):

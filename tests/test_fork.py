@@ -29,8 +29,9 @@ from tieredbuf.store import ObjStore
 CHILD_TIMEOUT_S = 120.0
 
 
-def _run_child(method: str, url: str, opts: dict[str, Any], stage: Path, tag: str
-               ) -> dict[str, Any]:
+def _run_child(
+    method: str, url: str, opts: dict[str, Any], stage: Path, tag: str
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context(method)
     results = ctx.Queue()
     proc = ctx.Process(target=fork_worker.child, args=(url, opts, str(stage), tag, results))
@@ -68,8 +69,11 @@ def test_a_child_process_writes_remote_and_reads_after_the_parent_used_s3(
         out = _run_child(method, url, opts, tmp_path / "child-stage", method)
     finally:
         fork_worker.INHERITED.clear()
-    assert out["records"] == [b"parent before", f"{method} stateless".encode(),
-                              f"{method} staged".encode()]
+    assert out["records"] == [
+        b"parent before",
+        f"{method} stateless".encode(),
+        f"{method} staged".encode(),
+    ]
     assert out["stateless_seq"] == 1 and out["staged_seq"] == 2
     if method == "fork":
         # what owns threads fails at once, naming the fix
@@ -90,7 +94,8 @@ def test_a_forked_childs_s3_store_uses_botocore_and_its_own_probe(
     s3_endpoint: S3Endpoint,
 ) -> None:
     store = tieredbuf.open(
-        f"s3://{s3_endpoint.new_bucket()}/b", **s3_endpoint.options()).store.inner
+        f"s3://{s3_endpoint.new_bucket()}/b", **s3_endpoint.options()
+    ).store.inner
     assert isinstance(store, ObjStore)
     store.put("k", b"v", mode="create")
     assert not forks.obstore_inherited()

@@ -27,8 +27,9 @@ def _obj(buf: tieredbuf.Buffer, ms: int) -> str:
 
 def test_select_garbage_applies_every_rfc_rule() -> None:
     now = 100 * MIN
-    old, older = keys.data_key(ULID.from_timestamp(10 * MIN / 1000)), keys.data_key(
-        ULID.from_timestamp(5 * MIN / 1000)
+    old, older = (
+        keys.data_key(ULID.from_timestamp(10 * MIN / 1000)),
+        keys.data_key(ULID.from_timestamp(5 * MIN / 1000)),
     )
     young = keys.data_key(ULID.from_timestamp((now - MIN) / 1000))
     after_oldest = keys.data_key(ULID.from_timestamp(30 * MIN / 1000))
@@ -113,8 +114,9 @@ def test_I5_gc_reaps_orphan_and_unlinked_groups_and_keeps_every_reachable_object
     faulty = FaultInjectingStore(buf.store)
     from tieredbuf.queue.manifest_queue import ManifestQueue
 
-    q2 = ManifestQueue(faulty, sleep=lambda s: None, tree_config=TreeConfig(m=2),
-                       max_transient_retries=0)
+    q2 = ManifestQueue(
+        faulty, sleep=lambda s: None, tree_config=TreeConfig(m=2), max_transient_retries=0
+    )
     faulty.arm("put", key=keys.MANIFEST_KEY, when="before", error=PreconditionFailedError)
     with pytest.raises(tieredbuf.errors.TieredBufError, match="gave up after 0 retries"):
         q2.append([NewEntry(objs[8], ())], "p", 9)
@@ -187,8 +189,9 @@ def test_I5_gc_with_a_cache_decides_as_one_without_and_forgets_unlinked_groups(t
     e = buf.queue.initialize("c")
     buf.queue.dequeue(6, e)  # unlinks the groups below the head
     later = now + 10**9
-    with_cache = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=later, dry_run=True,
-                             cache=cache)
+    with_cache = gc.run_once(
+        buf, grace=timedelta(minutes=10), now_ms=later, dry_run=True, cache=cache
+    )
     without = gc.run_once(buf, grace=timedelta(minutes=10), now_ms=later, dry_run=True)
     assert with_cache.deleted_keys == without.deleted_keys
     assert any(k.startswith("data/") for k in with_cache.deleted_keys)
@@ -215,5 +218,4 @@ def test_gc_run_forever_keeps_its_cache_across_passes_until_stopped(tmp_path) ->
     assert len(reports) == 3
     assert reports[0].groups_read > 0
     assert [r.groups_read for r in reports[1:]] == [0, 0]
-    assert all(r.requests == UNCHANGED_PASS
-               for r in reports[1:])
+    assert all(r.requests == UNCHANGED_PASS for r in reports[1:])

@@ -21,8 +21,7 @@ def _poll(pred: object, deadline: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def _blocked_waiter(w: DurabilityWatcher, level: Durability,
-                    out: list[object]) -> threading.Thread:
+def _blocked_waiter(w: DurabilityWatcher, level: Durability, out: list[object]) -> threading.Thread:
     def run() -> None:
         try:
             out.append(w.wait(level))

@@ -101,11 +101,22 @@ def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
         bucket = ep.new_bucket()
         rec.bucket, rec.prefix = bucket, "svc/"
         (tmp_path / "svc").mkdir()
-        srv = start_server(f"s3://{bucket}/svc", tmp_path / "svc", "--max-open-duration",
-                           "50ms", "--endpoint", ep.endpoint, "--region", ep.region,
-                           "--allow-http", workers=1,
-                           env={"AWS_ACCESS_KEY_ID": ep.access_key_id,
-                                "AWS_SECRET_ACCESS_KEY": ep.secret_access_key})
+        srv = start_server(
+            f"s3://{bucket}/svc",
+            tmp_path / "svc",
+            "--max-open-duration",
+            "50ms",
+            "--endpoint",
+            ep.endpoint,
+            "--region",
+            ep.region,
+            "--allow-http",
+            workers=1,
+            env={
+                "AWS_ACCESS_KEY_ID": ep.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": ep.secret_access_key,
+            },
+        )
         try:
             r = srv.post(b'{"warm": 1}\n', NDJSON, "remote")
             assert r.status == 200, r.body
@@ -114,8 +125,9 @@ def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
             served = dict(rec.seen)
             time.sleep(IDLE_S)  # the measured idle period (not synchronisation)
             after = {name: buf.requests.snapshot() for name, (buf, _) in roles.items()}
-            idle_service = {k: v - served.get(k, 0) for k, v in rec.seen.items()
-                            if v != served.get(k, 0)}
+            idle_service = {
+                k: v - served.get(k, 0) for k, v in rec.seen.items() if v != served.get(k, 0)
+            }
         finally:
             assert srv.terminate() == 0
     for _, close in roles.values():

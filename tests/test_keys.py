@@ -31,8 +31,13 @@ def test_group_key_sorts_by_first_sequence() -> None:
 
 
 @FUZZ
-@given(st.binary(min_size=16, max_size=16), st.sampled_from(keys.DATA_SUFFIXES),
-       st.integers(0, 10**20 - 1), st.sampled_from(keys.GROUP_KINDS), st.text(max_size=60))
+@given(
+    st.binary(min_size=16, max_size=16),
+    st.sampled_from(keys.DATA_SUFFIXES),
+    st.integers(0, 10**20 - 1),
+    st.sampled_from(keys.GROUP_KINDS),
+    st.text(max_size=60),
+)
 def test_key_parsers_round_trip_and_accept_only_the_names_writers_make(
     raw: bytes, suffix: str, first: int, kind: str, junk: str
 ) -> None:

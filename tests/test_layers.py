@@ -28,18 +28,67 @@ RULES: dict[str, set[str]] = {
     "stage": {"vocabulary", "runtime", "format", "stage"},
     "produce": {"vocabulary", "runtime", "format", "store", "queue", "stage", "produce"},
     "consume": {"vocabulary", "runtime", "format", "store", "queue", "consume"},
-    "facade": {"vocabulary", "runtime", "format", "store", "queue", "produce", "consume",
-               "ops", "facade"},
-    "ops": {"vocabulary", "runtime", "format", "store", "queue", "produce", "consume",
-            "facade", "ops"},
+    "facade": {
+        "vocabulary",
+        "runtime",
+        "format",
+        "store",
+        "queue",
+        "produce",
+        "consume",
+        "ops",
+        "facade",
+    },
+    "ops": {
+        "vocabulary",
+        "runtime",
+        "format",
+        "store",
+        "queue",
+        "produce",
+        "consume",
+        "facade",
+        "ops",
+    },
     # the front ends use the public API: the facade and what its methods return, never
     # the local tier's internals (stage/); the CLI starts the service
-    "spark": {"vocabulary", "runtime", "format", "store", "queue", "produce", "consume",
-              "facade", "ops", "spark"},
-    "service": {"vocabulary", "runtime", "format", "store", "queue", "produce", "consume",
-                "facade", "ops", "service"},
-    "cli": {"vocabulary", "runtime", "format", "store", "queue", "produce", "consume",
-            "facade", "ops", "service", "cli"},
+    "spark": {
+        "vocabulary",
+        "runtime",
+        "format",
+        "store",
+        "queue",
+        "produce",
+        "consume",
+        "facade",
+        "ops",
+        "spark",
+    },
+    "service": {
+        "vocabulary",
+        "runtime",
+        "format",
+        "store",
+        "queue",
+        "produce",
+        "consume",
+        "facade",
+        "ops",
+        "service",
+    },
+    "cli": {
+        "vocabulary",
+        "runtime",
+        "format",
+        "store",
+        "queue",
+        "produce",
+        "consume",
+        "facade",
+        "ops",
+        "service",
+        "cli",
+    },
 }
 
 
@@ -77,8 +126,12 @@ def imports() -> dict[str, set[tuple[str, str]]]:
                 for a in node.names:
                     if a.name.startswith("tieredbuf"):
                         out[mod].add((a.name, ""))
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-                    node.module == "tieredbuf" or node.module.startswith("tieredbuf.")):
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and node.module
+                and (node.module == "tieredbuf" or node.module.startswith("tieredbuf."))
+            ):
                 for a in node.names:
                     sub = f"{node.module}.{a.name}"
                     if _is_module(sub):
@@ -134,8 +187,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
-
-
 
 
 def test_no_import_cycle_not_even_inside_a_function() -> None:

@@ -41,8 +41,9 @@ def test_an_idle_long_poll_costs_at_most_half_a_request_a_second(tmp_path: Path)
     start = clock.t
     while clock.t - start < 60:  # a reader calling next_batch(timeout=1 s) for 60 s
         assert poll.wait(nxt, 1.0) is None
-    sent = {k: v - before.get(k, 0) for k, v in buf.requests.snapshot().items()
-            if v != before.get(k, 0)}
+    sent = {
+        k: v - before.get(k, 0) for k, v in buf.requests.snapshot().items() if v != before.get(k, 0)
+    }
     assert set(sent) == {("get_range", "root")}  # the 22-byte footer, nothing else
     assert sent[("get_range", "root")] == poll.footer_reads
     # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s, then every 2 s: 0.5/s once idle
@@ -137,8 +138,11 @@ def test_next_batch_with_a_timeout_returns_what_arrives_while_it_waits(tmp_path:
             c.ack(more.sequence)
         before = buf.requests.snapshot()
         assert c.next_batch(timeout=0.3) is None  # nothing new: footer reads only
-        sent = {k: v - before.get(k, 0) for k, v in buf.requests.snapshot().items()
-                if v != before.get(k, 0)}
+        sent = {
+            k: v - before.get(k, 0)
+            for k, v in buf.requests.snapshot().items()
+            if v != before.get(k, 0)
+        }
         assert set(sent) <= {("get_range", "root")}, sent
         t = threading.Thread(target=_when_idle_produce, args=(c, url, b"second-" + name.encode()))
         t.start()
@@ -162,9 +166,9 @@ def test_I4_a_long_polling_default_consumer_learns_it_was_fenced(tmp_path: Path)
     c.initialize()
     assert c.next_batch(timeout=5) is not None
     newer = tieredbuf.open(url).consumer()
-    t = threading.Thread(target=lambda: (
-        _wait_until(lambda: c._poll.idle, "the consumer waits"),
-        newer.initialize()))
+    t = threading.Thread(
+        target=lambda: (_wait_until(lambda: c._poll.idle, "the consumer waits"), newer.initialize())
+    )
     t.start()
     with pytest.raises(FencedError):
         c.next_batch(timeout=60)

@@ -20,7 +20,9 @@ def _run_producers(url: str, opts: dict, names: list[str], n: int) -> list[subpr
     return [
         subprocess.Popen(
             [sys.executable, str(WORKER), url, json.dumps(opts), name, str(n)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for name in names
     ]
@@ -63,11 +65,14 @@ def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple
     return out
 
 
-@pytest.mark.parametrize("server", [
-    pytest.param("s3_endpoint", marks=pytest.mark.s3),
-    pytest.param("seaweedfs_endpoint", marks=pytest.mark.s3),
-    pytest.param("azurite_endpoint", marks=pytest.mark.azure),
-])
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param("s3_endpoint", marks=pytest.mark.s3),
+        pytest.param("seaweedfs_endpoint", marks=pytest.mark.s3),
+        pytest.param("azurite_endpoint", marks=pytest.mark.azure),
+    ],
+)
 @pytest.mark.slow
 def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     server: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
@@ -93,8 +98,10 @@ def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     commits = sum(s.get("commits", 0) for s in stats)
     appended = sum(s.get("entries_appended", 0) for s in stats)
     with capsys.disabled():
-        print(f"\n4 producer processes on {server}: {appended} entries in {commits} commits, "
-              f"{conflicts} CAS conflicts retried")
+        print(
+            f"\n4 producer processes on {server}: {appended} entries in {commits} commits, "
+            f"{conflicts} CAS conflicts retried"
+        )
     assert appended == len(batches) == len(names) * n // 5  # one entry per awaited call
     assert commits < appended  # fan-in: a commit carries several writers' entries
 

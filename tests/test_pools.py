@@ -38,7 +38,10 @@ def test_consumer_and_worker_read_ahead_threads_do_not_grow_with_use() -> None:
     w = buf.worker("jobs", lease=timedelta(seconds=30))
     before = (_named("tb-readahead"), _named("tb-worker"), _named("tb-refill"))
     assert before == (  # the refill CAS runs on one thread of its own
-        there[0] + c.config.read_ahead, there[1] + w.config.read_ahead, there[2] + 1)
+        there[0] + c.config.read_ahead,
+        there[1] + w.config.read_ahead,
+        there[2] + 1,
+    )
     b = c.next_batch()
     assert b is not None
     c.ack(b.sequence)

@@ -40,9 +40,9 @@ def test_I3_append_assigns_contiguous_sequences_on_every_backend(any_url) -> Non
 @pytest.mark.parametrize(
     ("error", "mode_first"),
     [
-        (OutcomeUnknownError, False),       # connection reset after the If-Match PUT landed
-        (PreconditionFailedError, False),   # obstore retried the landed If-Match PUT
-        (AlreadyExistsError, True),         # obstore retried the landed create of a new manifest
+        (OutcomeUnknownError, False),  # connection reset after the If-Match PUT landed
+        (PreconditionFailedError, False),  # obstore retried the landed If-Match PUT
+        (AlreadyExistsError, True),  # obstore retried the landed create of a new manifest
     ],
 )
 def test_I2_append_whose_outcome_is_unknown_leaves_exactly_one_entry(
@@ -177,5 +177,3 @@ def test_reads_a_plain_rfc_v1_manifest_and_upgrades_it(tmp_path) -> None:  # typ
     buf.queue.append([_e("n")], "p", 1)
     snap = buf.snapshot()
     assert snap.footer.version == 2 and [e.sequence for e in snap.entries()] == [5, 6, 7]
-
-

@@ -47,8 +47,9 @@ def _race(url: str, n: int, m: int) -> None:
             for i in range(n):
                 with cond:  # keep the reader within `window` of the tail (retention keeps 120)
                     assert cond.wait_for(lambda i=i: i - state["read"] < window, timeout=30)
-                writer_q.append([NewEntry(f"data/{i}.batch", (MetadataItem(0, i, b""),), 10)],
-                                "w", i + 1)
+                writer_q.append(
+                    [NewEntry(f"data/{i}.batch", (MetadataItem(0, i, b""),), 10)], "w", i + 1
+                )
                 with cond:
                     state["appended"] = i + 1
                     cond.notify_all()
@@ -73,8 +74,9 @@ def _race(url: str, n: int, m: int) -> None:
             state["read"] = reader.next_sequence
             cond.notify_all()
             if not got:
-                cond.wait_for(lambda: state["appended"] > reader.next_sequence or bool(errors),
-                              timeout=30)
+                cond.wait_for(
+                    lambda: state["appended"] > reader.next_sequence or bool(errors), timeout=30
+                )
     t.join()
     assert not errors, errors
     assert seen == list(range(n))

@@ -92,8 +92,9 @@ def test_a_writer_config_seeds_only_a_root_without_policy_and_never_overrides() 
     seeder = ManifestQueue(store, sleep=lambda s: None, tree_config=keep)
     _fill(seeder, 4)  # its first write stores its policy
     assert seeder.read().retention == RetentionPolicy(None, 10_000)
-    other = ManifestQueue(store, sleep=lambda s: None,
-                          tree_config=tieredbuf.TreeConfig(m=2, retention_max_bytes=0))
+    other = ManifestQueue(
+        store, sleep=lambda s: None, tree_config=tieredbuf.TreeConfig(m=2, retention_max_bytes=0)
+    )
     e = other.initialize("c")
     other.dequeue(3, e)
     snap = other.read()
@@ -115,11 +116,15 @@ def test_I7_retention_section_bytes_are_exact_and_checked() -> None:
     assert fm.open_manifest(raw).retention == p
     sec = fm._SECTION.pack(fm.TAG_RETENTION, len(body)) + body
     assert sec in raw
-    for bad in (bytes([4]) + bytes(16), bytes([1]) + bytes(8) + bytes([1]) + bytes(7),
-                body[:-1], body + b"\0"):
+    for bad in (
+        bytes([4]) + bytes(16),
+        bytes([1]) + bytes(8) + bytes([1]) + bytes(7),
+        body[:-1],
+        body + b"\0",
+    ):
         blob = fm._SECTION.pack(fm.TAG_RETENTION, len(bad)) + bad
         mutated = raw.replace(sec, blob)
         n = len(blob).to_bytes(4, "little")
-        mutated = mutated[: -30] + n + mutated[-26:]  # fix sections_len
+        mutated = mutated[:-30] + n + mutated[-26:]  # fix sections_len
         with pytest.raises(CorruptError):
             fm.open_manifest(mutated, obj="m")

@@ -45,8 +45,12 @@ SECRET_KEY = "scanSecretKey/0123456789abcdefGHIJKLmnop"
 SESSION_TOKEN = "scanSessionToken-IQoJb3JpZ2luX2VjEFgaCXVzLWVhc3QtMSJHMEUCIQD"
 BEARER = "scanBearerToken-5e6f7a8b9c0d1e2f3a4b"
 SECRETS = (ACCESS_KEY, SECRET_KEY, SESSION_TOKEN, BEARER)
-CRED_ENV = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_SESSION_TOKEN": SESSION_TOKEN, "AWS_REGION": "us-east-1"}
+CRED_ENV = {
+    "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+    "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+    "AWS_SESSION_TOKEN": SESSION_TOKEN,
+    "AWS_REGION": "us-east-1",
+}
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):
@@ -99,8 +103,9 @@ class Emitted:
         self.texts: list[tuple[str, str]] = []
 
     def add(self, where: str, text: str | bytes) -> None:
-        self.texts.append((where, text.decode("utf-8", "replace")
-                           if isinstance(text, bytes) else text))
+        self.texts.append(
+            (where, text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+        )
 
     def exception(self, where: str, e: BaseException) -> None:
         self.add(f"{where}: str", str(e))
@@ -113,13 +118,18 @@ class Emitted:
                 assert s not in text, f"a secret ({fingerprint(s)}) leaked in {where}"
 
 
-def _cli(em: Emitted, *args: str, env: dict[str, str], ok: bool | None = True,
-         stdin: str | None = None) -> int:
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith("AWS_") and k != TOKENS_ENV}
-    p = subprocess.run([sys.executable, "-m", "tieredbuf.cli", *args], capture_output=True,
-                       text=True, timeout=180, input=stdin,
-                       env={**base, "TIEREDBUF_LOG_LEVEL": "DEBUG", **env})
+def _cli(
+    em: Emitted, *args: str, env: dict[str, str], ok: bool | None = True, stdin: str | None = None
+) -> int:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != TOKENS_ENV}
+    p = subprocess.run(
+        [sys.executable, "-m", "tieredbuf.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        input=stdin,
+        env={**base, "TIEREDBUF_LOG_LEVEL": "DEBUG", **env},
+    )
     em.add(f"tieredbuf {args[0]} stdout", p.stdout)
     em.add(f"tieredbuf {args[0]} stderr", p.stderr)
     if ok is not None:
@@ -129,14 +139,15 @@ def _cli(em: Emitted, *args: str, env: dict[str, str], ok: bool | None = True,
 
 def _serve(em: Emitted, tmp: Path, url: str, *args: str, env: dict[str, str]) -> Server:
     tmp.mkdir(parents=True, exist_ok=True)
-    srv = start_server(url, tmp, *args, env={"TIEREDBUF_LOG_LEVEL": "DEBUG", **env},
-                       token=BEARER)
+    srv = start_server(url, tmp, *args, env={"TIEREDBUF_LOG_LEVEL": "DEBUG", **env}, token=BEARER)
     return srv
 
 
 @pytest.mark.slow
 def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
-    tmp_path: Path, echo_endpoint: str, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    echo_endpoint: str,
+    caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     em = Emitted()
@@ -154,23 +165,41 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
         _cli(em, "inspect", url, "--json", *s3, env=CRED_ENV)
         _cli(em, "consume", url, "--no-ack", *s3, env=CRED_ENV)
         _cli(em, "gc", url, "--json", "--grace", "1ms", *s3, env=CRED_ENV)
-        for cmd in (["inspect", url, "--json"], ["inspect", url], ["gc", url, "--json"],
-                    ["produce", url], ["consume", url]):
+        for cmd in (
+            ["inspect", url, "--json"],
+            ["inspect", url],
+            ["gc", url, "--json"],
+            ["produce", url],
+            ["consume", url],
+        ):
             assert _cli(em, *cmd, *echo, env=CRED_ENV, ok=False, stdin="x\n") == 3, cmd
 
         # 2. the service: a token file, credentials in the environment, DEBUG logs
         tokens = tmp_path / "tokens"
         tokens.write_text(BEARER + "\n")
         tokens.chmod(0o600)
-        srv = _serve(em, tmp_path / "svc", url, "--token-file", str(tokens),
-                     "--max-open-duration", "50ms", *s3, env=CRED_ENV)
+        srv = _serve(
+            em,
+            tmp_path / "svc",
+            url,
+            "--token-file",
+            str(tokens),
+            "--max-open-duration",
+            "50ms",
+            *s3,
+            env=CRED_ENV,
+        )
         body = ndjson([{"i": 1}])
         answers = [
-            srv.request("POST", "/v1/produce?durability=remote", body,
-                        {"Content-Type": NDJSON}),
+            srv.request("POST", "/v1/produce?durability=remote", body, {"Content-Type": NDJSON}),
             srv.request("POST", "/v1/produce", body, {"Content-Type": NDJSON}, auth=False),
-            srv.request("POST", "/v1/produce", body, {"Content-Type": NDJSON,
-                        "Authorization": f"Bearer {BEARER[:-1]}x"}, auth=False),
+            srv.request(
+                "POST",
+                "/v1/produce",
+                body,
+                {"Content-Type": NDJSON, "Authorization": f"Bearer {BEARER[:-1]}x"},
+                auth=False,
+            ),
             srv.request("POST", "/v1/produce", b"{oops\n", {"Content-Type": NDJSON}),
             srv.request("GET", "/metrics"),
             srv.request("GET", "/healthz"),
@@ -180,11 +209,26 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
         em.add("serve log (moto)", srv.logs())
 
         # a service whose store refuses every signature: exports fail, requests fail
-        bad = _serve(em, tmp_path / "svc-bad", f"s3://{bucket}/bad", "--token-file",
-                     str(tokens), "--max-open-duration", "50ms", "--remote-timeout", "2s",
-                     "--drain-timeout", "1s", "--shutdown-timeout", "1s", *echo, env=CRED_ENV)
-        answers += [bad.request("POST", "/v1/produce?durability=remote", body,
-                                {"Content-Type": NDJSON})]
+        bad = _serve(
+            em,
+            tmp_path / "svc-bad",
+            f"s3://{bucket}/bad",
+            "--token-file",
+            str(tokens),
+            "--max-open-duration",
+            "50ms",
+            "--remote-timeout",
+            "2s",
+            "--drain-timeout",
+            "1s",
+            "--shutdown-timeout",
+            "1s",
+            *echo,
+            env=CRED_ENV,
+        )
+        answers += [
+            bad.request("POST", "/v1/produce?durability=remote", body, {"Content-Type": NDJSON})
+        ]
         assert answers[-1].status in (500, 503, 504)
         answers += [bad.request("GET", "/healthz"), bad.request("GET", "/metrics")]
         bad.terminate()
@@ -196,8 +240,13 @@ def test_no_secret_in_any_output_of_the_cli_the_service_or_the_api(
 
         # 3. the Python API with the credentials as keyword options
         caplog.set_level("DEBUG")
-        opts = {"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY,
-                "session_token": SESSION_TOKEN, "region": "us-east-1", "allow_http": True}
+        opts = {
+            "access_key_id": ACCESS_KEY,
+            "secret_access_key": SECRET_KEY,
+            "session_token": SESSION_TOKEN,
+            "region": "us-east-1",
+            "allow_http": True,
+        }
         good = tieredbuf.open(url, endpoint=moto.endpoint, **opts)
         em.add("api inspect", repr(good.snapshot()))
         good.close()

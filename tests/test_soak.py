@@ -49,7 +49,11 @@ def test_I8_thirty_second_soak_shows_no_growth_after_warm_up() -> None:
     assert rc == 0, out
     assert not result["failed"]
     assert {m: g["grew"] for m, g in result["growth"].items()} == {
-        "threads": False, "open_fds": False, "rss_bytes": False, "stage_disk_bytes": False}
+        "threads": False,
+        "open_fds": False,
+        "rss_bytes": False,
+        "stage_disk_bytes": False,
+    }
     c = result["counters"]
     assert c["produced"] > 0 and c["consumed"] > 0 and c["read_entries"] > 0
     assert c["gc_passes"] >= 3
@@ -58,8 +62,10 @@ def test_I8_thirty_second_soak_shows_no_growth_after_warm_up() -> None:
 @pytest.mark.slow
 def test_I8_the_soak_rule_catches_a_leak() -> None:
     """The broken twin: a subscriber leaks a file descriptor four times a second."""
-    rc, result, out = _soak(["--duration", "20", "--warmup", "5", "--json", "soak-leak"],
-                            script=LEAKY.format(repo=str(REPO)))
+    rc, result, out = _soak(
+        ["--duration", "20", "--warmup", "5", "--json", "soak-leak"],
+        script=LEAKY.format(repo=str(REPO)),
+    )
     assert rc == 1, out
     assert result["growth"]["open_fds"]["grew"], result["growth"]
     assert any("open_fds grew" in f for f in result["failed"])

@@ -125,9 +125,13 @@ def _upload_and_commit(buf: tieredbuf.Buffer, pid: str, seg: Any, pseq: int) -> 
     """What an exporter does before it releases a segment: upload it and commit it."""
     pend = Pending(seg.path.read_bytes(), ".batch", seg.items, pseq)
     Publisher(buf.store, pid, retry=tieredbuf.RetryConfig()).upload(pend)
-    commit(buf.queue, [CommitPending(pid, (Announced(pseq, pend.location, pend.size,
-                                                        pend.metadata),))],
-           holder="h-test", lease_ms=0, interval_ms=0)
+    commit(
+        buf.queue,
+        [CommitPending(pid, (Announced(pseq, pend.location, pend.size, pend.metadata),))],
+        holder="h-test",
+        lease_ms=0,
+        interval_ms=0,
+    )
     return pend
 
 
@@ -166,8 +170,9 @@ def test_a_handle_waited_for_local_only_registers_nothing_until_asked_for_more(
     got = late.wait(Durability.LOCAL, timeout=10)
     assert got.durability == Durability.REMOTE and got.location is not None
     p.close()
-    assert [r for b in _drain_consumer(buf) for r in b.entries] == \
-        [b"r%d" % i for i in range(20)] + [b"late"]
+    assert [r for b in _drain_consumer(buf) for r in b.entries] == [
+        b"r%d" % i for i in range(20)
+    ] + [b"late"]
 
 
 def test_a_local_wait_times_out_with_the_level_it_waited_for(tmp_path: Path) -> None:

@@ -210,7 +210,8 @@ def test_I9_retention_wins_over_a_stalled_subscriber_who_is_told() -> None:
 @pytest.mark.parametrize("read_ahead", [0, 4])
 @pytest.mark.slow
 def test_I9_a_skipping_subscriber_whose_read_window_was_unlinked_and_reaped_moves_on(
-        read_ahead: int) -> None:
+    read_ahead: int,
+) -> None:
     """Review finding: a named subscriber held a window of entries; retention unlinked them
     and GC deleted their objects (legal past the grace period).  Every next_batch raised
     DataLossError blaming a grace-period violation, and on_lost="skip" never skipped.  The
@@ -278,8 +279,7 @@ def test_a_default_only_buffer_keeps_its_bytes_and_an_older_root_reads_as_defaul
     c.flush()
     view = fm.open_manifest(buf.store.get(keys.MANIFEST_KEY).data)
     assert view.subscribers is None  # the registry is the implied one: not written
-    assert buf.snapshot().registry == {"default": freg.Registration("default", freg.ZERO_REG,
-                                                                    0, 3)}
+    assert buf.snapshot().registry == {"default": freg.Registration("default", freg.ZERO_REG, 0, 3)}
     e = buf.consumer("etl")
     e.initialize()
     view = fm.open_manifest(buf.store.get(keys.MANIFEST_KEY).data)
@@ -344,8 +344,7 @@ def test_I2_a_registration_and_an_epoch_bump_whose_responses_were_lost_land_once
     store = FaultInjectingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(store)
     fill(buf, 2)
-    store.arm("put", key=keys.MANIFEST_KEY, when="after", error=PreconditionFailedError,
-              times=1)
+    store.arm("put", key=keys.MANIFEST_KEY, when="after", error=PreconditionFailedError, times=1)
     c = buf.consumer("etl", check_every=1)
     c.initialize()
     assert len(_progress_keys(buf)) == 1 and set(buf.snapshot().registry) == {"etl"}

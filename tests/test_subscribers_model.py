@@ -146,15 +146,19 @@ class SubscriberMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fenced_instance_writes_nothing(self, data: st.DataObject) -> None:
         _name, old = data.draw(st.sampled_from(self.stale))
-        before = {m.key: self.buf.store.get(m.key).data
-                  for m in self.buf.store.list(keys.SUBSCRIBERS_PREFIX)}
+        before = {
+            m.key: self.buf.store.get(m.key).data
+            for m in self.buf.store.list(keys.SUBSCRIBERS_PREFIX)
+        }
         try:
             old.flush()
             raise AssertionError("I4: a fenced instance's flush must fail")
         except FencedError:  # SubscriberRemovedError is one too
             pass
-        after = {m.key: self.buf.store.get(m.key).data
-                 for m in self.buf.store.list(keys.SUBSCRIBERS_PREFIX)}
+        after = {
+            m.key: self.buf.store.get(m.key).data
+            for m in self.buf.store.list(keys.SUBSCRIBERS_PREFIX)
+        }
         assert after == before
 
     # --- the shared subscriber -------------------------------------------------------
@@ -165,8 +169,13 @@ class SubscriberMachine(RuleBasedStateMachine):
                 # refill_ahead=False: the model knows of a lease when claim() returns it;
                 # a refill ahead leases in the background, on a thread (the tests of
                 # refilling ahead: tests/test_workers.py)
-                w = self.buf.worker("w", claim_batch=1, max_claim_batch=1, refill_ahead=False,
-                                   lease=timedelta(milliseconds=LEASE_MS))
+                w = self.buf.worker(
+                    "w",
+                    claim_batch=1,
+                    max_claim_batch=1,
+                    refill_ahead=False,
+                    lease=timedelta(milliseconds=LEASE_MS),
+                )
                 w.subscription.clock_ms = self.clock
                 w.initialize()
                 self.workers.append(w)
@@ -197,8 +206,11 @@ class SubscriberMachine(RuleBasedStateMachine):
         assert b.entries == [b"r%d" % s]
         self.holder[s] = (i, w._held[s].expires_ms)
 
-    @rule(i=st.integers(0, WORKERS - 1), how=st.sampled_from(["ack", "defer", "reject"]),
-          data=st.data())
+    @rule(
+        i=st.integers(0, WORKERS - 1),
+        how=st.sampled_from(["ack", "defer", "reject"]),
+        data=st.data(),
+    )
     def resolve(self, i: int, how: str, data: st.DataObject) -> None:
         if not self.workers or not self.workers[i].held:
             return
@@ -308,8 +320,9 @@ class SubscriberMachine(RuleBasedStateMachine):
                     c.close()
 
 
-SubscriberMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
-                                               deadline=None)
+SubscriberMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)
 test_I3_I4_I5_I9_subscribers_and_workers_match_the_model = SubscriberMachine.TestCase
 
 
@@ -317,7 +330,9 @@ class LongSubscriberMachine(SubscriberMachine):
     pass
 
 
-LongSubscriberMachine.TestCase.settings = settings(max_examples=600, stateful_step_count=60,
-                                                   deadline=None)
+LongSubscriberMachine.TestCase.settings = settings(
+    max_examples=600, stateful_step_count=60, deadline=None
+)
 test_I3_I4_I5_I9_subscribers_and_workers_match_the_model_long = pytest.mark.slow(
-    LongSubscriberMachine.TestCase)
+    LongSubscriberMachine.TestCase
+)

@@ -37,8 +37,13 @@ class Proc:
     """A child process whose stdout lines are collected by a thread."""
 
     def __init__(self, *args: str) -> None:
-        self.p = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
+        self.p = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=HERE.parent,
+        )
         self.lines: list[str] = []
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
@@ -84,7 +89,8 @@ def _far() -> int:
 @pytest.mark.s3
 @pytest.mark.slow
 def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
-    s3_endpoint, tmp_path: Path  # type: ignore[no-untyped-def]
+    s3_endpoint,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     url = f"s3://{s3_endpoint.new_bucket()}/buf"
     opts = s3_endpoint.options()
@@ -94,8 +100,10 @@ def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
     stop = tmp_path / "stop"
     outs = {n: tmp_path / f"{n}.out" for n in ("a", "b", "b2", "c")}
     speeds = {"a": 0, "b": 4, "c": 10}
-    subs = {n: Proc(str(PROC), "consume", url, o, n, str(outs[n]), str(speeds[n]), str(stop))
-            for n in ("a", "b", "c")}
+    subs = {
+        n: Proc(str(PROC), "consume", url, o, n, str(outs[n]), str(speeds[n]), str(stop))
+        for n in ("a", "b", "c")
+    }
     for s in subs.values():
         s.wait_for(lambda s=s: any(x.startswith("READY") for x in s.lines), "READY")
     deleted: set[str] = set()
@@ -142,10 +150,12 @@ def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
     os.kill(subs["c"].p.pid, signal.SIGCONT)
     subs["b"].wait_for(lambda: len(_lines(outs["b"])) >= 10, "b to commit some entries")
     os.kill(subs["b"].p.pid, signal.SIGSTOP)  # "b" hangs mid-way ...
-    subs["b2"] = Proc(str(PROC), "consume", url, o, "b", str(outs["b2"]), str(speeds["b"]),
-                      str(stop))  # ... and is restarted: the new instance fences it
-    subs["b2"].wait_for(lambda: any(x.startswith("READY") for x in subs["b2"].lines),
-                        "READY of the new instance")
+    subs["b2"] = Proc(
+        str(PROC), "consume", url, o, "b", str(outs["b2"]), str(speeds["b"]), str(stop)
+    )  # ... and is restarted: the new instance fences it
+    subs["b2"].wait_for(
+        lambda: any(x.startswith("READY") for x in subs["b2"].lines), "READY of the new instance"
+    )
     os.kill(subs["b"].p.pid, signal.SIGCONT)  # the old instance wakes up, fenced
     catch_up(("a", "b", "c"), wave1)
     assert deleted  # zero grace did delete: what all three were past, and nothing else
@@ -180,7 +190,8 @@ def test_I4_I9_three_subscribers_two_producers_one_replaced_gc_throughout(
 @pytest.mark.s3
 @pytest.mark.slow
 def test_I9_four_workers_one_killed_while_holding_leases_every_entry_acked_once(
-    s3_endpoint, tmp_path: Path  # type: ignore[no-untyped-def]
+    s3_endpoint,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     url = f"s3://{s3_endpoint.new_bucket()}/buf"
     opts = s3_endpoint.options()
@@ -193,8 +204,10 @@ def test_I9_four_workers_one_killed_while_holding_leases_every_entry_acked_once(
     stop = tmp_path / "stop"
     workers = [Proc(str(PROC), "work", url, o, "jobs", "20", str(stop)) for _ in range(4)]
     victim = workers[0]
-    victim.wait_for(lambda: sum(x.startswith("PROCESSING") for x in victim.lines) >= 2,
-                    "the victim to hold leases")
+    victim.wait_for(
+        lambda: sum(x.startswith("PROCESSING") for x in victim.lines) >= 2,
+        "the victim to hold leases",
+    )
     os.kill(victim.p.pid, signal.SIGKILL)  # mid-processing: leases held, acks buffered
     stop.write_text(str(total))
     assert victim.finish() == -signal.SIGKILL

@@ -143,8 +143,12 @@ def test_lookup_before_the_first_retained_sequence_raises_or_clamps() -> None:
 def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     now = [10_000]
     store = open_store("memory://")
-    q = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
-                      tree_config=TreeConfig(m=2, retention_max_bytes=120))
+    q = ManifestQueue(
+        store,
+        sleep=lambda s: None,
+        clock_ms=lambda: now[0],
+        tree_config=TreeConfig(m=2, retention_max_bytes=120),
+    )
     _fill(q, 10)
     e = q.initialize("c")
     q.dequeue(4, e)
@@ -159,8 +163,9 @@ def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     low = snap.low
     q.apply_retention()  # idempotent
     assert q.read().low == low
-    q2 = ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: now[0],
-                       tree_config=TreeConfig(m=2))
+    q2 = ManifestQueue(
+        store, sleep=lambda s: None, clock_ms=lambda: now[0], tree_config=TreeConfig(m=2)
+    )
     now[0] = 1000 + 19 + 1000  # age limit 1019: entry 18 (time 1018) goes, 19 stays
     q2.set_retention(max_age=timedelta(seconds=1))  # replaces the byte rule, applies at once
     assert q2.read().low == 19  # entries with time < 1019 are past the age
@@ -181,20 +186,39 @@ def _nodes(draw: st.DrawFn) -> _Node:
     if level == 0:
         n = draw(st.integers(0, 4))
         entries = tuple(
-            ManifestEntry(first + i, draw(st.text(max_size=8)), tuple(draw(st.lists(
-                st.builds(MetadataItem, st.integers(0, 99), i64, st.binary(max_size=4)),
-                max_size=2))))
+            ManifestEntry(
+                first + i,
+                draw(st.text(max_size=8)),
+                tuple(
+                    draw(
+                        st.lists(
+                            st.builds(MetadataItem, st.integers(0, 99), i64, st.binary(max_size=4)),
+                            max_size=2,
+                        )
+                    )
+                ),
+            )
             for i in range(n)
         )
-        stats = tuple(draw(st.lists(st.builds(ft.Stat, st.integers(0, 1 << 40), i64),
-                                    min_size=n, max_size=n)))
+        stats = tuple(
+            draw(st.lists(st.builds(ft.Stat, st.integers(0, 1 << 40), i64), min_size=n, max_size=n))
+        )
         return (0, first, entries, stats, ())
     refs, at = [], first
     for _ in range(draw(st.integers(0, 3))):
         k = draw(st.integers(1, 50))
-        refs.append(ft.Ref(level - 1, at, at + k - 1, k, draw(i64), draw(i64),
-                           draw(st.integers(0, 1 << 40)), draw(st.binary(min_size=16,
-                                                                         max_size=16))))
+        refs.append(
+            ft.Ref(
+                level - 1,
+                at,
+                at + k - 1,
+                k,
+                draw(i64),
+                draw(i64),
+                draw(st.integers(0, 1 << 40)),
+                draw(st.binary(min_size=16, max_size=16)),
+            )
+        )
         at += k
     return (level, first, (), (), tuple(refs))
 
@@ -259,8 +283,9 @@ def test_I7_corrupt_refs_in_a_root_are_named_when_decoded() -> None:
     assert view.tree is not None
     body = bytearray(view.tree)
     body[20 + ft.REF_SIZE] = 2  # the second ref claims a higher level than the first
-    raw = fm.encode_manifest(view.entries_bytes, view.footer, view.watermarks, view.owner,
-                             bytes(body), view.stats)
+    raw = fm.encode_manifest(
+        view.entries_bytes, view.footer, view.watermarks, view.owner, bytes(body), view.stats
+    )
     store.put(keys.MANIFEST_KEY, raw)
     with pytest.raises(CorruptError) as e:
         q.read().entries()

@@ -73,21 +73,25 @@ class TreeMachine(RuleBasedStateMachine):
         self.epoch = self.q.initialize("c")
 
     def _queue(self, store: Any) -> ManifestQueue:
-        return ManifestQueue(store, sleep=lambda s: None, clock_ms=lambda: self.now,
-                             tree_config=self.cfg)
+        return ManifestQueue(
+            store, sleep=lambda s: None, clock_ms=lambda: self.now, tree_config=self.cfg
+        )
 
     def _new(self, sizes: list[int]) -> list[NewEntry]:
         n = len(self.model)
-        return [NewEntry(f"data/{n + i}.batch", (MetadataItem(0, self.now, b""),), s)
-                for i, s in enumerate(sizes)]
+        return [
+            NewEntry(f"data/{n + i}.batch", (MetadataItem(0, self.now, b""),), s)
+            for i, s in enumerate(sizes)
+        ]
 
     @rule(sizes=st.lists(st.integers(0, 30), min_size=1, max_size=3))
     def append(self, sizes: list[int]) -> None:
         self.pseq += len(sizes)
         seqs = self.q.append(self._new(sizes), "p", self.pseq)
         assert seqs == list(range(len(self.model), len(self.model) + len(sizes)))
-        self.model += [(f"data/{len(self.model) + i}.batch", s, self.now)
-                       for i, s in enumerate(sizes)]
+        self.model += [
+            (f"data/{len(self.model) + i}.batch", s, self.now) for i, s in enumerate(sizes)
+        ]
 
     @rule(k=st.integers(1, 6))
     def dequeue(self, k: int) -> None:
@@ -140,8 +144,8 @@ class TreeMachine(RuleBasedStateMachine):
             assert snap.low == snap.head
         got = list(tree.iter_from(root, root.linked_first, load))
         assert [e.sequence for e in got] == list(range(root.linked_first, n))  # I3
-        assert [e.location for e in got] == [x[0] for x in self.model[root.linked_first:]]
-        assert root.total_bytes == sum(x[1] for x in self.model[root.linked_first:])
+        assert [e.location for e in got] == [x[0] for x in self.model[root.linked_first :]]
+        assert root.total_bytes == sum(x[1] for x in self.model[root.linked_first :])
         assert [e.sequence for e in snap.entries()] == list(range(snap.head, n))
         # I6: at most M root entries and M refs of each level below the top one
         m = self.cfg.m

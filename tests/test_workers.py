@@ -34,8 +34,9 @@ class Clock:
         return self.t
 
 
-def _worker(buf: tieredbuf.Buffer, clock: Clock | None = None, name: str = "jobs",
-            **kw: Any) -> tieredbuf.consume.worker.Worker:  # type: ignore[name-defined]
+def _worker(
+    buf: tieredbuf.Buffer, clock: Clock | None = None, name: str = "jobs", **kw: Any
+) -> tieredbuf.consume.worker.Worker:  # type: ignore[name-defined]
     w = buf.worker(name, **kw)
     if clock is not None:
         w.subscription.clock_ms = clock
@@ -153,7 +154,8 @@ def test_max_deliveries_rejects_a_poison_entry_instead_of_redelivering_it() -> N
     info = _progress(buf)
     assert info.next_sequence == 1
     assert [(r.seq, r.deliveries, r.reason) for r in info.rejected] == [
-        (0, 2, b"max_deliveries reached")]
+        (0, 2, b"max_deliveries reached")
+    ]
 
 
 @pytest.mark.slow
@@ -176,8 +178,14 @@ def test_claims_are_batched_one_progress_cas_per_claim_batch() -> None:
     counting = CountingStore(open_store("memory://"))
     buf = tieredbuf.Buffer(counting)
     fill(buf, 16)
-    w = _worker(buf, Clock(), claim_batch=8, max_claim_batch=8, read_ahead=0,
-                publish_interval=timedelta(hours=1))
+    w = _worker(
+        buf,
+        Clock(),
+        claim_batch=8,
+        max_claim_batch=8,
+        read_ahead=0,
+        publish_interval=timedelta(hours=1),
+    )
     w.initialize()
     counting.reset()
     for _ in range(16):
@@ -306,7 +314,8 @@ def test_max_deliveries_charges_a_dead_worker_only_for_the_entry_claim_returned(
     b = _worker(buf, clock, max_deliveries=1, claim_batch=4)
     assert sorted(x.sequence for x in iter(b.claim, None)) == [1, 2, 3]
     assert [(r.seq, r.deliveries, r.reason) for r in _progress(buf).rejected] == [
-        (0, 1, b"max_deliveries reached")]
+        (0, 1, b"max_deliveries reached")
+    ]
 
 
 def test_a_deferred_entry_counts_as_delivered_once_per_claim() -> None:
@@ -393,7 +402,8 @@ def test_an_idle_claim_costs_a_footer_get_and_a_progress_get() -> None:
 @pytest.mark.parametrize("read_ahead", [0, 4])
 @pytest.mark.slow
 def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_moves_on(
-        read_ahead: int) -> None:
+    read_ahead: int,
+) -> None:
     """The worker twin of the subscriber finding: leased entries that retention unlinked
     and GC reaped are skipped and counted with on_lost="skip", never raised over and over."""
     from tieredbuf.format.batch import encode_batch
@@ -473,8 +483,9 @@ def test_an_entry_leased_ahead_is_never_handed_out_when_its_lease_is_about_to_la
     buf = tieredbuf.open("memory://")
     seed(buf, 16)
     clock = Clock()
-    w = _worker(buf, clock, claim_batch=4, max_claim_batch=4, lease=timedelta(seconds=10),
-                read_ahead=0)
+    w = _worker(
+        buf, clock, claim_batch=4, max_claim_batch=4, lease=timedelta(seconds=10), read_ahead=0
+    )
     w.claim()
     w._refill_s, w._item_s = 1.0, 0.1  # refill ahead at once
     b = w.claim()

@@ -1,12 +1,12 @@
 """tieredbuf: an object-store tiered buffer for Python.
 
-    buf = tieredbuf.open("file:///tmp/buf")          # or s3://bucket/prefix, memory://
-    producer = buf.producer()                        # stateless; staging_dir=... for the local tier
-    producer.produce([b"a", b"b"], metadata=b"m").wait(tieredbuf.Durability.REMOTE)
-    consumer = buf.consumer(); consumer.initialize()
-    batch = consumer.next_batch(); consumer.ack(batch.sequence); consumer.flush()
-    etl = buf.consumer(subscriber="etl")             # a named subscriber: own position and epoch
-    w = buf.worker("jobs"); b = w.claim(); w.ack(b.sequence)   # a shared work queue
+buf = tieredbuf.open("file:///tmp/buf")          # or s3://bucket/prefix, memory://
+producer = buf.producer()                        # stateless; staging_dir=... for the local tier
+producer.produce([b"a", b"b"], metadata=b"m").wait(tieredbuf.Durability.REMOTE)
+consumer = buf.consumer(); consumer.initialize()
+batch = consumer.next_batch(); consumer.ack(batch.sequence); consumer.flush()
+etl = buf.consumer(subscriber="etl")             # a named subscriber: own position and epoch
+w = buf.worker("jobs"); b = w.claim(); w.ack(b.sequence)   # a shared work queue
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def __getattr__(name: str) -> object:
 
         return metrics
     raise AttributeError(f"module 'tieredbuf' has no attribute {name!r}")
+
 
 __all__ = [
     "AckOrderError",

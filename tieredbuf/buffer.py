@@ -40,9 +40,7 @@ class Buffer:
 
     def __init__(self, store: Store, tree: TreeConfig | None = None) -> None:
         # every role of this buffer sends its requests through one meter (what S3 bills)
-        self.store: MeteredStore = (
-            store if isinstance(store, MeteredStore) else MeteredStore(store)
-        )
+        self.store: MeteredStore = store if isinstance(store, MeteredStore) else MeteredStore(store)
         self.tree_config = tree or TreeConfig()
         self.queue = ManifestQueue(self.store, tree_config=self.tree_config)
 
@@ -74,12 +72,24 @@ class Buffer:
             return Producer(self.store, self.queue, _build(ProducerConfig, "producer", config))
         return StagedProducer(self.store, self.queue, Path(staging_dir), **config)
 
-    def drain_stage(self, staging_dir: str | Path, producer_id: str, *,
-                    on_exported: Any = None, timeout: float | None = None) -> dict[str, Any]:
+    def drain_stage(
+        self,
+        staging_dir: str | Path,
+        producer_id: str,
+        *,
+        on_exported: Any = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
         """Take over a (dead) producer's stage into this buffer: recover its WAL, seal,
         export, release (``tieredbuf drain``; :func:`tieredbuf.produce.staged.drain`)."""
-        return drain(self.store, self.queue, Path(staging_dir), producer_id,
-                     on_exported=on_exported, timeout=timeout)
+        return drain(
+            self.store,
+            self.queue,
+            Path(staging_dir),
+            producer_id,
+            on_exported=on_exported,
+            timeout=timeout,
+        )
 
     def consumer(self, subscriber: str = "default", **config: Any) -> Consumer:
         """A consumer of ``subscriber`` ("default": RFC 0001's consumer); call
@@ -88,15 +98,15 @@ class Buffer:
         Keyword arguments are :class:`ConsumerConfig` fields (``dequeue_every``,
         ``read_ahead``, ``on_lost``, ...).
         """
-        return Consumer(self.store, self.queue, _build(ConsumerConfig, "consumer", config),
-                        subscriber)
+        return Consumer(
+            self.store, self.queue, _build(ConsumerConfig, "consumer", config), subscriber
+        )
 
     def worker(self, subscriber: str, **config: Any) -> Worker:
         """A worker of the shared work queue ``subscriber``: ``claim()`` leases entries,
         ``ack`` / ``defer`` / ``reject`` resolve them (any order).  Keyword arguments are
         :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...)."""
-        return Worker(self.store, self.queue, subscriber,
-                      _build(WorkerConfig, "worker", config))
+        return Worker(self.store, self.queue, subscriber, _build(WorkerConfig, "worker", config))
 
     def subscription(self, subscriber: str = "default", **options: Any) -> Subscription:
         """A subscriber's position without reading data (e.g. a Spark driver):
@@ -160,7 +170,9 @@ class Buffer:
         With neither start given it starts at the first retained sequence.
         """
         return ContinuousReader(
-            self.queue, start_sequence=start_sequence, start_time_ms=start_time_ms,
+            self.queue,
+            start_sequence=start_sequence,
+            start_time_ms=start_time_ms,
             on_lost=on_lost,
         )
 

@@ -110,7 +110,8 @@ class ProducerConfig:
         _non_negative_td("flush_interval", self.flush_interval)
         if self.manifest_writes_per_s is not None and self.manifest_writes_per_s < 0:
             raise ConfigError(
-                f"manifest_writes_per_s must be >= 0, got {self.manifest_writes_per_s!r}")
+                f"manifest_writes_per_s must be >= 0, got {self.manifest_writes_per_s!r}"
+            )
         _positive("flush_size_bytes", self.flush_size_bytes)
         _positive("max_buffered_inputs", self.max_buffered_inputs)
         _positive("max_buffered_bytes", self.max_buffered_bytes)
@@ -221,8 +222,9 @@ class WorkerConfig:
             raise ConfigError("lease must be > 0")
         _positive("claim_batch", self.claim_batch)
         if self.max_claim_batch is not None and self.max_claim_batch < self.claim_batch:
-            raise ConfigError(f"max_claim_batch {self.max_claim_batch} < claim_batch "
-                              f"{self.claim_batch}")
+            raise ConfigError(
+                f"max_claim_batch {self.max_claim_batch} < claim_batch {self.claim_batch}"
+            )
         if self.max_deliveries is not None and not 1 <= self.max_deliveries <= 0xFFFF:
             raise ConfigError(f"max_deliveries must be in 1..65535, got {self.max_deliveries}")
         if not self.claim_batch <= self.max_span <= 1 << 16:
@@ -266,9 +268,9 @@ S3_OPTION_ENV: dict[str, tuple[str, ...]] = {
 
 # Credential sources obstore finds by itself in the environment (besides static keys).
 S3_CREDENTIAL_ENV: tuple[str, ...] = (
-    "AWS_WEB_IDENTITY_TOKEN_FILE",          # EKS IRSA (with AWS_ROLE_ARN)
+    "AWS_WEB_IDENTITY_TOKEN_FILE",  # EKS IRSA (with AWS_ROLE_ARN)
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",  # ECS task role
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",   # EKS pod identity
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",  # EKS pod identity
 )
 
 
@@ -291,8 +293,13 @@ AZURE_OPTION_ENV: dict[str, tuple[str, ...]] = {
 
 
 SECRET_OPTIONS = (
-    "access_key_id", "secret_access_key", "session_token",
-    "account_key", "sas_token", "bearer_token", "client_secret",
+    "access_key_id",
+    "secret_access_key",
+    "session_token",
+    "account_key",
+    "sas_token",
+    "bearer_token",
+    "client_secret",
 )
 """Store options (and their ``AWS_*`` / ``AZURE_*`` variables) whose values never
 appear in any output (errors, logs, HTTP answers, inspect, metrics): see
@@ -300,7 +307,8 @@ appear in any output (errors, logs, HTTP answers, inspect, metrics): see
 
 
 def store_options_from_env(
-    options: dict[str, Any], table: dict[str, tuple[str, ...]] = S3_OPTION_ENV,
+    options: dict[str, Any],
+    table: dict[str, tuple[str, ...]] = S3_OPTION_ENV,
 ) -> dict[str, Any]:
     """Fill options missing from ``options`` from the environment variables ``table``
     names (the standard AWS ones by default); for S3, when that gives no credentials,
@@ -321,9 +329,10 @@ _TRUE = ("1", "true", "yes", "on")
 
 def _shared_files() -> list[str]:
     home = os.path.expanduser("~")
-    return [os.environ.get("AWS_SHARED_CREDENTIALS_FILE")
-            or os.path.join(home, ".aws", "credentials"),
-            os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config")]
+    return [
+        os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+        os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
+    ]
 
 
 def profile_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -338,8 +347,10 @@ def profile_options(options: dict[str, Any]) -> dict[str, Any]:
     out = dict(options)
     if out.get("access_key_id") is not None or out.get("secret_access_key") is not None:
         return out
-    if any(str(out.get(k, "")).strip().lower() in _TRUE or out.get(k) is True
-           for k in ("skip_signature", "instance_metadata")):
+    if any(
+        str(out.get(k, "")).strip().lower() in _TRUE or out.get(k) is True
+        for k in ("skip_signature", "instance_metadata")
+    ):
         return out
     if any(os.environ.get(name) for name in S3_CREDENTIAL_ENV):
         return out
@@ -358,8 +369,9 @@ def profile_options(options: dict[str, Any]) -> dict[str, Any]:
         creds = resolver.load_credentials()
         region = session.get_config_variable("region")
     except ProfileNotFound:
-        raise ConfigError(f"AWS_PROFILE names {where}, which is in neither "
-                          f"{' nor '.join(_shared_files())}") from None
+        raise ConfigError(
+            f"AWS_PROFILE names {where}, which is in neither {' nor '.join(_shared_files())}"
+        ) from None
     except BotoCoreError as e:
         raise ConfigError(f"cannot read S3 credentials of {where} in ~/.aws: {e}") from None
     if creds is None:
@@ -402,8 +414,9 @@ class WalConfig:
         if self.max_rotated_files < 1:
             raise ConfigError(f"max_rotated_files must be >= 1, got {self.max_rotated_files}")
         if self.corrupt_policy not in ("fail", "truncate"):
-            raise ConfigError(f"corrupt_policy must be 'fail' or 'truncate', got "
-                              f"{self.corrupt_policy!r}")
+            raise ConfigError(
+                f"corrupt_policy must be 'fail' or 'truncate', got {self.corrupt_policy!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,11 +469,14 @@ class StageConfig:
 
     def __post_init__(self) -> None:
         if self.durability not in ("wal", "segment_only"):
-            raise ConfigError(f"durability must be 'wal' or 'segment_only', got "
-                              f"{self.durability!r}")
+            raise ConfigError(
+                f"durability must be 'wal' or 'segment_only', got {self.durability!r}"
+            )
         if self.size_cap_policy not in ("backpressure", "drop_oldest"):
-            raise ConfigError(f"size_cap_policy must be 'backpressure' or 'drop_oldest', got "
-                              f"{self.size_cap_policy!r}")
+            raise ConfigError(
+                f"size_cap_policy must be 'backpressure' or 'drop_oldest', got "
+                f"{self.size_cap_policy!r}"
+            )
         _positive("size_cap", self.size_cap)
         _non_negative_td("backpressure_timeout", self.backpressure_timeout)
 

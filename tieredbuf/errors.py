@@ -153,8 +153,9 @@ class SubscriberRemovedError(FencedError):
 
     def __init__(self, subscriber: str, my_epoch: int = 0) -> None:
         TieredBufError.__init__(
-            self, f"subscriber {subscriber!r} was removed (remove_subscriber): this instance "
-            "must stop; initialize() again registers it afresh"
+            self,
+            f"subscriber {subscriber!r} was removed (remove_subscriber): this instance "
+            "must stop; initialize() again registers it afresh",
         )
         self.my_epoch = self.current_epoch = my_epoch
         self.subscriber = subscriber
@@ -232,12 +233,17 @@ class ProducerIdReusedError(TieredBufError):
     Raised only by appends that ask for it (``ManifestQueue.append(strict=True)``: the
     Spark sink); treating the numbers as already appended would silently drop the data."""
 
-    def __init__(self, producer_id: str, recorded: int, attempted: int,
-                 message: str | None = None) -> None:
-        super().__init__(message or (
-            f"producer id {producer_id!r} has already appended up to number {recorded}; "
-            f"this append ends at {attempted} and did not land before: another writer "
-            "uses the same producer id"))
+    def __init__(
+        self, producer_id: str, recorded: int, attempted: int, message: str | None = None
+    ) -> None:
+        super().__init__(
+            message
+            or (
+                f"producer id {producer_id!r} has already appended up to number {recorded}; "
+                f"this append ends at {attempted} and did not land before: another writer "
+                "uses the same producer id"
+            )
+        )
         self.producer_id = producer_id
         self.recorded = recorded
         self.attempted = attempted
@@ -305,8 +311,7 @@ class DiskError(StageError):
     disk, or a segment); nothing acknowledged earlier is affected.  The stage retries
     on its own: appends work again once the disk does (docs/failure-modes.md)."""
 
-    def __init__(self, message: str, errno: int | None = None, path: str | None = None
-                 ) -> None:
+    def __init__(self, message: str, errno: int | None = None, path: str | None = None) -> None:
         super().__init__(message)
         self.errno = errno
         self.path = path

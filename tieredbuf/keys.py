@@ -100,8 +100,11 @@ def pending_key(producer_id: str, first_producer_seq: int) -> str:
     ``[A-Za-z0-9_.:-]`` (at most 200 characters) is written as ``~`` and its UTF-8 in hex."""
     if not 0 < first_producer_seq < 10**20:
         raise ValueError(f"producer sequence {first_producer_seq} out of range")
-    name = producer_id if re.fullmatch(_SAFE_ID_RE, producer_id) else (
-        "~" + producer_id.encode("utf-8").hex())
+    name = (
+        producer_id
+        if re.fullmatch(_SAFE_ID_RE, producer_id)
+        else ("~" + producer_id.encode("utf-8").hex())
+    )
     if not producer_id or len(name) > 511:
         raise ValueError(f"producer id {producer_id!r} cannot name an announcement")
     return f"{PENDING_PREFIX}{name}.{first_producer_seq:020d}"
@@ -134,8 +137,7 @@ KIND_SUBSCRIBER = "subscriber"
 KIND_PENDING = "announcement"
 KIND_PROBE = "probe"
 KIND_OTHER = "other"
-KINDS = (KIND_DATA, KIND_ROOT, KIND_GROUP, KIND_SUBSCRIBER, KIND_PENDING, KIND_PROBE,
-         KIND_OTHER)
+KINDS = (KIND_DATA, KIND_ROOT, KIND_GROUP, KIND_SUBSCRIBER, KIND_PENDING, KIND_PROBE, KIND_OTHER)
 """Every value :func:`key_kind` returns."""
 
 

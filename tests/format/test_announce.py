@@ -13,17 +13,29 @@ from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format import announce as fa
 from tieredbuf.format.manifest import MetadataItem
 
-_items = st.lists(st.builds(MetadataItem, st.integers(0, 2**32 - 1),
-                            st.integers(-(2**63), 2**63 - 1), st.binary(max_size=20)),
-                  max_size=3)
+_items = st.lists(
+    st.builds(
+        MetadataItem,
+        st.integers(0, 2**32 - 1),
+        st.integers(-(2**63), 2**63 - 1),
+        st.binary(max_size=20),
+    ),
+    max_size=3,
+)
 
 
 @st.composite
 def announcements(draw):  # type: ignore[no-untyped-def]
     seqs = sorted(set(draw(st.lists(st.integers(1, 2**64 - 1), min_size=1, max_size=6))))
-    entries = [fa.Announced(s, draw(st.text(min_size=1, max_size=40)),
-                            draw(st.integers(0, 2**64 - 1)), tuple(draw(_items)))
-               for s in seqs]
+    entries = [
+        fa.Announced(
+            s,
+            draw(st.text(min_size=1, max_size=40)),
+            draw(st.integers(0, 2**64 - 1)),
+            tuple(draw(_items)),
+        )
+        for s in seqs
+    ]
     pid = draw(st.text(min_size=1, max_size=60).filter(lambda t: len(t.encode()) <= 255))
     return fa.make(pid, draw(st.integers(-(2**63), 2**63 - 1)), entries)
 
@@ -34,13 +46,15 @@ def test_announcements_round_trip(a: fa.Announcement) -> None:
 
 
 def _one() -> bytes:
-    return fa.encode(fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7,
-                                                     (MetadataItem(0, 9, b"m"),))]))
+    return fa.encode(
+        fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7, (MetadataItem(0, 9, b"m"),))])
+    )
 
 
 @given(st.integers(0, 200), st.integers(1, 255))
 def test_I7_every_flipped_byte_or_cut_is_a_corrupt_error_naming_the_object(
-        at: int, flip: int) -> None:
+    at: int, flip: int
+) -> None:
     raw = bytearray(_one())
     bad = bytes(raw[: at % len(raw)])  # truncated
     with pytest.raises(CorruptError, match="queue/pending/k"):

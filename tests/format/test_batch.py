@@ -19,10 +19,14 @@ from tieredbuf.format.batch import decode_batch, encode_batch
 def test_golden_uncompressed_batch_matches_rfc_layout() -> None:
     # record 0: [len u32 LE][data]; record 1: ...; footer: type u8, count u32, version u16
     expected = (
-        b"\x03\x00\x00\x00" + b"abc"
+        b"\x03\x00\x00\x00"
+        + b"abc"
         + b"\x00\x00\x00\x00"  # an empty record
-        + b"\x02\x00\x00\x00" + b"xy"
-        + b"\x00" + b"\x03\x00\x00\x00" + b"\x01\x00"
+        + b"\x02\x00\x00\x00"
+        + b"xy"
+        + b"\x00"
+        + b"\x03\x00\x00\x00"
+        + b"\x01\x00"
     )
     assert encode_batch([b"abc", b"", b"xy"]) == expected
     assert decode_batch(expected) == [b"abc", b"", b"xy"]
@@ -135,8 +139,7 @@ def test_golden_rle_block_frame_is_accepted() -> None:
     # one record of 600 x "a": [len][RLE block of 600 bytes of 0x61]
     rle = struct.pack("<I", 1 | (1 << 1) | (600 << 3))[:3] + b"a"
     frames = (
-        _raw_frame(struct.pack("<I", 600), content_size=True)
-        + b"\x28\xb5\x2f\xfd\x00\x00" + rle
+        _raw_frame(struct.pack("<I", 600), content_size=True) + b"\x28\xb5\x2f\xfd\x00\x00" + rle
     )
     data = frames + b"\x01" + struct.pack("<I", 1) + b"\x01\x00"
     assert decode_batch(data) == [b"a" * 600]
@@ -147,21 +150,46 @@ def test_golden_rle_block_frame_is_accepted() -> None:
     [
         ("empty block", b"", 0, "no frame"),
         ("not zstd", b"garbage!", 0, "not a zstd frame"),
-        ("second frame not zstd", _raw_frame(_BLOCK) + b"garbage!", len(_raw_frame(_BLOCK)),
-         "not a zstd frame"),
-        ("trailing partial frame", _raw_frame(_BLOCK) + b"\x28\xb5", len(_raw_frame(_BLOCK)),
-         "trailing bytes"),
+        (
+            "second frame not zstd",
+            _raw_frame(_BLOCK) + b"garbage!",
+            len(_raw_frame(_BLOCK)),
+            "not a zstd frame",
+        ),
+        (
+            "trailing partial frame",
+            _raw_frame(_BLOCK) + b"\x28\xb5",
+            len(_raw_frame(_BLOCK)),
+            "trailing bytes",
+        ),
         ("frame cut short", _raw_frame(_BLOCK)[:-3], 0, "runs past the block"),
-        ("skippable frame cut short", struct.pack("<II", 0x184D2A50, 99) + b"abc", 0,
-         "runs past the block"),
-        ("reserved block type", b"\x28\xb5\x2f\xfd\x00\x00" + bytes([0x07, 0, 0]), 6,
-         "reserved type"),
-        ("dictionary frame", b"\x28\xb5\x2f\xfd\x01\x00\x07" + bytes([0x01, 0, 0]), 0,
-         "dictionary 7"),
+        (
+            "skippable frame cut short",
+            struct.pack("<II", 0x184D2A50, 99) + b"abc",
+            0,
+            "runs past the block",
+        ),
+        (
+            "reserved block type",
+            b"\x28\xb5\x2f\xfd\x00\x00" + bytes([0x07, 0, 0]),
+            6,
+            "reserved type",
+        ),
+        (
+            "dictionary frame",
+            b"\x28\xb5\x2f\xfd\x01\x00\x07" + bytes([0x01, 0, 0]),
+            0,
+            "dictionary 7",
+        ),
         ("bad checksum", _raw_frame(_BLOCK, checksum=True)[:-1] + b"\x00", 0, "zstd frame"),
-        ("declared size is a lie", _raw_frame(_BLOCK, content_size=True)[:6]
-         + struct.pack("<Q", len(_BLOCK) + 1) + _raw_frame(_BLOCK, content_size=True)[14:], 0,
-         "zstd frame"),
+        (
+            "declared size is a lie",
+            _raw_frame(_BLOCK, content_size=True)[:6]
+            + struct.pack("<Q", len(_BLOCK) + 1)
+            + _raw_frame(_BLOCK, content_size=True)[14:],
+            0,
+            "zstd frame",
+        ),
     ],
 )
 def test_I7_bad_zstd_blocks_are_named_at_the_frame(
@@ -236,8 +264,9 @@ def _zstd_shapes(draw: st.DrawFn) -> tuple[list[bytes], bytes]:
     frames = []
     for lo, hi in zip([0, *cuts_], [*cuts_, len(block)], strict=True):
         size, check = draw(st.booleans()), draw(st.booleans())
-        enc = zstandard.ZstdCompressor(level=draw(st.integers(1, 5)), write_checksum=check,
-                                       write_content_size=size)
+        enc = zstandard.ZstdCompressor(
+            level=draw(st.integers(1, 5)), write_checksum=check, write_content_size=size
+        )
         if draw(st.booleans()):
             frames.append(enc.compress(block[lo:hi]))
         else:
@@ -245,8 +274,9 @@ def _zstd_shapes(draw: st.DrawFn) -> tuple[list[bytes], bytes]:
             frames.append(obj.compress(block[lo:hi]) + obj.flush())
         if draw(st.booleans()):
             junk = draw(st.binary(max_size=8))
-            frames.append(struct.pack("<II", 0x184D2A50 | draw(st.integers(0, 15)), len(junk))
-                          + junk)
+            frames.append(
+                struct.pack("<II", 0x184D2A50 | draw(st.integers(0, 15)), len(junk)) + junk
+            )
     return records, b"".join(frames) + b"\x01" + struct.pack("<IH", len(records), 1)
 
 

@@ -18,12 +18,16 @@ def _rfc_v1_manifest() -> bytes:
     """Two entries and a footer, written field by field from the RFC text."""
     loc0 = b"data/01J5T4R3KXBMZ7QV9N2WG8YDHP.batch"
     e0_body = (
-        struct.pack("<Q", 5)                      # sequence
-        + struct.pack("<H", len(loc0)) + loc0     # location
-        + struct.pack("<I", 2)                    # metadata_count
-        + struct.pack("<I", 0) + struct.pack("<q", 1_700_000_000_000)
-        + struct.pack("<I", 2) + b"m0"
-        + struct.pack("<I", 3) + struct.pack("<q", 1_700_000_000_001)
+        struct.pack("<Q", 5)  # sequence
+        + struct.pack("<H", len(loc0))
+        + loc0  # location
+        + struct.pack("<I", 2)  # metadata_count
+        + struct.pack("<I", 0)
+        + struct.pack("<q", 1_700_000_000_000)
+        + struct.pack("<I", 2)
+        + b"m0"
+        + struct.pack("<I", 3)
+        + struct.pack("<q", 1_700_000_000_001)
         + struct.pack("<I", 0)
     )
     # entry_len = 8 + 2 + location_len + 4 + sum(4 + 8 + 4 + payload_len)
@@ -35,7 +39,10 @@ def _rfc_v1_manifest() -> bytes:
     footer += struct.pack("<H", 1)
     assert len(footer) == 22
     return (
-        struct.pack("<I", len(e0_body)) + e0_body + struct.pack("<I", len(e1_body)) + e1_body
+        struct.pack("<I", len(e0_body))
+        + e0_body
+        + struct.pack("<I", len(e1_body))
+        + e1_body
         + footer
     )
 
@@ -80,8 +87,7 @@ def test_golden_v2_extension_layout() -> None:
     wm_body = struct.pack("<I", 1) + b"\x02ab" + struct.pack("<QQq", 9, 0, -1)
     sections = struct.pack("<HI", 1, len(wm_body)) + wm_body + struct.pack("<HI", 2, 2) + b"c1"
     expected = (
-        sections + struct.pack("<I", len(sections)) + b"TBX2"
-        + struct.pack("<IQQH", 0, 0, 4, 2)
+        sections + struct.pack("<I", len(sections)) + b"TBX2" + struct.pack("<IQQH", 0, 0, 4, 2)
     )
     assert raw == expected
 
@@ -129,13 +135,15 @@ def test_golden_buffer_section_layout_and_checks() -> None:
     body = bid + struct.pack("<qQ", 1_800_000_000_000, 600_000)
     sections = struct.pack("<HI", 6, 32) + body
     assert raw == sections + struct.pack("<I", len(sections)) + b"TBX2" + struct.pack(
-        "<IQQH", 0, 0, 0, 2)
+        "<IQQH", 0, 0, 0, 2
+    )
     assert m.open_manifest(raw).buffer == info
     for bad in (body[:31], body + b"\x00"):  # short, or a trailing byte
         s = struct.pack("<HI", 6, len(bad)) + bad
         with pytest.raises(CorruptError):
-            m.open_manifest(s + struct.pack("<I", len(s)) + b"TBX2"
-                            + struct.pack("<IQQH", 0, 0, 0, 2))
+            m.open_manifest(
+                s + struct.pack("<I", len(s)) + b"TBX2" + struct.pack("<IQQH", 0, 0, 0, 2)
+            )
     huge = bid + struct.pack("<qQ", 0, 1 << 63)
     s = struct.pack("<HI", 6, 32) + huge
     with pytest.raises(CorruptError, match="gc_grace_ms"):
@@ -158,16 +166,31 @@ def _trees(draw: st.DrawFn) -> ft.TreeState:
     levels = sorted(draw(st.lists(st.integers(0, 2), max_size=4)), reverse=True)
     for level in levels:
         count = draw(st.integers(1, 1000))
-        refs.append(ft.Ref(level, first, first + count - 1, count, draw(i64), draw(i64),
-                           draw(u64), draw(st.binary(min_size=16, max_size=16))))
+        refs.append(
+            ft.Ref(
+                level,
+                first,
+                first + count - 1,
+                count,
+                draw(i64),
+                draw(i64),
+                draw(u64),
+                draw(st.binary(min_size=16, max_size=16)),
+            )
+        )
         first += count
     low = draw(st.integers(0, first))
     return ft.TreeState(low, draw(st.integers(low, first + 5)), tuple(refs))
 
 
 Decoded = tuple[
-    m.Footer, list[m.ManifestEntry], dict[str, m.Watermark], "str | None",
-    "ft.TreeState | None", "tuple[ft.Stat, ...] | None", "m.RetentionPolicy | None",
+    m.Footer,
+    list[m.ManifestEntry],
+    dict[str, m.Watermark],
+    "str | None",
+    "ft.TreeState | None",
+    "tuple[ft.Stat, ...] | None",
+    "m.RetentionPolicy | None",
     "m.BufferInfo | None",
 ]
 
@@ -179,19 +202,51 @@ def _manifests(draw: st.DrawFn) -> Decoded:
     first = nxt - len(entries)
     decoded = [m.ManifestEntry(first + i, loc, tuple(md)) for i, (loc, md) in enumerate(entries)]
     if draw(st.booleans()):  # RFC v1: entries and footer only
-        return (m.Footer(len(entries), nxt, draw(u64), m.V1), decoded, {}, None, None, None,
-                None, None)
-    pids = draw(st.lists(st.text(st.characters(codec="utf-8"), max_size=8).filter(
-        lambda t: len(t.encode()) <= 255), unique=True, max_size=4))
+        return (
+            m.Footer(len(entries), nxt, draw(u64), m.V1),
+            decoded,
+            {},
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+    pids = draw(
+        st.lists(
+            st.text(st.characters(codec="utf-8"), max_size=8).filter(
+                lambda t: len(t.encode()) <= 255
+            ),
+            unique=True,
+            max_size=4,
+        )
+    )
     wms = {p: m.Watermark(p, draw(u64), draw(u64), draw(i64)) for p in pids}
     stats = draw(st.none() | st.lists(st.builds(ft.Stat, u64, i64), max_size=4).map(tuple))
-    retention = draw(st.none() | st.builds(
-        m.RetentionPolicy, st.none() | st.integers(0, (1 << 63) - 1),
-        st.none() | st.integers(0, (1 << 63) - 1)))
-    buffer = draw(st.none() | st.builds(m.BufferInfo, st.binary(min_size=16, max_size=16), i64,
-                                        st.integers(0, (1 << 63) - 1)))
-    return (m.Footer(len(entries), nxt, draw(u64), m.V2), decoded, wms,
-            draw(st.none() | _text), draw(st.none() | _trees()), stats, retention, buffer)
+    retention = draw(
+        st.none()
+        | st.builds(
+            m.RetentionPolicy,
+            st.none() | st.integers(0, (1 << 63) - 1),
+            st.none() | st.integers(0, (1 << 63) - 1),
+        )
+    )
+    buffer = draw(
+        st.none()
+        | st.builds(
+            m.BufferInfo, st.binary(min_size=16, max_size=16), i64, st.integers(0, (1 << 63) - 1)
+        )
+    )
+    return (
+        m.Footer(len(entries), nxt, draw(u64), m.V2),
+        decoded,
+        wms,
+        draw(st.none() | _text),
+        draw(st.none() | _trees()),
+        stats,
+        retention,
+        buffer,
+    )
 
 
 def _encode(x: Decoded) -> bytes:
@@ -200,8 +255,14 @@ def _encode(x: Decoded) -> bytes:
     if footer.version == m.V1:
         return region + m.encode_footer(footer)
     return m.encode_manifest(
-        region, footer, wms, owner, None if tree is None else ft.encode_tree(tree),
-        None if stats is None else ft.encode_stats(stats), retention, buffer,
+        region,
+        footer,
+        wms,
+        owner,
+        None if tree is None else ft.encode_tree(tree),
+        None if stats is None else ft.encode_stats(stats),
+        retention,
+        buffer,
     )
 
 
@@ -209,9 +270,14 @@ def _decode(raw: bytes, obj: str = "q") -> Decoded:
     """Everything in a root: footer, entries and every extension section."""
     v = m.open_manifest(raw, obj=obj)
     return (
-        v.footer, list(m.iter_entries(v)), v.watermarks, v.owner,
+        v.footer,
+        list(m.iter_entries(v)),
+        v.watermarks,
+        v.owner,
         None if v.tree is None else ft.decode_tree(v.tree, obj),
-        None if v.stats is None else ft.decode_stats(v.stats, obj), v.retention, v.buffer,
+        None if v.stats is None else ft.decode_stats(v.stats, obj),
+        v.retention,
+        v.buffer,
     )
 
 
@@ -231,8 +297,9 @@ def test_I7_damaged_manifests_decode_to_what_a_writer_writes_or_name_the_offset(
 
 
 def test_I7_watermarks_out_of_order_or_repeated_are_refused() -> None:
-    good = m.encode_manifest(b"", m.Footer(0, 0, 0, m.V2),
-                             {p: m.Watermark(p, 1, 2, 3) for p in ("a", "b")}, None)
+    good = m.encode_manifest(
+        b"", m.Footer(0, 0, 0, m.V2), {p: m.Watermark(p, 1, 2, 3) for p in ("a", "b")}, None
+    )
     assert set(m.open_manifest(good).watermarks) == {"a", "b"}
     for pids in (b"ba", b"aa"):
         bad = bytearray(good)

@@ -28,8 +28,14 @@ def test_golden_section_7_layout() -> None:
     body = freg.encode(_regs())
     expected = (
         struct.pack("<I", 2)
-        + b"\x07default" + bytes(16) + b"\x00" + struct.pack("<Q", 3)   # sorted by name
-        + b"\x03etl" + REG + b"\x01" + struct.pack("<Q", 7)
+        + b"\x07default"
+        + bytes(16)
+        + b"\x00"
+        + struct.pack("<Q", 3)  # sorted by name
+        + b"\x03etl"
+        + REG
+        + b"\x01"
+        + struct.pack("<Q", 7)
     )
     assert body == expected
     raw = fm.encode_manifest(b"", fm.Footer(0, 9, 1, 2), {}, None, subscribers=_regs())
@@ -39,8 +45,9 @@ def test_golden_section_7_layout() -> None:
 
 def test_a_registry_equal_to_the_implied_one_is_not_written() -> None:
     """A buffer with only the default consumer keeps its exact pre-registry bytes."""
-    view = fm.open_manifest(fm.encode_manifest(b"", fm.Footer(0, 5, 2, 2), {}, "c",
-                                               tree=b"", stats=None))
+    view = fm.open_manifest(
+        fm.encode_manifest(b"", fm.Footer(0, 5, 2, 2), {}, "c", tree=b"", stats=None)
+    )
     root = tree.Root(b"", 0, 5, 2, {}, "c", 5, 5, b"", b"")
     assert root.registry == {"default": freg.Registration("default", freg.ZERO_REG, 0, 5)}
     assert fm.open_manifest(root.encode()).subscribers is None
@@ -56,7 +63,7 @@ def test_a_registry_equal_to_the_implied_one_is_not_written() -> None:
 def test_head_is_the_slowest_subscriber_clamped_into_low_and_next() -> None:
     r = _regs()
     assert freg.head_of(r, low=0, next_seq=9, head=0) == 3
-    assert freg.head_of(r, low=5, next_seq=9, head=5) == 5   # retention passed "default"
+    assert freg.head_of(r, low=5, next_seq=9, head=5) == 5  # retention passed "default"
     assert freg.head_of(r, low=0, next_seq=2, head=0) == 2
     assert freg.head_of({}, low=4, next_seq=9, head=6) == 6  # nobody acks: the head stays
 
@@ -75,16 +82,26 @@ def _decode(body: bytes) -> dict[str, freg.Registration]:
     return out
 
 
-@pytest.mark.parametrize("bad", [
-    struct.pack("<I", 5000),                                                 # over the cap
-    struct.pack("<I", 2) + b"\x03etl" + REG + b"\x00" + bytes(8),            # count cannot fit
-    struct.pack("<I", 1) + b"\x03e.l" + REG + b"\x00" + bytes(8),            # bad name
-    struct.pack("<I", 1) + b"\x03etl" + REG + b"\x02" + bytes(8),            # unknown flag
-    struct.pack("<I", 1) + b"\x03etl" + bytes(16) + b"\x00" + bytes(8),      # zero id, not default
-    struct.pack("<I", 1) + b"\x07default" + REG + b"\x00" + bytes(8),        # default with an id
-    struct.pack("<I", 2) + b"\x01b" + REG + b"\x00" + bytes(8) + b"\x01a" + REG + b"\x00"
-    + bytes(8),                                                              # out of order
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        struct.pack("<I", 5000),  # over the cap
+        struct.pack("<I", 2) + b"\x03etl" + REG + b"\x00" + bytes(8),  # count cannot fit
+        struct.pack("<I", 1) + b"\x03e.l" + REG + b"\x00" + bytes(8),  # bad name
+        struct.pack("<I", 1) + b"\x03etl" + REG + b"\x02" + bytes(8),  # unknown flag
+        struct.pack("<I", 1) + b"\x03etl" + bytes(16) + b"\x00" + bytes(8),  # zero id, not default
+        struct.pack("<I", 1) + b"\x07default" + REG + b"\x00" + bytes(8),  # default with an id
+        struct.pack("<I", 2)
+        + b"\x01b"
+        + REG
+        + b"\x00"
+        + bytes(8)
+        + b"\x01a"
+        + REG
+        + b"\x00"
+        + bytes(8),  # out of order
+    ],
+)
 def test_I7_bad_registry_bodies_are_named(bad: bytes) -> None:
     with pytest.raises(CorruptError) as e:
         _decode(bad)

@@ -32,15 +32,16 @@ def arrow_batches(draw: st.DrawFn) -> pa.RecordBatch:
         return pa.record_batch({"s": pa.array(strs, pa.string())})
     if kind in ("dict8", "dict16"):
         key = pa.int8() if kind == "dict8" else pa.uint16()
-        col = pa.array(strs, pa.string()).dictionary_encode().cast(
-            pa.dictionary(key, pa.string()))
+        col = pa.array(strs, pa.string()).dictionary_encode().cast(pa.dictionary(key, pa.string()))
         return pa.record_batch({"k": col})
     if kind == "struct":
-        col = pa.StructArray.from_arrays([pa.array(ints, pa.int32()), pa.array(strs)],
-                                         names=["a", "b"])
+        col = pa.StructArray.from_arrays(
+            [pa.array(ints, pa.int32()), pa.array(strs)], names=["a", "b"]
+        )
         return pa.record_batch({"st": col})
-    return pa.record_batch({"l": pa.array([None if v is None else [v, v] for v in ints],
-                                          pa.list_(pa.int64()))})
+    return pa.record_batch(
+        {"l": pa.array([None if v is None else [v, v] for v in ints], pa.list_(pa.int64()))}
+    )
 
 
 bundles_st = st.dictionaries(st.integers(0, wal.MAX_SLOTS - 1), arrow_batches(), max_size=3)
@@ -56,10 +57,14 @@ def _same_bundle(a: dict[int, pa.RecordBatch], b: dict[int, pa.RecordBatch]) -> 
 
 WalItem = tuple[int, int, "dict[int, pa.RecordBatch] | tuple[list[bytes], bytes]"]
 
-wal_items = st.lists(st.tuples(
-    u64, i64,
-    bundles_st | st.tuples(st.lists(st.binary(max_size=20), max_size=4), st.binary(max_size=8)),
-), max_size=4)
+wal_items = st.lists(
+    st.tuples(
+        u64,
+        i64,
+        bundles_st | st.tuples(st.lists(st.binary(max_size=20), max_size=4), st.binary(max_size=8)),
+    ),
+    max_size=4,
+)
 
 
 def _encode_wal(start: int, items: list[WalItem]) -> tuple[bytes, list[int]]:
@@ -90,9 +95,12 @@ def _decode_wal(data: bytes) -> tuple[int, list[WalItem]]:
 
 def _same_items(a: list[WalItem], b: list[WalItem]) -> bool:
     return len(a) == len(b) and all(
-        x[:2] == y[:2] and (
-            _same_bundle(x[2], y[2]) if isinstance(x[2], dict) and isinstance(y[2], dict)
-            else x[2] == y[2])
+        x[:2] == y[:2]
+        and (
+            _same_bundle(x[2], y[2])
+            if isinstance(x[2], dict) and isinstance(y[2], dict)
+            else x[2] == y[2]
+        )
         for x, y in zip(a, b, strict=True)
     )
 
@@ -157,8 +165,10 @@ def test_I7_scanning_arbitrary_bytes_is_consistent(junk: bytes, start: int) -> N
 
 # --- cursor and sequence sidecars ---------------------------------------------------
 
-_SIDECARS = [(cursor.encode_cursor, cursor.decode_cursor),
-             (cursor.encode_sequence, cursor.decode_sequence)]
+_SIDECARS = [
+    (cursor.encode_cursor, cursor.decode_cursor),
+    (cursor.encode_sequence, cursor.decode_sequence),
+]
 
 
 @FUZZ
@@ -176,9 +186,7 @@ def test_I7_sidecars_round_trip_and_any_damage_is_named(
 
 # --- segments ---------------------------------------------------------------------
 
-segment_bundles = st.lists(
-    st.builds(segment.SegmentBundle, bundles_st, i64, u64), max_size=4
-)
+segment_bundles = st.lists(st.builds(segment.SegmentBundle, bundles_st, i64, u64), max_size=4)
 
 
 def _decode_seg(data: bytes, verify_crc: bool = True) -> list[segment.SegmentBundle]:
@@ -188,7 +196,8 @@ def _decode_seg(data: bytes, verify_crc: bool = True) -> list[segment.SegmentBun
 def _same_segment(a: list[segment.SegmentBundle], b: list[segment.SegmentBundle]) -> bool:
     return len(a) == len(b) and all(
         (x.ingestion_ts_nanos, x.sequence) == (y.ingestion_ts_nanos, y.sequence)
-        and _same_bundle(dict(x.slots), dict(y.slots)) for x, y in zip(a, b, strict=True)
+        and _same_bundle(dict(x.slots), dict(y.slots))
+        for x, y in zip(a, b, strict=True)
     )
 
 

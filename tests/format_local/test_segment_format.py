@@ -39,16 +39,17 @@ def test_empty_segment_footer_and_trailer_golden() -> None:
 def test_footer_fields_and_64_byte_stream_alignment() -> None:
     a = pa.record_batch({"x": pa.array(range(5), pa.int64())})
     b = pa.record_batch({"y": pa.array(["p"] * 3)})
-    data = seg.encode_segment([
-        SegmentBundle({0: a, 1: b}, 10, 1), SegmentBundle({0: a}, 11, 2),
-    ])
+    data = seg.encode_segment(
+        [
+            SegmentBundle({0: a, 1: b}, 10, 1),
+            SegmentBundle({0: a}, 11, 2),
+        ]
+    )
     trailer = data[-16:]
     footer_size, magic, crc = struct.unpack("<I8sI", trailer)
     assert (footer_size, magic) == (34, b"QUIVER\x00S")
     assert crc == zlib.crc32(data[:-4])
-    version, streams, bundles, d_off, d_len, m_off, m_len = struct.unpack(
-        "<HIIQIQI", data[-50:-16]
-    )
+    version, streams, bundles, d_off, d_len, m_off, m_len = struct.unpack("<HIIQIQI", data[-50:-16])
     assert (version, streams, bundles) == (1, 2, 2)
     assert m_off == d_off + d_len and m_off + m_len == len(data) - 50
     r = seg.SegmentReader(data, "s")
@@ -70,8 +71,9 @@ def _same(x: SegmentBundle, y: SegmentBundle) -> None:
 
 def test_round_trip_with_schema_drift_absent_slots_and_dictionary_key_types() -> None:
     logs1 = pa.record_batch({"body": pa.array(["a", "b"]), "n": pa.array([1, 2])})
-    logs2 = pa.record_batch({"body": pa.array(["c"]), "n": pa.array([3]),
-                             "extra": pa.array([True])})
+    logs2 = pa.record_batch(
+        {"body": pa.array(["c"]), "n": pa.array([3]), "extra": pa.array([True])}
+    )
     d8 = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.uint8()), pa.array(["k", "v"]))
     d16 = pa.DictionaryArray.from_arrays(pa.array([1, 0], pa.uint16()), pa.array(["v", "k"]))
     d8b = pa.DictionaryArray.from_arrays(pa.array([0], pa.uint8()), pa.array(["other"]))

@@ -18,23 +18,33 @@ from tieredbuf.format.segment import SegmentBundle
 
 # Quiver's schemas, field by field from its segment layout: every field non-nullable
 # (the list's item field nullable, as arrow-rs's ListBuilder makes it).
-NN_SLOT_REF = pa.struct([
-    pa.field("slot_id", pa.uint16(), nullable=False),
-    pa.field("stream_id", pa.uint32(), nullable=False),
-    pa.field("chunk_index", pa.uint32(), nullable=False),
-])
-QUIVER_MANIFEST = pa.schema([
-    pa.field("bundle_index", pa.uint32(), nullable=False),
-    pa.field("slot_refs", pa.list_(pa.field("item", NN_SLOT_REF, nullable=True)),
-             nullable=False),
-])
-QUIVER_DIRECTORY = pa.schema([pa.field(f.name, f.type, nullable=False)
-                              for f in seg.DIRECTORY_SCHEMA])
+NN_SLOT_REF = pa.struct(
+    [
+        pa.field("slot_id", pa.uint16(), nullable=False),
+        pa.field("stream_id", pa.uint32(), nullable=False),
+        pa.field("chunk_index", pa.uint32(), nullable=False),
+    ]
+)
+QUIVER_MANIFEST = pa.schema(
+    [
+        pa.field("bundle_index", pa.uint32(), nullable=False),
+        pa.field(
+            "slot_refs", pa.list_(pa.field("item", NN_SLOT_REF, nullable=True)), nullable=False
+        ),
+    ]
+)
+QUIVER_DIRECTORY = pa.schema(
+    [pa.field(f.name, f.type, nullable=False) for f in seg.DIRECTORY_SCHEMA]
+)
 
 A = pa.record_batch({"x": pa.array(range(6), pa.int64())})
 D = pa.record_batch({"k": pa.array(["a", "b", "a"]).dictionary_encode()})
-BUNDLES = [SegmentBundle({0: A, 3: D}, 10, 100), SegmentBundle({3: D}, 11, 101),
-           SegmentBundle({}, 12, 102), SegmentBundle({0: A}, 13, 103)]
+BUNDLES = [
+    SegmentBundle({0: A, 3: D}, 10, 100),
+    SegmentBundle({3: D}, 11, 101),
+    SegmentBundle({}, 12, 102),
+    SegmentBundle({0: A}, 13, 103),
+]
 
 
 def _stream(b: pa.RecordBatch) -> bytes:
@@ -57,8 +67,9 @@ def _resection(data: bytes, directory: bytes, manifest: bytes) -> bytes:
     hand from the layout (offsets and lengths rewritten, CRC recomputed)."""
     _, scount, bcount, d_off, _, _, _ = struct.unpack("<HIIQIQI", data[-50:-16])
     head = data[:d_off] + directory + manifest
-    footer = struct.pack("<HIIQIQI", 1, scount, bcount, d_off, len(directory),
-                         d_off + len(directory), len(manifest))
+    footer = struct.pack(
+        "<HIIQIQI", 1, scount, bcount, d_off, len(directory), d_off + len(directory), len(manifest)
+    )
     head += footer + struct.pack("<I", 34) + b"QUIVER\x00S"
     return head + struct.pack("<I", zlib.crc32(head))
 
@@ -66,8 +77,8 @@ def _resection(data: bytes, directory: bytes, manifest: bytes) -> bytes:
 def _sections(data: bytes) -> tuple[pa.RecordBatch, pa.RecordBatch]:
     r = seg.SegmentReader(data)
     _, _, _, d_off, d_len, m_off, m_len = struct.unpack("<HIIQIQI", data[-50:-16])
-    d = pa.ipc.open_stream(pa.py_buffer(data[d_off:d_off + d_len])).read_next_batch()
-    m = pa.ipc.open_stream(pa.py_buffer(data[m_off:m_off + m_len])).read_next_batch()
+    d = pa.ipc.open_stream(pa.py_buffer(data[d_off : d_off + d_len])).read_next_batch()
+    m = pa.ipc.open_stream(pa.py_buffer(data[m_off : m_off + m_len])).read_next_batch()
     assert r.bundle_count == m.num_rows
     return d, m
 
@@ -93,9 +104,12 @@ def _check_read(data: bytes) -> None:
         assert sorted(b.slots) == sorted(want.slots)
         for k, batch in want.slots.items():
             assert b.slots[k].equals(batch)
-    tail = segt.parse_segment_tail(data[-segt.segment_tail_size(data[-4096:]):], "data/q.qseg")
+    tail = segt.parse_segment_tail(data[-segt.segment_tail_size(data[-4096:]) :], "data/q.qseg")
     assert [t.refs for t in tail.bundles] == [
-        ((0, 0, 0), (3, 1, 0)), ((3, 1, 1),), (), ((0, 0, 1),)
+        ((0, 0, 0), (3, 1, 0)),
+        ((3, 1, 1),),
+        (),
+        ((0, 0, 1),),
     ]
     assert all((t.ingestion_ts_nanos, t.sequence) == (None, None) for t in tail.bundles)
 
@@ -109,7 +123,7 @@ def test_tieredbuf_writes_the_richer_manifest() -> None:
 def test_quivers_two_column_non_nullable_manifest_is_read() -> None:
     data = _quiver_form(seg.encode_segment(BUNDLES))
     _, _, _, _, _, m_off, m_len = struct.unpack("<HIIQIQI", data[-50:-16])
-    m = pa.ipc.open_stream(pa.py_buffer(data[m_off:m_off + m_len])).read_next_batch()
+    m = pa.ipc.open_stream(pa.py_buffer(data[m_off : m_off + m_len])).read_next_batch()
     assert m.schema.equals(QUIVER_MANIFEST) and not m.schema.field("bundle_index").nullable
     _check_read(data)
 
@@ -117,7 +131,7 @@ def test_quivers_two_column_non_nullable_manifest_is_read() -> None:
 def test_otel_arrow_writers_ipc_files_and_item_count_are_read() -> None:
     data = _quiver_form(seg.encode_segment(BUNDLES), as_file=True, item_count=True)
     _, _, _, _, _, m_off, _ = struct.unpack("<HIIQIQI", data[-50:-16])
-    assert data[m_off:m_off + 6] == b"ARROW1"
+    assert data[m_off : m_off + 6] == b"ARROW1"
     _check_read(data)
 
 
@@ -168,27 +182,30 @@ def test_I7_an_empty_slot_refs_list_with_its_offset_past_the_child_is_not_a_cras
     import sys
 
     empty_struct = pa.array([], NN_SLOT_REF)
-    refs = pa.Array.from_buffers(pa.list_(NN_SLOT_REF), 0,
-                                 [None, pa.py_buffer(struct.pack("<i", 1))],
-                                 children=[empty_struct])
-    manifest = pa.RecordBatch.from_arrays([pa.array([], pa.uint32()), refs],
-                                          names=["bundle_index", "slot_refs"])
-    data = _resection(seg.encode_segment([]), _stream(_sections(seg.encode_segment([]))[0]),
-                      _stream(manifest))
+    refs = pa.Array.from_buffers(
+        pa.list_(NN_SLOT_REF),
+        0,
+        [None, pa.py_buffer(struct.pack("<i", 1))],
+        children=[empty_struct],
+    )
+    manifest = pa.RecordBatch.from_arrays(
+        [pa.array([], pa.uint32()), refs], names=["bundle_index", "slot_refs"]
+    )
+    data = _resection(
+        seg.encode_segment([]), _stream(_sections(seg.encode_segment([]))[0]), _stream(manifest)
+    )
     code = (
         "import sys; from tieredbuf.format import segment as s\n"
         "from tieredbuf.errors import CorruptError\n"
         "try:\n    print(len(s.decode_segment(sys.stdin.buffer.read(), 'q')))\n"
         "except CorruptError as e:\n    print('corrupt', e.offset)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,
-                       timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stdout.decode().split() == ["0"], "an empty manifest: no bundles"
 
 
-def test_the_spark_reader_times_quiver_bundles_by_their_queue_entry_or_refuses_a_window(
-) -> None:
+def test_the_spark_reader_times_quiver_bundles_by_their_queue_entry_or_refuses_a_window() -> None:
     """A two-column manifest has no bundle times.  A time-windowed read places such a
     bundle at its queue entry's time; with no entry time either it fails loudly rather
     than guessing (a guess would drop or add rows); without a window every row is read."""
@@ -197,13 +214,17 @@ def test_the_spark_reader_times_quiver_bundles_by_their_queue_entry_or_refuses_a
     from tieredbuf.spark import arrow as ta
 
     data = _quiver_form(seg.encode_segment(BUNDLES))
-    schema = pa.schema([("x", pa.int64()), (ta.SEQUENCE_COL, pa.int64()),
-                        (ta.BUNDLE_COL, pa.int32())])
+    schema = pa.schema(
+        [("x", pa.int64()), (ta.SEQUENCE_COL, pa.int64()), (ta.BUNDLE_COL, pa.int32())]
+    )
 
     def rows(md: tuple[MetadataItem, ...], lo: int | None, hi: int | None) -> list[int]:
         ref = ta.ObjectRef(7, "data/q.qseg", md)
-        return [v for b in ta.bundle_batches(data, ref, 0, schema, lo, hi)
-                for v in b.column("x").to_pylist()]
+        return [
+            v
+            for b in ta.bundle_batches(data, ref, 0, schema, lo, hi)
+            for v in b.column("x").to_pylist()
+        ]
 
     every = list(range(6)) * 2  # slot 0 is in bundles 0 and 3
     assert rows((), None, None) == every

@@ -20,18 +20,21 @@ from tieredbuf.format import segment as seg
 from tieredbuf.format import segment_tail as segt
 from tieredbuf.format.segment import SegmentBundle
 
-_SETTINGS = settings(max_examples=300, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _sample() -> bytes:
     a = pa.record_batch({"x": pa.array([1, 2, 3], pa.int64())})
     b = pa.record_batch({"x": pa.array([4], pa.int32()), "s": pa.array(["q"])})
     d = pa.record_batch({"s": pa.array(["u", "v"]).dictionary_encode()})
-    return seg.encode_segment([
-        SegmentBundle({0: a, 3: d}, 10, 100), SegmentBundle({0: b}, 11, 101),
-        SegmentBundle({0: a}, 12, 102), SegmentBundle({3: d}, 13, 103),
-    ])
+    return seg.encode_segment(
+        [
+            SegmentBundle({0: a, 3: d}, 10, 100),
+            SegmentBundle({0: b}, 11, 101),
+            SegmentBundle({0: a}, 12, 102),
+            SegmentBundle({3: d}, 13, 103),
+        ]
+    )
 
 
 SEG = _sample()
@@ -51,9 +54,11 @@ def test_tail_agrees_with_the_reader() -> None:
     assert t.tail_offset == dir_off == len(SEG) - TAIL_N
     bundles = READER.bundles()
     assert [(b.ingestion_ts_nanos, b.sequence) for b in t.bundles] == [
-        (b.ingestion_ts_nanos, b.sequence) for b in bundles]
+        (b.ingestion_ts_nanos, b.sequence) for b in bundles
+    ]
     assert [sorted(s for s, _, _ in b.refs) for b in t.bundles] == [
-        sorted(b.slots) for b in bundles]
+        sorted(b.slots) for b in bundles
+    ]
     # file_size given explicitly: same answer; a longer suffix: same answer
     assert segt.parse_segment_tail(_suffix(TAIL_N), "s", len(SEG)) == t
     assert segt.parse_segment_tail(SEG, "s") == t
@@ -63,7 +68,7 @@ def test_streams_rebuild_every_bundle_with_its_index() -> None:
     t = segt.parse_segment_tail(_suffix(TAIL_N), "s")
     got: dict[tuple[int, int], pa.RecordBatch] = {}
     for s in t.streams:
-        body = SEG[s.byte_offset: s.byte_offset + s.byte_length]
+        body = SEG[s.byte_offset : s.byte_offset + s.byte_length]
         n = segt.stream_schema_size(body[:16], s, "s")
         schema = segt.parse_stream_schema(body[:n], s, "s")
         chunks = segt.decode_stream(body, s, "s")
@@ -81,19 +86,19 @@ def test_two_suffix_gets_at_most() -> None:
     big = seg.encode_segment(
         SegmentBundle({0: pa.record_batch({"x": pa.array([i])})}, i, i) for i in range(3000)
     )
-    first = big[-segt.SEGMENT_TAIL_GUESS:]
+    first = big[-segt.SEGMENT_TAIL_GUESS :]
     need = segt.segment_tail_size(first, "b")
     assert need > len(first)  # the manifest of 3000 bundles outgrows the guess
     with pytest.raises(CorruptError, match="misses the sections"):
         segt.parse_segment_tail(first, "b")
     t = segt.parse_segment_tail(big[-need:], "b")
     assert len(t.bundles) == 3000 and t.size == len(big)
-    assert segt.segment_tail_size(SEG[-segt.SEGMENT_TAIL_GUESS:]) == TAIL_N  # small: one GET
+    assert segt.segment_tail_size(SEG[-segt.SEGMENT_TAIL_GUESS :]) == TAIL_N  # small: one GET
 
 
 def test_empty_segment_tail() -> None:
     empty = seg.encode_segment([])
-    t = segt.parse_segment_tail(empty[-segt.segment_tail_size(empty):])
+    t = segt.parse_segment_tail(empty[-segt.segment_tail_size(empty) :])
     assert t.size == len(empty) and t.streams == () and t.bundles == () and t.tail_offset == 0
 
 
@@ -114,7 +119,7 @@ def test_bad_tails_are_named() -> None:
     s0 = READER.streams[0]
     with pytest.raises(CorruptError, match="magic"):
         segt.stream_schema_size(b"\0" * 16, s0, "s")
-    body = SEG[s0.byte_offset: s0.byte_offset + s0.byte_length]
+    body = SEG[s0.byte_offset : s0.byte_offset + s0.byte_length]
     with pytest.raises(CorruptError, match="schema needs"):
         segt.parse_stream_schema(body[:20], s0, "s")
     with pytest.raises(CorruptError, match="fingerprint"):
@@ -154,7 +159,7 @@ def _agrees_with_the_reader(data: bytes) -> None:
 def test_tail_truncation_is_always_corrupt(n: int) -> None:
     """A suffix shorter than segment_tail_size() says is refused, never misread."""
     with pytest.raises(CorruptError) as e:
-        _parse_all(SEG[len(SEG) - n:] if n else b"")
+        _parse_all(SEG[len(SEG) - n :] if n else b"")
     assert e.value.obj == "s"
 
 
@@ -179,13 +184,14 @@ def test_generated_segments_tail_agrees_with_the_reader(
 ) -> None:
     data = seg.encode_segment(bundles)
     _agrees_with_the_reader(data)
-    need = segt.segment_tail_size(data[-max(64, len(data) // 2):])
+    need = segt.segment_tail_size(data[-max(64, len(data) // 2) :])
     assert segt.parse_segment_tail(data[-need:], "s") == _parse_all(data, len(data))
 
 
 @_SETTINGS
-@given(st.integers(min_value=0, max_value=len(SEG) - TAIL_N - 1),
-       st.integers(min_value=0, max_value=7))
+@given(
+    st.integers(min_value=0, max_value=len(SEG) - TAIL_N - 1), st.integers(min_value=0, max_value=7)
+)
 def test_stream_bit_flip_is_named_or_decodes_as_the_whole_object_reader_does(
     i: int, bit: int
 ) -> None:
@@ -195,7 +201,7 @@ def test_stream_bit_flip_is_named_or_decodes_as_the_whole_object_reader_does(
     data[i] ^= 1 << bit
     r = seg.SegmentReader(bytes(data), "s", verify_crc=False)  # the tail is untouched
     for s in READER.streams:
-        body = bytes(data[s.byte_offset: s.byte_offset + s.byte_length])
+        body = bytes(data[s.byte_offset : s.byte_offset + s.byte_length])
         try:
             segt.parse_stream_schema(body, s, "s")
             got = segt.decode_stream(body, s, "s")

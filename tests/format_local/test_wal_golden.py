@@ -25,7 +25,10 @@ def test_header_is_38_bytes_laid_out_as_quiver_specifies() -> None:
     assert wal.encode_header(CFG, 4096) == expected
     h = wal.decode_header(expected, "f", CFG)
     assert (h.version, h.header_size, h.segment_cfg_hash, h.wal_position_start) == (
-        1, 38, CFG, 4096,
+        1,
+        38,
+        CFG,
+        4096,
     )
 
 
@@ -38,8 +41,11 @@ def test_header_with_larger_header_size_skips_unknown_trailing_fields() -> None:
     ("raw", "err", "offset"),
     [
         (b"QUIVER\x00WAX" + struct.pack("<HH", 1, 38) + CFG + bytes(8), CorruptError, 0),
-        (b"QUIVER\x00WAL" + struct.pack("<HH", 2, 38) + CFG + bytes(8),
-         UnsupportedVersionError, 10),
+        (
+            b"QUIVER\x00WAL" + struct.pack("<HH", 2, 38) + CFG + bytes(8),
+            UnsupportedVersionError,
+            10,
+        ),
         (b"QUIVER\x00WAL" + struct.pack("<HH", 1, 30) + CFG + bytes(8), CorruptError, 12),
         (b"QUIVER\x00WAL" + struct.pack("<HH", 1, 38) + CFG, CorruptError, 30),
     ],
@@ -88,8 +94,10 @@ def test_record_bundle_entry_with_two_slots() -> None:
     body = (
         struct.pack("<BqQ", 0, 1_700_000_000_000_000_000, 42)
         + struct.pack("<Q", (1 << 1) | (1 << 5))
-        + struct.pack("<H32sII", 1, fp(b1), 3, len(p1)) + p1
-        + struct.pack("<H32sII", 5, fp(b5), 2, len(p5)) + p5
+        + struct.pack("<H32sII", 1, fp(b1), 3, len(p1))
+        + p1
+        + struct.pack("<H32sII", 5, fp(b5), 2, len(p5))
+        + p5
     )
     expected = _frame(body)
     got = b"".join(wal.encode_bundle_entry(42, 1_700_000_000_000_000_000, {5: b5, 1: b1}))
@@ -106,9 +114,11 @@ def test_records_entry_tieredbuf_extension() -> None:
     # type 2: u32 metadata_len, metadata, u32 record_count, (u32 len, bytes)*
     body = (
         struct.pack("<BqQ", 2, 123, 7)
-        + struct.pack("<I", 2) + b"md"
         + struct.pack("<I", 2)
-        + struct.pack("<I", 1) + b"a"
+        + b"md"
+        + struct.pack("<I", 2)
+        + struct.pack("<I", 1)
+        + b"a"
         + struct.pack("<I", 0)
     )
     expected = _frame(body)
@@ -156,8 +166,7 @@ def test_crc_error_mid_file_is_corrupt_but_damaged_last_entry_is_torn() -> None:
 
 def test_valid_crc_over_garbage_arrow_payload_is_corrupt_not_arrow_error() -> None:
     body = (
-        struct.pack("<BqQQ", 0, 1, 1, 1)
-        + struct.pack("<H32sII", 0, bytes(32), 1, 8) + b"notarrow"
+        struct.pack("<BqQQ", 0, 1, 1, 1) + struct.pack("<H32sII", 0, bytes(32), 1, 8) + b"notarrow"
     )
     e = wal.decode_entry(memoryview(_frame(body)), 0, "f")
     assert isinstance(e, wal.BundleEntry)
@@ -213,12 +222,18 @@ def test_crc32_combine_matches_zlib_over_the_concatenation(blen: int) -> None:
 def test_a_body_encoded_outside_the_lock_frames_to_the_golden_bytes() -> None:
     """records_body + frame_entry (the stage's split) == the hand-packed layout."""
     recs = [b"x" * n for n in (0, 1, 300, 5000)] * 5  # > 8 parts: the coalesced path
-    body = struct.pack("<BqQ", 2, 123, 7) + struct.pack("<I", 2) + b"md" \
-        + struct.pack("<I", len(recs)) + b"".join(struct.pack("<I", len(r)) + r for r in recs)
+    body = (
+        struct.pack("<BqQ", 2, 123, 7)
+        + struct.pack("<I", 2)
+        + b"md"
+        + struct.pack("<I", len(recs))
+        + b"".join(struct.pack("<I", len(r)) + r for r in recs)
+    )
     entry = wal.records_body(recs, b"md")
     assert b"".join(wal.frame_entry(7, 123, entry)) == _frame(body)
     assert b"".join(wal.frame_entry(7, 123, entry)) == b"".join(
-        wal.encode_records_entry(7, 123, recs, b"md"))
+        wal.encode_records_entry(7, 123, recs, b"md")
+    )
 
 
 @pytest.mark.parametrize("count", [4096, 4097, 20_000])
@@ -229,10 +244,10 @@ def test_a_body_of_many_records_is_coalesced_run_by_run_to_the_same_bytes(count:
     entry = wal.records_body(recs, b"md")
     assert len(entry.parts) == 1
     joined = b"".join(struct.pack("<I", len(r)) + r for r in recs)
-    assert bytes(entry.parts[0]) == struct.pack("<I", 2) + b"md" + \
-        struct.pack("<I", count) + joined
+    assert bytes(entry.parts[0]) == struct.pack("<I", 2) + b"md" + struct.pack("<I", count) + joined
     assert entry.crc == zlib.crc32(bytes(entry.parts[0]))
     block = wal.records_block(entry, b"md")
     assert block is not None and bytes(block) == joined
     assert b"".join(wal.frame_entry(7, 123, entry)) == b"".join(
-        wal.encode_records_entry(7, 123, recs, b"md"))
+        wal.encode_records_entry(7, 123, recs, b"md")
+    )

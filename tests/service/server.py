@@ -42,16 +42,23 @@ class Server:
     """Where requests go: the address it listens on (its family's loopback for an
     unspecified address)."""
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout: float = 30.0,
-                auth: bool = True) -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        auth: bool = True,
+    ) -> Response:
         headers = dict(headers or {})
         if auth and self.token and "Authorization" not in headers:
             headers["Authorization"] = f"Bearer {self.token}"
         conn: http.client.HTTPConnection
         if self.tls is not None:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
-                                               context=self.tls)
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=self.tls
+            )
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
@@ -61,8 +68,9 @@ class Server:
         finally:
             conn.close()
 
-    def post(self, body: bytes, content_type: str | None, durability: str | None = "local",
-             **kw: Any) -> Response:
+    def post(
+        self, body: bytes, content_type: str | None, durability: str | None = "local", **kw: Any
+    ) -> Response:
         path = "/v1/produce" + (f"?durability={durability}" if durability else "")
         headers = {"Content-Type": content_type} if content_type else {}
         return self.request("POST", path, body, headers, **kw)
@@ -99,16 +107,35 @@ class Server:
         return self.log.read_text() if self.log.exists() else ""
 
 
-def start_server(url: str, tmp: Path, *args: str, workers: int = 1,
-                 env: dict[str, str] | None = None, token: str | None = None,
-                 tls: ssl.SSLContext | None = None) -> Server:
+def start_server(
+    url: str,
+    tmp: Path,
+    *args: str,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+    token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Server:
     stage = tmp / "stage"
     log = tmp / f"server-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging", str(stage),
-           "--port", "0", "--workers", str(workers), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tieredbuf.cli",
+        "serve",
+        url,
+        "--staging",
+        str(stage),
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+        *args,
+    ]
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})}
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:

@@ -102,8 +102,12 @@ def test_a_list_column_whose_offsets_pass_validate_but_point_past_its_values_is_
     It is refused at the door, so no consumer ever reads one back."""
     import struct
 
-    bad = pa.Array.from_buffers(pa.list_(pa.int64()), 0, [None, pa.py_buffer(struct.pack(
-        "<i", 1))], children=[pa.array([], pa.int64())])
+    bad = pa.Array.from_buffers(
+        pa.list_(pa.int64()),
+        0,
+        [None, pa.py_buffer(struct.pack("<i", 1))],
+        children=[pa.array([], pa.int64())],
+    )
     col: pa.Array = bad
     if nest == "struct of list":
         col = pa.StructArray.from_arrays([bad], names=["inner"])
@@ -114,17 +118,23 @@ def test_a_list_column_whose_offsets_pass_validate_but_point_past_its_values_is_
         bodies.parse_arrow_stream(body)
 
 
-@pytest.mark.parametrize(("ctype", "body", "limit", "too_many"), [
-    (bodies.NDJSON, b"1\n2\n3\n", 3, False),
-    (bodies.NDJSON, b"1\n2\n3", 3, False),
-    (bodies.NDJSON, b"1\n2\n3\n4", 3, True),
-    (bodies.NDJSON, b"1\n\n2\n", 2, True),  # a blank line counts: lines are counted
-    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b"a", b"", b"c"]), 3, False),
-    (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b""] * 4), 3, True),
-    (bodies.OCTET_STREAM, b"\xff\x00\x00\x00", 0, True),  # one (damaged) frame over 0
-])
+@pytest.mark.parametrize(
+    ("ctype", "body", "limit", "too_many"),
+    [
+        (bodies.NDJSON, b"1\n2\n3\n", 3, False),
+        (bodies.NDJSON, b"1\n2\n3", 3, False),
+        (bodies.NDJSON, b"1\n2\n3\n4", 3, True),
+        (bodies.NDJSON, b"1\n\n2\n", 2, True),  # a blank line counts: lines are counted
+        (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b"a", b"", b"c"]), 3, False),
+        (bodies.OCTET_STREAM, bodies.encode_length_prefixed([b""] * 4), 3, True),
+        (bodies.OCTET_STREAM, b"\xff\x00\x00\x00", 0, True),  # one (damaged) frame over 0
+    ],
+)
 def test_the_record_count_is_checked_on_the_bytes_before_any_record_is_made(
-    ctype: str, body: bytes, limit: int, too_many: bool,
+    ctype: str,
+    body: bytes,
+    limit: int,
+    too_many: bool,
 ) -> None:
     if too_many:
         with pytest.raises(bodies.TooLarge, match=f"more than {limit} records"):
@@ -136,8 +146,13 @@ def test_the_record_count_is_checked_on_the_bytes_before_any_record_is_made(
 
 
 @FUZZ
-@given(st.lists(arrow_batches(), min_size=1, max_size=3), st.sampled_from([None, "zstd", "lz4"]),
-       cuts, flips, bits)
+@given(
+    st.lists(arrow_batches(), min_size=1, max_size=3),
+    st.sampled_from([None, "zstd", "lz4"]),
+    cuts,
+    flips,
+    bits,
+)
 def test_an_arrow_streams_declared_size_is_its_limit_and_damage_is_a_400_413_or_a_bundle(
     batches: list[pa.RecordBatch], codec: str | None, cut: int, flip: int, bit: int
 ) -> None:

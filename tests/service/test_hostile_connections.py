@@ -84,8 +84,9 @@ def _sighup_until(srv: Server, *says: str) -> None:
 
 
 def _workers_ready(srv: Server, count: int) -> None:
-    _until(lambda: srv.logs().count("ready: producer") >= count, f"{count} workers ready",
-           timeout=60)
+    _until(
+        lambda: srv.logs().count("ready: producer") >= count, f"{count} workers ready", timeout=60
+    )
 
 
 @pytest.mark.slow
@@ -109,8 +110,12 @@ def test_a_mismatched_certificate_and_key_on_sighup_keep_the_old_pair_serving(
     _workers_ready(srv, 2)
     b_cert, b_key, trusts_b = self_signed(tmp_path / "b-cert.pem", tmp_path / "b-key.pem")
     shutil.copyfile(b_cert, cert)  # the new certificate, the old key: a mismatch
-    _sighup_until(srv, "certificate not reloaded", "worker 0: certificate reloaded",
-                  "worker 1: certificate reloaded")
+    _sighup_until(
+        srv,
+        "certificate not reloaded",
+        "worker 0: certificate reloaded",
+        "worker 1: certificate reloaded",
+    )
     for _ in range(20):  # both workers, new connections: still the old pair
         assert _tls_get(srv.port, trusts_a) == 200
     os.kill(worker_pids(srv.proc.pid)[0], signal.SIGKILL)  # restarted mid-rotation
@@ -118,8 +123,12 @@ def test_a_mismatched_certificate_and_key_on_sighup_keep_the_old_pair_serving(
     for _ in range(20):
         assert _tls_get(srv.port, trusts_a) == 200
     shutil.copyfile(b_key, key)  # the rotation completes
-    _sighup_until(srv, "certificate reloaded from", "worker 0: certificate reloaded",
-                  "worker 1: certificate reloaded")
+    _sighup_until(
+        srv,
+        "certificate reloaded from",
+        "worker 0: certificate reloaded",
+        "worker 1: certificate reloaded",
+    )
     for _ in range(20):
         assert _tls_get(srv.port, trusts_b) == 200
         assert _refused(srv.port, trusts_a), "the old certificate is no longer served"

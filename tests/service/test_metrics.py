@@ -17,8 +17,9 @@ from tests.service.util import FAST, ndjson, samples
 from tieredbuf.service.bodies import NDJSON
 
 
-def _scrape_until(srv: Server, ok: Callable[[dict[str, float]], bool],
-                  timeout: float = 30) -> dict[str, float]:
+def _scrape_until(
+    srv: Server, ok: Callable[[dict[str, float]], bool], timeout: float = 30
+) -> dict[str, float]:
     """Scrape until ``ok`` holds (workers mirror their counters every second)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -97,8 +98,10 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
     # every data object and every append CAS is a request, counted by op and kind
     uploads = m["tieredbuf_store_requests_total{kind=data,op=put_conditional}"]
     assert uploads >= m["tieredbuf_uploads_total"] >= 1
-    assert m["tieredbuf_store_requests_total{kind=root,op=put_conditional}"] >= m[
-        "tieredbuf_manifest_commits_total"]
+    assert (
+        m["tieredbuf_store_requests_total{kind=root,op=put_conditional}"]
+        >= m["tieredbuf_manifest_commits_total"]
+    )
     assert m["tieredbuf_store_requests_total{kind=root,op=get}"] >= 1
     assert m["tieredbuf_store_requests_total{kind=data,op=list}"] == 0
     assert "tieredbuf_store_conflicts_total{kind=root}" in m
@@ -108,21 +111,26 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
 def test_register_a_producer_buffer_and_consumer_as_a_library(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/buf")
     reg = CollectorRegistry()
-    producer = buf.producer(staging_dir=tmp_path / "stage",
-                            max_open_duration=timedelta(milliseconds=20))
+    producer = buf.producer(
+        staging_dir=tmp_path / "stage", max_open_duration=timedelta(milliseconds=20)
+    )
     tieredbuf.ops.metrics.register(producer, reg, labels={"producer": "p1"})
     tieredbuf.ops.metrics.register(buf, reg, min_interval=0)
     for _ in range(3):
         producer.produce([b"a" * 10, b"b"], metadata=b"m").wait(
-            tieredbuf.Durability.REMOTE, timeout=30)
+            tieredbuf.Durability.REMOTE, timeout=30
+        )
     get = reg.get_sample_value
     assert get("tieredbuf_producer_records_in_total", {"producer": "p1"}) == 6
     assert get("tieredbuf_wal_fsyncs_total", {"producer": "p1"}) >= 1
     assert get("tieredbuf_segments_exported_total", {"producer": "p1"}) >= 1
     assert get("tieredbuf_queue_depth") == get("tieredbuf_manifest_commits_total") >= 1
     cas = {"op": "put_conditional", "kind": "root"}
-    assert get("tieredbuf_store_requests_total", cas) == buf.requests.total(
-        "put_conditional", "root") >= get("tieredbuf_manifest_commits_total")
+    assert (
+        get("tieredbuf_store_requests_total", cas)
+        == buf.requests.total("put_conditional", "root")
+        >= get("tieredbuf_manifest_commits_total")
+    )
     assert get("tieredbuf_store_requests_total", {"op": "delete", "kind": "group"}) == 0
     producer.close()
 

@@ -37,11 +37,13 @@ def tmpfs_stage(tmp_path: Path) -> Iterator[Path]:
     """``tmp_path/stage`` on a 4 MiB tmpfs (needs root to mount)."""
     mnt = tmp_path / "stage"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); "
-                    "test_readyz_..._injected covers it")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({r.stderr.strip()}); test_readyz_..._injected covers it"
+        )
     try:
         yield mnt
     finally:
@@ -94,15 +96,21 @@ def test_I1_readyz_is_503_while_the_stage_disk_fails_injected(
     when the fault clears both recover."""
     sim = SimFs()
     stage = sim.makedirs_durable(tmp_path / "stage")
-    cfg = ServiceConfig(url=f"file://{tmp_path}/buf", staging_dir=str(stage),
-                        producer_options={"flush_interval": 0.001})
+    cfg = ServiceConfig(
+        url=f"file://{tmp_path}/buf",
+        staging_dir=str(stage),
+        producer_options={"flush_interval": 0.001},
+    )
 
     async def run() -> None:
         async with TestClient(TestServer(build_app(cfg, 0))) as client:
             assert (await client.get("/readyz")).status == 200
             sim.fail("fdatasync", errno.EIO, path_contains="/wal/", times=None)
-            r = await client.post("/v1/produce?durability=local", data=octets([b"x"]),
-                                  headers={"Content-Type": OCTET_STREAM})
+            r = await client.post(
+                "/v1/produce?durability=local",
+                data=octets([b"x"]),
+                headers={"Content-Type": OCTET_STREAM},
+            )
             assert r.status == 503 and r.headers["Retry-After"] == "1"
             assert "DiskIOError" in (await r.json())["error"]
             r = await client.get("/readyz")
@@ -110,8 +118,11 @@ def test_I1_readyz_is_503_while_the_stage_disk_fails_injected(
             sim.heal()
             deadline = time.monotonic() + 30
             while True:
-                r = await client.post("/v1/produce?durability=local", data=octets([b"y"]),
-                                      headers={"Content-Type": OCTET_STREAM})
+                r = await client.post(
+                    "/v1/produce?durability=local",
+                    data=octets([b"y"]),
+                    headers={"Content-Type": OCTET_STREAM},
+                )
                 if r.status == 200:
                     break
                 assert time.monotonic() < deadline

@@ -31,6 +31,15 @@ def test_serve_takes_the_manifest_write_budget_and_refuses_a_negative_one(
     r = srv.post(ndjson([{"i": 1}]), NDJSON, "remote")
     assert r.status == 200 and r.json()["sequence"] == 0
     assert srv.terminate() == 0
-    code = main(["serve", f"file://{tmp_path}/buf", "--staging", str(tmp_path / "s2"),
-                 "--manifest-writes-per-s", "-1"], out=io.StringIO())
+    code = main(
+        [
+            "serve",
+            f"file://{tmp_path}/buf",
+            "--staging",
+            str(tmp_path / "s2"),
+            "--manifest-writes-per-s",
+            "-1",
+        ],
+        out=io.StringIO(),
+    )
     assert code == EXIT_USAGE

@@ -61,16 +61,28 @@ def test_produce_needs_a_token_401_without_403_wrong_and_health_stays_open(
 ) -> None:
     url = f"file://{tmp_path}/buf"
     srv = serve(url, "--token-file", str(_tokens(tmp_path / "tokens", OLD)), token=OLD)
-    r = srv.request("POST", "/v1/produce", ndjson([{"r": 1}]), {"Content-Type": NDJSON},
-                    auth=False)
+    r = srv.request("POST", "/v1/produce", ndjson([{"r": 1}]), {"Content-Type": NDJSON}, auth=False)
     assert r.status == 401 and r.headers["www-authenticate"].startswith("Bearer")
     for bad in ("Basic dXNlcjpwYXNz", "Bearer", "Bearer "):
-        assert srv.request("POST", "/v1/produce", b"{}\n", {"Content-Type": NDJSON,
-                           "Authorization": bad}, auth=False).status == 401, bad
+        assert (
+            srv.request(
+                "POST",
+                "/v1/produce",
+                b"{}\n",
+                {"Content-Type": NDJSON, "Authorization": bad},
+                auth=False,
+            ).status
+            == 401
+        ), bad
     assert _post(srv, NEW) == 403
     assert _post(srv, OLD[:-1]) == 403 and _post(srv, OLD + "x") == 403
-    r = srv.request("POST", "/v1/produce", b"{}\n", {"Content-Type": NDJSON,
-                    "Authorization": f"Bearer {NEW}"}, auth=False)
+    r = srv.request(
+        "POST",
+        "/v1/produce",
+        b"{}\n",
+        {"Content-Type": NDJSON, "Authorization": f"Bearer {NEW}"},
+        auth=False,
+    )
     assert NEW not in r.body.decode() and OLD not in r.body.decode()
     assert _post(srv, OLD, 7) == 200
     for path in ("/healthz", "/readyz", "/metrics"):
@@ -81,13 +93,19 @@ def test_produce_needs_a_token_401_without_403_wrong_and_health_stays_open(
 
 
 def test_metrics_and_health_can_be_protected(tmp_path: Path, serve: Serve) -> None:
-    srv = serve(f"file://{tmp_path}/buf", "--token-file",
-                str(_tokens(tmp_path / "tokens", OLD)), "--protect-metrics",
-                "--protect-health", token=OLD)
+    srv = serve(
+        f"file://{tmp_path}/buf",
+        "--token-file",
+        str(_tokens(tmp_path / "tokens", OLD)),
+        "--protect-metrics",
+        "--protect-health",
+        token=OLD,
+    )
     for path in ("/healthz", "/readyz", "/metrics"):
         assert srv.request("GET", path, auth=False).status == 401, path
-        assert srv.request("GET", path, headers={"Authorization": f"Bearer {NEW}"}
-                           ).status == 403, path
+        assert srv.request("GET", path, headers={"Authorization": f"Bearer {NEW}"}).status == 403, (
+            path
+        )
         assert srv.request("GET", path).status == 200, path
     assert srv.terminate() == 0
 
@@ -108,8 +126,13 @@ def test_tokens_rotate_on_file_change_and_on_sighup_without_a_restart(
     tokens.write_text("short\n")
     # requests trigger the (once a second) check; every worker reads the bad file and
     # logs it, and meanwhile both tokens keep working
-    _until(lambda: _post(srv, OLD) == 200 and _post(srv, NEW) == 200
-           and srv.logs().count("token file not reloaded") >= 2)
+    _until(
+        lambda: (
+            _post(srv, OLD) == 200
+            and _post(srv, NEW) == 200
+            and srv.logs().count("token file not reloaded") >= 2
+        )
+    )
     assert "short" not in srv.logs().split("token file not reloaded", 1)[1]
     # 3. retire the old token with a SIGHUP to the supervisor (passed to the workers)
     _tokens(tokens, NEW)
@@ -131,8 +154,17 @@ def test_tokens_from_the_environment(tmp_path: Path, serve: Serve) -> None:
 def test_https_with_tls_cert_and_key(tmp_path: Path, serve: Serve) -> None:
     cert, key, client = self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
     url = f"file://{tmp_path}/buf"
-    srv = serve(url, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file",
-                str(_tokens(tmp_path / "tokens", OLD)), token=OLD, tls=client)
+    srv = serve(
+        url,
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        "--token-file",
+        str(_tokens(tmp_path / "tokens", OLD)),
+        token=OLD,
+        tls=client,
+    )
     assert _post(srv, None) == 401 and _post(srv, NEW) == 403
     assert _post(srv, OLD, 3) == 200
     r = srv.request("GET", "/healthz", auth=False)
@@ -148,21 +180,36 @@ def test_https_with_tls_cert_and_key(tmp_path: Path, serve: Serve) -> None:
     # a client that does not trust the certificate refuses it
     untrusting = ssl.create_default_context()
     with pytest.raises(ssl.SSLError):
-        http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=10,
-                                    context=untrusting).request("GET", "/healthz")
+        http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=10, context=untrusting).request(
+            "GET", "/healthz"
+        )
     assert srv.terminate() == 0
     records, _, _ = consume_all(url)
     assert records == [b'{"r":3}']
 
 
-def _serve_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None
-                ) -> tuple[int, str, str]:
+def _serve_exit(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """Run ``tieredbuf serve`` expected to refuse to start: its exit code and output."""
-    cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", f"file://{tmp_path}/buf",
-           "--staging", str(tmp_path / "stage"), "--port", "0", "--workers", "1", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tieredbuf.cli",
+        "serve",
+        f"file://{tmp_path}/buf",
+        "--staging",
+        str(tmp_path / "stage"),
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        *args,
+    ]
     environ = {k: v for k, v in os.environ.items() if k != TOKENS_ENV}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                       env={**environ, **(env or {})})
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={**environ, **(env or {})}
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -178,21 +225,25 @@ def test_an_exposed_port_without_tokens_is_refused_unless_insecure(
     assert "WITHOUT authentication (--insecure)" in srv.logs()
     assert srv.terminate() == 0
     tokens = _tokens(tmp_path / "tokens", OLD)
-    srv = serve(f"file://{tmp_path}/buf2", "--host", "0.0.0.0", "--token-file", str(tokens),
-                token=OLD)
+    srv = serve(
+        f"file://{tmp_path}/buf2", "--host", "0.0.0.0", "--token-file", str(tokens), token=OLD
+    )
     assert _post(srv, None) == 401 and _post(srv, OLD) == 200
     assert "clear text" in srv.logs()
     assert srv.terminate() == 0
 
 
-@pytest.mark.parametrize(("setup", "message"), [
-    ("missing token file", "cannot read token file"),
-    ("empty token file", "holds no token"),
-    ("short token", "at least 16 characters"),
-    ("both sources", "use one"),
-    ("cert without key", "--tls-cert and --tls-key go together"),
-    ("unreadable cert", "cannot load --tls-cert"),
-])
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing token file", "cannot read token file"),
+        ("empty token file", "holds no token"),
+        ("short token", "at least 16 characters"),
+        ("both sources", "use one"),
+        ("cert without key", "--tls-cert and --tls-key go together"),
+        ("unreadable cert", "cannot load --tls-cert"),
+    ],
+)
 def test_bad_security_settings_exit_2_before_binding(
     tmp_path: Path, setup: str, message: str
 ) -> None:

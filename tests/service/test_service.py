@@ -54,8 +54,12 @@ def test_I1_records_and_arrow_at_both_durabilities_end_up_consumable(
     schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
     sent_rows: list[int] = []
     for dur, base in (("local", 0), ("remote", 100)):
-        batches = [pa.record_batch([pa.array([base + i, base + i + 1]),
-                                    pa.array(["a", "b"])], schema=schema) for i in (0, 10)]
+        batches = [
+            pa.record_batch(
+                [pa.array([base + i, base + i + 1]), pa.array(["a", "b"])], schema=schema
+            )
+            for i in (0, 10)
+        ]
         r = srv.post(arrow_stream(batches), ARROW_STREAM, dur)
         assert r.status == 200, r.body
         assert r.json() == {**r.json(), "bundles": 1, "rows": 4, "batches": 2}
@@ -89,8 +93,13 @@ def test_bad_input_gets_its_4xx_and_leaves_nothing_behind(tmp_path: Path, serve:
         ("no content type", b'{"a":1}\n', None, "local", 415),
         ("oversized body", ndjson([{"pad": "x" * 100}] * 50), NDJSON, "local", 413),
         ("oversized octets", octets([b"y" * 5000]), OCTET_STREAM, "remote", 413),
-        ("corrupt arrow", good_arrow[: len(good_arrow) // 2] + b"\x00" * 9, ARROW_STREAM,
-         "local", 400),
+        (
+            "corrupt arrow",
+            good_arrow[: len(good_arrow) // 2] + b"\x00" * 9,
+            ARROW_STREAM,
+            "local",
+            400,
+        ),
         ("not arrow at all", b"hello world, not IPC", ARROW_STREAM, "remote", 400),
         ("unknown durability", b'{"a":1}\n', NDJSON, "everywhere", 400),
         ("bad json after good lines", b'{"a":1}\n{"b":2}\n{oops\n', NDJSON, "local", 400),
@@ -115,10 +124,23 @@ def test_bad_input_gets_its_4xx_and_leaves_nothing_behind(tmp_path: Path, serve:
 @pytest.mark.slow
 def test_backpressure_answers_503_with_retry_after(tmp_path: Path, serve: Serve) -> None:
     # An object store nobody listens on: nothing is exported, so the stage fills up.
-    srv = serve("s3://nowhere/buf", "--endpoint", "http://127.0.0.1:9", "--allow-http",
-                "--region", "us-east-1", "--size-cap", "64k", "--backpressure-wait", "50ms",
-                "--drain-timeout", "1s", "--shutdown-timeout", "1s",
-                env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
+    srv = serve(
+        "s3://nowhere/buf",
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--allow-http",
+        "--region",
+        "us-east-1",
+        "--size-cap",
+        "64k",
+        "--backpressure-wait",
+        "50ms",
+        "--drain-timeout",
+        "1s",
+        "--shutdown-timeout",
+        "1s",
+        env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"},
+    )
     body = octets([b"z" * 1000] * 10)
     codes = [srv.post(body, OCTET_STREAM, "local").status for _ in range(12)]
     assert 200 in codes and codes[-1] == 503, codes
@@ -155,8 +177,12 @@ def _load(srv: Server, thread: int, acks: Acks, stop: threading.Event) -> None:
         dur = "remote" if i % 3 == 0 else "local"
         try:
             conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-            conn.request("POST", f"/v1/produce?durability={dur}", octets(recs),
-                         {"Content-Type": OCTET_STREAM})
+            conn.request(
+                "POST",
+                f"/v1/produce?durability={dur}",
+                octets(recs),
+                {"Content-Type": OCTET_STREAM},
+            )
             resp = conn.getresponse()
             resp.read()
             conn.close()
@@ -168,9 +194,7 @@ def _load(srv: Server, thread: int, acks: Acks, stop: threading.Event) -> None:
 
 
 @pytest.mark.slow
-def test_I1_sigterm_under_load_loses_no_acknowledged_record(
-    tmp_path: Path, serve: Serve
-) -> None:
+def test_I1_sigterm_under_load_loses_no_acknowledged_record(tmp_path: Path, serve: Serve) -> None:
     url = f"file://{tmp_path}/buf"
     srv = serve(url, "--max-open-duration", "100ms", workers=2)
     acks = Acks()
@@ -202,9 +226,19 @@ def test_service_on_s3_remote_acks_name_the_object(
 ) -> None:
     bucket = s3_endpoint.new_bucket()
     url = f"s3://{bucket}/svc"
-    srv = serve(url, *FAST, "--endpoint", s3_endpoint.endpoint, "--region", s3_endpoint.region,
-                "--allow-http", env={"AWS_ACCESS_KEY_ID": s3_endpoint.access_key_id,
-                                     "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_access_key})
+    srv = serve(
+        url,
+        *FAST,
+        "--endpoint",
+        s3_endpoint.endpoint,
+        "--region",
+        s3_endpoint.region,
+        "--allow-http",
+        env={
+            "AWS_ACCESS_KEY_ID": s3_endpoint.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_access_key,
+        },
+    )
     r = srv.post(ndjson([{"i": i} for i in range(20)]), NDJSON, "remote")
     assert r.status == 200, r.body
     head = s3_endpoint.boto3_client().head_object(Bucket=bucket, Key=f"svc/{r.json()['object']}")
@@ -220,9 +254,16 @@ def test_service_on_azure_remote_acks_name_the_object(
 ) -> None:
     container = azurite_endpoint.new_container()
     url = f"az://{container}/svc"
-    srv = serve(url, *FAST, "--endpoint", azurite_endpoint.endpoint,
-                env={"AZURE_STORAGE_ACCOUNT_NAME": azurite_endpoint.account_name,
-                     "AZURE_STORAGE_ACCOUNT_KEY": azurite_endpoint.account_key})
+    srv = serve(
+        url,
+        *FAST,
+        "--endpoint",
+        azurite_endpoint.endpoint,
+        env={
+            "AZURE_STORAGE_ACCOUNT_NAME": azurite_endpoint.account_name,
+            "AZURE_STORAGE_ACCOUNT_KEY": azurite_endpoint.account_key,
+        },
+    )
     r = srv.post(ndjson([{"i": i} for i in range(20)]), NDJSON, "remote")
     assert r.status == 200, r.body
     store = open_store(f"az://{container}/svc", **azurite_endpoint.options())

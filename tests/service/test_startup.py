@@ -32,14 +32,25 @@ def test_I1_sigterm_while_the_workers_start_drains_their_stages(
     srv = serve(url, "--max-open-duration", "1h", workers=2)
     recs = [f"staged-{i}".encode() for i in range(20)]
     for i in range(0, 20, 5):
-        assert srv.post(octets(recs[i:i + 5]), OCTET_STREAM, "local").status == 200
+        assert srv.post(octets(recs[i : i + 5]), OCTET_STREAM, "local").status == 200
     workers = _children(srv.proc.pid)
     for pid in (srv.proc.pid, *workers):
         os.kill(pid, signal.SIGKILL)
     srv.proc.wait(30)
     # 2. a new service on that stage, stopped the moment it has bound its port
-    cmd = [sys.executable, "-m", "tieredbuf.cli", "serve", url, "--staging",
-           str(srv.stage), "--port", "0", "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tieredbuf.cli",
+        "serve",
+        url,
+        "--staging",
+        str(srv.stage),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+    ]
     with open(tmp_path / "second.log", "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         assert proc.stdout is not None

@@ -60,8 +60,11 @@ def consume_all(url: str, **opts: Any) -> tuple[list[bytes], list[pa.RecordBatch
 
 def stage_files(stage: Any) -> dict[str, int]:
     """Every file under a stage root with its size (what a bad request must not change)."""
-    return {str(p.relative_to(stage)): p.stat().st_size
-            for p in stage.rglob("*") if p.is_file() and ".prometheus" not in p.parts}
+    return {
+        str(p.relative_to(stage)): p.stat().st_size
+        for p in stage.rglob("*")
+        if p.is_file() and ".prometheus" not in p.parts
+    }
 
 
 def samples(text: str) -> dict[str, float]:
@@ -111,20 +114,30 @@ def self_signed(cert_path: Path, key_path: Path) -> tuple[Path, Path, ssl.SSLCon
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tieredbuf test")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     key_path.chmod(0o600)
     client = ssl.create_default_context(cafile=str(cert_path))
     return cert_path, key_path, client

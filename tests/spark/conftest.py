@@ -71,4 +71,3 @@ def spark_options(store: dict[str, Any]) -> dict[str, str]:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-

@@ -19,11 +19,13 @@ import tieredbuf
 def main() -> None:
     url, stage_dir, tag, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     buf = tieredbuf.open(url)
-    p = buf.producer(staging_dir=stage_dir, max_open_duration=timedelta(hours=1),
-                     target_size=1 << 30)
+    p = buf.producer(
+        staging_dir=stage_dir, max_open_duration=timedelta(hours=1), target_size=1 << 30
+    )
     for i in range(n):
         p.produce([f"{tag}:{i}".encode()], metadata=tag.encode()).wait(
-            tieredbuf.Durability.LOCAL, timeout=60)
+            tieredbuf.Durability.LOCAL, timeout=60
+        )
         sys.stdout.write(f"ACK {tag}:{i}\n")
         sys.stdout.flush()
     sys.stdout.write("DONE\n")

@@ -34,10 +34,14 @@ def test_time_filter_is_per_record() -> None:
     (e,) = buf.entries()
     ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
     data = buf.read_object(e)
-    assert sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(),
-                                                      ts_from_ms=1001)) == 0
-    assert sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(),
-                                                      ts_to_ms=1001)) == 1
+    assert (
+        sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(), ts_from_ms=1001))
+        == 0
+    )
+    assert (
+        sum(x.num_rows for x in ta.records_batches(data, ref, ta.records_schema(), ts_to_ms=1001))
+        == 1
+    )
 
 
 def test_sequence_beyond_long_is_refused() -> None:
@@ -50,12 +54,25 @@ def test_sequence_beyond_long_is_refused() -> None:
 
 def test_representative_schema_unions_and_widens() -> None:
     buf = tieredbuf.open("memory://")
-    append_bundles(buf, [{0: pa.record_batch({"a": pa.array([1], pa.int32())}),
-                          1: pa.record_batch({"z": [1.0]})}])
-    append_bundles(buf, [{0: pa.record_batch({
-        "a": pa.array([2], pa.int64()), "u": pa.array([9], pa.uint64()),
-        "s": pa.array(["x"]).dictionary_encode(),
-        "t": pa.array([5], pa.timestamp("ns", tz="Europe/Paris"))})}])
+    append_bundles(
+        buf,
+        [{0: pa.record_batch({"a": pa.array([1], pa.int32())}), 1: pa.record_batch({"z": [1.0]})}],
+    )
+    append_bundles(
+        buf,
+        [
+            {
+                0: pa.record_batch(
+                    {
+                        "a": pa.array([2], pa.int64()),
+                        "u": pa.array([9], pa.uint64()),
+                        "s": pa.array(["x"]).dictionary_encode(),
+                        "t": pa.array([5], pa.timestamp("ns", tz="Europe/Paris")),
+                    }
+                )
+            }
+        ],
+    )
     schemas = slot_schemas(buf.store, buf.entries(), 0)
     assert len(schemas) == 2
     unified = ta.unify(schemas)
@@ -63,7 +80,12 @@ def test_representative_schema_unions_and_widens() -> None:
     assert unified.field("a").type == pa.int64()
     struct = bundles_struct(unified)
     assert [f.dataType.simpleString() for f in struct.fields] == [
-        "bigint", "decimal(20,0)", "string", "timestamp", "bigint", "int"
+        "bigint",
+        "decimal(20,0)",
+        "string",
+        "timestamp",
+        "bigint",
+        "int",
     ]
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -76,7 +98,8 @@ def test_representative_schema_unions_and_widens() -> None:
             assert b.schema.equals(target)
             got += b.to_pylist()
     assert [(r["a"], r["u"], r["s"], r["_sequence"]) for r in got] == [
-        (1, None, None, 0), (2, 9, "x", 1)
+        (1, None, None, 0),
+        (2, 9, "x", 1),
     ]
 
 
@@ -89,25 +112,34 @@ def _expected_metadata(items: list[tuple[int, int, bytes]], n: int) -> list[Any]
     return out
 
 
-@pytest.mark.parametrize("items", [
-    [(0, 5, b"one")],
-    [(0, 5, b"a"), (2, 6, b"b"), (2, 7, b"c"), (4, 8, b"d")],
-    [(3, 5, b"late")],                      # records before the first item: nulls
-    [(0, 5, b"a"), (99, 6, b"past-end")],   # an item starting past the records
-    [],
-])
+@pytest.mark.parametrize(
+    "items",
+    [
+        [(0, 5, b"one")],
+        [(0, 5, b"a"), (2, 6, b"b"), (2, 7, b"c"), (4, 8, b"d")],
+        [(3, 5, b"late")],  # records before the first item: nulls
+        [(0, 5, b"a"), (99, 6, b"past-end")],  # an item starting past the records
+        [],
+    ],
+)
 def test_metadata_columns_follow_each_items_start_index(
-    items: list[tuple[int, int, bytes]]
+    items: list[tuple[int, int, bytes]],
 ) -> None:
     from tieredbuf.format.batch import encode_batch
     from tieredbuf.format.manifest import MetadataItem
 
     n = 6
     ref = ta.ObjectRef(3, "data/x.batch", tuple(MetadataItem(s, t, p) for s, t, p in items))
-    (b,) = ta.records_batches(encode_batch([b"r%d" % i for i in range(n)]), ref,
-                              ta.records_schema())
-    got = list(zip(b.column("metadata").to_pylist(),
-                   b.column("ingestion_time").cast(pa.int64()).to_pylist(), strict=True))
+    (b,) = ta.records_batches(
+        encode_batch([b"r%d" % i for i in range(n)]), ref, ta.records_schema()
+    )
+    got = list(
+        zip(
+            b.column("metadata").to_pylist(),
+            b.column("ingestion_time").cast(pa.int64()).to_pylist(),
+            strict=True,
+        )
+    )
     assert got == _expected_metadata(items, n)
 
 

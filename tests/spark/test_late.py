@@ -57,11 +57,17 @@ def test_streaming_startingTimestamp_only_chooses_the_start(spark: Any, tmp_path
     name, out, ckpt = unique("late"), tmp_path / "out", tmp_path / "ckpt"
 
     def run() -> list[bytes]:
-        q = (spark.readStream.format("tieredbuf").option("startingTimestamp", str(start))
-             .option("consumer", name).load(url)
-             .select("value").writeStream.format("parquet")
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
-             .start(str(out)))
+        q = (
+            spark.readStream.format("tieredbuf")
+            .option("startingTimestamp", str(start))
+            .option("consumer", name)
+            .load(url)
+            .select("value")
+            .writeStream.format("parquet")
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start(str(out))
+        )
         assert q.awaitTermination(120), "the query did not finish"
         assert q.exception() is None
         return _values(spark.read.parquet(str(out)))
@@ -77,9 +83,7 @@ def test_streaming_startingTimestamp_only_chooses_the_start(spark: Any, tmp_path
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_adjacent_batch_time_windows_return_late_records_once(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_adjacent_batch_time_windows_return_late_records_once(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)
     append_records(buf, [[b"a-0", b"a-1"]], ts_ms=after(now_ms()))
@@ -120,10 +124,13 @@ def _append(buf: tieredbuf.Buffer, times: list[int], tag: str) -> None:
 
 def _window(buf: tieredbuf.Buffer, lo: int | None, hi: int | None) -> list[bytes]:
     """What a batch read of ``[lo, hi)`` returns, planned and read as Spark would."""
-    ro = opt.parse_read_options({
-        "path": buf.url, **({} if lo is None else {"startingTimestamp": str(lo)}),
-        **({} if hi is None else {"endingTimestamp": str(hi)}),
-    })
+    ro = opt.parse_read_options(
+        {
+            "path": buf.url,
+            **({} if lo is None else {"startingTimestamp": str(lo)}),
+            **({} if hi is None else {"endingTimestamp": str(hi)}),
+        }
+    )
     snap = pl.read_snapshot(buf)
     start, end = pl.batch_range(buf, snap, ro)
     out = []
@@ -134,7 +141,7 @@ def _window(buf: tieredbuf.Buffer, lo: int | None, hi: int | None) -> list[bytes
 
 
 def test_a_window_ends_after_the_last_object_holding_a_record_before_its_end(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/buf")
     _append(buf, [1000], "a")
@@ -146,9 +153,7 @@ def test_a_window_ends_after_the_last_object_holding_a_record_before_its_end(
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_interleavings_every_record_in_exactly_one_window(
-    tmp_path: Path, seed: int
-) -> None:
+def test_random_interleavings_every_record_in_exactly_one_window(tmp_path: Path, seed: int) -> None:
     """Objects with random ingestion times (some spanning many windows), appended in
     random order into a tree of several levels (M=2): any split of time into windows
     returns each record once, in the window of its own time."""
@@ -158,8 +163,10 @@ def test_random_interleavings_every_record_in_exactly_one_window(
     want: dict[bytes, int] = {}
     for o in range(rng.randrange(10, 30)):
         base = rng.randrange(0, 10_000)
-        times = [max(0, base + rng.choice([0, 5, 50, 3000]) * rng.randrange(-2, 3))
-                 for _ in range(rng.randrange(1, 4))]
+        times = [
+            max(0, base + rng.choice([0, 5, 50, 3000]) * rng.randrange(-2, 3))
+            for _ in range(rng.randrange(1, 4))
+        ]
         _append(buf, times, str(o))
         want.update({f"{o}/{i}".encode(): t for i, t in enumerate(times)})
     cuts = sorted(rng.sample(range(1, 15_000), rng.randrange(1, 5)))
@@ -182,21 +189,35 @@ def test_bundle_windows_are_per_bundle(tmp_path: Path) -> None:
     for times in ([1000, 2000], [1500, 3000]):  # the second object straddles 2000 again
         body = encode_segment(
             SegmentBundle({0: pa.record_batch({"t": [t]})}, t * 1_000_000, i)
-            for i, t in enumerate(times))
+            for i, t in enumerate(times)
+        )
         key = keys.data_key(ULID(), keys.SEGMENT_SUFFIX)
         buf.store.put(key, body, mode="create")
-        buf.queue.append([NewEntry(key, (MetadataItem(0, max(times), b""),))], "w",
-                         buf.snapshot().root.next_seq + 1)
-    schema = pa.schema([("t", pa.int64()), (ta.SEQUENCE_COL, pa.int64()),
-                        (ta.BUNDLE_COL, pa.int32())])
+        buf.queue.append(
+            [NewEntry(key, (MetadataItem(0, max(times), b""),))],
+            "w",
+            buf.snapshot().root.next_seq + 1,
+        )
+    schema = pa.schema(
+        [("t", pa.int64()), (ta.SEQUENCE_COL, pa.int64()), (ta.BUNDLE_COL, pa.int32())]
+    )
     for lo, hi, want in ((None, 2000, [1000, 1500]), (2000, None, [2000, 3000])):
-        ro = opt.parse_read_options({
-            "path": url, "slot": "0", **({} if lo is None else {"startingTimestamp": str(lo)}),
-            **({} if hi is None else {"endingTimestamp": str(hi)})})
+        ro = opt.parse_read_options(
+            {
+                "path": url,
+                "slot": "0",
+                **({} if lo is None else {"startingTimestamp": str(lo)}),
+                **({} if hi is None else {"endingTimestamp": str(hi)}),
+            }
+        )
         snap = pl.read_snapshot(buf)
         start, end = pl.batch_range(buf, snap, ro)
-        got = [t for p in pl.plan_range(buf, snap, start, end, ro, lo, hi)
-               for b in ex.read_partition(ro, schema, p) for t in b.column("t").to_pylist()]
+        got = [
+            t
+            for p in pl.plan_range(buf, snap, start, end, ro, lo, hi)
+            for b in ex.read_partition(ro, schema, p)
+            for t in b.column("t").to_pylist()
+        ]
         assert sorted(got) == want
 
 
@@ -215,9 +236,15 @@ def test_the_day_by_day_backfill_example_writes_every_record_once(
     day = 86_400_000
     d0 = 1_795_000_000_000 // day * day  # a midnight (UTC)
     want: dict[bytes, int] = {}
-    for o, times in enumerate([[d0 + 5, d0 + day - 1], [d0 + day + 7, d0 + 2 * day - 3],
-                               [d0 + day - 2, d0 + day + 1],  # late, straddles midnight
-                               [d0 + 2 * day + 9], [d0 + 10, d0 + 2 * day + 1]]):
+    for o, times in enumerate(
+        [
+            [d0 + 5, d0 + day - 1],
+            [d0 + day + 7, d0 + 2 * day - 3],
+            [d0 + day - 2, d0 + day + 1],  # late, straddles midnight
+            [d0 + 2 * day + 9],
+            [d0 + 10, d0 + 2 * day + 1],
+        ]
+    ):
         _append(buf, times, str(o))
         want.update({f"{o}/{i}".encode(): t for i, t in enumerate(times)})
     path = Path(__file__).resolve().parents[2] / "examples" / "spark_backfill_time_range.py"
@@ -242,7 +269,9 @@ def test_the_day_by_day_backfill_example_writes_every_record_once(
 @pytest.mark.spark
 @pytest.mark.slow
 def test_the_backfill_example_on_an_empty_range_says_so_and_writes_nothing(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A documented range with no records: one line per day and for the range, exit 0
@@ -260,8 +289,9 @@ def test_the_backfill_example_on_an_empty_range_says_so_and_writes_nothing(
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["backfill", url, str(out), "--from", "2020-01-01",
-                                      "--days", "2"])
+    monkeypatch.setattr(
+        sys, "argv", ["backfill", url, str(out), "--from", "2020-01-01", "--days", "2"]
+    )
     try:
         example.main()  # returns: exit 0
     finally:

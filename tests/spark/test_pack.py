@@ -34,7 +34,9 @@ def test_pack_spreads_small_reads_over_min_partitions() -> None:
 
 def test_pack_caps_partitions_at_max_bytes_and_keeps_big_objects_alone() -> None:
     assert opt.pack([1000, 1, 1, 1000], 100, 1, open_cost=4) == [
-        range(0, 1), range(1, 3), range(3, 4)
+        range(0, 1),
+        range(1, 3),
+        range(3, 4),
     ]
 
 
@@ -98,9 +100,12 @@ def test_plan_packs_objects_with_sizes_from_the_manifest(
     monkeypatch.undo()
 
     ro = opt.parse_read_options({"path": url})
-    got = [tuple(r.values()) for p in parts
-           for b in ex.read_partition(ro, ta.records_schema(), p)
-           for r in pa.Table.from_batches([b]).select(["sequence", "index", "value"]).to_pylist()]
+    got = [
+        tuple(r.values())
+        for p in parts
+        for b in ex.read_partition(ro, ta.records_schema(), p)
+        for r in pa.Table.from_batches([b]).select(["sequence", "index", "value"]).to_pylist()
+    ]
     want = [(s, i, v) for s, recs in enumerate(produced) for i, v in enumerate(recs)]
     assert got == want
 

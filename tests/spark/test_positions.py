@@ -56,9 +56,16 @@ def _run_stream(spark: Any, url: str, ckpt: Path, **options: str) -> tuple[Any, 
 
     awaitTermination raises the query's error when it failed."""
     out = ckpt.with_name(ckpt.name + "-out")
-    q = (spark.readStream.format("tieredbuf").options(**options).load(url)
-         .select("sequence").writeStream.format("parquet")
-         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(str(out)))
+    q = (
+        spark.readStream.format("tieredbuf")
+        .options(**options)
+        .load(url)
+        .select("sequence")
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
     assert q.awaitTermination(120), "the query did not finish"
     assert q.exception() is None
     return q, spark.read.schema("sequence long").parquet(str(out))
@@ -147,7 +154,11 @@ def test_retained_history_is_readable_from_earliest(spark: Any, tmp_path: Path) 
     assert (snap.low, snap.head) == (0, 3)
     assert _seqs(spark.read.format("tieredbuf").load(url)) == [0, 1, 2, 3, 4]
     assert _seqs(spark.read.format("tieredbuf").option("startingOffsets", "1").load(url)) == [
-        1, 2, 3, 4]
+        1,
+        2,
+        3,
+        4,
+    ]
     assert _stream_reader(url).initialOffset()["sequence"] == 0
     assert _stream_reader(url, startingOffsets="1").initialOffset()["sequence"] == 1
     assert _stream_reader(url, startingTimestamp=str(T0 + 1)).initialOffset()["sequence"] == 1
@@ -157,9 +168,7 @@ def test_retained_history_is_readable_from_earliest(spark: Any, tmp_path: Path) 
 
 
 @pytest.mark.spark
-def test_a_path_with_no_buffer_is_an_error_and_is_never_created(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_a_path_with_no_buffer_is_an_error_and_is_never_created(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/mistyped"
     with pytest.raises(Exception, match=r"no tieredbuf buffer at .*mistyped"):
         spark.read.format("tieredbuf").load(url).collect()

@@ -47,9 +47,17 @@ def _source(url: str, n: int) -> tieredbuf.Buffer:
 
 def _pipe(spark: Any, src: str, dst: str, ckpt: Path, **sink: str) -> Any:
     """One AvailableNow run: source buffer -> sink buffer, one object per micro-batch."""
-    return (spark.readStream.format("tieredbuf").option("maxOffsetsPerTrigger", "1").load(src)
-            .select("value").writeStream.format("tieredbuf").options(**sink)
-            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(dst))
+    return (
+        spark.readStream.format("tieredbuf")
+        .option("maxOffsetsPerTrigger", "1")
+        .load(src)
+        .select("value")
+        .writeStream.format("tieredbuf")
+        .options(**sink)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start(dst)
+    )
 
 
 @pytest.mark.slow
@@ -86,10 +94,18 @@ def test_crash_between_offset_log_and_commit_log_loses_and_doubles_nothing(
     sink_opts = {"producerId": pid, "createBuffer": "true"}
 
     def run() -> None:
-        q = (spark.readStream.format("tieredbuf").option("consumer", name)
-             .option("maxOffsetsPerTrigger", "1").load(src_url).select("value")
-             .writeStream.format("tieredbuf").options(**sink_opts)
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(dst))
+        q = (
+            spark.readStream.format("tieredbuf")
+            .option("consumer", name)
+            .option("maxOffsetsPerTrigger", "1")
+            .load(src_url)
+            .select("value")
+            .writeStream.format("tieredbuf")
+            .options(**sink_opts)
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start(dst)
+        )
         assert q.awaitTermination(120), "the query did not finish"
         assert q.exception() is None
 
@@ -115,8 +131,9 @@ def test_batch_writes_are_idempotent_per_producerId_and_batchVersion(
     df = spark.createDataFrame([(f"v{i}",) for i in range(6)], "value string").repartition(2)
 
     def write(**options: str) -> None:
-        df.write.format("tieredbuf").options(createBuffer="true", **options) \
-            .mode("append").save(url)
+        df.write.format("tieredbuf").options(createBuffer="true", **options).mode("append").save(
+            url
+        )
 
     write()  # no producerId: nothing recorded in the manifest
     assert buf.snapshot().view.watermarks == {}
@@ -128,8 +145,11 @@ def test_batch_writes_are_idempotent_per_producerId_and_batchVersion(
     write(producerId="daily", batchVersion="8")
     assert len(buf.entries()) == 6
     assert list(buf.snapshot().view.watermarks) == ["daily"]
-    for bad in ({"producerId": "x"}, {"batchVersion": "1"}, {"batchVersion": "-1",
-                                                             "producerId": "x"}):
+    for bad in (
+        {"producerId": "x"},
+        {"batchVersion": "1"},
+        {"batchVersion": "-1", "producerId": "x"},
+    ):
         with pytest.raises(Exception, match="batchVersion"):
             write(**bad)
 
@@ -158,8 +178,7 @@ def test_an_aborted_job_appends_nothing_and_leaves_only_what_gc_reclaims(
     boom = udf(lambda v: _fail_on_v7(v), "string")  # no type hints: a plain Python UDF
     df = spark.createDataFrame([(f"v{i}",) for i in range(8)], "value string").repartition(4)
     with pytest.raises(Exception, match="boom"):
-        df.select(boom("value").alias("value")).write.format("tieredbuf").mode("append") \
-            .save(url)
+        df.select(boom("value").alias("value")).write.format("tieredbuf").mode("append").save(url)
     assert buf.entries() == []
     # a task Spark cancelled may still be uploading in its Python worker after the job
     # failed (Spark's task bookkeeping does not wait for it): GC past the grace period
@@ -226,10 +245,11 @@ def _uploaded(buf: tieredbuf.Buffer, ages_min: list[int]) -> wr.UploadedObjects:
     return msg
 
 
-@pytest.mark.parametrize("buffer_url", ["local", pytest.param("s3", marks=pytest.mark.s3)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "buffer_url", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True
+)
 def test_I5_stale_objects_are_copied_server_side_by_the_buffers_grace(
-    buffer_url: tuple[str, dict[str, Any]]
+    buffer_url: tuple[str, dict[str, Any]],
 ) -> None:
     url, store_opts = buffer_url
     counting = KeyLog(tieredbuf.open(url, **store_opts).store)
@@ -287,5 +307,9 @@ def test_write_options_are_checked() -> None:
         opt.parse_write_options({"path": "file:///x", "gcGracePeriodSeconds": "60"})
     with pytest.raises(ConfigError, match="batchVersion needs producerId"):
         opt.parse_write_options({"path": "file:///x", "batchVersion": "1"})
-    assert opt.parse_write_options({"path": "file:///x", "producerId": "p",
-                                    "batchVersion": "0"}).batch_version == 0
+    assert (
+        opt.parse_write_options(
+            {"path": "file:///x", "producerId": "p", "batchVersion": "0"}
+        ).batch_version
+        == 0
+    )

@@ -77,8 +77,9 @@ def test_offsets_and_timestamps_select_ranges(
         append_records(buf, [[b"%d" % s]], ts_ms=1000 * (s + 1))
 
     def seqs(**opts: Any) -> list[int]:
-        return sorted(r[0] for r in rows(_reader(spark, store, **opts).load(url)
-                                        .select("sequence")))
+        return sorted(
+            r[0] for r in rows(_reader(spark, store, **opts).load(url).select("sequence"))
+        )
 
     assert seqs() == [0, 1, 2, 3, 4, 5]
     assert seqs(startingOffsets=2, endingOffsets=4) == [2, 3]
@@ -106,18 +107,26 @@ def test_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
     c.close()
     with pytest.raises(Exception, match="already dequeued"):
         _reader(spark, {}, startingOffsets=0).load(url).collect()
-    got = rows(_reader(spark, {}, startingOffsets=0, failOnDataLoss="false").load(url)
-               .select("sequence"))
+    got = rows(
+        _reader(spark, {}, startingOffsets=0, failOnDataLoss="false").load(url).select("sequence")
+    )
     assert sorted(r[0] for r in got) == [2, 3]
 
 
-def _stream(spark: Any, url: str, store: dict[str, Any], out: Path, ckpt: Path,
-            **opts: Any) -> Any:
-    df = (spark.readStream.format("tieredbuf").options(**spark_options(store))
-          .options(**{k: str(v) for k, v in opts.items()}).load(url))
-    return (df.select("value", "sequence", "index").writeStream.format("parquet")
-            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
-            .start(str(out)))
+def _stream(spark: Any, url: str, store: dict[str, Any], out: Path, ckpt: Path, **opts: Any) -> Any:
+    df = (
+        spark.readStream.format("tieredbuf")
+        .options(**spark_options(store))
+        .options(**{k: str(v) for k, v in opts.items()})
+        .load(url)
+    )
+    return (
+        df.select("value", "sequence", "index")
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
 
 
 @pytest.mark.parametrize("buffer_url", WITH_AZURE, indirect=True)
@@ -164,8 +173,7 @@ def test_admission_control_splits_backlog(
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert sizes == [20, 20, 20, 10]
     size = buf.store.head(buf.entries()[0].location).size
-    q = _stream(spark, url, store, tmp_path / "o2", tmp_path / "c2",
-                maxBytesPerTrigger=3 * size)
+    q = _stream(spark, url, store, tmp_path / "o2", tmp_path / "c2", maxBytesPerTrigger=3 * size)
     assert q.awaitTermination(120)
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert sizes == [30, 30, 10]
@@ -181,9 +189,13 @@ def test_second_query_with_same_consumer_fences_first(spark: Any, tmp_path: Path
 
     def start(i: int) -> Any:
         df = spark.readStream.format("tieredbuf").option("consumer", name).load(url)
-        return (df.writeStream.format("memory").queryName(unique("fence").replace("-", "_"))
-                .option("checkpointLocation", str(tmp_path / f"ck{i}"))
-                .trigger(processingTime="50 milliseconds").start())
+        return (
+            df.writeStream.format("memory")
+            .queryName(unique("fence").replace("-", "_"))
+            .option("checkpointLocation", str(tmp_path / f"ck{i}"))
+            .trigger(processingTime="50 milliseconds")
+            .start()
+        )
 
     a = start(1)
     a.processAllAvailable()
@@ -210,8 +222,9 @@ def test_sink_output_is_consumable(
     df = spark.createDataFrame([(f"v{i}",) for i in range(100)], "value string").repartition(3)
     with pytest.raises(Exception, match="createBuffer"):  # never creates one by accident
         df.write.format("tieredbuf").options(**spark_options(store)).mode("append").save(url)
-    df.write.format("tieredbuf").options(**spark_options(store)).option("createBuffer", "true") \
-        .mode("append").save(url)
+    df.write.format("tieredbuf").options(**spark_options(store)).option(
+        "createBuffer", "true"
+    ).mode("append").save(url)
     entries = buf.entries()
     assert len(entries) == 3
     got = consume_all(buf)
@@ -223,11 +236,17 @@ def test_sink_output_is_consumable(
     src = tieredbuf.open(src_url, **store)
     for s in range(3):
         append_records(src, [[b"s%d-%d" % (s, j) for j in range(4)]], ts_ms=1000)
-    q = (spark.readStream.format("tieredbuf").options(**spark_options(store)).load(src_url)
-         .select("value", "metadata")
-         .writeStream.format("tieredbuf").options(**spark_options(store))
-         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
-         .start(url))
+    q = (
+        spark.readStream.format("tieredbuf")
+        .options(**spark_options(store))
+        .load(src_url)
+        .select("value", "metadata")
+        .writeStream.format("tieredbuf")
+        .options(**spark_options(store))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
     assert q.awaitTermination(120)
     assert q.exception() is None
     got = consume_all(buf)
@@ -244,22 +263,34 @@ def test_bundles_read_back_with_representative_schema(
     a1 = pa.record_batch({"a": pa.array([1, 2], pa.int32()), "s": ["x", "y"]})
     other = pa.record_batch({"z": [1.5]})
     append_bundles(buf, [{0: a1, 1: other}, {0: a1}])
-    a2 = pa.record_batch({"a": pa.array([3], pa.int64()), "t": pa.array([7], pa.uint32()),
-                          "s": pa.array(["z"]).dictionary_encode()})
+    a2 = pa.record_batch(
+        {
+            "a": pa.array([3], pa.int64()),
+            "t": pa.array([7], pa.uint32()),
+            "s": pa.array(["z"]).dictionary_encode(),
+        }
+    )
     append_bundles(buf, [{0: a2}])
     df = _reader(spark, store, slot=0).load(url)
     assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
-        ("a", "bigint"), ("s", "string"), ("t", "bigint"), ("_sequence", "bigint"),
+        ("a", "bigint"),
+        ("s", "string"),
+        ("t", "bigint"),
+        ("_sequence", "bigint"),
         ("_bundle", "int"),
     ]
     assert sorted(rows(df)) == [
-        (1, "x", None, 0, 0), (1, "x", None, 0, 1), (2, "y", None, 0, 0),
-        (2, "y", None, 0, 1), (3, "z", 7, 1, 0),
+        (1, "x", None, 0, 0),
+        (1, "x", None, 0, 1),
+        (2, "y", None, 0, 0),
+        (2, "y", None, 0, 1),
+        (3, "z", 7, 1, 0),
     ]
     # The sink writes a non-`value` schema as bundles; they read back the same way.
     out = url + "-out" if url.startswith("file") else url.replace("/buf", "/out")
-    df.select("a", "s").write.format("tieredbuf").options(**spark_options(store)) \
-        .option("createBuffer", "true").mode("append").save(out)
+    df.select("a", "s").write.format("tieredbuf").options(**spark_options(store)).option(
+        "createBuffer", "true"
+    ).mode("append").save(out)
     back = _reader(spark, store, slot=0).load(out)
     assert [f.name for f in back.schema.fields] == ["a", "s", "_sequence", "_bundle"]
     assert sorted(rows(back.select("a", "s"))) == sorted(rows(df.select("a", "s")))
@@ -275,8 +306,12 @@ def _many_stream_buffer(url: str, store: dict[str, Any]) -> tieredbuf.Buffer:
         if i % 3 == 0:
             b = pa.record_batch({"a": pa.array(range(n), pa.int32())})
         elif i % 3 == 1:
-            b = pa.record_batch({"a": pa.array(range(n), pa.int64()),
-                                 "s": pa.array([f"v{i}"] * n).dictionary_encode()})
+            b = pa.record_batch(
+                {
+                    "a": pa.array(range(n), pa.int64()),
+                    "s": pa.array([f"v{i}"] * n).dictionary_encode(),
+                }
+            )
         else:
             b = pa.record_batch({"s": pa.array([f"w{i}"] * n)})
         bundles.append({0: b, 1: pa.record_batch({"z": [float(i)]})})
@@ -308,10 +343,18 @@ def test_large_segments_split_by_stream_read_rows_exactly_once(
     ck = url.replace("file://", "") + "-ck" if url.startswith("file") else None
     if ck is not None:
         name = unique("split").replace("-", "_")
-        q = (spark.readStream.format("tieredbuf").options(**spark_options(store))
-             .option("slot", "0").option("splitStreamsBytes", "1").load(url)
-             .writeStream.format("memory").queryName(name).option("checkpointLocation", ck)
-             .trigger(availableNow=True).start())
+        q = (
+            spark.readStream.format("tieredbuf")
+            .options(**spark_options(store))
+            .option("slot", "0")
+            .option("splitStreamsBytes", "1")
+            .load(url)
+            .writeStream.format("memory")
+            .queryName(name)
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+        )
         assert q.awaitTermination(120)
         assert q.exception() is None
         assert sorted(rows(spark.table(name)), key=repr) == sorted(expected, key=repr)

@@ -24,16 +24,26 @@ def _buffer(tmp_path: Path) -> tuple[str, tieredbuf.Buffer]:
     bundles = []
     for i in range(6):
         d = pa.array([f"k{i}"] * (10 + i)).dictionary_encode()
-        bundles.append({0: pa.record_batch({"a": pa.array(range(10 + i)), "s": d}),
-                        2: pa.record_batch({"z": [i]})})
+        bundles.append(
+            {
+                0: pa.record_batch({"a": pa.array(range(10 + i)), "s": d}),
+                2: pa.record_batch({"z": [i]}),
+            }
+        )
     append_bundles(buf, bundles)
     append_bundles(buf, bundles[:1])  # one stream of slot 0: never split
     return url, buf
 
 
 def _schema() -> pa.Schema:
-    return pa.schema([("a", pa.int64()), ("s", pa.string()), (ta.SEQUENCE_COL, pa.int64()),
-                      (ta.BUNDLE_COL, pa.int32())])
+    return pa.schema(
+        [
+            ("a", pa.int64()),
+            ("s", pa.string()),
+            (ta.SEQUENCE_COL, pa.int64()),
+            (ta.BUNDLE_COL, pa.int32()),
+        ]
+    )
 
 
 def test_plan_and_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,13 +73,17 @@ def test_plan_and_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     for p in split:
         calls.clear()
         got += pa.Table.from_batches(list(ex.read_partition(ro, _schema(), p))).to_pylist()
-        assert calls == [("range", sl.stream.byte_offset,
-                          sl.stream.byte_offset + sl.stream.byte_length)
-                         for sl in p.streams or ()]
+        assert calls == [
+            ("range", sl.stream.byte_offset, sl.stream.byte_offset + sl.stream.byte_length)
+            for sl in p.streams or ()
+        ]
     monkeypatch.undo()
     expected = pa.Table.from_batches(
-        list(ex.read_partition(whole, _schema(),
-                               pl.object_partitions(buf.store, entries[:1], whole)[0]))
+        list(
+            ex.read_partition(
+                whole, _schema(), pl.object_partitions(buf.store, entries[:1], whole)[0]
+            )
+        )
     ).to_pylist()
     key = lambda r: (r["_bundle"], r["a"])  # noqa: E731
     assert sorted(got, key=key) == sorted(expected, key=key)

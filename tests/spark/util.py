@@ -37,11 +37,10 @@ def append_records(
     return _append(buf, key, tuple(items))
 
 
-def append_bundles(buf: tieredbuf.Buffer, batches: list[dict[int, pa.RecordBatch]],
-                   ts_ms: int = 1_000) -> int:
-    body = encode_segment(
-        SegmentBundle(b, ts_ms * 1_000_000, i) for i, b in enumerate(batches)
-    )
+def append_bundles(
+    buf: tieredbuf.Buffer, batches: list[dict[int, pa.RecordBatch]], ts_ms: int = 1_000
+) -> int:
+    body = encode_segment(SegmentBundle(b, ts_ms * 1_000_000, i) for i, b in enumerate(batches))
     key = keys.data_key(ULID(), keys.SEGMENT_SUFFIX)
     buf.store.put(key, body, mode="create")
     return _append(buf, key, (MetadataItem(0, ts_ms, b""),))
@@ -91,9 +90,13 @@ def after(t_ms: int, timeout_s: float = 5.0) -> int:
 def kill_after_local_acks(url: str, stage: Path, tag: str, n: int) -> list[bytes]:
     """A staged producer process acks ``n`` records LOCAL and is killed with SIGKILL
     before any of them reached the store; returns the acked records."""
-    proc = subprocess.Popen([sys.executable, str(LATE_WORKER), url, str(stage), tag, str(n)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(LATE_WORKER), url, str(stage), tag, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     acked = []
     for line in proc.stdout:
@@ -141,8 +144,14 @@ def bulk_fill(buf: tieredbuf.Buffer, n: int, m: int, t0_ms: int = 1_800_000_000_
     from tieredbuf.format.manifest import NewEntry as _New
     from tieredbuf.queue import tree
 
-    entries = [_New(keys.data_key(ULID.from_timestamp((t0_ms + i) / 1000)),
-                    (MetadataItem(0, t0_ms + i, b""),), 1 << 20) for i in range(n)]
+    entries = [
+        _New(
+            keys.data_key(ULID.from_timestamp((t0_ms + i) / 1000)),
+            (MetadataItem(0, t0_ms + i, b""),),
+            1 << 20,
+        )
+        for i in range(n)
+    ]
     root = buf.queue.read().root.copy()
     tree.append_entries(root, entries, t0_ms)
     tree.rebalance(root, m, buf.queue.nodes.put)

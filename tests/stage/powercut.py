@@ -63,8 +63,9 @@ from tieredbuf.store.base import GetResult
 ROOT = Path("/sim/staging")
 PID = "p"
 MODES = ("drop", "keep", "subset")
-FAST_RETRY = RetryConfig(initial_backoff=timedelta(milliseconds=1),
-                         max_backoff=timedelta(milliseconds=20))
+FAST_RETRY = RetryConfig(
+    initial_backoff=timedelta(milliseconds=1), max_backoff=timedelta(milliseconds=20)
+)
 
 
 @dataclass
@@ -92,12 +93,13 @@ class CutResult:
         return set(self.found) - self.produced
 
     def ok(self) -> bool:
-        return not (self.lost or self.doubled or self.invented or self.order_errors
-                    or self.error)
+        return not (self.lost or self.doubled or self.invented or self.order_errors or self.error)
 
     def report(self) -> str:
-        lines = [f"power cut seed={self.seed}: {self.desc}",
-                 f"  LOCAL-acked {len(self.acked)}, recovered {len(self.found)} distinct"]
+        lines = [
+            f"power cut seed={self.seed}: {self.desc}",
+            f"  LOCAL-acked {len(self.acked)}, recovered {len(self.found)} distinct",
+        ]
         if self.error:
             lines.append(f"  {self.error}")
         if self.lost:
@@ -191,8 +193,14 @@ class SimLinkStore:
 class _Writers:
     """Writer threads appending until the power goes (or ``limit`` each)."""
 
-    def __init__(self, rng: random.Random, n: int = 2, limit: int = 400,
-                 bundle_share: float = 0.2, sim: SimFs | None = None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        n: int = 2,
+        limit: int = 400,
+        bundle_share: float = 0.2,
+        sim: SimFs | None = None,
+    ) -> None:
         self._sim = sim
         """With injected faults: a DiskError only skips that record, until the cut."""
         self.acked: set[str] = set()
@@ -204,9 +212,12 @@ class _Writers:
 
     def run(self, stage: Stage) -> None:
         """Append from every writer thread until each stops; returns when all did."""
-        threads = [threading.Thread(target=self._run, args=(stage, t, s),
-                                    name=f"pc-writer-{t}", daemon=True)
-                   for t, s in enumerate(self._seeds)]
+        threads = [
+            threading.Thread(
+                target=self._run, args=(stage, t, s), name=f"pc-writer-{t}", daemon=True
+            )
+            for t, s in enumerate(self._seeds)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -268,8 +279,9 @@ def _segment_records(stage: Stage) -> list[str]:
         if seg.stream == "batch":
             out += [r.decode() for r in decode_batch(data, str(seg.path))]
         else:
-            out += _ids_of_bundles([dict(b.slots) for b in
-                                    SegmentReader(data, str(seg.path)).bundles()])
+            out += _ids_of_bundles(
+                [dict(b.slots) for b in SegmentReader(data, str(seg.path)).bundles()]
+            )
     return out
 
 
@@ -285,8 +297,9 @@ def _queue_records(buf: tieredbuf.Buffer) -> tuple[list[str], list[str]]:
     errors: list[str] = []
     while (b := c.next_batch()) is not None:
         stream = "batch" if b.location.endswith(".batch") else "qseg"
-        recs = [r.decode() for r in b.entries] if stream == "batch" else \
-            _ids_of_bundles(b.bundles())
+        recs = (
+            [r.decode() for r in b.entries] if stream == "batch" else _ids_of_bundles(b.bundles())
+        )
         for r in recs:
             w, i = r.split(":")
             if last.get((w, stream), -1) >= int(i):
@@ -297,11 +310,19 @@ def _queue_records(buf: tieredbuf.Buffer) -> tuple[list[str], list[str]]:
     return out, errors
 
 
-def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
-            recovery_cuts: int | None = None, max_ops: int = 900,
-            real_dir: Path | None = None,
-            patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-            faults: int = 0, link: bool = False, link_dir_fsync: bool = True) -> CutResult:
+def run_cut(
+    seed: int,
+    *,
+    export: bool,
+    modes: tuple[str, ...] = MODES,
+    recovery_cuts: int | None = None,
+    max_ops: int = 900,
+    real_dir: Path | None = None,
+    patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    faults: int = 0,
+    link: bool = False,
+    link_dir_fsync: bool = True,
+) -> CutResult:
     """One power cut (and its recovery cuts); see the module doc.  ``patch``: a context
     manager active while the stage runs before the first cut (the broken twins)."""
     rng = random.Random(seed)
@@ -309,11 +330,13 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
     mode = rng.choice(modes)
     rec_cuts = rng.choice([0, 0, 1, 2]) if recovery_cuts is None else recovery_cuts
     cut_at = rng.randint(1, max_ops)
-    desc = (f"{'link export' if link else 'export' if export else 'stage'} cut at op "
-            f"{cut_at}, mode {mode}, "
-            f"{faults} injected fault(s), "
-            f"{rec_cuts} recovery cut(s), flush {cfg.wal.flush_interval.total_seconds()}s, "
-            f"rotate {cfg.wal.rotation_target}, seal {cfg.segment.target_size}")
+    desc = (
+        f"{'link export' if link else 'export' if export else 'stage'} cut at op "
+        f"{cut_at}, mode {mode}, "
+        f"{faults} injected fault(s), "
+        f"{rec_cuts} recovery cut(s), flush {cfg.wal.flush_interval.total_seconds()}s, "
+        f"rotate {cfg.wal.rotation_target}, seal {cfg.segment.target_size}"
+    )
     buf = tieredbuf.open(f"memory://pc-{uuid.uuid4().hex}") if export or link else None
     sim = SimFs()
     sim.makedirs_durable(ROOT)
@@ -329,11 +352,24 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
         with patch() if patch is not None else contextlib.nullcontext():
             sim.arm(cut_at)
             for _ in range(faults):  # ENOSPC / EIO here and there before the cut
-                sim.fail(rng.choice(["writev", "fdatasync", "rename", "fsync_dir", "open",
-                                     "ftruncate", "unlink", "*"]),
-                         rng.choice([errno.ENOSPC, errno.EIO]),
-                         rng.choice(["/wal/", "/segments/", ""]),
-                         times=rng.randint(1, 4), after=rng.randint(0, 300))
+                sim.fail(
+                    rng.choice(
+                        [
+                            "writev",
+                            "fdatasync",
+                            "rename",
+                            "fsync_dir",
+                            "open",
+                            "ftruncate",
+                            "unlink",
+                            "*",
+                        ]
+                    ),
+                    rng.choice([errno.ENOSPC, errno.EIO]),
+                    rng.choice(["/wal/", "/segments/", ""]),
+                    times=rng.randint(1, 4),
+                    after=rng.randint(0, 300),
+                )
             writers = _Writers(rng, sim=sim if faults else None)
             stage: Stage | None = None
             exporter: Exporter | None = None
@@ -354,8 +390,7 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             stage = exporter = None
             with contextlib.suppress(Exception):
                 stage = _open_stage(disk, cfg)
-                exporter = Exporter(stage, buf.store, buf.queue, retry=FAST_RETRY) \
-                    if buf else None
+                exporter = Exporter(stage, buf.store, buf.queue, retry=FAST_RETRY) if buf else None
                 stage.seal_all()
                 if exporter is not None:
                     _drain_while_powered(exporter, disk)
@@ -392,5 +427,6 @@ def run_cut(seed: int, *, export: bool, modes: tuple[str, ...] = MODES,
             error = f"recovery failed: {type(e).__name__}: {e}"
     finally:
         logging.disable(logging.NOTSET)
-    return CutResult(seed, desc, writers.acked, Counter(found), writers.produced, order,
-                     traces, error)
+    return CutResult(
+        seed, desc, writers.acked, Counter(found), writers.produced, order, traces, error
+    )

@@ -154,8 +154,9 @@ class SimFs(FileSystem):
                 self.dead = True
                 self.trace.append(f"#{self.ops} POWER CUT")
 
-    def fail(self, op: str, err: int, path_contains: str = "", times: int | None = 1,
-             after: int = 0) -> _Fault:
+    def fail(
+        self, op: str, err: int, path_contains: str = "", times: int | None = 1, after: int = 0
+    ) -> _Fault:
         """Make the next ``times`` (None: every) matching operations raise
         ``OSError(err)``, after letting ``after`` of them pass.  ``op``: writev,
         fdatasync, fsync, rename, link, unlink, open, ftruncate, zero_range, fsync_dir (an
@@ -248,8 +249,14 @@ class SimFs(FileSystem):
 
     # --- primitives -----------------------------------------------------------------
 
-    def open(self, path: Any, flags: int, mode: int = 0o777, *,  # type: ignore[override]
-             dir_fd: Any = None) -> int:
+    def open(
+        self,
+        path: Any,
+        flags: int,
+        mode: int = 0o777,
+        *,  # type: ignore[override]
+        dir_fd: Any = None,
+    ) -> int:
         path = Path(path)
         with self._lock:
             self._check_alive()
@@ -263,8 +270,7 @@ class SimFs(FileSystem):
                     raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
                 if ino is None:
                     if not flags & os.O_CREAT:
-                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT),
-                                                str(path))
+                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
                     self._tick(f"create {path}", "open", path)
                     node = self._new_inode(is_dir=False)
                     parent.entries[name] = node.ino
@@ -272,8 +278,7 @@ class SimFs(FileSystem):
                 else:
                     node = self._inodes[ino]
                     if node.is_dir:
-                        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR),
-                                                str(path))
+                        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
                     if flags & os.O_TRUNC and node.data:
                         self._tick(f"truncate-open {path}", "open", path)
                         node.data = bytearray()
@@ -413,8 +418,13 @@ class SimFs(FileSystem):
         with self._lock:
             self._check_alive()
             ino = self._inode_at(Path(path)).ino
-            return sum(1 for node in self._inodes.values() if node.is_dir
-                       for i in node.entries.values() if i == ino)
+            return sum(
+                1
+                for node in self._inodes.values()
+                if node.is_dir
+                for i in node.entries.values()
+                if i == ino
+            )
 
     def unlink(self, path: Path, missing_ok: bool = False) -> None:
         with self._lock:
@@ -522,10 +532,14 @@ class SimFs(FileSystem):
 
     # --- the disk after a power cut -------------------------------------------------
 
-    def reconstruct(self, mode: str, rng: random.Random | None = None,
-                    p_keep: float = 0.5, p_tear: float = 0.25,
-                    decide: Callable[[str, tuple[Any, ...]], bool | None] | None = None,
-                    ) -> SimFs:
+    def reconstruct(
+        self,
+        mode: str,
+        rng: random.Random | None = None,
+        p_keep: float = 0.5,
+        p_tear: float = 0.25,
+        decide: Callable[[str, tuple[Any, ...]], bool | None] | None = None,
+    ) -> SimFs:
         """The file system a reboot finds (see the module doc); the power must be off.
         ``decide(description, op)``: in ``subset`` mode, True keeps a non-durable
         operation, False loses it, None leaves it to chance (tests that need one
@@ -553,8 +567,12 @@ class SimFs(FileSystem):
             def content(node: _Inode) -> bytes:
                 if node.ino not in contents:
                     contents[node.ino] = self._file_after_cut(
-                        node, mode, rng, lambda op: keep(names.get(node.ino, "?"), op),
-                        0.0 if decide is not None else p_tear)
+                        node,
+                        mode,
+                        rng,
+                        lambda op: keep(names.get(node.ino, "?"), op),
+                        0.0 if decide is not None else p_tear,
+                    )
                 return contents[node.ino]
 
             def entries(node: _Inode) -> dict[str, int]:
@@ -611,8 +629,13 @@ class SimFs(FileSystem):
         return out
 
     @staticmethod
-    def _file_after_cut(node: _Inode, mode: str, rng: random.Random,
-                        keep: Callable[[tuple[Any, ...]], bool], p_tear: float) -> bytes:
+    def _file_after_cut(
+        node: _Inode,
+        mode: str,
+        rng: random.Random,
+        keep: Callable[[tuple[Any, ...]], bool],
+        p_tear: float,
+    ) -> bytes:
         if mode == "keep":
             return bytes(node.data)
         data = bytearray(node.durable)
@@ -624,8 +647,9 @@ class SimFs(FileSystem):
             if op[0] == "write":
                 _, off, chunk = op
                 if rng.random() < p_tear:  # torn: only the part before a sector boundary
-                    bounds = [b for b in range((off // SECTOR + 1) * SECTOR, off + len(chunk),
-                                               SECTOR)]
+                    bounds = [
+                        b for b in range((off // SECTOR + 1) * SECTOR, off + len(chunk), SECTOR)
+                    ]
                     if bounds:
                         chunk = chunk[: rng.choice(bounds) - off]
                 if off > len(data):

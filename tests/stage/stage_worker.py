@@ -40,8 +40,10 @@ def main() -> None:
             out.notify_all()
 
     if mode == "exit-before-cursor":
+
         def boom(self: WalWriter, position: int) -> None:
             os._exit(3)
+
         WalWriter.advance_cursor = boom  # type: ignore[method-assign]
     i = 0
     futs = []

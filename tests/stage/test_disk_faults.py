@@ -102,8 +102,11 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("op", "where", "err"), FAULTS,
-                         ids=[f"{o}-{w.strip('/')}-{errno.errorcode[e]}" for o, w, e in FAULTS])
+@pytest.mark.parametrize(
+    ("op", "where", "err"),
+    FAULTS,
+    ids=[f"{o}-{w.strip('/')}-{errno.errorcode[e]}" for o, w, e in FAULTS],
+)
 def test_I1_a_failing_disk_gives_typed_errors_loses_nothing_acked_and_recovers(
     op: str, where: str, err: int
 ) -> None:
@@ -147,7 +150,7 @@ def test_I1_a_failed_wal_fdatasync_is_never_retried_on_the_same_file() -> None:
     assert w.append(), "a single failed fdatasync should be repaired transparently"
     trace = list(sim.trace)
     i = next(n for n, x in enumerate(trace) if "FAULT fdatasync" in x)
-    after = trace[i + 1:]
+    after = trace[i + 1 :]
     assert any("ftruncate" in x or "truncate" in x for x in after[:3]), after[:6]
     assert any("create" in x and "quiver.wal.new" in x for x in after), after
     renamed = next(x for x in after if "rename" in x and "quiver.wal ->" in x)
@@ -183,11 +186,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs: a file system that really fills up (needs root to mount)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the injected "
-                    "ENOSPC tests cover a full disk")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({r.stderr.strip()}); the injected "
+            "ENOSPC tests cover a full disk"
+        )
     try:
         yield mnt
     finally:
@@ -222,8 +228,9 @@ def test_I1_a_really_full_disk_gives_disk_full_errors_and_appends_resume_when_fr
         if not w.append() and len(w.typed) >= 3:
             break
     assert w.typed, "the disk never filled up"
-    assert all(isinstance(e, DiskFullError) and e.errno == errno.ENOSPC and e.path
-               for e in w.typed), w.typed
+    assert all(
+        isinstance(e, DiskFullError) and e.errno == errno.ENOSPC and e.path for e in w.typed
+    ), w.typed
     assert isinstance(st.disk_fault(), DiskFullError)
     (small_disk / "filler").unlink()
 

@@ -25,8 +25,10 @@ from tieredbuf.stage.stage import Stage
 
 
 def cfg() -> StageConfig:
-    return StageConfig(wal=WalConfig(flush_interval=timedelta(milliseconds=2)),
-                       segment=SegmentConfig(max_open_duration=timedelta(seconds=60)))
+    return StageConfig(
+        wal=WalConfig(flush_interval=timedelta(milliseconds=2)),
+        segment=SegmentConfig(max_open_duration=timedelta(seconds=60)),
+    )
 
 
 def _seal(st: Stage, tag: str, n: int = 20, size: int = 3000) -> SealedSegment:
@@ -120,9 +122,12 @@ def _consume(buf: tieredbuf.Buffer) -> list[bytes]:
 
 def test_I2_I7_a_same_disk_file_store_gets_links_exactly_once(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/store")
-    p = buf.producer(staging_dir=tmp_path / "stage", target_size=20_000,
-                     max_open_duration=timedelta(milliseconds=20),
-                     flush_interval=timedelta(milliseconds=2))
+    p = buf.producer(
+        staging_dir=tmp_path / "stage",
+        target_size=20_000,
+        max_open_duration=timedelta(milliseconds=20),
+        flush_interval=timedelta(milliseconds=2),
+    )
     sent = [f"r{i}".encode() * 300 for i in range(400)]
     handles = []
     for half in (sent[:200], sent[200:]):  # a flush each: at least two segments
@@ -159,9 +164,12 @@ def test_a_file_store_on_another_file_system_gets_the_bytes(tmp_path: Path) -> N
     stage_dir = shm / f"tb-stage-{os.getpid()}-{tmp_path.name}"
     try:
         buf = tieredbuf.open(f"file://{tmp_path}/store")
-        p = buf.producer(staging_dir=stage_dir, target_size=20_000,
-                         max_open_duration=timedelta(milliseconds=20),
-                         flush_interval=timedelta(milliseconds=2))
+        p = buf.producer(
+            staging_dir=stage_dir,
+            target_size=20_000,
+            max_open_duration=timedelta(milliseconds=20),
+            flush_interval=timedelta(milliseconds=2),
+        )
         sent = [f"x{i}".encode() * 300 for i in range(200)]
         for half in (sent[:100], sent[100:]):  # a flush each: at least two segments
             for i in range(0, len(half), 4):

@@ -34,10 +34,18 @@ print(json.dumps({"applied": m.heap_kept(), "returned": before - rss()}))
 
 
 def _probe(mode: str, tmp_path: Path, **env: str) -> dict[str, object]:
-    full = {k: v for k, v in os.environ.items()
-            if k not in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(tmp_path / mode)],
-                         capture_output=True, text=True, check=True, env={**full, **env})
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, mode, str(tmp_path / mode)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**full, **env},
+    )
     result: dict[str, object] = json.loads(out.stdout)
     return result
 

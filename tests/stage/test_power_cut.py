@@ -52,8 +52,11 @@ def _queue(buf: tieredbuf.Buffer) -> list[bytes]:
     c.initialize()
     out: list[bytes] = []
     while (b := c.next_batch()) is not None:
-        out += b.entries if b.location.endswith(".batch") else \
-            [str(v).encode() for x in b.bundles() for v in x[0].column("id").to_pylist()]
+        out += (
+            b.entries
+            if b.location.endswith(".batch")
+            else [str(v).encode() for x in b.bundles() for v in x[0].column("id").to_pylist()]
+        )
     c.close()
     return out
 
@@ -95,11 +98,16 @@ def test_I2_a_released_segment_is_not_replayed_while_the_other_kind_holds_the_cu
     exp2.stop()
     st2.close()
     assert {r[:5]: n for r, n in Counter(_queue(buf)).items()} == {
-        b"rrrrr": 1, b"b0": 1, b"after": 1}
+        b"rrrrr": 1,
+        b"b0": 1,
+        b"after": 1,
+    }
 
 
-SYNC = StageConfig(wal=WalConfig(flush_interval=timedelta(0)),
-                   segment=SegmentConfig(max_open_duration=timedelta(seconds=60)))
+SYNC = StageConfig(
+    wal=WalConfig(flush_interval=timedelta(0)),
+    segment=SegmentConfig(max_open_duration=timedelta(seconds=60)),
+)
 WAL_CFG = b"\x07" * 16
 
 
@@ -243,12 +251,16 @@ def test_I7_only_never_written_bytes_make_a_torn_tail(tmp_path: Path) -> None:
 # --- the suite: seeded random power cuts ------------------------------------------
 
 
-def _suite(seeds: range, export: bool, tmp_path: Path | None = None, faults: int = 0,
-           link: bool = False) -> list[CutResult]:
+def _suite(
+    seeds: range, export: bool, tmp_path: Path | None = None, faults: int = 0, link: bool = False
+) -> list[CutResult]:
     out = []
     for seed in seeds:
-        real = tmp_path / f"real-{seed}" if tmp_path is not None and seed % 8 == 0 \
-            and not link else None
+        real = (
+            tmp_path / f"real-{seed}"
+            if tmp_path is not None and seed % 8 == 0 and not link
+            else None
+        )
         out.append(run_cut(seed, export=export, real_dir=real, faults=faults, link=link))
     return out
 
@@ -258,8 +270,10 @@ def _assert_survived(results: list[CutResult]) -> int:
     assert not bad, "\n\n".join(r.report() for r in bad[:3])
     cuts = sum(len(r.traces) for r in results)
     acked = sum(len(r.acked) for r in results)
-    print(f"\n{cuts} power cuts survived ({len(results)} runs, {acked} LOCAL-acked records, "
-          "none lost, none twice)")
+    print(
+        f"\n{cuts} power cuts survived ({len(results)} runs, {acked} LOCAL-acked records, "
+        "none lost, none twice)"
+    )
     return cuts
 
 
@@ -286,8 +300,10 @@ def test_I1_I2_power_cuts_after_injected_disk_faults() -> None:
     """Three ENOSPC / EIO faults at random operations (WAL, segments, renames, directory
     fsyncs) before the cut: the WAL repairs, the stage re-seals, and still every acked
     record comes back once."""
-    _assert_survived(_suite(range(3000, 3008), export=False, faults=3)
-                     + _suite(range(3100, 3108), export=True, faults=3))
+    _assert_survived(
+        _suite(range(3000, 3008), export=False, faults=3)
+        + _suite(range(3100, 3108), export=True, faults=3)
+    )
 
 
 @pytest.mark.slow
@@ -346,8 +362,13 @@ def _acks_before_fdatasync(sync: bool) -> Iterator[None]:
 def test_broken_twin_a_stage_that_acks_before_its_fdatasync_fails_the_suite(sync: bool) -> None:
     caught = None
     for seed in range(4000, 4040):
-        r = run_cut(seed, export=False, modes=("drop",), recovery_cuts=0,
-                    patch=lambda: _acks_before_fdatasync(sync))
+        r = run_cut(
+            seed,
+            export=False,
+            modes=("drop",),
+            recovery_cuts=0,
+            patch=lambda: _acks_before_fdatasync(sync),
+        )
         assert not r.error, r.report()
         if r.lost:
             caught = r
@@ -381,4 +402,3 @@ def test_broken_twin_export_by_hard_link_fails_the_suite(twin: str) -> None:
             break
     assert caught is not None, f"the power-cut harness missed the {twin} twin"
     print(f"\ncaught after {caught.seed - 4999} cuts: {caught.report().splitlines()[2]}")
-

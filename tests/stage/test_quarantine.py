@@ -26,8 +26,10 @@ from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.stage import Stage
 from tieredbuf.store import open_store
 
-CFG = StageConfig(segment=SegmentConfig(max_open_duration=timedelta(seconds=60)),
-                  wal=WalConfig(flush_interval=timedelta(milliseconds=2)))
+CFG = StageConfig(
+    segment=SegmentConfig(max_open_duration=timedelta(seconds=60)),
+    wal=WalConfig(flush_interval=timedelta(milliseconds=2)),
+)
 
 
 def _sealed_stage(root: Path, pid: str = "p1", bundle: bool = False) -> SealedSegment:
@@ -76,8 +78,9 @@ def test_I7_a_corrupt_segment_is_quarantined_at_open_never_uploaded_and_reported
     seg = _sealed_stage(stage_root)
     _flip(seg.path)
     buf = tieredbuf.open(f"file://{tmp_path}/buf")
-    p = buf.producer(staging_dir=stage_root, producer_id="p1",
-                     max_open_duration=timedelta(milliseconds=20))
+    p = buf.producer(
+        staging_dir=stage_root, producer_id="p1", max_open_duration=timedelta(milliseconds=20)
+    )
     bad = seg.path.with_name(seg.path.name + ".corrupt")
     assert bad.exists() and not seg.path.exists()
     assert bad.with_name(bad.name + ".json").exists(), "the sidecar says which sequences"
@@ -97,8 +100,12 @@ def test_I7_drain_of_a_stage_with_a_corrupt_segment_exits_3_naming_it(tmp_path: 
     seg = _sealed_stage(stage_root)
     _flip(seg.path)
     exe = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf"))
-    r = subprocess.run([exe, "drain", str(stage_root), f"file://{tmp_path}/buf"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [exe, "drain", str(stage_root), f"file://{tmp_path}/buf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 3, r.stderr
     assert "StagedDataLossError" in r.stderr and ".corrupt" in r.stderr
     assert "Traceback" not in r.stderr
@@ -149,8 +156,11 @@ def test_I7_a_segment_corrupted_before_upload_fails_its_handles_with_data_loss(
     # one upload at a time: segment 2 is read (and checked) only after segment 1's
     # upload, i.e. after the flip below (with more, it would be read, checked good and
     # uploaded as soon as it is sealed)
-    p = buf.producer(staging_dir=tmp_path / "stage", max_open_duration=timedelta(hours=1),
-                     max_uploads_in_flight=1)
+    p = buf.producer(
+        staging_dir=tmp_path / "stage",
+        max_open_duration=timedelta(hours=1),
+        max_uploads_in_flight=1,
+    )
     h1 = p.produce([b"one"])
     p.stage.seal_all()
     assert store.entered.wait(30)  # the exporter is uploading segment 1
@@ -174,8 +184,7 @@ def test_I7_a_segment_corrupted_before_upload_fails_its_handles_with_data_loss(
 
 
 @pytest.mark.parametrize("where", ["memory", "file"])
-def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path,
-                                                                where: str) -> None:
+def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path, where: str) -> None:
     """Uploaded (memory://) or handed over as a hard link (a file:// store on the same
     disk, checked in place): a segment whose bytes changed after the open never lands."""
     seg = _sealed_stage(tmp_path)

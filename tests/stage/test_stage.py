@@ -40,7 +40,10 @@ def records_of(segs: list[SealedSegment]) -> list[bytes]:
 def run_worker(d: Path, mode: str, n: int = 0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.stage.stage_worker", str(d), mode, str(n)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -56,7 +59,10 @@ def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
         assert seg.stream == "batch" and seg.path.suffix == ".batch"
         assert decode_batch(seg.path.read_bytes()) == [b"a", b"b", b"c"]
         assert [(i.start_index, i.payload) for i in seg.items] == [
-            (0, b"m1"), (2, b"empty"), (2, b"m3")]
+            (0, b"m1"),
+            (2, b"empty"),
+            (2, b"m3"),
+        ]
         assert seg.sequences == ((0, 2),)
         assert (seg.wal_start, seg.wal_end) == (acks[0].wal_start, acks[2].wal_end)
         assert stat.S_IMODE(seg.path.stat().st_mode) == 0o400
@@ -69,8 +75,9 @@ def test_records_round_trip_with_rfc_metadata_items(tmp_path: Path) -> None:
 def test_bundles_round_trip_with_schema_drift(tmp_path: Path) -> None:
     b1 = pa.record_batch({"x": pa.array([1, 2], pa.int32())})
     b2 = pa.record_batch({"x": pa.array([3], pa.int32()), "y": pa.array(["z"])})
-    d8 = pa.record_batch({"k": pa.DictionaryArray.from_arrays(
-        pa.array([0, 0], pa.uint8()), pa.array(["v"]))})
+    d8 = pa.record_batch(
+        {"k": pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.uint8()), pa.array(["v"]))}
+    )
     with Stage(tmp_path, "p", cfg()) as st:
         for b in ({0: b1, 3: d8}, {0: b2}, {3: d8}):
             st.append_bundle(b).result(timeout=5)
@@ -124,8 +131,10 @@ def test_producer_id_is_stable_across_restarts(tmp_path: Path) -> None:
 def test_segment_only_acks_at_seal_and_max_open_duration_seals_by_timer(
     tmp_path: Path,
 ) -> None:
-    c = cfg(durability="segment_only",
-            segment=SegmentConfig(max_open_duration=timedelta(milliseconds=50)))
+    c = cfg(
+        durability="segment_only",
+        segment=SegmentConfig(max_open_duration=timedelta(milliseconds=50)),
+    )
     with Stage(tmp_path, "p", c) as st:
         f = st.append_records([b"x"])
         ack = f.result(timeout=10)  # completes only when the timer seals the segment
@@ -136,8 +145,10 @@ def test_segment_only_acks_at_seal_and_max_open_duration_seals_by_timer(
 
 
 def test_target_size_triggers_a_seal(tmp_path: Path) -> None:
-    c = cfg(durability="segment_only", segment=SegmentConfig(
-        target_size=1000, max_open_duration=timedelta(seconds=60)))
+    c = cfg(
+        durability="segment_only",
+        segment=SegmentConfig(target_size=1000, max_open_duration=timedelta(seconds=60)),
+    )
     with Stage(tmp_path, "p", c) as st:
         futs = [st.append_records([b"r" * 100]) for _ in range(12)]
         futs[9].result(timeout=10)
@@ -234,8 +245,7 @@ def test_I8_disk_cap_backpressure_then_release_unblocks(tmp_path: Path) -> None:
 
 
 def test_I8_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
-    c = cfg(size_cap=6000, size_cap_policy="drop_oldest",
-            backpressure_timeout=timedelta(seconds=5))
+    c = cfg(size_cap=6000, size_cap_policy="drop_oldest", backpressure_timeout=timedelta(seconds=5))
     with Stage(tmp_path, "p", c) as st:
         for _ in range(60):
             st.append_records([b"z" * 200]).result(timeout=5)
@@ -246,8 +256,11 @@ def test_I8_drop_oldest_counts_every_drop(tmp_path: Path) -> None:
 
 
 def test_I8_open_segment_memory_cap_forces_early_seals(tmp_path: Path) -> None:
-    c = cfg(segment=SegmentConfig(target_size=1 << 30, max_open_bytes=5000,
-                                  max_open_duration=timedelta(seconds=60)))
+    c = cfg(
+        segment=SegmentConfig(
+            target_size=1 << 30, max_open_bytes=5000, max_open_duration=timedelta(seconds=60)
+        )
+    )
     with Stage(tmp_path, "p", c) as st:
         for _ in range(50):
             st.append_records([b"q" * 500]).result(timeout=5)
@@ -263,15 +276,20 @@ def test_I8_wal_full_is_relieved_by_sealing(tmp_path: Path) -> None:
             st.append_records([b"w" * 300]).result(timeout=5)
         st.seal_all()
         assert len(records_of(st.sealed_segments())) == 100
-        wal_bytes = sum(p.stat().st_size for p in (st.path / "wal").glob("quiver.wal*")
-                        if not p.name.endswith("cursor"))
+        wal_bytes = sum(
+            p.stat().st_size
+            for p in (st.path / "wal").glob("quiver.wal*")
+            if not p.name.endswith("cursor")
+        )
         assert wal_bytes <= 6000  # I8: the WAL never outgrew max_size
 
 
 def _kill_mid_append(d: Path, min_acks: int) -> set[int]:
     p = subprocess.Popen(
         [sys.executable, "-m", "tests.stage.stage_worker", str(d), "loop"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     acked: set[int] = set()
@@ -399,14 +417,20 @@ def test_I1_regression_replay_seal_must_not_purge_unread_wal_files(tmp_path: Pat
 
     p = subprocess.Popen(
         [sys.executable, "-c", _UNSEALED_CHILD, str(tmp_path)],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=30)
     assert len(list((tmp_path / "p" / "wal").glob("quiver.wal.*"))) >= 3  # rotated files
-    small = StageConfig(segment=SegmentConfig(target_size=1 << 20, max_open_bytes=1 << 30,
-                                              max_open_duration=timedelta(hours=1)))
+    small = StageConfig(
+        segment=SegmentConfig(
+            target_size=1 << 20, max_open_bytes=1 << 30, max_open_duration=timedelta(hours=1)
+        )
+    )
     with Stage(tmp_path, "p", small) as st:  # seals every ~1 MiB while replaying
         assert len(st.sealed_segments()) > 2
         got = records_of(st.sealed_segments())
@@ -427,15 +451,20 @@ def test_I8_producers_waiting_at_the_memory_cap_do_not_wake_each_other(
 
     real = SegmentDir.prepare
 
-    def slow_prepare(self: SegmentDir, acc: object, ulid: object = None,
-                     written: object = None) -> PreparedSegment:
+    def slow_prepare(
+        self: SegmentDir, acc: object, ulid: object = None, written: object = None
+    ) -> PreparedSegment:
         time.sleep(0.3)  # a slow disk under the sealer, not a synchronisation
         return real(self, acc, ulid, written)  # type: ignore[arg-type]
 
     monkeypatch.setattr(SegmentDir, "prepare", slow_prepare)
-    c = cfg(segment=SegmentConfig(target_size=20_000, max_open_bytes=60_000,
-                                  max_open_duration=timedelta(seconds=60)))
+    c = cfg(
+        segment=SegmentConfig(
+            target_size=20_000, max_open_bytes=60_000, max_open_duration=timedelta(seconds=60)
+        )
+    )
     with Stage(tmp_path, "p", c) as st:
+
         def work() -> None:
             for _ in range(40):
                 st.append_records([b"m" * 2000]).result(timeout=30)
@@ -464,8 +493,9 @@ def test_overlapping_seals_commit_in_sequence_order(
     first = threading.Event()
     later_written = threading.Event()
 
-    def prepare(self: SegmentDir, acc: object, ulid: object = None,
-                written: object = None) -> PreparedSegment:
+    def prepare(
+        self: SegmentDir, acc: object, ulid: object = None, written: object = None
+    ) -> PreparedSegment:
         if not first.is_set():
             first.set()
             # the first segment finishes writing only after a later one has
@@ -491,8 +521,7 @@ def test_overlapping_seals_commit_in_sequence_order(
         assert firsts == sorted(firsts)
         assert [s.ulid for s in committed] == sorted(s.ulid for s in committed)
         assert [s.ulid for s in st.sealed_segments()] == [s.ulid for s in committed]
-        assert [r[:4] for r in records_of(st.sealed_segments())] == [
-            b"%04d" % i for i in range(30)]
+        assert [r[:4] for r in records_of(st.sealed_segments())] == [b"%04d" % i for i in range(30)]
 
 
 def test_a_failed_seal_stops_later_seals_from_committing(
@@ -512,8 +541,9 @@ def test_a_failed_seal_stops_later_seals_from_committing(
     later_written = threading.Event()
     failed = threading.Event()
 
-    def prepare(self: SegmentDir, acc: object, ulid: object = None,
-                written: object = None) -> PreparedSegment:
+    def prepare(
+        self: SegmentDir, acc: object, ulid: object = None, written: object = None
+    ) -> PreparedSegment:
         if not first.is_set():
             first.set()
             # fail only once a later segment has been written, ready to commit
@@ -564,10 +594,18 @@ def test_segment_reuses_the_wal_record_block_byte_for_byte(
     from tieredbuf.config import Compression
     from tieredbuf.format.batch import encode_batch
 
-    c = cfg(segment=SegmentConfig(max_open_duration=timedelta(seconds=60),
-                                  records_compression=Compression[compression.upper()]))
-    calls: list[list[bytes]] = [[b"s%03d" % i for i in range(40)], [b"L" * 9000, b"M" * 7000], [],
-             [b"t%d" % i * 50 for i in range(20)]]
+    c = cfg(
+        segment=SegmentConfig(
+            max_open_duration=timedelta(seconds=60),
+            records_compression=Compression[compression.upper()],
+        )
+    )
+    calls: list[list[bytes]] = [
+        [b"s%03d" % i for i in range(40)],
+        [b"L" * 9000, b"M" * 7000],
+        [],
+        [b"t%d" % i * 50 for i in range(20)],
+    ]
     with Stage(tmp_path, "p", c) as st:
         for i, recs in enumerate(calls):
             st.append_records(recs, b"meta%d" % i).result(timeout=5)

@@ -28,8 +28,7 @@ PAYLOAD = 300  # every entry the same size, so a stale entry would sit on a fram
 
 
 def _entry(seq: int) -> list[bytes | memoryview]:
-    return wal_fmt.encode_records_entry(seq, 1, [seq.to_bytes(4, "little") * (PAYLOAD // 4)],
-                                        b"m")
+    return wal_fmt.encode_records_entry(seq, 1, [seq.to_bytes(4, "little") * (PAYLOAD // 4)], b"m")
 
 
 def _open(d: Path, **kw: object) -> WalWriter:
@@ -193,8 +192,13 @@ def test_I1_sigkill_in_a_recycled_file_recovers_exactly_the_new_entries(tmp_path
     into it, and is SIGKILLed: recovery yields exactly the acked new entries -- none of
     the stale ones the file held before, which would sit on the same frame boundaries."""
     d = tmp_path / "wal"
-    p = subprocess.run([sys.executable, "-c", WORKER.format(repo=str(REPO)), str(d)],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", WORKER.format(repo=str(REPO)), str(d)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     cursor, *acked = map(int, p.stdout.split())
     active = d / ACTIVE_NAME

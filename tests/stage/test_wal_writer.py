@@ -116,10 +116,10 @@ def test_rotation_keeps_positions_stable_and_purge_deletes_covered_files(tmp_pat
     acks = [w.append(_entry(i)) for i in range(30)]
     assert w.file_count() > 2
     rotated = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("quiver.wal."))
-    assert any(n[len("quiver.wal."):].isdigit() for n in rotated)
+    assert any(n[len("quiver.wal.") :].isdigit() for n in rotated)
     w.advance_cursor(acks[20].start)
     assert _seqs(w) == list(range(20, 30))
-    remaining = [p for p in tmp_path.iterdir() if p.name[len("quiver.wal."):].isdigit()]
+    remaining = [p for p in tmp_path.iterdir() if p.name[len("quiver.wal.") :].isdigit()]
     for p in remaining:  # every kept rotated file still holds data at/after the cursor
         h = wal_fmt.decode_header(p.read_bytes()[:38])
         assert h.wal_position_start + p.stat().st_size - 38 > acks[20].start
@@ -249,8 +249,10 @@ def test_crash_between_rotation_rename_and_new_active_file(tmp_path: Path) -> No
     assert _seqs(w2) == [0, 1, 2]
     assert w2.append(_entry(3)).start == acks[-1].end
     w2.close()
-    assert wal_fmt.decode_header((tmp_path / ACTIVE_NAME).read_bytes()[:38]).wal_position_start \
+    assert (
+        wal_fmt.decode_header((tmp_path / ACTIVE_NAME).read_bytes()[:38]).wal_position_start
         == acks[-1].end
+    )
 
 
 def test_missing_middle_file_is_corrupt(tmp_path: Path) -> None:
@@ -258,8 +260,11 @@ def test_missing_middle_file_is_corrupt(tmp_path: Path) -> None:
     for i in range(10):
         w.append(_entry(i))
     w.close()
-    rotated = sorted(int(p.name.rsplit(".", 1)[1]) for p in tmp_path.iterdir()
-                     if p.name.rsplit(".", 1)[1].isdigit())
+    rotated = sorted(
+        int(p.name.rsplit(".", 1)[1])
+        for p in tmp_path.iterdir()
+        if p.name.rsplit(".", 1)[1].isdigit()
+    )
     assert len(rotated) >= 2
     (tmp_path / f"{ACTIVE_NAME}.{rotated[1]}").unlink()
     with pytest.raises(CorruptError, match="missing"):
@@ -336,7 +341,8 @@ def test_replay_reuses_recovery_scans_within_a_bound_and_never_serves_stale_ones
     assert 0 < sum(n for _, n in w2.kept_scans()) <= 300  # bounded
     assert len(w2.kept_scans()) < w2.file_count()  # the oldest file is read again
     assert [(e.sequence, s, t) for e, s, t in w2.replay()] == [
-        (i, a.start, a.end) for i, a in enumerate(acks)]
+        (i, a.start, a.end) for i, a in enumerate(acks)
+    ]
     assert not w2.kept_scans()
     assert _seqs(w2) == list(range(12))  # a second replay reads the files
     w2.close()
@@ -363,8 +369,8 @@ def test_rotation_round_acks_the_old_files_entries_before_committing_the_new_fil
         def acked() -> None:
             assert callable(old_durable)
             old_durable()
-            seen.append((old.durable.done(), new.durable.done(),
-                         (tmp_path / NEW_NAME).exists()))
+            seen.append((old.durable.done(), new.durable.done(), (tmp_path / NEW_NAME).exists()))
+
         real(self, rot, acked)  # type: ignore[arg-type]
 
     monkeypatch.setattr(WalRotation, "commit", commit)

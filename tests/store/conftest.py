@@ -34,6 +34,7 @@ BACKENDS = [
     pytest.param("azurite-metered", marks=pytest.mark.azure),
 ]
 
+
 @pytest.fixture(scope="session")
 def seaweedfs_bucket(seaweedfs_endpoint: S3Endpoint) -> str:
     """One bucket for the session; tests isolate themselves by prefix."""
@@ -95,5 +96,3 @@ def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     s, _, _ = make_store(backend, request, tmp_path)
     yield s
     s.close()
-
-

@@ -29,8 +29,15 @@ def test_key_kind_names_every_key_tieredbuf_writes() -> None:
     assert keys.key_kind("elsewhere") == "other"
     assert keys.key_kind(keys.DATA_PREFIX) == "data"  # a list prefix
     assert keys.key_kind("") == "other"
-    assert set(keys.KINDS) == {"data", "root", "group", "subscriber", "announcement", "probe",
-                               "other"}
+    assert set(keys.KINDS) == {
+        "data",
+        "root",
+        "group",
+        "subscriber",
+        "announcement",
+        "probe",
+        "other",
+    }
 
 
 def test_each_call_counts_as_the_requests_it_sends(tmp_path: Path) -> None:
@@ -81,7 +88,6 @@ def test_a_hard_link_export_counts_as_one_conditional_put(tmp_path: Path) -> Non
     assert not isinstance(m.inner, LinkingStore)
     with pytest.raises(TypeError):
         m.put_link("data/02.batch", lambda tmp: os.link(src, tmp))
-
 
 
 def test_refused_conditional_puts_are_requests_and_conflicts(tmp_path: Path) -> None:

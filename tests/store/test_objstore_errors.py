@@ -16,14 +16,14 @@ from tieredbuf import errors
 from tieredbuf.store import open_store
 from tieredbuf.store.objstore import map_error
 
-_DUMP = "\n\nDebug source:\nGeneric {\n    store: \"S3\",\n    source: ...\n}"
+_DUMP = '\n\nDebug source:\nGeneric {\n    store: "S3",\n    source: ...\n}'
 
 
 def _generic(status: int, code: str, method: str = "PUT") -> obx.GenericError:
     """An obstore error as obstore 0.12.1 words it (status and code only in the text)."""
     return obx.GenericError(
         f"Generic S3 error: Error performing {method} http://h:1/b/k in 3ms - Server "
-        f"returned non-2xx status code: {status} X: <?xml version=\"1.0\"?><Error><Code>"
+        f'returned non-2xx status code: {status} X: <?xml version="1.0"?><Error><Code>'
         f"{code}</Code><Message>m</Message></Error>{_DUMP}"
     )
 
@@ -31,8 +31,8 @@ def _generic(status: int, code: str, method: str = "PUT") -> obx.GenericError:
 _REFUSED = obx.GenericError(
     "Generic S3 error: Error performing PUT http://h:1/b/k in 1ms - HTTP error: error "
     "sending request\n\nDebug source:\n  HttpError {\n  kind: Connect,\n  source: "
-    "ConnectError(\"tcp connect error\", Os { code: 111, kind: ConnectionRefused, "
-    "message: \"Connection refused\" })"
+    'ConnectError("tcp connect error", Os { code: 111, kind: ConnectionRefused, '
+    'message: "Connection refused" })'
 )
 _TIMEOUT = obx.GenericError(
     "Generic S3 error: Error performing PUT http://h:1/b/k in 1s - HTTP error: error "
@@ -41,7 +41,7 @@ _TIMEOUT = obx.GenericError(
 _RESET = obx.GenericError(
     "Generic S3 error: Error performing PUT http://h:1/b/k in 1ms - HTTP error: error "
     "sending request\n\nDebug source:\n  HttpError {\n  kind: Interrupted,\n  Os { code: "
-    "104, kind: ConnectionReset, message: \"Connection reset by peer\" }"
+    '104, kind: ConnectionReset, message: "Connection reset by peer" }'
 )
 
 
@@ -88,14 +88,18 @@ _RESET = obx.GenericError(
         (_generic(400, "InvalidArgument"), True, errors.PermanentStoreError),
         (obx.InvalidPathError("bad path"), True, errors.InvalidKeyError),
         (
-            obx.GenericError("Error performing PUT http://169.254.169.254/latest/api/token in "
-                             "1ms - Server returned non-2xx status code: 403 Forbidden"),
+            obx.GenericError(
+                "Error performing PUT http://169.254.169.254/latest/api/token in "
+                "1ms - Server returned non-2xx status code: 403 Forbidden"
+            ),
             False,
             errors.CredentialsError,
         ),
         (
-            obx.GenericError("Error performing GET http://h/b/k in 1ms - HTTP error: builder "
-                             "error" + _DUMP + " BadScheme"),
+            obx.GenericError(
+                "Error performing GET http://h/b/k in 1ms - HTTP error: builder "
+                "error" + _DUMP + " BadScheme"
+            ),
             False,
             errors.PermanentStoreError,
         ),
@@ -117,12 +121,11 @@ def test_map_error(exc: Exception, write: bool, expected: type[Exception]) -> No
 def test_an_azure_message_with_request_id_lines_stays_one_line() -> None:
     e = obx.GenericError(
         "Generic MicrosoftAzure error: Error performing GET http://h:1/acct/c/k in 3ms - "
-        "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?><Error>"
+        'Server returned non-2xx status code: 403 Forbidden: <?xml version="1.0"?><Error>'
         "<Code>AuthorizationFailure</Code><Message>Server failed to authenticate the request."
         "\nRequestId:8b35\nTime:2026-01-01T00:00:00Z</Message></Error>" + _DUMP
     )
-    mapped = map_error(e, "k", write=False, bucket="c", where="http://h:1/acct",
-                       provider="azure")
+    mapped = map_error(e, "k", write=False, bucket="c", where="http://h:1/acct", provider="azure")
     assert isinstance(mapped, errors.CredentialsError)  # Azurite's word for a bad key
     assert "\n" not in str(mapped) and "RequestId" not in str(mapped)
     assert "AZURE_STORAGE_ACCOUNT_KEY" in str(mapped)
@@ -196,8 +199,12 @@ def test_a_hanging_put_times_out_as_outcome_unknown_within_the_bound(silent_serv
 @pytest.mark.s3
 def test_missing_bucket_is_bucket_not_found_on_every_operation(s3_endpoint: S3Endpoint) -> None:
     s = open_store("s3://tb-no-such-bucket-here/p", max_retries=0, **s3_endpoint.options())
-    for op in (lambda: s.get("k"), lambda: s.head("k"), lambda: list(s.list("data/")),
-               lambda: s.put("k", b"v", mode="create")):
+    for op in (
+        lambda: s.get("k"),
+        lambda: s.head("k"),
+        lambda: list(s.list("data/")),
+        lambda: s.put("k", b"v", mode="create"),
+    ):
         with pytest.raises(errors.BucketNotFoundError, match="does not exist") as ei:
             op()
         assert not isinstance(ei.value, errors.ObjectNotFoundError)
@@ -229,10 +236,16 @@ def test_an_http_endpoint_implies_plain_http_and_refuses_allow_http_false(
 
 @pytest.fixture
 def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE",
-                "TIEREDBUF_S3_INSTANCE_METADATA"):
+    for var in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_SKIP_SIGNATURE",
+        "TIEREDBUF_S3_INSTANCE_METADATA",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 

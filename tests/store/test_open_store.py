@@ -55,10 +55,16 @@ def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ("az://ctr/p", {"account_name": "acct", "region": "x"}, "unknown option"),
         ("abfss://ctr@acct.example.com/p", {}, "names host"),
         ("https://acct.blob.core.windows.net/", {}, "names no container"),
-        ("https://acct.blob.core.windows.net/ctr/p", {"account_name": "other"},
-         "names account 'acct' but account_name is 'other'"),
-        ("az://ctr/p", {"account_name": "acct", "account_key": "k", "endpoint": "ftp://x"},
-         "http:// or https://"),
+        (
+            "https://acct.blob.core.windows.net/ctr/p",
+            {"account_name": "other"},
+            "names account 'acct' but account_name is 'other'",
+        ),
+        (
+            "az://ctr/p",
+            {"account_name": "acct", "account_key": "k", "endpoint": "ftp://x"},
+            "http:// or https://",
+        ),
         ("s3:///prefix", {}, "names no bucket"),
         ("s3://bucket/a/../b", {}, "invalid prefix"),
         ("s3://bucket/p?x=1", {}, "query"),
@@ -124,6 +130,7 @@ def test_the_manifest_write_budget_follows_the_store(
 ) -> None:
     from tieredbuf.store.base import manifest_writes_per_s
 
-    s = open_store("s3://bucket/p", endpoint=endpoint, access_key_id="a",
-                   secret_access_key="b", **options)  # no request is sent
+    s = open_store(
+        "s3://bucket/p", endpoint=endpoint, access_key_id="a", secret_access_key="b", **options
+    )  # no request is sent
     assert manifest_writes_per_s(s) == budget

@@ -80,15 +80,22 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         import textwrap
 
         return "\n".join(
-            indent + line if not line or line[0].isspace()
+            indent + line
+            if not line or line[0].isspace()
             else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
-            for line in text.splitlines())
+            for line in text.splitlines()
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         d = action.default
-        if ("default" in text or d is None or d is False or d is argparse.SUPPRESS
-                or not action.option_strings):
+        if (
+            "default" in text
+            or d is None
+            or d is False
+            or d is argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         if isinstance(d, timedelta):
             d = fmt_duration(d)
@@ -109,7 +116,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+        self,
+        args: Sequence[str] | None = None,
+        namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
         if not self.intermixed or self._parsing:
             return super().parse_known_args(args, namespace)
@@ -151,47 +160,75 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tieredbuf", description=DESCRIPTION, epilog=EPILOG)
     p.register("action", "parsers", _Commands)
     p.add_argument("--version", action="version", version=f"tieredbuf {tieredbuf.__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                           metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="stage, export, consume on a local directory")
     d.add_argument("url", nargs="?", default=DEMO_URL, help=f"the buffer (default {DEMO_URL})")
-    d.add_argument("--staging", help=f"the producer's staging directory (default {DEMO_STAGE} "
-                   f"for the default URL, {DEMO_STAGE}-<hash of the URL> for another)")
-    d.add_argument("--calls", type=int, default=50,
-                   help="produce() calls of 10 records each, in 5 waves (default 50)")
+    d.add_argument(
+        "--staging",
+        help=f"the producer's staging directory (default {DEMO_STAGE} "
+        f"for the default URL, {DEMO_STAGE}-<hash of the URL> for another)",
+    )
+    d.add_argument(
+        "--calls",
+        type=int,
+        default=50,
+        help="produce() calls of 10 records each, in 5 waves (default 50)",
+    )
     d.set_defaults(fn=cmd_demo)
 
     pr = sub.add_parser(
-        "produce", help="produce one record per input line",
+        "produce",
+        help="produce one record per input line",
         description="Produce records to the buffer at URL (creating it if there is none): "
-                    "one record per line of each FILE, or of stdin when no FILE is given.  "
-                    "Input that is pretty-printed JSON is refused (it is not one record per "
-                    "line): give --format json to produce the items of one JSON array (or one "
-                    "object) as records, or compact it with jq -c.  Prints the sequences the "
-                    "records got once they are in the store and the queue; when the store "
-                    "keeps failing it gives up after --timeout and exits 3, saying how many "
-                    "records were not stored.")
+        "one record per line of each FILE, or of stdin when no FILE is given.  "
+        "Input that is pretty-printed JSON is refused (it is not one record per "
+        "line): give --format json to produce the items of one JSON array (or one "
+        "object) as records, or compact it with jq -c.  Prints the sequences the "
+        "records got once they are in the store and the queue; when the store "
+        "keeps failing it gives up after --timeout and exits 3, saying how many "
+        "records were not stored.",
+    )
     pr.add_argument("url", help="the buffer: s3://bucket/prefix, file://./dir or a directory")
-    pr.add_argument("files", nargs="*", metavar="FILE",
-                    help="input files, one record per line ('-' or none: stdin)")
-    pr.add_argument("--format", choices=("lines", "json"), default=None,
-                    help="lines: one record per line, as is (no JSON check); json: the input "
-                         "is one JSON value, an array's items (or the value itself) become "
-                         "records, compacted (default: lines, refusing pretty-printed JSON)")
+    pr.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="input files, one record per line ('-' or none: stdin)",
+    )
+    pr.add_argument(
+        "--format",
+        choices=("lines", "json"),
+        default=None,
+        help="lines: one record per line, as is (no JSON check); json: the input "
+        "is one JSON value, an array's items (or the value itself) become "
+        "records, compacted (default: lines, refusing pretty-printed JSON)",
+    )
     timeout_arg(pr)
-    pr.add_argument("--batch", type=int, default=1000, metavar="N",
-                    help="records per produce() call")
-    pr.add_argument("--metadata", default="", metavar="TEXT",
-                    help="metadata payload for every call (default: empty)")
-    pr.add_argument("--flush-interval", type=parse_duration, default=timedelta(milliseconds=100),
-                    metavar="DURATION",
-                    help="the stateless producer's batching window, e.g. 100ms, 1s")
-    pr.add_argument("--staging", metavar="DIR",
-                    help="stage the records in DIR first (fsynced there before they are "
-                         "sent): what the store did not take by --timeout stays there, and "
-                         "'tieredbuf drain DIR URL' exports it later (default: none, records "
-                         "not stored by --timeout are dropped)")
+    pr.add_argument(
+        "--batch", type=int, default=1000, metavar="N", help="records per produce() call"
+    )
+    pr.add_argument(
+        "--metadata",
+        default="",
+        metavar="TEXT",
+        help="metadata payload for every call (default: empty)",
+    )
+    pr.add_argument(
+        "--flush-interval",
+        type=parse_duration,
+        default=timedelta(milliseconds=100),
+        metavar="DURATION",
+        help="the stateless producer's batching window, e.g. 100ms, 1s",
+    )
+    pr.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="stage the records in DIR first (fsynced there before they are "
+        "sent): what the store did not take by --timeout stays there, and "
+        "'tieredbuf drain DIR URL' exports it later (default: none, records "
+        "not stored by --timeout are dropped)",
+    )
     store_args(pr)
     pr.set_defaults(fn=cmd_produce)
 
@@ -204,14 +241,19 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
     ins.add_argument("url")
     ins.add_argument("--json", action="store_true", help="one JSON object")
-    ins.add_argument("--quick", action="store_true",
-                     help="skip listing data/ (no stored_objects / missing_objects)")
+    ins.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip listing data/ (no stored_objects / missing_objects)",
+    )
     store_args(ins)
     ins.set_defaults(fn=cmd_inspect)
 
-    su = sub.add_parser("subscribers", help="list subscribers (or: subscribers remove URL NAME)",
-                        usage="tieredbuf subscribers URL [--json] | "
-                              "tieredbuf subscribers remove URL NAME")
+    su = sub.add_parser(
+        "subscribers",
+        help="list subscribers (or: subscribers remove URL NAME)",
+        usage="tieredbuf subscribers URL [--json] | tieredbuf subscribers remove URL NAME",
+    )
     su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
     su.add_argument("--json", action="store_true", help="one JSON array")
     timeout_arg(su)
@@ -220,30 +262,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gc", help="delete data objects nothing refers to (run from cron)")
     g.add_argument("url")
-    g.add_argument("--grace", type=parse_duration, metavar="DURATION",
-                   help="e.g. 30m, 2h; honoured only if longer than the buffer's own grace "
-                        "period (default: the buffer's, see tieredbuf grace)")
+    g.add_argument(
+        "--grace",
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 30m, 2h; honoured only if longer than the buffer's own grace "
+        "period (default: the buffer's, see tieredbuf grace)",
+    )
     g.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     g.add_argument("--json", action="store_true", help="the report as one JSON object")
-    g.add_argument("--loop", type=parse_duration, metavar="INTERVAL",
-                   help="run a pass every INTERVAL until SIGTERM, caching the groups it read")
-    g.add_argument("--metrics-file", metavar="FILE",
-                   help="write Prometheus metrics here (node_exporter textfile); if it "
-                        "cannot be written the summary still prints and gc exits 1")
-    g.add_argument("--pushgateway", metavar="HOST:PORT",
-                   help="push Prometheus metrics to this Pushgateway; if it is unreachable "
-                        "the summary still prints and gc exits 1")
+    g.add_argument(
+        "--loop",
+        type=parse_duration,
+        metavar="INTERVAL",
+        help="run a pass every INTERVAL until SIGTERM, caching the groups it read",
+    )
+    g.add_argument(
+        "--metrics-file",
+        metavar="FILE",
+        help="write Prometheus metrics here (node_exporter textfile); if it "
+        "cannot be written the summary still prints and gc exits 1",
+    )
+    g.add_argument(
+        "--pushgateway",
+        metavar="HOST:PORT",
+        help="push Prometheus metrics to this Pushgateway; if it is unreachable "
+        "the summary still prints and gc exits 1",
+    )
     timeout_arg(g)
     store_args(g)
     g.set_defaults(fn=cmd_gc)
 
     gr = sub.add_parser("grace", help="show or set the buffer's GC grace period (in its root)")
     gr.add_argument("url")
-    gr.add_argument("duration", nargs="?", type=parse_duration, metavar="DURATION",
-                    help="set it (e.g. 10m, 2h; 0 with --force); omit to show it")
-    gr.add_argument("--force", action="store_true",
-                    help="allow one under 2 x the link deadline (4m by default), with a "
-                         "warning")
+    gr.add_argument(
+        "duration",
+        nargs="?",
+        type=parse_duration,
+        metavar="DURATION",
+        help="set it (e.g. 10m, 2h; 0 with --force); omit to show it",
+    )
+    gr.add_argument(
+        "--force",
+        action="store_true",
+        help="allow one under 2 x the link deadline (4m by default), with a warning",
+    )
     timeout_arg(gr)
     store_args(gr)
     gr.set_defaults(fn=cmd_grace)
@@ -251,81 +314,162 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
     dr.add_argument("stage_dir", help="a staging directory (or a tieredbuf serve stage root)")
     dr.add_argument("url", help="the buffer to export into; must be the stage's own")
-    dr.add_argument("--producer-id", metavar="ID",
-                    help="only this producer's stage (default: every one)")
-    dr.add_argument("--timeout", type=parse_duration, default=timedelta(minutes=15),
-                    metavar="DURATION",
-                    help="give up (exit 3, saying what is still staged) after this long "
-                         "while the store keeps failing transiently (default 15m)")
+    dr.add_argument(
+        "--producer-id", metavar="ID", help="only this producer's stage (default: every one)"
+    )
+    dr.add_argument(
+        "--timeout",
+        type=parse_duration,
+        default=timedelta(minutes=15),
+        metavar="DURATION",
+        help="give up (exit 3, saying what is still staged) after this long "
+        "while the store keeps failing transiently (default 15m)",
+    )
     store_args(dr)
     dr.set_defaults(fn=cmd_drain)
 
     sv = sub.add_parser("serve", help="HTTP ingest service: POST /v1/produce, /metrics")
     sv.add_argument("url")
-    sv.add_argument("--staging", required=True, metavar="DIR",
-                    help="stage root; worker i uses DIR/worker-<i>")
+    sv.add_argument(
+        "--staging", required=True, metavar="DIR", help="stage root; worker i uses DIR/worker-<i>"
+    )
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     sv.add_argument("--port", type=int, default=8080, help="TCP port; 0: any free port (printed)")
-    sv.add_argument("--workers", type=int, default=0, metavar="N",
-                    help="worker processes (default 0: one per CPU)")
-    sv.add_argument("--max-body", type=parse_size, default=16 << 20, metavar="SIZE",
-                    help="largest request body, e.g. 16MiB, as sent and decoded; larger: "
-                         "413 (default 16MiB)")
-    sv.add_argument("--max-records", type=int, default=100_000, metavar="N",
-                    help="most records (ndjson lines, octet-stream frames) per request; "
-                         "more: 413 (default 100000)")
-    sv.add_argument("--backpressure-wait", type=parse_duration, metavar="DURATION",
-                    default=timedelta(milliseconds=500), help="wait at a stage cap, then 503")
-    sv.add_argument("--remote-timeout", type=parse_duration, default=timedelta(seconds=30),
-                    metavar="DURATION",
-                    help="durability=remote requests wait this long for export, then 504")
-    sv.add_argument("--shutdown-timeout", type=parse_duration, default=timedelta(seconds=30),
-                    metavar="DURATION", help="on SIGTERM: time for in-flight requests")
-    sv.add_argument("--drain-timeout", type=parse_duration, default=timedelta(minutes=5),
-                    metavar="DURATION", help="on SIGTERM: time to seal and export the stage")
+    sv.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="worker processes (default 0: one per CPU)",
+    )
+    sv.add_argument(
+        "--max-body",
+        type=parse_size,
+        default=16 << 20,
+        metavar="SIZE",
+        help="largest request body, e.g. 16MiB, as sent and decoded; larger: 413 (default 16MiB)",
+    )
+    sv.add_argument(
+        "--max-records",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="most records (ndjson lines, octet-stream frames) per request; "
+        "more: 413 (default 100000)",
+    )
+    sv.add_argument(
+        "--backpressure-wait",
+        type=parse_duration,
+        metavar="DURATION",
+        default=timedelta(milliseconds=500),
+        help="wait at a stage cap, then 503",
+    )
+    sv.add_argument(
+        "--remote-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=30),
+        metavar="DURATION",
+        help="durability=remote requests wait this long for export, then 504",
+    )
+    sv.add_argument(
+        "--shutdown-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=30),
+        metavar="DURATION",
+        help="on SIGTERM: time for in-flight requests",
+    )
+    sv.add_argument(
+        "--drain-timeout",
+        type=parse_duration,
+        default=timedelta(minutes=5),
+        metavar="DURATION",
+        help="on SIGTERM: time to seal and export the stage",
+    )
     g4 = sv.add_argument_group("connections (see docs/operations.md: limits and timeouts)")
-    g4.add_argument("--header-timeout", type=parse_duration, default=timedelta(seconds=10),
-                    metavar="DURATION", help="a request head (and a TLS handshake) must "
-                    "arrive within this long, or the connection is closed (default 10s)")
-    g4.add_argument("--body-timeout", type=parse_duration, default=timedelta(seconds=60),
-                    metavar="DURATION", help="a request body must arrive within this "
-                    "long of its head, or 408 (default 60s)")
-    g4.add_argument("--idle-timeout", type=parse_duration, default=timedelta(seconds=75),
-                    metavar="DURATION", help="close a kept-alive connection idle this "
-                    "long (default 75s)")
-    g4.add_argument("--max-connections", type=int, default=512, metavar="N",
-                    help="open connections per worker; more: 503 and closed (default 512)")
+    g4.add_argument(
+        "--header-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=10),
+        metavar="DURATION",
+        help="a request head (and a TLS handshake) must "
+        "arrive within this long, or the connection is closed (default 10s)",
+    )
+    g4.add_argument(
+        "--body-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=60),
+        metavar="DURATION",
+        help="a request body must arrive within this long of its head, or 408 (default 60s)",
+    )
+    g4.add_argument(
+        "--idle-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=75),
+        metavar="DURATION",
+        help="close a kept-alive connection idle this long (default 75s)",
+    )
+    g4.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        metavar="N",
+        help="open connections per worker; more: 503 and closed (default 512)",
+    )
     g2 = sv.add_argument_group("stage (see docs/operations.md: sizing the stage)")
-    g2.add_argument("--max-open-duration", type=parse_duration, metavar="DURATION",
-                    help="seal an open segment after this long (default 5s): REMOTE latency")
-    g2.add_argument("--wal-flush-interval", type=parse_duration, metavar="DURATION",
-                    help="WAL group-commit window (default 25ms): LOCAL latency")
-    g2.add_argument("--segment-size", type=parse_size, metavar="SIZE",
-                    help="seal at this size (default 32MiB)")
-    g2.add_argument("--size-cap", type=parse_size, metavar="SIZE",
-                    help="stage disk cap (default 16GiB)")
-    g2.add_argument("--size-cap-policy", choices=("backpressure", "drop_oldest"),
-                    help="at the cap: wait (then 503), or drop the oldest sealed segment "
-                         "(default backpressure)")
-    g2.add_argument("--manifest-writes-per-s", type=float, metavar="N",
-                    help="manifest appends per second per buffer, shared by every writer "
-                         "(default: the store's, 1 on Cloudflare R2, else 5; 0: unpaced): "
-                         "REMOTE latency vs PUT cost")
+    g2.add_argument(
+        "--max-open-duration",
+        type=parse_duration,
+        metavar="DURATION",
+        help="seal an open segment after this long (default 5s): REMOTE latency",
+    )
+    g2.add_argument(
+        "--wal-flush-interval",
+        type=parse_duration,
+        metavar="DURATION",
+        help="WAL group-commit window (default 25ms): LOCAL latency",
+    )
+    g2.add_argument(
+        "--segment-size", type=parse_size, metavar="SIZE", help="seal at this size (default 32MiB)"
+    )
+    g2.add_argument(
+        "--size-cap", type=parse_size, metavar="SIZE", help="stage disk cap (default 16GiB)"
+    )
+    g2.add_argument(
+        "--size-cap-policy",
+        choices=("backpressure", "drop_oldest"),
+        help="at the cap: wait (then 503), or drop the oldest sealed segment "
+        "(default backpressure)",
+    )
+    g2.add_argument(
+        "--manifest-writes-per-s",
+        type=float,
+        metavar="N",
+        help="manifest appends per second per buffer, shared by every writer "
+        "(default: the store's, 1 on Cloudflare R2, else 5; 0: unpaced): "
+        "REMOTE latency vs PUT cost",
+    )
     g3 = sv.add_argument_group(
         "security (see docs/operations.md: securing the service)",
         "Tokens: --token-file, or $TIEREDBUF_SERVICE_TOKENS (comma-separated).  A host "
-        "other than loopback needs tokens unless --insecure.")
-    g3.add_argument("--token-file", metavar="FILE",
-                    help="bearer tokens, one per line; re-read when it changes "
-                    "and on SIGHUP (rotation without a restart)")
-    g3.add_argument("--protect-metrics", action="store_true",
-                    help="require a token on /metrics too")
-    g3.add_argument("--protect-health", action="store_true",
-                    help="require a token on /healthz and /readyz too")
+        "other than loopback needs tokens unless --insecure.",
+    )
+    g3.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="bearer tokens, one per line; re-read when it changes "
+        "and on SIGHUP (rotation without a restart)",
+    )
+    g3.add_argument(
+        "--protect-metrics", action="store_true", help="require a token on /metrics too"
+    )
+    g3.add_argument(
+        "--protect-health", action="store_true", help="require a token on /healthz and /readyz too"
+    )
     g3.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve HTTPS")
     g3.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
-    g3.add_argument("--insecure", action="store_true",
-                    help="allow a non-loopback --host without tokens")
+    g3.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without tokens"
+    )
     store_args(sv)
     sv.set_defaults(fn=cmd_serve)
     return p
@@ -416,6 +560,17 @@ def run() -> None:
     sys.exit(code)
 
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE",
-           "Progress", "build_parser", "inspect_buffer", "main", "parse_duration", "parse_size",
-           "run"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
+    "EXIT_USAGE",
+    "Progress",
+    "build_parser",
+    "inspect_buffer",
+    "main",
+    "parse_duration",
+    "parse_size",
+    "run",
+]

@@ -37,8 +37,13 @@ def parse_size(text: str) -> int:
 class Progress:
     """One self-erasing status line on stderr, drawn only when stderr is a terminal."""
 
-    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None,
-                 interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        stream: TextIO | None = None,
+        interval: float = 0.1,
+    ) -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
         self.label, self.total, self.interval = label, total, interval
@@ -95,19 +100,35 @@ def parse_duration(text: str) -> timedelta:
 def store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "store options (default: the standard AWS_* / AZURE_* environment; credentials only "
-        "from there)")
-    g.add_argument("--endpoint", metavar="URL",
-                   help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
-                        "AWS_ENDPOINT_URL, else AWS); for az:// the Blob endpoint, e.g. "
-                        "http://127.0.0.1:10000/devstoreaccount1 for Azurite "
-                        "(AZURE_STORAGE_ENDPOINT)")
+        "from there)"
+    )
+    g.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
+        "AWS_ENDPOINT_URL, else AWS); for az:// the Blob endpoint, e.g. "
+        "http://127.0.0.1:10000/devstoreaccount1 for Azurite "
+        "(AZURE_STORAGE_ENDPOINT)",
+    )
     g.add_argument("--region", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
-    g.add_argument("--allow-http", action="store_true", default=None,
-                   help="allow plain HTTP (implied by an http:// endpoint; AWS_ALLOW_HTTP)")
-    g.add_argument("--instance-metadata", action="store_true", default=None,
-                   help="take credentials from the cloud instance metadata service (EC2 role)")
-    g.add_argument("--skip-signature", action="store_true", default=None,
-                   help="send unsigned requests (a public bucket)")
+    g.add_argument(
+        "--allow-http",
+        action="store_true",
+        default=None,
+        help="allow plain HTTP (implied by an http:// endpoint; AWS_ALLOW_HTTP)",
+    )
+    g.add_argument(
+        "--instance-metadata",
+        action="store_true",
+        default=None,
+        help="take credentials from the cloud instance metadata service (EC2 role)",
+    )
+    g.add_argument(
+        "--skip-signature",
+        action="store_true",
+        default=None,
+        help="send unsigned requests (a public bucket)",
+    )
 
 
 DEFAULT_TIMEOUT = timedelta(seconds=30)
@@ -115,16 +136,20 @@ DEFAULT_TIMEOUT = timedelta(seconds=30)
 
 def timeout_arg(p: argparse.ArgumentParser, what: str = "the store keeps failing") -> None:
     """``--timeout``: how long a command that writes waits while ``what``, then exits 3."""
-    p.add_argument("--timeout", type=parse_duration, default=DEFAULT_TIMEOUT,
-                   metavar="DURATION",
-                   help=f"give up (exit 3, saying what was not written) when {what} this "
-                        f"long, e.g. 30s, 5m (default {fmt_duration(DEFAULT_TIMEOUT)})")
+    p.add_argument(
+        "--timeout",
+        type=parse_duration,
+        default=DEFAULT_TIMEOUT,
+        metavar="DURATION",
+        help=f"give up (exit 3, saying what was not written) when {what} this "
+        f"long, e.g. 30s, 5m (default {fmt_duration(DEFAULT_TIMEOUT)})",
+    )
 
 
 def local_path(url: str) -> str | None:
     """The directory a ``file://`` URL or a bare path names (None for other schemes)."""
     if url.startswith("file://"):
-        rest = url[len("file://"):]
+        rest = url[len("file://") :]
         return rest if rest.startswith(("/", "./", "../")) else None
     return None if "://" in url else url
 
@@ -138,7 +163,8 @@ def open_buffer(args: argparse.Namespace) -> tieredbuf.Buffer:
         raise ConfigError(
             f"{args.url} is a file, not a buffer: a buffer is a directory, file://DIR or "
             f"s3://bucket/prefix (did you leave out the URL? "
-            f"tieredbuf {args.command} URL ...)")
+            f"tieredbuf {args.command} URL ...)"
+        )
     buf = tieredbuf.open(args.url, **store_opts(args))
     timeout = getattr(args, "timeout", None)
     if isinstance(timeout, timedelta) and timeout > timedelta(0):
@@ -189,15 +215,21 @@ def fmt_duration(d: timedelta) -> str:
 
 
 _SPECIFIC_TERMS = (
-    ("(or pass access_key_id= / secret_access_key=)",
-     "(or a profile in ~/.aws/credentials or ~/.aws/config, chosen by AWS_PROFILE)"),
-    ("use access_key_id / secret_access_key or the AWS_* environment",
-     "use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws"),
+    (
+        "(or pass access_key_id= / secret_access_key=)",
+        "(or a profile in ~/.aws/credentials or ~/.aws/config, chosen by AWS_PROFILE)",
+    ),
+    (
+        "use access_key_id / secret_access_key or the AWS_* environment",
+        "use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws",
+    ),
     ("but allow_http is false", "but AWS_ALLOW_HTTP is false"),
     ("or drop allow_http=false", "or unset AWS_ALLOW_HTTP"),
     ("call initialize() again to take it back", "run the command again to take it back"),
-    ("pass probe=False only if you know better",
-     "only the Python API can skip this check (probe=False)"),
+    (
+        "pass probe=False only if you know better",
+        "only the Python API can skip this check (probe=False)",
+    ),
     ("pass probe=False ", "only the Python API can skip this check (probe=False) "),
 )
 _KEYWORD = re.compile(r"\b([a-z][a-z_]*)=(True|False|true|false)?(?![\w(])")
@@ -243,8 +275,9 @@ def require_buffer(buf: tieredbuf.Buffer, *, create: bool = False) -> None:
     if buf.exists():
         return
     if not create:
-        raise tieredbuf.BufferNotFoundError(buf.url, "a reader never creates one; "
-                                            "--create makes an empty one")
+        raise tieredbuf.BufferNotFoundError(
+            buf.url, "a reader never creates one; --create makes an empty one"
+        )
     make = getattr(buf, "create", None)
     if make is not None:
         make()

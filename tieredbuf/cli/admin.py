@@ -59,10 +59,16 @@ def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, A
         "gc_grace_s": None if snap.gc_grace_ms is None else snap.gc_grace_ms / 1000,
         "oldest_age_s": None if oldest is None else round((now_ms - oldest) / 1000, 3),
         "subscribers": {
-            s.name: {"next_sequence": s.next_sequence, "lag_entries": s.lag_entries,
-                     "lag_bytes": s.lag_bytes, "shared": s.shared}
+            s.name: {
+                "next_sequence": s.next_sequence,
+                "lag_entries": s.lag_entries,
+                "lag_bytes": s.lag_bytes,
+                "shared": s.shared,
+            }
             for s in subscriber_listing(buf.queue, snap=snap)
-        } if snap.exists else {},
+        }
+        if snap.exists
+        else {},
     }
     if verify:
         with Progress("inspect: listing data/") as bar:
@@ -94,8 +100,13 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     width = max(len(k) for k in text)
     for k, v in text.items():
         if k == "subscribers":
-            v = ", ".join(f"{name} (next {d['next_sequence']}, lag {d['lag_entries']})"
-                          for name, d in v.items()) or "none"
+            v = (
+                ", ".join(
+                    f"{name} (next {d['next_sequence']}, lag {d['lag_entries']})"
+                    for name, d in v.items()
+                )
+                or "none"
+            )
         elif isinstance(v, dict):
             v = ", ".join(f"{name} {n}" for name, n in v.items())
         out.write(f"{k.ljust(width)}  {v}\n")
@@ -206,8 +217,14 @@ def _gc_loop(args: argparse.Namespace, buf: tieredbuf.Buffer, out: TextIO) -> in
     def on_report(report: gc_mod.GcReport, seconds: float) -> None:
         _gc_output(args, report, seconds, out)
 
-    gc_mod.run_forever(buf, interval=args.loop, stop=stop, grace=args.grace,
-                       dry_run=args.dry_run, on_report=on_report)
+    gc_mod.run_forever(
+        buf,
+        interval=args.loop,
+        stop=stop,
+        grace=args.grace,
+        dry_run=args.dry_run,
+        on_report=on_report,
+    )
     return EXIT_OK
 
 
@@ -219,8 +236,11 @@ def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
     if args.duration is not None:
         buf.set_gc_grace_period(args.duration, force=args.force)
         if args.force and args.duration < 2 * buf.tree_config.link_deadline:
-            print(f"tieredbuf: warning: a GC grace period of {args.duration} is under twice "
-                  "the link deadline: GC may delete an object a slow writer is still linking "
-                  "(use it only while no writer runs)", file=sys.stderr)
+            print(
+                f"tieredbuf: warning: a GC grace period of {args.duration} is under twice "
+                "the link deadline: GC may delete an object a slow writer is still linking "
+                "(use it only while no writer runs)",
+                file=sys.stderr,
+            )
     out.write(f"{buf.gc_grace_period}\n")  # None: an older root (GC: --grace, else 10m)
     return EXIT_OK

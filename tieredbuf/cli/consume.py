@@ -103,8 +103,11 @@ def record_rows(b: ConsumedBatch) -> list[dict[str, Any]]:
     rows = []
     for i, value in enumerate(b.entries):
         m = _item_for(b.metadata, i)
-        row: dict[str, Any] = {"sequence": b.sequence, "index": i,
-                               "ingestion_time_ms": None if m is None else m.ingestion_time_ms}
+        row: dict[str, Any] = {
+            "sequence": b.sequence,
+            "index": i,
+            "ingestion_time_ms": None if m is None else m.ingestion_time_ms,
+        }
         row.update(_text(m.payload if m else b"", "metadata"))
         row.update(_text(value, "value"))
         rows.append(row)
@@ -120,8 +123,16 @@ def bundle_rows(b: ConsumedBatch) -> list[dict[str, Any]]:
         t = None if bundle.ingestion_ts_nanos is None else bundle.ingestion_ts_nanos // 1_000_000
         for slot in sorted(bundle.slots):
             for r, values in enumerate(bundle.slots[slot].to_pylist()):
-                rows.append({"sequence": b.sequence, "bundle": bi, "slot": slot, "row": r,
-                             "ingestion_time_ms": t, "value": values})
+                rows.append(
+                    {
+                        "sequence": b.sequence,
+                        "bundle": bi,
+                        "slot": slot,
+                        "row": r,
+                        "ingestion_time_ms": t,
+                        "value": values,
+                    }
+                )
     return rows
 
 
@@ -235,7 +246,8 @@ class ArrowFileSink:
         if holds != what:
             raise OutputSchemaError(
                 f"sequence {seq}: {what} and {holds} would share {target}; write to a "
-                "directory (--out DIR) instead")
+                "directory (--out DIR) instead"
+            )
         if not batch.schema.equals(schema):
             raise OutputSchemaError(
                 f"sequence {seq}: its rows ({', '.join(batch.schema.names)}) do not match"
@@ -258,14 +270,17 @@ class ArrowFileSink:
             return n
         rows = record_rows(b)
         recs = b.entries
-        batch = pa.record_batch({
-            "sequence": pa.array([b.sequence] * len(recs), pa.uint64()),
-            "index": pa.array(range(len(recs)), pa.uint32()),
-            "ingestion_time": pa.array([r["ingestion_time_ms"] for r in rows],
-                                       pa.timestamp("ms", tz="UTC")),
-            "metadata": pa.array([_metadata_of(b, i) for i in range(len(recs))], pa.binary()),
-            "value": pa.array(recs, pa.binary()),
-        })
+        batch = pa.record_batch(
+            {
+                "sequence": pa.array([b.sequence] * len(recs), pa.uint64()),
+                "index": pa.array(range(len(recs)), pa.uint32()),
+                "ingestion_time": pa.array(
+                    [r["ingestion_time_ms"] for r in rows], pa.timestamp("ms", tz="UTC")
+                ),
+                "metadata": pa.array([_metadata_of(b, i) for i in range(len(recs))], pa.binary()),
+                "value": pa.array(recs, pa.binary()),
+            }
+        )
         self._put(-1, batch, b.sequence)
         return len(recs)
 
@@ -345,8 +360,9 @@ def _sequence(text: str) -> int:
 def _start(text: str) -> str:
     if text in ("earliest", "latest") or text.isdigit():
         return text
-    raise argparse.ArgumentTypeError(f"bad --from {text!r}: use a sequence number, "
-                                     "earliest or latest")
+    raise argparse.ArgumentTypeError(
+        f"bad --from {text!r}: use a sequence number, earliest or latest"
+    )
 
 
 class _Follow:
@@ -397,8 +413,9 @@ def _ctrl_c(stop: SignalEvent) -> Iterator[None]:
 
 def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.start is not None and not args.no_ack:
-        raise ConfigError("--from needs --no-ack (the acking consumer resumes after its "
-                          "last ack: --after SEQ)")
+        raise ConfigError(
+            "--from needs --no-ack (the acking consumer resumes after its last ack: --after SEQ)"
+        )
     if args.no_ack and args.subscriber != "default":
         raise ConfigError("--subscriber is for the acking consumer; --no-ack reads without one")
     if args.after is not None and args.no_ack:
@@ -413,9 +430,11 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
         if args.after is not None:
             nxt = buf.snapshot().root.next_seq
             if args.after >= nxt:  # the consumer would skip entries not yet appended
-                raise ConfigError(f"--after {args.after} is past the queue's last sequence "
-                                  f"({nxt - 1 if nxt else 'none yet'}): resuming there would "
-                                  "skip what is appended next")
+                raise ConfigError(
+                    f"--after {args.after} is past the queue's last sequence "
+                    f"({nxt - 1 if nxt else 'none yet'}): resuming there would "
+                    "skip what is appended next"
+                )
         consumer = buf.consumer(subscriber=args.subscriber)
         consumer.initialize(args.after)
         source = consumer
@@ -426,11 +445,13 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     stop = SignalEvent()  # set by the Ctrl-C handler: a threading.Event may deadlock there
     forced = False
     # records go to stdout: a progress line there would mix with them
-    with stop, Progress("consume", stream=sys.stderr if args.out
-                        else cast(TextIO, _NullTty())) as bar, _ctrl_c(stop):
+    with (
+        stop,
+        Progress("consume", stream=sys.stderr if args.out else cast(TextIO, _NullTty())) as bar,
+        _ctrl_c(stop),
+    ):
         try:
-            while not stop.is_set() and (args.max_batches is None
-                                         or batches < args.max_batches):
+            while not stop.is_set() and (args.max_batches is None or batches < args.max_batches):
                 b = follow.next_batch(stop) if follow else source.next_batch()
                 if b is None:
                     if follow:
@@ -460,11 +481,17 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                 acked = s
             consumer.flush()
             consumer.close()
-    what = "read (no ack)" if args.no_ack else (
-        "nothing acked" if acked is None else f"acked through sequence {acked}")
+    what = (
+        "read (no ack)"
+        if args.no_ack
+        else ("nothing acked" if acked is None else f"acked through sequence {acked}")
+    )
     head = "interrupted: " if interrupted else ""
-    print(f"{head}consumed {batches} {plural(batches, 'batch')}, "
-          f"{records} {plural(records, 'record')}; {what}", file=sys.stderr)
+    print(
+        f"{head}consumed {batches} {plural(batches, 'batch')}, "
+        f"{records} {plural(records, 'record')}; {what}",
+        file=sys.stderr,
+    )
     if forced or (interrupted and not args.follow):
         return 130
     return 0
@@ -483,44 +510,73 @@ class _NullTty:
 
 def add_parser(sub: Any) -> None:
     co = sub.add_parser(
-        "consume", help="print or write the queue; acks unless --no-ack",
+        "consume",
+        help="print or write the queue; acks unless --no-ack",
         description="Read the queue in order.  By default the buffer's fenced consumer: it "
-                    "fences any older consumer (Spark streams included), acks each batch once "
-                    "its output is written, and dequeues it.  --no-ack is a plain reader "
-                    "instead: it never fences, acks or writes, and can run beside a live "
-                    "consumer.",
+        "fences any older consumer (Spark streams included), acks each batch once "
+        "its output is written, and dequeues it.  --no-ack is a plain reader "
+        "instead: it never fences, acks or writes, and can run beside a live "
+        "consumer.",
         epilog="Exit codes: 0 done (or --follow stopped by Ctrl-C); 2 bad usage or no buffer "
-               "at URL; 3 store or data failure (e.g. fenced by a newer consumer); 130 "
-               "interrupted.",
+        "at URL; 3 store or data failure (e.g. fenced by a newer consumer); 130 "
+        "interrupted.",
     )
     co.add_argument("url")
-    co.add_argument("--no-ack", action="store_true",
-                    help="a plain reader: no epoch bump, no ack, no dequeue (does not "
-                         "disturb a live consumer)")
-    co.add_argument("--from", dest="start", type=_start, metavar="SEQ|earliest|latest",
-                    help="--no-ack only: where to start (default earliest: the first "
-                         "retained sequence)")
-    co.add_argument("--after", type=_sequence, metavar="SEQ",
-                    help="acking consumer: resume after this acked sequence (default: the "
-                         "queue's head)")
-    co.add_argument("--subscriber", default="default", metavar="NAME",
-                    help="acking consumer: read and ack as this named subscriber (its own "
-                         "position; fences only older instances of NAME)")
-    co.add_argument("--follow", action="store_true",
-                    help="keep reading as entries land, until Ctrl-C")
-    co.add_argument("--poll-max", type=parse_duration, default=dt.timedelta(seconds=1),
-                    metavar="DURATION",
-                    help="--follow: longest wait between polls of an idle queue "
-                         "(default 1s; the backoff starts at 50ms)")
-    co.add_argument("--json", action="store_true",
-                    help="records as JSON: sequence, index, ingestion_time_ms, metadata, value "
-                         "(bundles are always JSON rows)")
-    co.add_argument("--out", metavar="DIR|FILE.arrow|FILE.parquet",
-                    help="DIR: each data object as DIR/<sequence>.batch|.qseg; FILE.arrow "
-                         "(Arrow IPC) or FILE.parquet: the rows (default: stdout)")
-    co.add_argument("--max-batches", type=int, metavar="N",
-                    help="stop after N batches (default: no limit)")
-    co.add_argument("--create", action="store_true",
-                    help="create an empty buffer at URL if there is none (default: exit 2)")
+    co.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="a plain reader: no epoch bump, no ack, no dequeue (does not disturb a live consumer)",
+    )
+    co.add_argument(
+        "--from",
+        dest="start",
+        type=_start,
+        metavar="SEQ|earliest|latest",
+        help="--no-ack only: where to start (default earliest: the first retained sequence)",
+    )
+    co.add_argument(
+        "--after",
+        type=_sequence,
+        metavar="SEQ",
+        help="acking consumer: resume after this acked sequence (default: the queue's head)",
+    )
+    co.add_argument(
+        "--subscriber",
+        default="default",
+        metavar="NAME",
+        help="acking consumer: read and ack as this named subscriber (its own "
+        "position; fences only older instances of NAME)",
+    )
+    co.add_argument(
+        "--follow", action="store_true", help="keep reading as entries land, until Ctrl-C"
+    )
+    co.add_argument(
+        "--poll-max",
+        type=parse_duration,
+        default=dt.timedelta(seconds=1),
+        metavar="DURATION",
+        help="--follow: longest wait between polls of an idle queue "
+        "(default 1s; the backoff starts at 50ms)",
+    )
+    co.add_argument(
+        "--json",
+        action="store_true",
+        help="records as JSON: sequence, index, ingestion_time_ms, metadata, value "
+        "(bundles are always JSON rows)",
+    )
+    co.add_argument(
+        "--out",
+        metavar="DIR|FILE.arrow|FILE.parquet",
+        help="DIR: each data object as DIR/<sequence>.batch|.qseg; FILE.arrow "
+        "(Arrow IPC) or FILE.parquet: the rows (default: stdout)",
+    )
+    co.add_argument(
+        "--max-batches", type=int, metavar="N", help="stop after N batches (default: no limit)"
+    )
+    co.add_argument(
+        "--create",
+        action="store_true",
+        help="create an empty buffer at URL if there is none (default: exit 2)",
+    )
     store_args(co)
     co.set_defaults(fn=cmd_consume)

@@ -144,8 +144,10 @@ def _span(first: int, count: int) -> str:
 def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:  # before anything is produced: half an input is worse than none
-        raise ConfigError(f"input file {missing[0]!r} does not exist (or is not a file)"
-                          + (f", nor {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise ConfigError(
+            f"input file {missing[0]!r} does not exist (or is not a file)"
+            + (f", nor {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     if args.format == "json":
         records: Iterable[bytes] = _json_records(args.files)
     elif args.format == "lines":
@@ -166,8 +168,7 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     try:
         for chunk in _chunks(records, args.batch):
             # a full producer buffer (the store is down) waits at most --timeout
-            calls.append((producer.produce(chunk, metadata=meta, timeout=timeout), n,
-                          len(chunk)))
+            calls.append((producer.produce(chunk, metadata=meta, timeout=timeout), n, len(chunk)))
             n += len(chunk)
         producer.close(timeout=timeout)
     except KeyboardInterrupt:
@@ -184,8 +185,14 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     return _report(args, out, calls, n, error, interrupted)
 
 
-def _report(args: argparse.Namespace, out: TextIO, calls: list[tuple[WriteHandle, int, int]],
-            n: int, error: TieredBufError | None, interrupted: bool) -> int:
+def _report(
+    args: argparse.Namespace,
+    out: TextIO,
+    calls: list[tuple[WriteHandle, int, int]],
+    n: int,
+    error: TieredBufError | None,
+    interrupted: bool,
+) -> int:
     seqs: set[int] = set()
     lost: list[tuple[int, int]] = []
     staged = 0
@@ -204,15 +211,19 @@ def _report(args: argparse.Namespace, out: TextIO, calls: list[tuple[WriteHandle
     if not (lost or staged or error or interrupted):
         order = sorted(seqs)
         span = f"sequences {order[0]}..{order[-1]}" if order else "nothing"
-        print(f"produced {n} {plural(n, 'record')} in {len(calls)} "
-              f"{plural(len(calls), 'call')} -> {span}", file=out)
+        print(
+            f"produced {n} {plural(n, 'record')} in {len(calls)} "
+            f"{plural(len(calls), 'call')} -> {span}",
+            file=out,
+        )
         return EXIT_OK
     if interrupted:
         cause = "interrupted"
     elif isinstance(error, (FlushTimeoutError, BackpressureError)):
         last = str(error).split("last store error: ", 1)
-        cause = (f"the store still failed after --timeout {fmt_duration(args.timeout)}"
-                 + (f" ({one_line(Exception(last[1]))})" if len(last) > 1 else ""))
+        cause = f"the store still failed after --timeout {fmt_duration(args.timeout)}" + (
+            f" ({one_line(Exception(last[1]))})" if len(last) > 1 else ""
+        )
     else:
         cause = f"{type(error).__name__}: {one_line(error)}" if error else "failed"
     parts = []
@@ -220,12 +231,16 @@ def _report(args: argparse.Namespace, out: TextIO, calls: list[tuple[WriteHandle
     if unstored:
         first, last_i = lost[0][0], lost[-1][0] + lost[-1][1]
         how = "not confirmed stored" if interrupted else "not stored and dropped"
-        parts.append(f"{unstored} of {n} {plural(n, 'record')} {how} "
-                     f"(input records {_span(first, last_i - first)})")
+        parts.append(
+            f"{unstored} of {n} {plural(n, 'record')} {how} "
+            f"(input records {_span(first, last_i - first)})"
+        )
     if staged:
-        parts.append(f"{staged} {plural(staged, 'record')} still staged in {args.staging} "
-                     f"(safe on disk; 'tieredbuf drain {args.staging} {args.url}' exports "
-                     f"them)")
+        parts.append(
+            f"{staged} {plural(staged, 'record')} still staged in {args.staging} "
+            f"(safe on disk; 'tieredbuf drain {args.staging} {args.url}' exports "
+            f"them)"
+        )
     if error is not None and isinstance(error, BackpressureError):
         parts.append(f"input not read past record #{n}")
     stored = sum(c for (h, _, c) in calls) - unstored - staged
@@ -282,8 +297,11 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                 f"-> seq {remote.sequence} {remote.location}",
                 file=out,
             )
-    print(f"produced {total} records in {time.perf_counter() - t0:.2f}s; "
-          "the stage is empty after close()", file=out)
+    print(
+        f"produced {total} records in {time.perf_counter() - t0:.2f}s; "
+        "the stage is empty after close()",
+        file=out,
+    )
     snap = buf.snapshot()
     print(
         f"manifest: {snap.footer.entry_count} entries, sequences "
@@ -303,8 +321,11 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
         consumer.ack(b.sequence)
     consumer.flush()
     consumer.close()
-    print(f"consumed {got} records, acked and dequeued; queue depth now "
-          f"{buf.snapshot().footer.entry_count}", file=out)
+    print(
+        f"consumed {got} records, acked and dequeued; queue depth now "
+        f"{buf.snapshot().footer.entry_count}",
+        file=out,
+    )
     return EXIT_OK if got == total else EXIT_FAILED
 
 
@@ -329,15 +350,21 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
         for pid in ([args.producer_id] if args.producer_id else stage_producer_ids(root))
     ]
     if not stages:
-        print(f"tieredbuf: no producer stage under {stage_dir} (a stage is a directory "
-              f"holding {'stage.lock'}, wal/ and segments/)", file=sys.stderr)
+        print(
+            f"tieredbuf: no producer stage under {stage_dir} (a stage is a directory "
+            f"holding {'stage.lock'}, wal/ and segments/)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     buf = open_buffer(args)
     timeout = args.timeout.total_seconds() if args.timeout is not None else None
     busy = lost = wrong = 0
     for root, pid in stages:
-        print(f"{pid}: draining {root / pid} ({describe(read_binding(root / pid))}) "
-              f"into {canonical_url(buf.url)}", file=out)
+        print(
+            f"{pid}: draining {root / pid} ({describe(read_binding(root / pid))}) "
+            f"into {canonical_url(buf.url)}",
+            file=out,
+        )
         with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
             def progress(ex: Any, bar: Progress = bar) -> None:
@@ -362,10 +389,12 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
         )
         if stats.get("quarantined"):
             lost += 1
-            print(f"tieredbuf: StagedDataLossError: {pid}: corrupt "
-                  f"{plural(len(stats['quarantined']), 'segment')} quarantined, "
-                  f"not exported, their records lost: {', '.join(stats['quarantined'])}",
-                  file=sys.stderr)
+            print(
+                f"tieredbuf: StagedDataLossError: {pid}: corrupt "
+                f"{plural(len(stats['quarantined']), 'segment')} quarantined, "
+                f"not exported, their records lost: {', '.join(stats['quarantined'])}",
+                file=sys.stderr,
+            )
     if lost:
         return EXIT_FAILED
     if wrong:

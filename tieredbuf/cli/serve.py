@@ -25,27 +25,39 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 
     store: dict[str, Any] = store_opts(args)
     producer: dict[str, Any] = {}
-    for opt, key in (("max_open_duration", "max_open_duration"),
-                     ("wal_flush_interval", "flush_interval")):
+    for opt, key in (
+        ("max_open_duration", "max_open_duration"),
+        ("wal_flush_interval", "flush_interval"),
+    ):
         v = getattr(args, opt)
         if v is not None:
             producer[key] = v.total_seconds()
     if args.manifest_writes_per_s is not None:
         if args.manifest_writes_per_s < 0:
-            raise ConfigError(f"--manifest-writes-per-s must be >= 0, got "
-                              f"{args.manifest_writes_per_s:g}")
+            raise ConfigError(
+                f"--manifest-writes-per-s must be >= 0, got {args.manifest_writes_per_s:g}"
+            )
         producer["manifest_writes_per_s"] = args.manifest_writes_per_s
-    for opt, key in (("segment_size", "target_size"), ("size_cap", "size_cap"),
-                     ("size_cap_policy", "size_cap_policy")):
+    for opt, key in (
+        ("segment_size", "target_size"),
+        ("size_cap", "size_cap"),
+        ("size_cap_policy", "size_cap_policy"),
+    ):
         v = getattr(args, opt)
         if v is not None:
             producer[key] = v
     tieredbuf.open(args.url, **store).close()  # a bad URL or option fails here, exit 2
     config = ServiceConfig(
-        url=args.url, staging_dir=args.staging, host=args.host, port=args.port,
-        workers=args.workers or os.cpu_count() or 1, store_options=store,
-        producer_options=producer, max_body_bytes=args.max_body,
-        max_records=args.max_records, header_timeout_s=args.header_timeout.total_seconds(),
+        url=args.url,
+        staging_dir=args.staging,
+        host=args.host,
+        port=args.port,
+        workers=args.workers or os.cpu_count() or 1,
+        store_options=store,
+        producer_options=producer,
+        max_body_bytes=args.max_body,
+        max_records=args.max_records,
+        header_timeout_s=args.header_timeout.total_seconds(),
         body_timeout_s=args.body_timeout.total_seconds(),
         idle_timeout_s=args.idle_timeout.total_seconds(),
         max_connections=args.max_connections,
@@ -53,9 +65,12 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         remote_timeout_s=args.remote_timeout.total_seconds(),
         shutdown_timeout_s=args.shutdown_timeout.total_seconds(),
         drain_timeout_s=args.drain_timeout.total_seconds(),
-        token_file=_abspath(args.token_file), protect_metrics=args.protect_metrics,
-        protect_health=args.protect_health, tls_cert=_abspath(args.tls_cert),
-        tls_key=_abspath(args.tls_key), insecure=args.insecure,
+        token_file=_abspath(args.token_file),
+        protect_metrics=args.protect_metrics,
+        protect_health=args.protect_health,
+        tls_cert=_abspath(args.tls_cert),
+        tls_key=_abspath(args.tls_key),
+        insecure=args.insecure,
     )
     # what the workers will load, checked once here: a bad token file, certificate or
     # an exposed port without tokens is exit 2 before anything binds

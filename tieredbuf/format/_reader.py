@@ -23,7 +23,11 @@ class Reader:
     __slots__ = ("buf", "end", "obj", "pos", "what")
 
     def __init__(
-        self, buf: bytes | memoryview, what: str, obj: str | None, pos: int = 0,
+        self,
+        buf: bytes | memoryview,
+        what: str,
+        obj: str | None,
+        pos: int = 0,
         end: int | None = None,
     ) -> None:
         self.buf = memoryview(buf) if not isinstance(buf, memoryview) else buf
@@ -40,9 +44,7 @@ class Reader:
 
     def need(self, n: int, field: str) -> None:
         if n < 0 or n > self.end - self.pos:
-            raise self.fail(
-                f"truncated: {field} needs {n} bytes, {self.end - self.pos} remain"
-            )
+            raise self.fail(f"truncated: {field} needs {n} bytes, {self.end - self.pos} remain")
 
     def _unpack(self, s: struct.Struct, field: str) -> int:
         self.need(s.size, field)

@@ -72,8 +72,12 @@ def encode(a: Announcement) -> bytes:
         raise ValueError("producer id must be 1..255 bytes")
     if not a.entries or len(a.entries) > MAX_ENTRIES:
         raise ValueError(f"an announcement holds 1..{MAX_ENTRIES} appends")
-    out = [_HEAD.pack(MAGIC, VERSION), bytes([len(pid)]), pid,
-           struct.pack("<qI", a.created_ms, len(a.entries))]
+    out = [
+        _HEAD.pack(MAGIC, VERSION),
+        bytes([len(pid)]),
+        pid,
+        struct.pack("<qI", a.created_ms, len(a.entries)),
+    ]
     last = 0
     for e in a.entries:
         if e.producer_seq <= last:
@@ -130,8 +134,9 @@ def decode(raw: bytes | memoryview, obj: str | None = None) -> Announcement:
         for j in range(k):
             start = r.u32(f"entry {i} metadata {j} start index")
             when = r.i64(f"entry {i} metadata {j} ingestion time")
-            payload = bytes(r.take(r.u32(f"entry {i} metadata {j} length"),
-                                   f"entry {i} metadata {j} payload"))
+            payload = bytes(
+                r.take(r.u32(f"entry {i} metadata {j} length"), f"entry {i} metadata {j} payload")
+            )
             items.append(MetadataItem(start, when, payload))
         entries.append(Announced(pseq, loc, size, tuple(items)))
     if r.remaining():

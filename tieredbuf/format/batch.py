@@ -89,9 +89,7 @@ def decode_batch(data: bytes | memoryview, obj: str | None = None) -> list[bytes
     foot_at = len(view) - FOOTER_SIZE
     ctype, count, version = _FOOTER.unpack_from(view, foot_at)
     if version != BATCH_VERSION:
-        raise UnsupportedVersionError(
-            "data batch", obj, foot_at + 5, f"unknown version {version}"
-        )
+        raise UnsupportedVersionError("data batch", obj, foot_at + 5, f"unknown version {version}")
     block: bytes | memoryview = view[:foot_at]
     if ctype == Compression.ZSTD:
         block = _decompress(block, obj)
@@ -100,7 +98,9 @@ def decode_batch(data: bytes | memoryview, obj: str | None = None) -> list[bytes
     # Each record costs at least 4 bytes: reject an impossible count before allocating.
     if count * 4 > len(block):
         raise CorruptError(
-            "data batch", obj, foot_at + 1,
+            "data batch",
+            obj,
+            foot_at + 1,
             f"record_count {count} cannot fit in a {len(block)}-byte block",
         )
     r = Reader(block, "data batch", obj)
@@ -140,14 +140,20 @@ def _decompress(block: bytes | memoryview, obj: str | None) -> bytes:
             if content_size != zstandard.CONTENTSIZE_UNKNOWN:
                 if total + content_size > MAX_DECOMPRESSED:
                     raise CorruptError(
-                        "data batch", obj, start,
+                        "data batch",
+                        obj,
+                        start,
                         f"zstd frame declares {content_size} bytes: the block would "
                         f"exceed {MAX_DECOMPRESSED}",
                     )
                 piece: bytes = zstandard.ZstdDecompressor().decompress(view[start:end])
                 if len(piece) != content_size:
-                    raise CorruptError("data batch", obj, start,
-                                       f"zstd frame gave {len(piece)} of {content_size} bytes")
+                    raise CorruptError(
+                        "data batch",
+                        obj,
+                        start,
+                        f"zstd frame gave {len(piece)} of {content_size} bytes",
+                    )
                 out.append(piece)
                 total += len(piece)
                 continue
@@ -158,8 +164,12 @@ def _decompress(block: bytes | memoryview, obj: str | None) -> bytes:
                 at = cut
                 total += len(piece)
                 if total > MAX_DECOMPRESSED:
-                    raise CorruptError("data batch", obj, start,
-                                       f"zstd frame inflates past {MAX_DECOMPRESSED} bytes")
+                    raise CorruptError(
+                        "data batch",
+                        obj,
+                        start,
+                        f"zstd frame inflates past {MAX_DECOMPRESSED} bytes",
+                    )
                 out.append(piece)
             if not dobj.eof:
                 raise CorruptError("data batch", obj, start, "zstd frame does not end")
@@ -168,9 +178,7 @@ def _decompress(block: bytes | memoryview, obj: str | None) -> bytes:
     return out[0] if len(out) == 1 else b"".join(out)
 
 
-def _zstd_frames(
-    view: memoryview, obj: str | None
-) -> list[tuple[int, list[int] | None, int, int]]:
+def _zstd_frames(view: memoryview, obj: str | None) -> list[tuple[int, list[int] | None, int, int]]:
     """``(start, block_ends, content_size, end)`` of every frame in ``view``, from the
     frame and block headers alone (``block_ends`` is None for a skippable frame).  A frame
     that runs past the block, a reserved block type or a trailing partial frame is
@@ -179,14 +187,19 @@ def _zstd_frames(
     pos, n = 0, len(view)
     while pos < n:
         if n - pos < 8:
-            raise CorruptError("data batch", obj, pos,
-                               f"{n - pos} trailing bytes cannot hold a zstd frame")
+            raise CorruptError(
+                "data batch", obj, pos, f"{n - pos} trailing bytes cannot hold a zstd frame"
+            )
         (magic,) = _LEN.unpack_from(view, pos)
         if magic & _SKIPPABLE_MASK == _SKIPPABLE_MAGIC:
             (size,) = _LEN.unpack_from(view, pos + 4)
             if size > n - pos - 8:
-                raise CorruptError("data batch", obj, pos,
-                                   f"skippable zstd frame of {size} bytes runs past the block")
+                raise CorruptError(
+                    "data batch",
+                    obj,
+                    pos,
+                    f"skippable zstd frame of {size} bytes runs past the block",
+                )
             frames.append((pos, None, 0, pos + 8 + size))
             pos += 8 + size
             continue
@@ -199,8 +212,9 @@ def _zstd_frames(
         except zstandard.ZstdError as e:
             raise CorruptError("data batch", obj, pos, f"zstd frame header: {e}") from e
         if params.dict_id:
-            raise CorruptError("data batch", obj, pos,
-                               f"zstd frame needs dictionary {params.dict_id}")
+            raise CorruptError(
+                "data batch", obj, pos, f"zstd frame needs dictionary {params.dict_id}"
+            )
         ends: list[int] = []
         while True:
             if n - at < _BLOCK_HEAD:
@@ -218,8 +232,9 @@ def _zstd_frames(
         if params.has_checksum:
             at += 4
             if at > n:
-                raise CorruptError("data batch", obj, pos,
-                                   "zstd frame checksum runs past the block")
+                raise CorruptError(
+                    "data batch", obj, pos, "zstd frame checksum runs past the block"
+                )
             ends[-1] = at
         frames.append((pos, ends, params.content_size, at))
         pos = at

@@ -51,8 +51,16 @@ TAG_RETENTION = 5
 TAG_BUFFER = 6
 TAG_SUBSCRIBERS = 7
 TAG_LEASE = 8
-KNOWN_TAGS = (TAG_WATERMARKS, TAG_OWNER, TAG_TREE, TAG_STATS, TAG_RETENTION, TAG_BUFFER,
-              TAG_SUBSCRIBERS, TAG_LEASE)
+KNOWN_TAGS = (
+    TAG_WATERMARKS,
+    TAG_OWNER,
+    TAG_TREE,
+    TAG_STATS,
+    TAG_RETENTION,
+    TAG_BUFFER,
+    TAG_SUBSCRIBERS,
+    TAG_LEASE,
+)
 _FOOTER = struct.Struct("<IQQH")
 _ENTRY_HEAD = struct.Struct("<IQH")
 _META_HEAD = struct.Struct("<IqI")
@@ -135,7 +143,8 @@ class RetentionPolicy:
 
 def encode_retention(p: RetentionPolicy) -> bytes:
     flags = (RETAIN_AGE if p.max_age_ms is not None else 0) | (
-        RETAIN_BYTES if p.max_bytes is not None else 0)
+        RETAIN_BYTES if p.max_bytes is not None else 0
+    )
     return _RETENTION.pack(flags, p.max_age_ms or 0, p.max_bytes or 0)
 
 
@@ -149,8 +158,9 @@ def decode_retention(body: Reader) -> RetentionPolicy:
     for bit, v, name in ((RETAIN_AGE, age, "max_age_ms"), (RETAIN_BYTES, nbytes, "max_bytes")):
         if (not flags & bit and v) or v >= 1 << 63:
             raise body.fail(f"bad retention {name} {v} (flags 0x{flags:02x})", at)
-    return RetentionPolicy(age if flags & RETAIN_AGE else None,
-                          nbytes if flags & RETAIN_BYTES else None)
+    return RetentionPolicy(
+        age if flags & RETAIN_AGE else None, nbytes if flags & RETAIN_BYTES else None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +330,14 @@ def _encode_ext(
     buf = None if buffer is None else encode_buffer(buffer)
     subs = None if subscribers is None else freg.encode(subscribers)
     lse = None if lease is None else encode_lease(lease)
-    for tag, body_ in ((TAG_TREE, tree), (TAG_STATS, stats), (TAG_RETENTION, ret),
-                       (TAG_BUFFER, buf), (TAG_SUBSCRIBERS, subs), (TAG_LEASE, lse)):
+    for tag, body_ in (
+        (TAG_TREE, tree),
+        (TAG_STATS, stats),
+        (TAG_RETENTION, ret),
+        (TAG_BUFFER, buf),
+        (TAG_SUBSCRIBERS, subs),
+        (TAG_LEASE, lse),
+    ):
         if body_ is not None:
             sections.append(_SECTION.pack(tag, len(body_)) + body_)
     blob = b"".join(sections)
@@ -379,8 +395,9 @@ def _parse_ext(raw: memoryview, ext_end: int, obj: str | None) -> _Ext:
                 if last_pid is not None and pid <= last_pid:
                     # the writer sorts them: a repeat or a swap is damage, and reading
                     # it would drop or reorder a producer's exactly-once watermark (I2)
-                    raise CorruptError(WHAT, obj, pid_at,
-                                       f"producer id {pid!r} out of order or repeated")
+                    raise CorruptError(
+                        WHAT, obj, pid_at, f"producer id {pid!r} out of order or repeated"
+                    )
                 last_pid = pid
                 body.need(_WATERMARK.size, "watermark")
                 pseq, last, upd = _WATERMARK.unpack_from(body.buf, body.pos)
@@ -423,8 +440,20 @@ def open_manifest(raw: bytes, obj: str | None = None) -> ManifestView:
     if footer.version == V1:
         return ManifestView(raw, footer, ext_end, obj=obj)
     x = _parse_ext(memoryview(raw), ext_end, obj)
-    return ManifestView(raw, footer, x.entries_end, x.watermarks, x.owner, obj, x.tree, x.stats,
-                        x.retention, x.buffer, x.subscribers, x.lease)
+    return ManifestView(
+        raw,
+        footer,
+        x.entries_end,
+        x.watermarks,
+        x.owner,
+        obj,
+        x.tree,
+        x.stats,
+        x.retention,
+        x.buffer,
+        x.subscribers,
+        x.lease,
+    )
 
 
 def empty_manifest() -> ManifestView:
@@ -510,9 +539,14 @@ def encode_manifest(
 
 
 def _flat_only(view: ManifestView) -> None:
-    if (view.tree is not None or view.stats is not None or view.retention is not None
-            or view.buffer is not None or view.subscribers is not None
-            or view.lease is not None):
+    if (
+        view.tree is not None
+        or view.stats is not None
+        or view.retention is not None
+        or view.buffer is not None
+        or view.subscribers is not None
+        or view.lease is not None
+    ):
         raise ValueError("a tree root: use tieredbuf.queue.tree, not the flat helpers")
 
 
@@ -537,9 +571,16 @@ def append(
 def with_epoch(view: ManifestView, epoch: int, owner: str) -> bytes:
     f = view.footer
     return encode_manifest(
-        view.entries_bytes, Footer(f.entry_count, f.next_sequence, epoch, V2),
-        view.watermarks, owner, view.tree, view.stats, view.retention, view.buffer,
-        view.subscribers, view.lease,
+        view.entries_bytes,
+        Footer(f.entry_count, f.next_sequence, epoch, V2),
+        view.watermarks,
+        owner,
+        view.tree,
+        view.stats,
+        view.retention,
+        view.buffer,
+        view.subscribers,
+        view.lease,
     )
 
 
@@ -550,6 +591,4 @@ def dequeue(view: ManifestView, through_sequence: int) -> bytes:
     k = min(max(through_sequence - f.first_sequence + 1, 0), f.entry_count)
     cut = skip_entries(view, k)
     footer = Footer(f.entry_count - k, f.next_sequence, f.epoch, V2)
-    return encode_manifest(
-        view.entries_bytes[cut:], footer, view.watermarks, view.owner
-    )
+    return encode_manifest(view.entries_bytes[cut:], footer, view.watermarks, view.owner)

@@ -105,10 +105,16 @@ def encode(p: Progress) -> bytes:
     owner = p.owner.encode("utf-8")
     if len(p.reg_id) != 16 or len(owner) > 0xFFFF:
         raise ValueError("bad registration id or owner")
-    out = [_HEAD.pack(MAGIC, VERSION, FLAG_SHARED if p.shared else 0), bytes([len(name)]), name,
-           p.reg_id, struct.pack("<QH", p.epoch, len(owner)), owner,
-           _NUMS.pack(p.position, p.claim_cursor, p.created_ms, p.updated_ms, p.lost),
-           struct.pack("<I", len(p.done))]
+    out = [
+        _HEAD.pack(MAGIC, VERSION, FLAG_SHARED if p.shared else 0),
+        bytes([len(name)]),
+        name,
+        p.reg_id,
+        struct.pack("<QH", p.epoch, len(owner)),
+        owner,
+        _NUMS.pack(p.position, p.claim_cursor, p.created_ms, p.updated_ms, p.lost),
+        struct.pack("<I", len(p.done)),
+    ]
     out += [_RANGE.pack(a, b) for a, b in p.done]
     out.append(struct.pack("<I", len(p.leases)))
     out += [_LEASE.pack(x.seq, x.deliveries, x.expires_ms, x.token) for x in p.leases]
@@ -188,9 +194,23 @@ def decode(raw: bytes, obj: str | None = None) -> Progress:
         r.pos += _WORKER.size
     if r.remaining():
         raise r.fail(f"{r.remaining()} trailing bytes before the crc")
-    p = Progress(name, reg_id, bool(flags & FLAG_SHARED), epoch, owner, position, cursor,
-                 created, updated, lost, tuple((a, b) for a, b in done), tuple(leases),
-                 rejected_total, tuple(rejected), tuple(workers))
+    p = Progress(
+        name,
+        reg_id,
+        bool(flags & FLAG_SHARED),
+        epoch,
+        owner,
+        position,
+        cursor,
+        created,
+        updated,
+        lost,
+        tuple((a, b) for a, b in done),
+        tuple(leases),
+        rejected_total,
+        tuple(rejected),
+        tuple(workers),
+    )
     try:
         check(p)
     except ValueError as e:
@@ -216,8 +236,9 @@ def check(p: Progress) -> None:
     covered = 0
     for a, b in p.done:
         if not prev < a <= b < p.claim_cursor:
-            raise ValueError(f"done range {a}..{b} out of order or outside "
-                             f"({p.position}, {p.claim_cursor})")
+            raise ValueError(
+                f"done range {a}..{b} out of order or outside ({p.position}, {p.claim_cursor})"
+            )
         prev = b + 1
         covered += b - a + 1
     done_iter = iter(p.done)
@@ -232,5 +253,7 @@ def check(p: Progress) -> None:
             raise ValueError(f"lease {x.seq} is inside a done range")
         last = x.seq
     if covered + len(p.leases) != p.claim_cursor - p.position:
-        raise ValueError(f"{covered} done + {len(p.leases)} leased do not cover "
-                         f"{p.position}..{p.claim_cursor - 1}")
+        raise ValueError(
+            f"{covered} done + {len(p.leases)} leased do not cover "
+            f"{p.position}..{p.claim_cursor - 1}"
+        )

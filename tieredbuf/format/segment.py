@@ -46,24 +46,32 @@ U32 = struct.Struct("<I")
 WHAT = "segment"
 _MATCH_WINDOW = 4
 
-DIRECTORY_SCHEMA = pa.schema([
-    ("stream_id", pa.uint32()),
-    ("slot_id", pa.uint16()),
-    ("schema_fingerprint", pa.binary(32)),
-    ("byte_offset", pa.uint64()),
-    ("byte_length", pa.uint64()),
-    ("row_count", pa.uint64()),
-    ("chunk_count", pa.uint32()),
-])
-SLOT_REF = pa.struct([
-    ("slot_id", pa.uint16()), ("stream_id", pa.uint32()), ("chunk_index", pa.uint32()),
-])
-MANIFEST_SCHEMA = pa.schema([
-    ("bundle_index", pa.uint32()),
-    ("slot_refs", pa.list_(SLOT_REF)),
-    ("ingestion_ts_nanos", pa.int64()),
-    ("sequence", pa.uint64()),
-])
+DIRECTORY_SCHEMA = pa.schema(
+    [
+        ("stream_id", pa.uint32()),
+        ("slot_id", pa.uint16()),
+        ("schema_fingerprint", pa.binary(32)),
+        ("byte_offset", pa.uint64()),
+        ("byte_length", pa.uint64()),
+        ("row_count", pa.uint64()),
+        ("chunk_count", pa.uint32()),
+    ]
+)
+SLOT_REF = pa.struct(
+    [
+        ("slot_id", pa.uint16()),
+        ("stream_id", pa.uint32()),
+        ("chunk_index", pa.uint32()),
+    ]
+)
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("bundle_index", pa.uint32()),
+        ("slot_refs", pa.list_(SLOT_REF)),
+        ("ingestion_ts_nanos", pa.int64()),
+        ("sequence", pa.uint64()),
+    ]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +192,17 @@ class SegmentBuilder:
                 for b in s.batches:
                     w.write_batch(b)
             parts += sink.parts
-            rows.append(StreamInfo(
-                sid, s.slot, s.fingerprint, pos, sink.size,
-                sum(b.num_rows for b in s.batches), len(s.batches),
-            ))
+            rows.append(
+                StreamInfo(
+                    sid,
+                    s.slot,
+                    s.fingerprint,
+                    pos,
+                    sink.size,
+                    sum(b.num_rows for b in s.batches),
+                    len(s.batches),
+                )
+            )
             pos += sink.size
         pad = -pos % ALIGN
         if pad:
@@ -199,8 +214,13 @@ class SegmentBuilder:
         man_off = dir_off + directory.size
         parts += [directory, manifest]
         footer = FOOTER.pack(
-            SEGMENT_VERSION, len(rows), len(self._manifest),
-            dir_off, directory.size, man_off, manifest.size,
+            SEGMENT_VERSION,
+            len(rows),
+            len(self._manifest),
+            dir_off,
+            directory.size,
+            man_off,
+            manifest.size,
         )
         trailer_head = TRAILER_HEAD.pack(len(footer), SEGMENT_MAGIC)
         parts += [footer, trailer_head]
@@ -252,30 +272,38 @@ def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
 
 
 def _directory_batch(rows: Sequence[StreamInfo]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([
-        pa.array([r.stream_id for r in rows], pa.uint32()),
-        pa.array([r.slot_id for r in rows], pa.uint16()),
-        pa.array([r.schema_fingerprint for r in rows], pa.binary(32)),
-        pa.array([r.byte_offset for r in rows], pa.uint64()),
-        pa.array([r.byte_length for r in rows], pa.uint64()),
-        pa.array([r.row_count for r in rows], pa.uint64()),
-        pa.array([r.chunk_count for r in rows], pa.uint32()),
-    ], schema=DIRECTORY_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([r.stream_id for r in rows], pa.uint32()),
+            pa.array([r.slot_id for r in rows], pa.uint16()),
+            pa.array([r.schema_fingerprint for r in rows], pa.binary(32)),
+            pa.array([r.byte_offset for r in rows], pa.uint64()),
+            pa.array([r.byte_length for r in rows], pa.uint64()),
+            pa.array([r.row_count for r in rows], pa.uint64()),
+            pa.array([r.chunk_count for r in rows], pa.uint32()),
+        ],
+        schema=DIRECTORY_SCHEMA,
+    )
 
 
 def _manifest_batch(
     entries: Sequence[tuple[list[tuple[int, int, int]], int, int]],
 ) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([
-        pa.array(range(len(entries)), pa.uint32()),
-        pa.array(
-            [[{"slot_id": s, "stream_id": i, "chunk_index": c} for s, i, c in refs]
-             for refs, _, _ in entries],
-            pa.list_(SLOT_REF),
-        ),
-        pa.array([ts for _, ts, _ in entries], pa.int64()),
-        pa.array([seq for _, _, seq in entries], pa.uint64()),
-    ], schema=MANIFEST_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(range(len(entries)), pa.uint32()),
+            pa.array(
+                [
+                    [{"slot_id": s, "stream_id": i, "chunk_index": c} for s, i, c in refs]
+                    for refs, _, _ in entries
+                ],
+                pa.list_(SLOT_REF),
+            ),
+            pa.array([ts for _, ts, _ in entries], pa.int64()),
+            pa.array([seq for _, _, seq in entries], pa.uint64()),
+        ],
+        schema=MANIFEST_SCHEMA,
+    )
 
 
 # --- decoding -------------------------------------------------------------------
@@ -336,9 +364,7 @@ def _schema_ok(name: str, schema: pa.Schema) -> bool:
     )
 
 
-def read_section(
-    buf: pa.Buffer, off: int, obj: str | None, name: str, rows: int
-) -> pa.RecordBatch:
+def read_section(buf: pa.Buffer, off: int, obj: str | None, name: str, rows: int) -> pa.RecordBatch:
     """The stream directory or batch manifest held in ``buf`` (which starts at segment
     offset ``off``): one Arrow IPC batch -- the IPC stream format tieredbuf writes, or the
     IPC file format (the spec says only "Arrow IPC"; otel-arrow's writer uses files) --
@@ -353,15 +379,17 @@ def read_section(
         for b in batches:
             b.validate(full=True)  # offsets checked before any value is touched
         ok = (
-            len(batches) == 1 and _schema_ok(name, batches[0].schema)
+            len(batches) == 1
+            and _schema_ok(name, batches[0].schema)
             and batches[0].num_rows == rows
             and not any(_has_nulls(c) for c in batches[0].columns)
         )
     except Exception as e:  # any failure decoding untrusted Arrow bytes (I7)
         raise CorruptError(WHAT, obj, off, f"{name}: {describe_error(e)}") from e
     if not ok:
-        raise CorruptError(WHAT, obj, off,
-                           f"{name}: schema, row count or nulls disagree with the footer")
+        raise CorruptError(
+            WHAT, obj, off, f"{name}: schema, row count or nulls disagree with the footer"
+        )
     return batches[0]
 
 
@@ -397,21 +425,25 @@ def manifest_rows(
         for r in refs[i]:
             sid, slot, chunk = r["stream_id"], r["slot_id"], r["chunk_index"]
             if (
-                sid >= len(streams) or streams[sid].slot_id != slot
+                sid >= len(streams)
+                or streams[sid].slot_id != slot
                 or chunk >= streams[sid].chunk_count
             ):
                 raise CorruptError(WHAT, obj, off, f"bundle {i} refers to a missing stream chunk")
             if chunk in used[sid]:  # its rows would be delivered twice
-                raise CorruptError(WHAT, obj, off,
-                                   f"stream {sid} chunk {chunk} is in two bundles")
+                raise CorruptError(WHAT, obj, off, f"stream {sid} chunk {chunk} is in two bundles")
             rr.append((slot, sid, chunk))
             used[sid].add(chunk)
         out.append((tuple(rr), tss[i], seqs[i]))
     for sid, s in enumerate(streams):
         # a writer puts every chunk in exactly one bundle (chunk indexes follow arrival)
         if len(used[sid]) != s.chunk_count:
-            raise CorruptError(WHAT, obj, off, f"stream {sid} has {s.chunk_count} chunks, "
-                               f"the manifest refers to {len(used[sid])}")
+            raise CorruptError(
+                WHAT,
+                obj,
+                off,
+                f"stream {sid} has {s.chunk_count} chunks, the manifest refers to {len(used[sid])}",
+            )
     return out
 
 
@@ -420,7 +452,9 @@ class SegmentReader:
     map keeps every batch zero-copy).  Raises CorruptError naming ``obj`` and the offset."""
 
     def __init__(
-        self, data: pa.Buffer | bytes | memoryview, obj: str | None = None,
+        self,
+        data: pa.Buffer | bytes | memoryview,
+        obj: str | None = None,
         verify_crc: bool = True,
     ) -> None:
         self.buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
@@ -449,8 +483,8 @@ class SegmentReader:
             raise UnsupportedVersionError(WHAT, obj, f_at, f"unknown footer version {version}")
         if footer_size < FOOTER_V1_SIZE:
             raise self._fail(t_at, f"footer_size {footer_size} < {FOOTER_V1_SIZE}")
-        (_, stream_count, bundle_count, dir_off, dir_len, man_off, man_len) = (
-            FOOTER.unpack_from(view, f_at)
+        (_, stream_count, bundle_count, dir_off, dir_len, man_off, man_len) = FOOTER.unpack_from(
+            view, f_at
         )
         self.stream_count = stream_count
         self.bundle_count = bundle_count
@@ -463,8 +497,9 @@ class SegmentReader:
     def _fail(self, offset: int, detail: str) -> CorruptError:
         return CorruptError(WHAT, self.obj, offset, detail)
 
-    def _section(self, off: int, length: int, f_at: int, field_at: int, name: str,
-                 rows: int) -> pa.RecordBatch:
+    def _section(
+        self, off: int, length: int, f_at: int, field_at: int, name: str, rows: int
+    ) -> pa.RecordBatch:
         if off + length > f_at:  # named at the footer field that says so
             raise self._fail(f_at + field_at, f"{name} [{off}, {off + length}) runs past {f_at}")
         return read_section(self.buf.slice(off, length), off, self.obj, name, rows)
@@ -503,16 +538,19 @@ class SegmentReader:
             SegmentBundle(
                 {
                     slot: self._chunk(sid, chunk)
-                    for slot, sid, chunk in refs if want is None or slot in want
+                    for slot, sid, chunk in refs
+                    if want is None or slot in want
                 },
-                ts, seq,
+                ts,
+                seq,
             )
             for refs, ts, seq in self._manifest
         ]
 
 
 def decode_segment(
-    data: pa.Buffer | bytes | memoryview, obj: str | None = None,
+    data: pa.Buffer | bytes | memoryview,
+    obj: str | None = None,
     slots: Iterable[int] | None = None,
 ) -> list[SegmentBundle]:
     return SegmentReader(data, obj).bundles(slots)

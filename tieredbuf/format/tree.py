@@ -107,8 +107,9 @@ def entry_time(metadata: tuple[fm.MetadataItem, ...], default_ms: int) -> int:
 
 
 def pack_ref(r: Ref) -> bytes:
-    return _REF.pack(r.level, r.first, r.last, r.count, r.min_time_ms, r.max_time_ms,
-                     r.total_bytes, r.ulid)
+    return _REF.pack(
+        r.level, r.first, r.last, r.count, r.min_time_ms, r.max_time_ms, r.total_bytes, r.ulid
+    )
 
 
 def encode_refs(refs: tuple[Ref, ...] | list[Ref]) -> bytes:
@@ -290,8 +291,9 @@ def decode_node(raw: bytes, obj: str | None = None) -> Node:
             raise CorruptError(WHAT_NODE, obj, 7, f"count {count} cannot fit")
         region_len = body_len - count * STAT_SIZE
         region = bytes(body[:region_len])
-        view = fm.ManifestView(region, fm.Footer(count, first + count, 0, fm.V2), region_len,
-                               obj=obj)
+        view = fm.ManifestView(
+            region, fm.Footer(count, first + count, 0, fm.V2), region_len, obj=obj
+        )
         stats = stats_from_raw(body[region_len:])
         return Node(0, first, count, view, stats, ())
     if count * REF_SIZE != body_len:
@@ -303,15 +305,36 @@ def decode_node(raw: bytes, obj: str | None = None) -> Node:
     return Node(level, first, span, None, (), refs)
 
 
-def ref_for(level: int, first: int, stats: list[Stat] | tuple[Stat, ...] | None,
-            refs: list[Ref] | tuple[Ref, ...] | None, ulid: bytes) -> Ref:
+def ref_for(
+    level: int,
+    first: int,
+    stats: list[Stat] | tuple[Stat, ...] | None,
+    refs: list[Ref] | tuple[Ref, ...] | None,
+    ulid: bytes,
+) -> Ref:
     """The reference summarising a node built from ``stats`` (level 0) or ``refs``."""
     if level == 0:
         assert stats is not None and stats
         times = [s.time_ms for s in stats]
-        return Ref(0, first, first + len(stats) - 1, len(stats), min(times), max(times),
-                   sum(s.size for s in stats), ulid)
+        return Ref(
+            0,
+            first,
+            first + len(stats) - 1,
+            len(stats),
+            min(times),
+            max(times),
+            sum(s.size for s in stats),
+            ulid,
+        )
     assert refs
     last = refs[-1].last
-    return Ref(level, first, last, last - first + 1, min(r.min_time_ms for r in refs),
-               max(r.max_time_ms for r in refs), sum(r.total_bytes for r in refs), ulid)
+    return Ref(
+        level,
+        first,
+        last,
+        last - first + 1,
+        min(r.min_time_ms for r in refs),
+        max(r.max_time_ms for r in refs),
+        sum(r.total_bytes for r in refs),
+        ulid,
+    )

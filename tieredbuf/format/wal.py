@@ -115,7 +115,9 @@ def decode_header(
     r.need(header_size - WAL_HEADER_SIZE, "header extension")
     if expected_cfg_hash is not None and cfg != expected_cfg_hash:
         raise ConfigHashMismatchError(
-            WHAT, obj, 14,
+            WHAT,
+            obj,
+            14,
             f"segment_cfg_hash {cfg.hex()} != expected {expected_cfg_hash.hex()}: drain this "
             "WAL with the build that wrote it",
         )
@@ -164,9 +166,7 @@ class BundleEntry(WalEntry):
 
     def to_bundle(self, obj: str | None = None) -> dict[int, pa.RecordBatch]:
         """Decode every slot's IPC payload back into a RecordBatch."""
-        return {
-            s.slot: decode_ipc_stream(s.payload, obj, self.offset) for s in self.slots
-        }
+        return {s.slot: decode_ipc_stream(s.payload, obj, self.offset) for s in self.slots}
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +269,12 @@ def frame_entry(
     return [_PREFIX.pack(ENTRY_HEAD_SIZE + body.size), head, *body.parts, _U32.pack(crc)]
 
 
-def records_body(
-    records: Sequence[bytes | memoryview], metadata: bytes | memoryview
-) -> EntryBody:
+def records_body(records: Sequence[bytes | memoryview], metadata: bytes | memoryview) -> EntryBody:
     """The body of a Records entry (type 2): metadata, then the length-prefixed records."""
     head: list[bytes | memoryview | pa.Buffer] = [
-        _U32.pack(len(metadata)), metadata, _U32.pack(len(records)),
+        _U32.pack(len(metadata)),
+        metadata,
+        _U32.pack(len(records)),
     ]
     return entry_body(ENTRY_RECORDS, head + interleave_lengths(records))
 
@@ -321,16 +321,16 @@ def frame_bundle_entry(
 
 
 def encode_records_entry(
-    sequence: int, ingestion_ts_nanos: int, records: Sequence[bytes | memoryview],
+    sequence: int,
+    ingestion_ts_nanos: int,
+    records: Sequence[bytes | memoryview],
     metadata: bytes | memoryview,
 ) -> list[bytes | memoryview]:
     """A Records entry (type 2) as a list of buffers."""
     return frame_entry(sequence, ingestion_ts_nanos, records_body(records, metadata))
 
 
-def decode_entry(
-    view: memoryview, offset: int, obj: str | None = None
-) -> WalEntry:
+def decode_entry(view: memoryview, offset: int, obj: str | None = None) -> WalEntry:
     """Decode the complete frame at ``offset`` (raises CorruptError on any defect)."""
     r = Reader(view, WHAT, obj, offset)
     n = r.u32("entry_len")
@@ -402,7 +402,6 @@ def _decode_records_body(b: Reader) -> tuple[tuple[bytes, ...], bytes]:
     if b.remaining():
         raise b.fail(f"{b.remaining()} trailing bytes after {count} records")
     return tuple(records), metadata
-
 
 
 # --- CRC32 of a concatenation -----------------------------------------------------

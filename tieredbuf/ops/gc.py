@@ -165,20 +165,25 @@ def select_group_garbage(
 ) -> list[str]:
     """Tree node keys nothing reachable from the root refers to, older than the grace period."""
     out, n_listed, n_referenced = _unnamed_past_grace(
-        listed, keys.parse_group_key, referenced, now_ms, grace, report)
+        listed, keys.parse_group_key, referenced, now_ms, grace, report
+    )
     report.groups_listed += n_listed
     report.groups_referenced += n_referenced
     return out
 
 
 def select_progress_garbage(
-    listed: Iterable[str], registered: set[str], now_ms: int, grace: timedelta,
+    listed: Iterable[str],
+    registered: set[str],
+    now_ms: int,
+    grace: timedelta,
     report: GcReport,
 ) -> list[str]:
     """Progress objects no registration in the root names, older than the grace period
     (by their registration ULID: registration lands within the link deadline, < grace)."""
     out, n_listed, _ = _unnamed_past_grace(
-        listed, keys.parse_progress_key, registered, now_ms, grace, report)
+        listed, keys.parse_progress_key, registered, now_ms, grace, report
+    )
     report.progress_listed += n_listed
     return out
 
@@ -202,8 +207,9 @@ class GroupCache:
         self.nodes = {k: n for k, n in self.nodes.items() if k in keep}
 
 
-def reachable(buf: Any, snap: Any = None, *, cache: GroupCache | None = None,
-              report: GcReport | None = None) -> tuple[list[str], set[str]]:
+def reachable(
+    buf: Any, snap: Any = None, *, cache: GroupCache | None = None, report: GcReport | None = None
+) -> tuple[list[str], set[str]]:
     """(data locations of every linked entry in order, keys of every linked tree node and
     registered progress object).
 
@@ -242,8 +248,9 @@ def reachable(buf: Any, snap: Any = None, *, cache: GroupCache | None = None,
     return locations, seen
 
 
-def effective_grace(root_ms: int | None, asked: timedelta | None, cfg: GcConfig,
-                    report: GcReport) -> timedelta:
+def effective_grace(
+    root_ms: int | None, asked: timedelta | None, cfg: GcConfig, report: GcReport
+) -> timedelta:
     """The grace period a pass uses: the root's, or a longer explicit one (see run_once)."""
     if root_ms is None:
         grace = cfg.gc_grace_period if asked is None else asked
@@ -253,8 +260,12 @@ def effective_grace(root_ms: int | None, asked: timedelta | None, cfg: GcConfig,
             grace = asked
         elif asked is not None and asked < grace:
             report.grace_override_ignored = True
-            log.warning("gc: grace %s is shorter than the buffer's %s; using the buffer's "
-                        "(Buffer.set_gc_grace_period changes it)", asked, grace)
+            log.warning(
+                "gc: grace %s is shorter than the buffer's %s; using the buffer's "
+                "(Buffer.set_gc_grace_period changes it)",
+                asked,
+                grace,
+            )
     report.grace_ms = grace // timedelta(milliseconds=1)
     return grace
 
@@ -312,13 +323,22 @@ def run_once(
         _pass(buf, grace, dry_run, cfg, now_ms, cache, report)
     finally:
         if counts is not None and before is not None:
-            report.requests = {f"{op}/{kind}": n
-                               for (op, kind), n in sorted(diff(counts.snapshot(), before).items())}
+            report.requests = {
+                f"{op}/{kind}": n
+                for (op, kind), n in sorted(diff(counts.snapshot(), before).items())
+            }
     return report
 
 
-def _pass(buf: Any, grace: timedelta | None, dry_run: bool, cfg: GcConfig, now_ms: int | None,
-          cache: GroupCache | None, report: GcReport) -> None:
+def _pass(
+    buf: Any,
+    grace: timedelta | None,
+    dry_run: bool,
+    cfg: GcConfig,
+    now_ms: int | None,
+    cache: GroupCache | None,
+    report: GcReport,
+) -> None:
     queue = getattr(buf, "queue", None)
     if not dry_run and queue is not None:
         published = queue.stats.get("publications")

@@ -33,8 +33,15 @@ class WriteOutcome:
 class DurabilityWatcher:
     """Observe or await a write's durability (RFC 0001's DurabilityWatcher)."""
 
-    __slots__ = ("_callbacks", "_error", "_level", "_lock", "_on_remote_wait", "_outcome",
-                 "_waiters")
+    __slots__ = (
+        "_callbacks",
+        "_error",
+        "_level",
+        "_lock",
+        "_on_remote_wait",
+        "_outcome",
+        "_waiters",
+    )
 
     def __init__(self, on_remote_wait: Callable[[], None] | None = None) -> None:
         # A plain Lock, and a lock per *blocked* waiter made only when someone blocks
@@ -97,8 +104,9 @@ class DurabilityWatcher:
             return []
         done = self._error is not None
         fire = [fn for lvl, fn in self._callbacks if done or lvl <= self._level]
-        self._callbacks = [(lvl, fn) for lvl, fn in self._callbacks
-                           if not (done or lvl <= self._level)]
+        self._callbacks = [
+            (lvl, fn) for lvl, fn in self._callbacks if not (done or lvl <= self._level)
+        ]
         return fire
 
     def when(self, durability: Durability, fn: Callable[[], None]) -> None:

@@ -43,7 +43,6 @@ from tieredbuf.store.base import Store, manifest_writes_per_s
 log = logging.getLogger(__name__)
 
 
-
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -91,8 +90,9 @@ class Producer:
         self.stats = Stats()
         self._stop = threading.Event()
         stop_at_exit(self._stop)
-        self._publisher = Publisher(store, self.producer_id, retry=self.config.retry,
-                                    stop=self._stop, stats=self.stats)
+        self._publisher = Publisher(
+            store, self.producer_id, retry=self.config.retry, stop=self._stop, stats=self.stats
+        )
         rate = self.config.manifest_writes_per_s
         self._rate = manifest_writes_per_s(store) if rate is None else rate
         self._hub = hub_for(store, queue)
@@ -136,12 +136,16 @@ class Producer:
         with self._cond:
             self._check_open()
             ok = self._cond.wait_for(
-                lambda: self._closing
-                or self._error is not None
-                or (
-                    self._buffered_inputs < cfg.max_buffered_inputs
-                    and (self._buffered_bytes == 0
-                         or self._buffered_bytes + size <= cfg.max_buffered_bytes)
+                lambda: (
+                    self._closing
+                    or self._error is not None
+                    or (
+                        self._buffered_inputs < cfg.max_buffered_inputs
+                        and (
+                            self._buffered_bytes == 0
+                            or self._buffered_bytes + size <= cfg.max_buffered_bytes
+                        )
+                    )
                 ),
                 timeout,
             )
@@ -155,9 +159,7 @@ class Producer:
             b = self._open
             if not b.records and not b.metadata:
                 b.opened = time.monotonic()
-            b.metadata.append(
-                MetadataItem(len(b.records), time.time_ns() // 1_000_000, meta)
-            )
+            b.metadata.append(MetadataItem(len(b.records), time.time_ns() // 1_000_000, meta))
             b.records.extend(records)
             b.watchers.append(handle.watcher)
             b.size += size
@@ -213,8 +215,9 @@ class Producer:
         self._flusher.join(_left(deadline))
         self._appender.join(_left(deadline))
         with self._cond:  # and what the hub still has of ours
-            self._cond.wait_for(lambda: self._committing == 0 or self._error is not None,
-                                _left(deadline))
+            self._cond.wait_for(
+                lambda: self._committing == 0 or self._error is not None, _left(deadline)
+            )
             stuck = self._appender.is_alive() or self._committing > 0
         if stuck:
             with self._cond:
@@ -334,17 +337,24 @@ class Producer:
                     self._submitted[p.producer_seq] = p
             for _, fut, _b in group:
                 if fut.exception() is not None:
-                    self._die(fut.exception() or RuntimeError("upload failed"),
-                              [b for _, _, b in group])
+                    self._die(
+                        fut.exception() or RuntimeError("upload failed"), [b for _, _, b in group]
+                    )
                     return
-            entries = [Announced(p.producer_seq, p.location, p.size, p.metadata)
-                       for p, _, _ in group]
-            self._hub.submit(self.producer_id, entries,
-                             functools.partial(self._committed, group), self._reupload)
+            entries = [
+                Announced(p.producer_seq, p.location, p.size, p.metadata) for p, _, _ in group
+            ]
+            self._hub.submit(
+                self.producer_id, entries, functools.partial(self._committed, group), self._reupload
+            )
             self.stats.incr("batches_flushed", len(group))
 
-    def _committed(self, group: list[tuple[Pending, Future[None], _OpenBatch]],
-                   seqs: list[int | None] | None, err: BaseException | None) -> None:
+    def _committed(
+        self,
+        group: list[tuple[Pending, Future[None], _OpenBatch]],
+        seqs: list[int | None] | None,
+        err: BaseException | None,
+    ) -> None:
         """On the hub's thread: the group is in the queue (or failed for good)."""
         with self._cond:
             self._committing -= 1

@@ -51,6 +51,7 @@ class Pending:
         """Free the uploaded body while the append waits; it can be reloaded."""
         if self.reload is not None:
             self.body = b""
+
     link: Callable[[str], None] | None = None
     """For a store that can take a hard link (LinkingStore): creates the object's bytes
     at a temp path as a second name of a durable, immutable local file (the exporter's

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 def canonical_url(url: str) -> str:
     """``file://`` URLs with an absolute path (``file://./A`` depends on the cwd)."""
     if url.startswith("file://"):
-        return "file://" + os.path.abspath(url[len("file://"):])
+        return "file://" + os.path.abspath(url[len("file://") :])
     return url
 
 
@@ -57,7 +57,8 @@ def read_binding(stage_path: Path, fs: FileSystem | None = None) -> dict[str, An
         raise StageBufferMismatchError(
             f"{stage_path / keys.STAGE_BUFFER_NAME} is not a stage binding (bad JSON); "
             "refusing to guess which buffer this stage's records belong to",
-            str(stage_path), {},
+            str(stage_path),
+            {},
         )
     return got
 
@@ -71,8 +72,9 @@ def describe(binding: dict[str, Any] | None) -> str:
 
 def _write(stage: Stage, binding: dict[str, Any]) -> None:
     """Atomically and durably (temp file, fsync, rename, directory fsync)."""
-    stage.fs.write_atomic(stage.path / keys.STAGE_BUFFER_NAME,
-                          [json.dumps(binding).encode() + b"\n"])
+    stage.fs.write_atomic(
+        stage.path / keys.STAGE_BUFFER_NAME, [json.dumps(binding).encode() + b"\n"]
+    )
 
 
 def _holds_records(stage: Stage) -> bool:
@@ -106,7 +108,8 @@ class StageBinding:
             f"(tieredbuf drain {self.stage.path.parent} {recorded['url']}), use another "
             f"staging directory, or delete {self.stage.path / keys.STAGE_BUFFER_NAME} to "
             "send its records to the new buffer",
-            str(self.stage.path), recorded,
+            str(self.stage.path),
+            recorded,
         )
 
     def open_check(self) -> None:
@@ -119,8 +122,12 @@ class StageBinding:
         if recorded["url"] == self.url:
             return
         if not holds:
-            log.info("stage %s held nothing: re-bound from %s to the buffer at %s",
-                     self.stage.path, describe(recorded), self.url)
+            log.info(
+                "stage %s held nothing: re-bound from %s to the buffer at %s",
+                self.stage.path,
+                describe(recorded),
+                self.url,
+            )
             _write(self.stage, {"buffer_id": None, "url": self.url})
             return
         cur = self.queue.read().buffer_id  # another spelling of the same buffer?
@@ -134,8 +141,10 @@ class StageBinding:
             return
         with self._lock:
             cur = self.queue.read().buffer_id
-            recorded = (read_binding(self.stage.path, self.stage.fs)
-                        or {"buffer_id": None, "url": self.url})
+            recorded = read_binding(self.stage.path, self.stage.fs) or {
+                "buffer_id": None,
+                "url": self.url,
+            }
             if self._strict and recorded.get("buffer_id") not in (None, cur):
                 raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
             if cur is None:

@@ -46,7 +46,11 @@ if TYPE_CHECKING:
 
 
 _EXPORTER_FIELDS = {
-    "gc_grace_period", "retry", "max_uploads_in_flight", "producer_id", "failure_retry",
+    "gc_grace_period",
+    "retry",
+    "max_uploads_in_flight",
+    "producer_id",
+    "failure_retry",
     "manifest_writes_per_s",
 }
 
@@ -62,7 +66,8 @@ def split_config(options: dict[str, Any]) -> tuple[StageConfig, dict[str, Any]]:
     seg_kw: dict[str, Any] = {}
     exp_kw: dict[str, Any] = {}
     stage_f, wal_f, seg_f = (
-        _field_names(StageConfig) - {"wal", "segment"}, _field_names(WalConfig),
+        _field_names(StageConfig) - {"wal", "segment"},
+        _field_names(WalConfig),
         _field_names(SegmentConfig),
     )
     for k, v in options.items():
@@ -89,8 +94,9 @@ def split_config(options: dict[str, Any]) -> tuple[StageConfig, dict[str, Any]]:
 class StagedProducer:
     """A producer with a local tier; one per process per staging directory."""
 
-    def __init__(self, store: Store, queue: ManifestQueue, staging_dir: Path,
-                 **options: Any) -> None:
+    def __init__(
+        self, store: Store, queue: ManifestQueue, staging_dir: Path, **options: Any
+    ) -> None:
         stage_config, exp = split_config(options)
         defaults = ProducerConfig()
         self.stage = Stage(staging_dir, exp.get("producer_id"), stage_config)
@@ -102,7 +108,10 @@ class StagedProducer:
         try:
             self.binding = bind(self.stage, queue)  # before anything can be exported
             self.exporter = Exporter(
-                self.stage, store, queue, before_export=self.binding.before_export,
+                self.stage,
+                store,
+                queue,
+                before_export=self.binding.before_export,
                 retry=exp.get("retry", defaults.retry),
                 gc_grace_period=exp.get("gc_grace_period", defaults.gc_grace_period),
                 max_uploads_in_flight=exp.get("max_uploads_in_flight", MAX_UPLOADS_IN_FLIGHT),
@@ -110,8 +119,9 @@ class StagedProducer:
                 on_error=self._tracker.fail,
                 on_lost=self._tracker.lost,
                 failure_retry=exp.get("failure_retry", FAILURE_RETRY),
-                manifest_writes_per_s=exp.get("manifest_writes_per_s",
-                                              defaults.manifest_writes_per_s),
+                manifest_writes_per_s=exp.get(
+                    "manifest_writes_per_s", defaults.manifest_writes_per_s
+                ),
             )
         except BaseException:
             self.stage.close()
@@ -121,13 +131,17 @@ class StagedProducer:
     @property
     def stats(self) -> dict[str, Any]:
         fsyncs, fsync_ns = self.stage.wal_sync_stats()
-        return {**self.exporter.stats.snapshot(), **dataclasses.asdict(self.stage.stats),
-                "wal_fsyncs": fsyncs, "wal_fsync_ns": fsync_ns,
-                "stage_disk_bytes": self.stage.disk_bytes(),
-                "sealed_segments_pending": len(self.stage.sealed_segments()),
-                "export_failing": int(self.exporter.error is not None),
-                "prompt_seals": self._prompt.seals,
-                "quarantined_segments": len(self.stage.quarantined())}
+        return {
+            **self.exporter.stats.snapshot(),
+            **dataclasses.asdict(self.stage.stats),
+            "wal_fsyncs": fsyncs,
+            "wal_fsync_ns": fsync_ns,
+            "stage_disk_bytes": self.stage.disk_bytes(),
+            "sealed_segments_pending": len(self.stage.sealed_segments()),
+            "export_failing": int(self.exporter.error is not None),
+            "prompt_seals": self._prompt.seals,
+            "quarantined_segments": len(self.stage.quarantined()),
+        }
 
     def disk_fault(self) -> DiskError | None:
         """The stage's current disk error (None while its disk works): readiness."""
@@ -146,9 +160,11 @@ class StagedProducer:
 
     def _follow(self, w: DurabilityWatcher, stream: str, fut: Future[StageAck]) -> None:
         """Push the write's LOCAL ack and then its export into ``w`` as they happen."""
+
         def remote(ex: Exported) -> None:
-            w.reach(Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None,
-                                                    Durability.REMOTE))
+            w.reach(
+                Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None, Durability.REMOTE)
+            )
 
         def local(f: Future[StageAck]) -> None:
             err = f.exception()
@@ -223,8 +239,9 @@ class _StagedWatcher(DurabilityWatcher):
 
     __slots__ = ("_fut", "_kind", "_producer")
 
-    def __init__(self, fut: Future[StageAck], stream: str, producer: StagedProducer,
-                 on_remote_wait: Any) -> None:
+    def __init__(
+        self, fut: Future[StageAck], stream: str, producer: StagedProducer, on_remote_wait: Any
+    ) -> None:
         super().__init__(on_remote_wait)
         self._fut = fut
         self._kind = stream
@@ -273,8 +290,7 @@ def stage_producer_ids(staging_dir: Path) -> list[str]:
     if not staging_dir.is_dir():
         return []
     return sorted(
-        p.name for p in staging_dir.iterdir()
-        if p.is_dir() and (p / keys.STAGE_LOCK_NAME).exists()
+        p.name for p in staging_dir.iterdir() if p.is_dir() and (p / keys.STAGE_LOCK_NAME).exists()
     )
 
 
@@ -298,8 +314,14 @@ def drain(
     stage = Stage(staging_dir, producer_id)
     try:
         binding = bind(stage, queue)  # ids are compared before the first export
-        exporter = Exporter(stage, store, queue, on_exported=on_exported,
-                            failure_retry=failure_retry, before_export=binding.before_export)
+        exporter = Exporter(
+            stage,
+            store,
+            queue,
+            on_exported=on_exported,
+            failure_retry=failure_retry,
+            before_export=binding.before_export,
+        )
     except BaseException:
         stage.close()
         raise
@@ -310,9 +332,12 @@ def drain(
     finally:
         exporter.stop()
         stage.close()
-    return {**exporter.stats.snapshot(), "replayed_entries": stage.stats.replayed_entries,
-            "segments_quarantined": stage.stats.segments_quarantined,
-            "quarantined": [str(s.path) for s in stage.quarantined()]}
+    return {
+        **exporter.stats.snapshot(),
+        "replayed_entries": stage.stats.replayed_entries,
+        "segments_quarantined": stage.stats.segments_quarantined,
+        "quarantined": [str(s.path) for s in stage.quarantined()],
+    }
 
 
 def record_buffer_id(binding: StageBinding) -> None:

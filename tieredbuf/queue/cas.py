@@ -203,8 +203,15 @@ def run(
         current = _read(obj, retries, stats, stat_prefix, what, attempt)
 
 
-def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
-           what: str, error: StoreError | None = None) -> None:
+def _pause(
+    retries: Retries,
+    stats: Stats,
+    prefix: str,
+    attempt: int,
+    why: str,
+    what: str,
+    error: StoreError | None = None,
+) -> None:
     stats.incr(f"{prefix}{why}")
     stats.incr(f"{prefix}retries")
     if retries.limit is not None and attempt >= retries.limit:
@@ -220,8 +227,9 @@ def _pause(retries: Retries, stats: Stats, prefix: str, attempt: int, why: str,
     retries.sleep(delay)
 
 
-def _read(obj: CasObject[T], retries: Retries, stats: Stats, prefix: str, what: str,
-          attempt: int = 0) -> Read[T]:
+def _read(
+    obj: CasObject[T], retries: Retries, stats: Stats, prefix: str, what: str, attempt: int = 0
+) -> Read[T]:
     while True:
         try:
             return obj.read()

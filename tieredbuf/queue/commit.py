@@ -112,8 +112,7 @@ def commit(
             return cas.Skip(Committed({}, None, cur))
         limit = max_age_ms(snap)
         draft = queue.draft(snap)
-        wms = fm.prune_watermarks(snap.view.watermarks, now, queue.watermark_ttl_ms,
-                                  WATERMARK_CAP)
+        wms = fm.prune_watermarks(snap.view.watermarks, now, queue.watermark_ttl_ms, WATERMARK_CAP)
         placed: dict[str, dict[int, int]] = {}
         marks: dict[str, tuple[int, int]] = {}
         stale: set[str] = set()
@@ -127,7 +126,8 @@ def commit(
             if not todo:
                 continue
             first_seq = tree.append_entries(
-                draft, [fm.NewEntry(e.location, e.metadata, e.size) for e in todo], now)
+                draft, [fm.NewEntry(e.location, e.metadata, e.size) for e in todo], now
+            )
             placed[pid] = {e.producer_seq: first_seq + i for i, e in enumerate(todo)}
             last = first_seq + len(todo) - 1
             wms[pid] = fm.Watermark(pid, todo[-1].producer_seq, last, now)

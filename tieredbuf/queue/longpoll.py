@@ -70,8 +70,9 @@ class FooterPoll:
         """End a wait early (e.g. the reader is closing); the wait returns None."""
         self._stop.set()
 
-    def wait(self, next_sequence: int, timeout: float, *, epoch: int | None = None
-             ) -> fm.Footer | None:
+    def wait(
+        self, next_sequence: int, timeout: float, *, epoch: int | None = None
+    ) -> fm.Footer | None:
         """The footer once it shows ``next_sequence`` moved (or an epoch other than
         ``epoch``); None when ``timeout`` seconds pass without that, or on :meth:`wake`.
 
@@ -88,7 +89,8 @@ class FooterPoll:
                 footer = self._read_footer()
                 self.footer_reads += 1
                 if footer.next_sequence != next_sequence or (
-                        epoch is not None and footer.epoch != epoch):
+                    epoch is not None and footer.epoch != epoch
+                ):
                     self.reset()
                     return footer
                 self._pause(self._clock())

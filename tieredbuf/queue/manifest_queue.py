@@ -134,8 +134,7 @@ class ManifestQueue:
         """The root as this queue last read or wrote it, without a request (maybe stale)."""
         assert self._latest is not None
         view = fm.open_manifest(self._latest[0], obj=self.key)
-        return Snapshot(view, self._latest[1], tree.decode_root(view, self.clock_ms()),
-                        self.nodes)
+        return Snapshot(view, self._latest[1], tree.decode_root(view, self.clock_ms()), self.nodes)
 
     def read_footer(self) -> fm.Footer:
         """Only the raw 22-byte root footer: one small ranged GET.
@@ -173,19 +172,25 @@ class ManifestQueue:
         """One CAS loop over the root (:func:`tieredbuf.queue.cas.run`); ``first``: a root
         to decide the first attempt from without reading it."""
         return cas.run(
-            _Root(self), decide, done, retries=self.cas_retries(), stats=self.stats,
-            landed=landed, first=first, what="manifest operation",
+            _Root(self),
+            decide,
+            done,
+            retries=self.cas_retries(),
+            stats=self.stats,
+            landed=landed,
+            first=first,
+            what="manifest operation",
         )
 
     def cas_retries(self) -> cas.Retries:
         """How this queue's CAS loops back off (its progress objects' too), log their store
         failures, and give up (``retry.give_up_after``, in a direct call)."""
-        return cas.Retries(self.retry, self.sleep, self.max_transient_retries,
-                           self.retry_log)
+        return cas.Retries(self.retry, self.sleep, self.max_transient_retries, self.retry_log)
 
     def build(self, draft: tree.Root, now_ms: int) -> Callable[[], bytes]:
         """The bytes of ``draft`` (group PUTs happen here); a build that took longer than
         the tree's link deadline re-plans instead (its new groups might be GC's already)."""
+
         def build() -> bytes:
             started = self.clock_ms()
             data = self._finish(draft, now_ms)
@@ -229,8 +234,9 @@ class ManifestQueue:
             return []
         pseqs = _producer_seqs(n, last_producer_seq)
 
-        def decide(read: cas.Read[Snapshot], attempt: int
-                   ) -> cas.Write[_Appended] | cas.Skip[list[int | None]]:
+        def decide(
+            read: cas.Read[Snapshot], attempt: int
+        ) -> cas.Write[_Appended] | cas.Skip[list[int | None]]:
             snap = read.state
             if not create and not snap.exists:
                 raise BufferNotFoundError(self.store.url)
@@ -253,16 +259,16 @@ class ManifestQueue:
             draft = self.draft(snap)
             draft.watermarks = wms
             first = tree.append_entries(draft, todo, now)
-            return cas.Write(self.build(draft, now),
-                             _Appended([None] * done, first, len(todo), last_seq, now))
+            return cas.Write(
+                self.build(draft, now), _Appended([None] * done, first, len(todo), last_seq, now)
+            )
 
         def done(d: _Appended, etag: str) -> list[int | None]:
             self.stats.incr("appends")
             self.stats.incr("entries_appended", d.count)
             return d.sequences()
 
-        def landed(read: cas.Read[Snapshot], tried: Sequence[_Appended]
-                   ) -> list[int | None] | None:
+        def landed(read: cas.Read[Snapshot], tried: Sequence[_Appended]) -> list[int | None] | None:
             wm = read.state.view.watermarks.get(producer_id)
             if wm is None or wm.producer_seq != pseqs[-1]:
                 return None
@@ -318,7 +324,8 @@ class ManifestQueue:
                 if first < snap.root.linked_first:
                     raise OutcomeUnknownError(
                         f"an append of {new[0].location} may have landed at sequence {first}, "
-                        "which is no longer linked: cannot tell")
+                        "which is no longer linked: cannot tell"
+                    )
                 got = tree.find_sequence(snap.root, first, self.nodes.load)
                 if got is not None and got.location == new[0].location:
                     self.stats.incr("deduplicated_appends")
@@ -333,8 +340,14 @@ class ManifestQueue:
         """Create an empty buffer (its root) if none exists; True if this call created it."""
         return self.update(lambda snap, draft: not snap.exists, "creations")
 
-    def initialize(self, owner: str, *, create: bool = False, position: int | None = None,
-                   start: str = "earliest") -> int:
+    def initialize(
+        self,
+        owner: str,
+        *,
+        create: bool = False,
+        position: int | None = None,
+        start: str = "earliest",
+    ) -> int:
         """Bump the epoch (fencing every older default consumer); returns the new epoch.
 
         Registers "default" if it is not (at the first retained sequence, or the tail with
@@ -369,6 +382,7 @@ class ManifestQueue:
     def dequeue(self, through_sequence: int, epoch: int) -> None:
         """The default subscriber is done through ``through_sequence``: publish it (the head
         moves when every other subscriber is past it too); fenced by ``epoch``."""
+
         def change(snap: Snapshot, draft: tree.Root) -> bool:
             if snap.footer.epoch != epoch:
                 raise FencedError(epoch, snap.footer.epoch)
@@ -386,6 +400,7 @@ class ManifestQueue:
         returns False when there is nothing (more) to write; it decides from what it finds,
         so a retry after an unknown outcome recognises its own landed write.  Retention,
         the head and rebalancing are applied in the same write.  True if this call wrote."""
+
         def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None] | cas.Skip[bool]:
             draft = self.draft(read.state)
             if not change(read.state, draft):
@@ -400,6 +415,7 @@ class ManifestQueue:
 
     def apply_retention(self) -> None:
         """One CAS that only applies retention and rebalancing (e.g. from a cron job)."""
+
         def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None]:
             before = read.state.root
             draft = self.draft(read.state)
@@ -426,8 +442,9 @@ class ManifestQueue:
         """
         want = _policy(max_age, max_bytes)
 
-        def decide(read: cas.Read[Snapshot], attempt: int
-                   ) -> cas.Write[None] | cas.Skip[fm.RetentionPolicy]:
+        def decide(
+            read: cas.Read[Snapshot], attempt: int
+        ) -> cas.Write[None] | cas.Skip[fm.RetentionPolicy]:
             if read.state.root.retention == want:
                 return cas.Skip(want)
             draft = self.draft(read.state)
@@ -450,8 +467,7 @@ class ManifestQueue:
             )
         want = grace // timedelta(milliseconds=1)
 
-        def decide(read: cas.Read[Snapshot], attempt: int
-                   ) -> cas.Write[None] | cas.Skip[timedelta]:
+        def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[None] | cas.Skip[timedelta]:
             if read.state.gc_grace_ms == want:
                 return cas.Skip(grace)
             draft = self.draft(read.state)
@@ -472,7 +488,8 @@ class ManifestQueue:
         if draft.buffer is None:
             now = self.clock_ms()
             draft.buffer = fm.BufferInfo(
-                ULID.from_timestamp(now / 1000).bytes, now,
+                ULID.from_timestamp(now / 1000).bytes,
+                now,
                 DEFAULT_GC_GRACE_PERIOD // timedelta(milliseconds=1),
             )
         mine = self._config_retention
@@ -483,9 +500,12 @@ class ManifestQueue:
         elif draft.retention != mine and self._warned_retention != draft.retention:
             self._warned_retention = draft.retention
             self.stats.incr("retention_config_ignored")
-            log.warning("the buffer's stored retention policy %s differs from this writer's "
-                        "TreeConfig %s: applying the stored one (set_retention changes it)",
-                        draft.retention, mine)
+            log.warning(
+                "the buffer's stored retention policy %s differs from this writer's "
+                "TreeConfig %s: applying the stored one (set_retention changes it)",
+                draft.retention,
+                mine,
+            )
         return draft
 
     @staticmethod
@@ -550,8 +570,10 @@ def require_room(draft: tree.Root) -> None:
     """Raise ConfigError when the registry is at its cap (a new registration would not fit
     in the bounded root, I6)."""
     if len(draft.registry) >= freg.MAX_SUBSCRIBERS:
-        raise ConfigError(f"the buffer already has {freg.MAX_SUBSCRIBERS} subscribers "
-                          "(the cap that keeps the root bounded): remove one first")
+        raise ConfigError(
+            f"the buffer already has {freg.MAX_SUBSCRIBERS} subscribers "
+            "(the cap that keeps the root bounded): remove one first"
+        )
 
 
 def _policy(max_age: timedelta | None, max_bytes: int | None) -> fm.RetentionPolicy:

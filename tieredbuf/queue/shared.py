@@ -101,8 +101,18 @@ def live(lease: Lease, now_ms: int) -> bool:
     return lease.expires_ms != 0 and lease.expires_ms > now_ms
 
 
-def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, now_ms: int,
-          limits: Limits, next_seq: int, low: int, skip_lost: bool) -> Applied:
+def apply(
+    p: Progress,
+    ops: Sequence[Op],
+    *,
+    worker_id: bytes,
+    op_token: bytes,
+    now_ms: int,
+    limits: Limits,
+    next_seq: int,
+    low: int,
+    skip_lost: bool,
+) -> Applied:
     """One worker CAS: resolve ``ops``, handle sequences lost to retention, lease the next
     ``limits.claim_n`` claimable sequences (lowest first) under ``op_token``."""
     done = _done_set(p)
@@ -133,8 +143,11 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
             rejected_total += 1
     _settle_lapsed(leases, now_ms)
     position, cursor, lost = p.position, p.claim_cursor, p.lost
-    lost_seqs = [s for s in range(position, min(low, cursor))
-                 if s not in done and not (s in leases and live(leases[s], now_ms))]
+    lost_seqs = [
+        s
+        for s in range(position, min(low, cursor))
+        if s not in done and not (s in leases and live(leases[s], now_ms))
+    ]
     if low > cursor:
         lost_seqs.extend(range(cursor, low))
     if lost_seqs:
@@ -167,8 +180,11 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
         while position in done:
             done.discard(position)
             position += 1
-        while (len(out.claimed) < limits.claim_n and cursor < next_seq
-               and cursor < position + limits.max_span):
+        while (
+            len(out.claimed) < limits.claim_n
+            and cursor < next_seq
+            and cursor < position + limits.max_span
+        ):
             leases[cursor] = Lease(cursor, 0, now_ms + limits.lease_ms, op_token)
             out.claimed.append(leases[cursor])
             cursor += 1
@@ -179,10 +195,17 @@ def apply(p: Progress, ops: Sequence[Op], *, worker_id: bytes, op_token: bytes, 
     workers = sorted(marks.values(), key=lambda w: w.seen_ms, reverse=True)[:WORKERS_CAP]
     out.claimed.sort(key=lambda x: x.seq)
     out.progress = dataclasses.replace(
-        p, position=position, claim_cursor=cursor, updated_ms=now_ms, lost=lost,
+        p,
+        position=position,
+        claim_cursor=cursor,
+        updated_ms=now_ms,
+        lost=lost,
         done=_ranges(s for s in done if s > position),
-        leases=tuple(leases[s] for s in sorted(leases)), rejected=tuple(rejected),
-        rejected_total=rejected_total, workers=tuple(workers))
+        leases=tuple(leases[s] for s in sorted(leases)),
+        rejected=tuple(rejected),
+        rejected_total=rejected_total,
+        workers=tuple(workers),
+    )
     return out
 
 
@@ -202,8 +225,9 @@ def _settle_lapsed(leases: dict[int, Lease], now_ms: int) -> None:
             continue
         first = x.token not in charged
         charged.add(x.token)
-        leases[s] = dataclasses.replace(x, expires_ms=0,
-                                        deliveries=_plus1(x) if first else x.deliveries)
+        leases[s] = dataclasses.replace(
+            x, expires_ms=0, deliveries=_plus1(x) if first else x.deliveries
+        )
 
 
 def landed_op(p: Progress, worker_id: bytes, tokens: Iterable[bytes]) -> bytes | None:

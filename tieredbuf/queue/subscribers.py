@@ -120,8 +120,9 @@ class Retry(Exception):
     """A registration attempt must be re-planned from a fresh read (see :func:`register`)."""
 
 
-def register(queue: ManifestQueue, reg: freg.Registration,
-             check: Callable[[Snapshot], None] | None = None) -> freg.Registration:
+def register(
+    queue: ManifestQueue, reg: freg.Registration, check: Callable[[Snapshot], None] | None = None
+) -> freg.Registration:
     """Add ``reg`` to the registry (one CAS); returns the registration that holds the name
     afterwards -- ours, or the one that won a race (then ours is an orphan for GC).
     ``check`` runs on every fresh read before the write and may raise :class:`Retry`."""
@@ -148,6 +149,7 @@ def register(queue: ManifestQueue, reg: freg.Registration,
 def set_published(queue: ManifestQueue, name: str, reg_id: bytes, position: int) -> bool:
     """Republish a subscriber's position lower than published (a resume point before it):
     the head comes back with it, never below the first retained sequence."""
+
     def change(snap: Snapshot, draft: tree.Root) -> bool:
         cur = draft.registry.get(name)
         if cur is None or cur.reg_id != reg_id or cur.published_next <= position:
@@ -168,14 +170,18 @@ def publish(queue: ManifestQueue, progress: ProgressStore) -> int:
     head: list[int] = []
 
     def change(snap: Snapshot, draft: tree.Root) -> bool:
-        behind = [r for r in draft.registry.values()
-                  if not r.is_default and r.published_next < draft.next_seq]
+        behind = [
+            r
+            for r in draft.registry.values()
+            if not r.is_default and r.published_next < draft.next_seq
+        ]
         moved = False
         for name, p in progress.get_many(behind).items():
             cur = draft.registry[name]
             if p.reg_id == cur.reg_id and p.position > cur.published_next:
                 draft.registry[name] = dataclasses.replace(
-                    cur, published_next=min(p.position, draft.next_seq))
+                    cur, published_next=min(p.position, draft.next_seq)
+                )
                 moved = True
         head.append(freg.head_of(draft.registry, draft.low, draft.next_seq, draft.head))
         return moved
@@ -240,14 +246,21 @@ class SubscriberInfo:
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["rejected"] = [{"sequence": r.seq, "time_ms": r.time_ms, "deliveries": r.deliveries,
-                          "reason": r.reason.decode("utf-8", "backslashreplace")}
-                         for r in self.rejected]
+        d["rejected"] = [
+            {
+                "sequence": r.seq,
+                "time_ms": r.time_ms,
+                "deliveries": r.deliveries,
+                "reason": r.reason.decode("utf-8", "backslashreplace"),
+            }
+            for r in self.rejected
+        ]
         return d
 
 
-def listing(queue: ManifestQueue, now_ms: int | None = None,
-            snap: Snapshot | None = None) -> list[SubscriberInfo]:
+def listing(
+    queue: ManifestQueue, now_ms: int | None = None, snap: Snapshot | None = None
+) -> list[SubscriberInfo]:
     """Every registered subscriber with its position, lag (entries, bytes, age), epoch and
     last activity: one root read (none when given ``snap``), one GET per named subscriber,
     one per tree level each."""
@@ -265,18 +278,24 @@ def listing(queue: ManifestQueue, now_ms: int | None = None,
         start = max(pos, snap.low)
         first = tree.find_sequence(root, start, snap.nodes.load) if start < root.next_seq else None
         times = [m.ingestion_time_ms for m in first.metadata] if first is not None else []
-        out.append(SubscriberInfo(
-            name=name, shared=reg.shared, next_sequence=pos, published_next=reg.published_next,
-            lag_entries=max(0, root.next_seq - pos),
-            lag_bytes=bytes_from(root, start, snap.nodes.load),
-            lag_seconds=None if not times else max(0.0, (now - min(times)) / 1000),
-            epoch=root.epoch if reg.is_default else (0 if p is None else p.epoch),
-            last_activity_ms=None if p is None else p.updated_ms,
-            lost=0 if p is None else p.lost, lost_now=max(0, snap.low - pos),
-            registration="" if reg.is_default else str(ULID.from_bytes(reg.reg_id)),
-            work=shared.summary(p, now) if p is not None and p.shared else None,
-            rejected=() if p is None else p.rejected,
-        ))
+        out.append(
+            SubscriberInfo(
+                name=name,
+                shared=reg.shared,
+                next_sequence=pos,
+                published_next=reg.published_next,
+                lag_entries=max(0, root.next_seq - pos),
+                lag_bytes=bytes_from(root, start, snap.nodes.load),
+                lag_seconds=None if not times else max(0.0, (now - min(times)) / 1000),
+                epoch=root.epoch if reg.is_default else (0 if p is None else p.epoch),
+                last_activity_ms=None if p is None else p.updated_ms,
+                lost=0 if p is None else p.lost,
+                lost_now=max(0, snap.low - pos),
+                registration="" if reg.is_default else str(ULID.from_bytes(reg.reg_id)),
+                work=shared.summary(p, now) if p is not None and p.shared else None,
+                rejected=() if p is None else p.rejected,
+            )
+        )
     return out
 
 
@@ -289,7 +308,8 @@ def bytes_from(root: tree.Root, seq: int, load: tree.Load) -> int:
     before = 0
     if seq >= root.entries_first:
         before = root.refs_total_bytes() + sum(
-            root.stat_at(j).size for j in range(seq - root.entries_first))
+            root.stat_at(j).size for j in range(seq - root.entries_first)
+        )
         return root.total_bytes - before
     refs: Sequence[ft.Ref] = root.refs
     while True:

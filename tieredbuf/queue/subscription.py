@@ -55,9 +55,16 @@ def _check_start(start: str) -> None:
 class Subscription:
     """A subscriber's position.  Use :func:`open_subscription` to get one."""
 
-    def __init__(self, queue: ManifestQueue, name: str, *, shared: bool = False,
-                 publish_interval_ms: int = 1000, owner: str | None = None,
-                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+    def __init__(
+        self,
+        queue: ManifestQueue,
+        name: str,
+        *,
+        shared: bool = False,
+        publish_interval_ms: int = 1000,
+        owner: str | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
         self.queue = queue
         self.name = freg.check_name(name)
         self.shared = shared
@@ -125,13 +132,14 @@ class Subscription:
 
 
 class DefaultSubscription(Subscription):
-    """"default": RFC 0001's consumer, resident in the root (its epoch is the footer's)."""
+    """ "default": RFC 0001's consumer, resident in the root (its epoch is the footer's)."""
 
     def initialize(self, last_acked_sequence: int | None = None, start: str = "earliest") -> int:
         _check_start(start)
         want = None if last_acked_sequence is None else last_acked_sequence + 1
-        self.epoch = self.queue.initialize(f"{self.owner_prefix}/{ULID()}", position=want,
-                                           start=start)
+        self.epoch = self.queue.initialize(
+            f"{self.owner_prefix}/{ULID()}", position=want, start=start
+        )
         snap = self.queue.read()
         reg = snap.registry.get(freg.DEFAULT)
         if snap.footer.epoch != self.epoch or reg is None:
@@ -209,22 +217,34 @@ class NamedSubscription(Subscription):
                 if again is not None and again.reg_id == reg.reg_id:
                     raise DataLossError(
                         f"the progress object {subs.progress_key(self.name, reg.reg_id)} of "
-                        f"registered subscriber {self.name!r} is missing (deleted by hand?)")
+                        f"registered subscriber {self.name!r} is missing (deleted by hand?)"
+                    )
                 continue  # removed (or re-registered) meanwhile: start again
             self.reg_id, (self.progress, self.etag) = reg.reg_id, got
             self._published, self._head = reg.published_next, snap.head
             self._observed_ms = self.clock_ms()
             return
 
-    def _register_new(self, snap: Snapshot, start: str, position: int | None
-                      ) -> freg.Registration:
+    def _register_new(self, snap: Snapshot, start: str, position: int | None) -> freg.Registration:
         now = self.clock_ms()
         reg_id = ULID.from_timestamp(now / 1000).bytes
-        first = position if position is not None else (
-            snap.root.next_seq if start == "latest" else snap.low)
+        first = (
+            position
+            if position is not None
+            else (snap.root.next_seq if start == "latest" else snap.low)
+        )
         self._owner = f"{self.owner_prefix}/{ULID()}"
-        p = fp.Progress(self.name, reg_id, self.shared, 0 if self.shared else 1, self._owner,
-                        first, first, now, now)
+        p = fp.Progress(
+            self.name,
+            reg_id,
+            self.shared,
+            0 if self.shared else 1,
+            self._owner,
+            first,
+            first,
+            now,
+            now,
+        )
         self.progress_store.create(p)
         deadline = self.queue.tree.link_deadline.total_seconds() * 1000
 
@@ -270,8 +290,14 @@ class NamedSubscription(Subscription):
 
         def decide(p: fp.Progress, attempt: int) -> tuple[fp.Progress, fp.Progress]:
             pos = p.position if want is None else want
-            new = dataclasses.replace(p, epoch=p.epoch + 1, owner=owner, position=pos,
-                                      claim_cursor=pos, updated_ms=self.clock_ms())
+            new = dataclasses.replace(
+                p,
+                epoch=p.epoch + 1,
+                owner=owner,
+                position=pos,
+                claim_cursor=pos,
+                updated_ms=self.clock_ms(),
+            )
             return new, new
 
         def landed(p: fp.Progress, tried: Sequence[fp.Progress]) -> fp.Progress | None:
@@ -305,8 +331,9 @@ class NamedSubscription(Subscription):
             if epoch is not None and p.epoch != epoch:
                 raise FencedError(epoch, p.epoch, self.name)
 
-        def write(read: cas.Read[fp.Progress], attempt: int
-                  ) -> cas.Write[tuple[fp.Progress, D]] | cas.Skip[R]:
+        def write(
+            read: cas.Read[fp.Progress], attempt: int
+        ) -> cas.Write[tuple[fp.Progress, D]] | cas.Skip[R]:
             got = decide(read.state, attempt)
             if isinstance(got, cas.Skip):
                 return got
@@ -316,18 +343,23 @@ class NamedSubscription(Subscription):
             self.progress, self.etag = new[0], etag
             return done(new[1])
 
-        def found(read: cas.Read[fp.Progress], tried: Sequence[tuple[fp.Progress, D]]
-                  ) -> R | None:
+        def found(read: cas.Read[fp.Progress], tried: Sequence[tuple[fp.Progress, D]]) -> R | None:
             assert landed is not None
             return landed(read.state, [d for _, d in tried])
 
         assert self.progress is not None and self.etag is not None and self.reg_id is not None
         first = cas.Read(self.progress, self.etag) if blind else None
         return cas.run(
-            _ProgressObject(self), write, finish, retries=retries or self.queue.cas_retries(),
-            stats=self.queue.stats, fence=fence if fenced else None,
-            landed=found if landed is not None else None, first=first,
-            stat_prefix="progress_", what=f"the progress of subscriber {self.name!r}",
+            _ProgressObject(self),
+            write,
+            finish,
+            retries=retries or self.queue.cas_retries(),
+            stats=self.queue.stats,
+            fence=fence if fenced else None,
+            landed=found if landed is not None else None,
+            first=first,
+            stat_prefix="progress_",
+            what=f"the progress of subscriber {self.name!r}",
         )
 
     def reload(self) -> fp.Progress:
@@ -365,12 +397,16 @@ class NamedSubscription(Subscription):
         shown = True
         if position != self.written or lost != (self.progress.lost if self.progress else 0):
 
-            def decide(p: fp.Progress, attempt: int
-                       ) -> tuple[fp.Progress, None] | cas.Skip[None]:
+            def decide(p: fp.Progress, attempt: int) -> tuple[fp.Progress, None] | cas.Skip[None]:
                 if (p.position, p.lost) == (position, lost):
                     return cas.Skip(None)  # our write landed; its response was lost
-                return dataclasses.replace(p, position=position, claim_cursor=position,
-                                           lost=lost, updated_ms=self.clock_ms()), None
+                return dataclasses.replace(
+                    p,
+                    position=position,
+                    claim_cursor=position,
+                    lost=lost,
+                    updated_ms=self.clock_ms(),
+                ), None
 
             self.cas(decide, lambda _: None, fenced=True)
         elif verify:
@@ -422,8 +458,7 @@ class _ProgressObject:
         return self.sub.progress_store.cas_bytes(self.sub.name, self.sub.reg_id, data, etag)
 
 
-def open_subscription(queue: ManifestQueue, name: str = freg.DEFAULT, **kw: object
-                      ) -> Subscription:
+def open_subscription(queue: ManifestQueue, name: str = freg.DEFAULT, **kw: object) -> Subscription:
     """The subscription of ``name`` ("default": the root-resident RFC consumer)."""
     if freg.check_name(name) == freg.DEFAULT:
         if kw.get("shared"):

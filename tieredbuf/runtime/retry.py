@@ -49,8 +49,12 @@ def in_background() -> bool:
 
 
 def give_up_or_log(
-    retry: RetryConfig, attempt: int, error: BaseException | None, retry_in: float,
-    retry_log: RetryLog, subject: str,
+    retry: RetryConfig,
+    attempt: int,
+    error: BaseException | None,
+    retry_in: float,
+    retry_log: RetryLog,
+    subject: str,
 ) -> None:
     """Before the sleep of retry ``attempt`` of one operation on this thread (attempt 0
     starts its clock): a store ``error`` is logged at WARNING, once per interval; in a
@@ -73,8 +77,10 @@ def give_up_or_log(
 def gave_up(error: BaseException, seconds: float, attempts: int) -> TieredBufError:
     """``error`` (a transient store error) as the final one of a call that stopped retrying:
     the same class where its constructor takes one message, else TransientStoreError."""
-    text = (f"{error} -- gave up after {seconds:.1f} s and {attempts} "
-            f"{'attempt' if attempts == 1 else 'attempts'}")
+    text = (
+        f"{error} -- gave up after {seconds:.1f} s and {attempts} "
+        f"{'attempt' if attempts == 1 else 'attempts'}"
+    )
     cls = type(error)
     if cls in (StoreError, TransientStoreError, StoreUnreachableError, OutcomeUnknownError):
         return cls(text)  # type: ignore[no-any-return]
@@ -87,7 +93,9 @@ class RetryLog:
     saying how many attempts failed since the last one, and one line when it recovers."""
 
     def __init__(
-        self, logger: logging.Logger, interval: float = 30.0,
+        self,
+        logger: logging.Logger,
+        interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = logger
@@ -99,8 +107,12 @@ class RetryLog:
         self._failing: dict[str, int] = {}
 
     def failed(
-        self, subject: str, error: BaseException, retry_in: float | None = None,
-        *, raised: bool = False,
+        self,
+        subject: str,
+        error: BaseException,
+        retry_in: float | None = None,
+        *,
+        raised: bool = False,
     ) -> bool:
         """Note a failed attempt; returns True when it was logged.  ``raised``: the error
         is also raised to a caller (the record carries ``tb_raised``, so a front end that
@@ -117,8 +129,15 @@ class RetryLog:
             total = self._failing[subject]
         more = f" ({quiet} more failed attempts since the last report)" if quiet else ""
         when = f"; retrying in {retry_in:.1f} s" if retry_in is not None else "; retrying"
-        self._log.warning("%s failed, attempt %d%s: %s%s", subject, total, more, error, when,
-                          extra={"tb_raised": raised})
+        self._log.warning(
+            "%s failed, attempt %d%s: %s%s",
+            subject,
+            total,
+            more,
+            error,
+            when,
+            extra={"tb_raised": raised},
+        )
         return True
 
     def recovered(self, subject: str) -> None:

@@ -95,10 +95,9 @@ def _json_error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
-def _stage(state: WorkerState, content_type: str, held: list[bytes | bytearray],
-           meta: bytes) -> tuple[
-    WriteHandle, dict[str, Any]
-]:
+def _stage(
+    state: WorkerState, content_type: str, held: list[bytes | bytearray], meta: bytes
+) -> tuple[WriteHandle, dict[str, Any]]:
     """Parse the whole body, then stage it in one produce()/ingest() call (thread pool).
     ``held`` is the body's only reference: taken out, it is freed once parsed."""
     cfg = state.config
@@ -106,8 +105,9 @@ def _stage(state: WorkerState, content_type: str, held: list[bytes | bytearray],
     if content_type != bodies.ARROW_STREAM:
         bodies.check_record_count(content_type, body, cfg.max_records)
         body = bytes(body)  # records are bytes; the bytearray is freed here
-    parsed = bodies.parse(content_type, body, max_records=cfg.max_records,
-                          max_decoded=cfg.max_body_bytes)
+    parsed = bodies.parse(
+        content_type, body, max_records=cfg.max_records, max_decoded=cfg.max_body_bytes
+    )
     del body  # (Arrow: the batch's buffers still point into it)
     wait = cfg.backpressure_wait_s
     if isinstance(parsed, bodies.Records):
@@ -166,19 +166,24 @@ async def produce(request: web.Request) -> web.Response:
         return _json_error(400, f"unknown durability {name!r}: use local or remote")
     ctype = request.content_type if "Content-Type" in request.headers else ""
     if ctype not in bodies.CONTENT_TYPES:
-        return _json_error(415, f"unsupported content type {ctype!r}; use one of "
-                                f"{', '.join(bodies.CONTENT_TYPES)}")
+        return _json_error(
+            415, f"unsupported content type {ctype!r}; use one of {', '.join(bodies.CONTENT_TYPES)}"
+        )
     limit = cfg.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         return _json_error(413, f"body of {request.content_length} bytes exceeds {limit}")
     if not state.ready or state.draining:
-        return _json_error(503, "not accepting writes (starting or draining)",
-                           **{"Retry-After": str(cfg.retry_after_s)})
+        return _json_error(
+            503,
+            "not accepting writes (starting or draining)",
+            **{"Retry-After": str(cfg.retry_after_s)},
+        )
     try:  # aiohttp decodes header bytes as UTF-8, a bad byte as a lone surrogate
         meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
     except UnicodeEncodeError as e:
-        return _json_error(400, f"X-Tieredbuf-Metadata is not UTF-8 (at position {e.start}): "
-                                "send its UTF-8 bytes")
+        return _json_error(
+            400, f"X-Tieredbuf-Metadata is not UTF-8 (at position {e.start}): send its UTF-8 bytes"
+        )
     try:
         async with asyncio.timeout(cfg.body_timeout_s):
             body = await _read_body(request, limit)
@@ -198,36 +203,45 @@ async def produce(request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
     try:
-        handle, counts = await loop.run_in_executor(
-            state.pool, _stage, state, ctype, held, meta
-        )
+        handle, counts = await loop.run_in_executor(state.pool, _stage, state, ctype, held, meta)
     except bodies.BadBody as e:
         return _json_error(400, str(e))
     except bodies.TooLarge as e:
         return _json_error(413, str(e))
     except BackpressureError as e:
         BACKPRESSURE.inc()
-        return _json_error(503, f"backpressure: {e}",
-                           **{"Retry-After": str(state.config.retry_after_s)})
+        return _json_error(
+            503, f"backpressure: {e}", **{"Retry-After": str(state.config.retry_after_s)}
+        )
     except ClosedError:
         return _json_error(503, "draining", **{"Retry-After": str(state.config.retry_after_s)})
     except DiskError as e:  # not stored; the stage recovers when its disk does
-        return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}",
-                           **{"Retry-After": str(state.config.retry_after_s)})
+        return _json_error(
+            503,
+            f"stage disk failing: {type(e).__name__}: {e}",
+            **{"Retry-After": str(state.config.retry_after_s)},
+        )
     try:
         await _durable(handle, level, cfg.remote_timeout_s)
         outcome = handle.wait(level, timeout=0)
     except TimeoutError:
         reached = handle.watcher.level
         return web.json_response(
-            {"error": f"not {name} after {state.config.remote_timeout_s} s",
-             "status": 504, "durability": reached.name.lower() if reached else None, **counts},
+            {
+                "error": f"not {name} after {state.config.remote_timeout_s} s",
+                "status": 504,
+                "durability": reached.name.lower() if reached else None,
+                **counts,
+            },
             status=504,
         )
     except DiskError as e:  # not LOCAL: the stage's disk failed (it may still land)
         log.error("write failed: %s", e)
-        return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}",
-                           **{"Retry-After": str(state.config.retry_after_s)})
+        return _json_error(
+            503,
+            f"stage disk failing: {type(e).__name__}: {e}",
+            **{"Retry-After": str(state.config.retry_after_s)},
+        )
     except TieredBufError as e:
         log.error("write failed: %s", e)
         return _json_error(500, redact(f"{type(e).__name__}: {e}"))
@@ -250,19 +264,25 @@ async def healthz(request: web.Request) -> web.Response:
     if p is not None and p.exporter.error is not None:
         body: dict[str, Any] = {
             "error": f"exports stopped: {_describe(p.exporter.error, details)}",
-            "status": 500, "staged_segments": len(p.stage.sealed_segments()),
-            "worker": state.index}
+            "status": 500,
+            "staged_segments": len(p.stage.sealed_segments()),
+            "worker": state.index,
+        }
         if details:
             body["stage"] = str(p.stage.path)
         return web.json_response(body, status=500)
     bad = p.stage.quarantined() if p is not None else []
     if bad:
-        where = f": {', '.join(str(s.path) for s in bad)}" if details else \
-            " (paths with a valid token)"
+        where = (
+            f": {', '.join(str(s.path) for s in bad)}" if details else " (paths with a valid token)"
+        )
         return web.json_response(
-            {"error": f"{len(bad)} corrupt staged segment(s) quarantined, their records "
-                      f"lost{where} (docs/failure-modes.md)",
-             "status": 500, "worker": state.index},
+            {
+                "error": f"{len(bad)} corrupt staged segment(s) quarantined, their records "
+                f"lost{where} (docs/failure-modes.md)",
+                "status": 500,
+                "worker": state.index,
+            },
             status=500,
         )
     body = {"status": "ok", "worker": state.index, "pid": os.getpid()}
@@ -335,8 +355,12 @@ async def _producer_ctx(app: web.Application) -> Any:
 
     await loop.run_in_executor(state.pool, open_producer)
     state.ready = True
-    log.info("worker %d ready: producer %s, stage %s", state.index,
-             state.producer.producer_id, cfg.worker_stage(state.index))
+    log.info(
+        "worker %d ready: producer %s, stage %s",
+        state.index,
+        state.producer.producer_id,
+        cfg.worker_stage(state.index),
+    )
     mirror_task = asyncio.create_task(_mirror_loop(state)) if state.mirror else None
     yield
     state.draining = True
@@ -346,12 +370,21 @@ async def _producer_ctx(app: web.Application) -> Any:
         await loop.run_in_executor(state.pool, state.producer.close, cfg.drain_timeout_s)
         log.info("worker %d drained: stage sealed and exported", state.index)
     except TimeoutError:
-        log.error("worker %d: stage not exported within %.0f s; it stays staged (LOCAL) for "
-                  "the next start or `tieredbuf drain`", state.index, cfg.drain_timeout_s)
+        log.error(
+            "worker %d: stage not exported within %.0f s; it stays staged (LOCAL) for "
+            "the next start or `tieredbuf drain`",
+            state.index,
+            cfg.drain_timeout_s,
+        )
         app["drain_incomplete"] = True
     except TieredBufError as e:
-        log.error("worker %d: stage not exported (%s: %s); it stays staged (LOCAL) for the "
-                  "next start or `tieredbuf drain`", state.index, type(e).__name__, e)
+        log.error(
+            "worker %d: stage not exported (%s: %s); it stays staged (LOCAL) for the "
+            "next start or `tieredbuf drain`",
+            state.index,
+            type(e).__name__,
+            e,
+        )
         app["drain_incomplete"] = True
     finally:
         if state.mirror is not None:
@@ -381,15 +414,21 @@ async def _seal_on_shutdown(app: web.Application) -> None:
         await asyncio.get_running_loop().run_in_executor(state.pool, state.producer.stage.seal_all)
 
 
-def build_app(config: ServiceConfig, index: int,
-              tokens: auth.TokenSet | None = None) -> web.Application:
+def build_app(
+    config: ServiceConfig, index: int, tokens: auth.TokenSet | None = None
+) -> web.Application:
     """The worker's application; with ``tokens``, bearer authentication (service/auth.py)
     on every route but ``config.open_paths``."""
     guard = [auth.middleware(tokens, config.open_paths)] if tokens is not None else []
-    app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[track_requests, count_requests, *guard])
-    app[STATE] = WorkerState(config, index, pool=ThreadPoolExecutor(
-        config.threads, thread_name_prefix="tb-http"), tokens=tokens)
+    app = web.Application(
+        client_max_size=config.max_body_bytes, middlewares=[track_requests, count_requests, *guard]
+    )
+    app[STATE] = WorkerState(
+        config,
+        index,
+        pool=ThreadPoolExecutor(config.threads, thread_name_prefix="tb-http"),
+        tokens=tokens,
+    )
     app.router.add_post("/v1/produce", produce)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -88,7 +88,8 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(
-        ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]).is_loopback for i in infos)
+        ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]).is_loopback for i in infos
+    )
 
 
 def check_exposure(host: str, tokens: TokenSet | None, insecure: bool, tls: bool) -> None:
@@ -105,9 +106,11 @@ def check_exposure(host: str, tokens: TokenSet | None, insecure: bool, tls: bool
     if tokens is None:
         log.warning("serving on %s WITHOUT authentication (--insecure)", host or "*")
     elif not tls:
-        log.warning("serving on %s over plain HTTP: bearer tokens cross the network in "
-                    "clear text; use --tls-cert/--tls-key or a TLS-terminating proxy",
-                    host or "*")
+        log.warning(
+            "serving on %s over plain HTTP: bearer tokens cross the network in "
+            "clear text; use --tls-cert/--tls-key or a TLS-terminating proxy",
+            host or "*",
+        )
 
 
 class TokenSet:
@@ -135,8 +138,12 @@ class TokenSet:
             raise ConfigError(f"no tokens: give --token-file or set ${TOKENS_ENV}")
         redact.register(*tokens)
         self._tokens = tokens
-        log.info("bearer authentication: %d token(s) from %s (%s)", len(tokens), source,
-                 _describe(tokens))
+        log.info(
+            "bearer authentication: %d token(s) from %s (%s)",
+            len(tokens),
+            source,
+            _describe(tokens),
+        )
 
     @classmethod
     def from_config(cls, token_file: str | None) -> TokenSet | None:
@@ -156,12 +163,14 @@ class TokenSet:
             st = self._file.stat()
             text = self._file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot read token file {self._file}: "
-                              f"{type(e).__name__}") from None
+            raise ConfigError(f"cannot read token file {self._file}: {type(e).__name__}") from None
         if st.st_mode & stat.S_IROTH:
             log.warning("token file %s is readable by every user (chmod 600 it)", self._file)
         return parse_tokens(text, f"token file {self._file}"), (
-            st.st_mtime_ns, st.st_size, st.st_ino)
+            st.st_mtime_ns,
+            st.st_size,
+            st.st_ino,
+        )
 
     def reload(self, *, force: bool = True) -> bool:
         """Re-read the token file if it changed (always, with ``force``); True when the
@@ -178,16 +187,23 @@ class TokenSet:
                 if not tokens:
                     raise ConfigError(f"token file {self._file} holds no token")
             except (OSError, ConfigError) as e:
-                log.error("token file not reloaded, keeping the %d token(s) in use: %s",
-                          len(self._tokens), e)
+                log.error(
+                    "token file not reloaded, keeping the %d token(s) in use: %s",
+                    len(self._tokens),
+                    e,
+                )
                 return False
             redact.register(*tokens)
             changed = tokens != self._tokens
             self._tokens, self._signature = tokens, sig
             self.reloads += 1
         if changed:
-            log.info("bearer tokens reloaded from %s: %d token(s) (%s)", self._file,
-                     len(tokens), _describe(tokens))
+            log.info(
+                "bearer tokens reloaded from %s: %d token(s) (%s)",
+                self._file,
+                len(tokens),
+                _describe(tokens),
+            )
         return changed
 
     def maybe_reload(self) -> None:
@@ -229,11 +245,17 @@ def middleware(tokens: TokenSet, open_paths: frozenset[str]) -> Middleware:
             return await handler(request)
         if d.status == 401:
             return web.json_response(
-                {"error": "authentication required: send Authorization: Bearer <token>",
-                 "status": 401}, status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="tieredbuf"'})
+                {
+                    "error": "authentication required: send Authorization: Bearer <token>",
+                    "status": 401,
+                },
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="tieredbuf"'},
+            )
         return web.json_response(
-            {"error": "the bearer token is not valid here", "status": 403}, status=403,
-            headers={"WWW-Authenticate": 'Bearer realm="tieredbuf", error="invalid_token"'})
+            {"error": "the bearer token is not valid here", "status": 403},
+            status=403,
+            headers={"WWW-Authenticate": 'Bearer realm="tieredbuf", error="invalid_token"'},
+        )
 
     return bearer_auth

@@ -77,8 +77,10 @@ def check_record_count(content_type: str, body: bytes | bytearray, max_records: 
         pos, end, n = 0, len(body), 0
         while pos + _LEN.size <= end:
             if n == max_records:
-                raise TooLarge(f"more than {max_records} records in the body (record "
-                               f"{max_records + 1} starts at byte {pos})")
+                raise TooLarge(
+                    f"more than {max_records} records in the body (record "
+                    f"{max_records + 1} starts at byte {pos})"
+                )
             pos += _LEN.size + _LEN.unpack_from(body, pos)[0]
             n += 1
 
@@ -112,16 +114,17 @@ def parse_length_prefixed(body: bytes, max_records: int | None = None) -> Record
     pos, end = 0, len(body)
     while pos < end:
         if max_records is not None and len(out) == max_records:
-            raise TooLarge(f"more than {max_records} records in the body (record "
-                           f"{max_records + 1} starts at byte {pos})")
+            raise TooLarge(
+                f"more than {max_records} records in the body (record "
+                f"{max_records + 1} starts at byte {pos})"
+            )
         if end - pos < _LEN.size:
             raise BadBody(f"truncated length prefix at byte {pos} ({end - pos} bytes left)")
         (n,) = _LEN.unpack_from(view, pos)
         pos += _LEN.size
         if n > end - pos:
             raise BadBody(
-                f"record {len(out)} at byte {pos - _LEN.size} claims {n} bytes, "
-                f"{end - pos} left"
+                f"record {len(out)} at byte {pos - _LEN.size} claims {n} bytes, {end - pos} left"
             )
         out.append(bytes(view[pos : pos + n]))
         pos += n
@@ -130,8 +133,9 @@ def parse_length_prefixed(body: bytes, max_records: int | None = None) -> Record
     return Records(out)
 
 
-def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None,
-                       max_parts: int | None = None) -> Bundle:
+def parse_arrow_stream(
+    body: bytes | bytearray, max_decoded: int | None = None, max_parts: int | None = None
+) -> Bundle:
     """TooLarge when the stream declares more than ``max_decoded`` bytes once
     decompressed, or more than ``max_parts`` fields, batches and arrays (each a pyarrow
     object of about 1 KB): summed from the stream's metadata before anything is
@@ -152,11 +156,15 @@ def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None,
         except Exception as e:  # any failure framing untrusted Arrow bytes
             raise BadBody(f"corrupt Arrow IPC stream: {describe_error(e)}") from None
         if got.decoded > decoded_cap:
-            raise TooLarge(f"the Arrow stream decodes to more than {decoded_cap} bytes "
-                           f"(its buffers declare at least {got.decoded})")
+            raise TooLarge(
+                f"the Arrow stream decodes to more than {decoded_cap} bytes "
+                f"(its buffers declare at least {got.decoded})"
+            )
         if got.parts > parts_cap:
-            raise TooLarge(f"the Arrow stream holds more than {parts_cap} fields, batches "
-                           f"and arrays (at least {got.parts}): send fewer, larger batches")
+            raise TooLarge(
+                f"the Arrow stream holds more than {parts_cap} fields, batches "
+                f"and arrays (at least {got.parts}): send fewer, larger batches"
+            )
     try:
         source = pa.BufferReader(data)
         with pa.ipc.open_stream(source) as reader:
@@ -179,8 +187,9 @@ def parse_arrow_stream(body: bytes | bytearray, max_decoded: int | None = None,
     try:
         batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     except Exception as e:
-        raise BadBody(f"the Arrow stream's batches do not concatenate: {describe_error(e)}"
-                      ) from None
+        raise BadBody(
+            f"the Arrow stream's batches do not concatenate: {describe_error(e)}"
+        ) from None
     return Bundle(batch, len(batches))
 
 
@@ -197,8 +206,9 @@ def _check_offsets(arr: pa.Array, name: str) -> None:
         offsets = arr.offsets
         first, last = offsets[0].as_py(), offsets[len(offsets) - 1].as_py()
         if not 0 <= first <= last <= len(arr.values):
-            raise BadBody(f"column {name}: list offsets {first}..{last} outside its "
-                          f"{len(arr.values)} values")
+            raise BadBody(
+                f"column {name}: list offsets {first}..{last} outside its {len(arr.values)} values"
+            )
         _check_offsets(arr.values, name)
     elif isinstance(arr, pa.FixedSizeListArray):
         _check_offsets(arr.values, name)
@@ -207,8 +217,13 @@ def _check_offsets(arr: pa.Array, name: str) -> None:
             _check_offsets(arr.field(i), f"{name}.{arr.type.field(i).name}")
 
 
-def parse(content_type: str, body: bytes | bytearray, *, max_records: int | None = None,
-          max_decoded: int | None = None) -> Records | Bundle:
+def parse(
+    content_type: str,
+    body: bytes | bytearray,
+    *,
+    max_records: int | None = None,
+    max_decoded: int | None = None,
+) -> Records | Bundle:
     """Parse ``body`` of ``content_type`` (one of :data:`CONTENT_TYPES`): BadBody (400)
     or TooLarge (413, past ``max_records`` records or ``max_decoded`` decoded bytes; an
     Arrow stream may hold ``max_records // ARROW_PART_RECORDS`` fields, batches and

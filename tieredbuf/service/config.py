@@ -71,21 +71,25 @@ class ServiceConfig:
         for name in ("max_body_bytes", "max_records", "max_connections"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("backpressure_wait_s", "remote_timeout_s", "shutdown_timeout_s",
-                     "drain_timeout_s"):
+        for name in (
+            "backpressure_wait_s",
+            "remote_timeout_s",
+            "shutdown_timeout_s",
+            "drain_timeout_s",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0 (no connection may be held "
-                                  "forever)")
+                raise ConfigError(f"{name} must be > 0 (no connection may be held forever)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         secret = sorted(set(self.store_options) & set(SECRET_OPTIONS))
         if secret:
             # the config travels to the workers on their command line, visible in ps
-            raise ConfigError(f"pass {', '.join(secret)} in the AWS_* environment, not as "
-                              "service options")
+            raise ConfigError(
+                f"pass {', '.join(secret)} in the AWS_* environment, not as service options"
+            )
 
     @property
     def open_paths(self) -> frozenset[str]:

@@ -93,15 +93,15 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         addr = ipaddress.ip_address(host) if host else None
     except ValueError:  # a name (socket.gaierror when it does not resolve)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, *_, where = ([i for i in infos if i[0] == socket.AF_INET] or infos)[0]
         return socket.create_server(where, family=family, backlog=2048)
     if addr is None or addr.version == 4:
         return socket.create_server((host, port), backlog=2048)
     dual = addr.is_unspecified and socket.has_dualstack_ipv6()
-    return socket.create_server((host, port), family=socket.AF_INET6, backlog=2048,
-                                dualstack_ipv6=dual)
+    return socket.create_server(
+        (host, port), family=socket.AF_INET6, backlog=2048, dualstack_ipv6=dual
+    )
 
 
 def _own_stage_root(path: Path) -> None:
@@ -109,8 +109,12 @@ def _own_stage_root(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        log.warning("stage root %s is mode %o: other users may read staged records "
-                    "(chmod 700 it; new stage files are 0600)", path, mode)
+        log.warning(
+            "stage root %s is mode %o: other users may read staged records "
+            "(chmod 700 it; new stage files are 0600)",
+            path,
+            mode,
+        )
 
 
 def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
@@ -126,8 +130,11 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
     try:
         sock = listen(config.host, config.port)
     except OSError as e:
-        hint = " (another process uses it; --port 0 picks a free one)" if (
-            e.errno == errno.EADDRINUSE) else ""
+        hint = (
+            " (another process uses it; --port 0 picks a free one)"
+            if (e.errno == errno.EADDRINUSE)
+            else ""
+        )
         why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
         where = f"[{config.host}]" if ":" in config.host else config.host
         raise ConfigError(f"cannot listen on {where}:{config.port}: {why}{hint}") from None
@@ -145,15 +152,23 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
         if not stop.is_set():
             stop.set()  # first: a second signal may arrive while this one prints
             if signum == signal.SIGINT:
-                print("tieredbuf serve: stopping: the workers drain their stages "
-                      "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+                print(
+                    "tieredbuf serve: stopping: the workers drain their stages "
+                    "(Ctrl-C again to stop at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         if signum != signal.SIGINT or forced.is_set():
             return
         forced.set()  # a second Ctrl-C: the operator will not wait for the drain
-        print("tieredbuf serve: second Ctrl-C: killing the workers; what they had not "
-              "exported stays staged and is recovered at the next start (or by tieredbuf "
-              "drain)", file=sys.stderr, flush=True)
+        print(
+            "tieredbuf serve: second Ctrl-C: killing the workers; what they had not "
+            "exported stays staged and is recovered at the next start (or by tieredbuf "
+            "drain)",
+            file=sys.stderr,
+            flush=True,
+        )
         for w in workers:
             if w.proc.poll() is None:
                 w.proc.kill()
@@ -178,29 +193,40 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
             except ConfigError as e:
                 log.error("certificate not reloaded, keeping the current one: %s", e)
             else:
-                print(f"tieredbuf serve: certificate reloaded from {tls.cert}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"tieredbuf serve: certificate reloaded from {tls.cert}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for w in workers:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGHUP)
 
-    payload = (replace(config, tls_cert=str(tls.path), tls_key=str(tls.path))
-               if tls is not None else config).to_json()
+    payload = (
+        replace(config, tls_cert=str(tls.path), tls_key=str(tls.path))
+        if tls is not None
+        else config
+    ).to_json()
 
     def start(index: int) -> subprocess.Popen[bytes]:
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
         try:  # the child inherits the blocked mask; ours is restored at once
             return subprocess.Popen(
                 [sys.executable, "-c", WORKER_BOOT, payload, str(sock.fileno()), str(index)],
-                pass_fds=(sock.fileno(),), env=env, start_new_session=True,
+                pass_fds=(sock.fileno(),),
+                env=env,
+                start_new_session=True,
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     workers += [_Worker(i, start(i), time.monotonic()) for i in range(config.workers)]
-    print(f"tieredbuf serve: listening on {config.scheme}://{host}:{port} with {config.workers} "
-          f"worker{'' if config.workers == 1 else 's'}, staging under {config.staging_dir}",
-          file=out, flush=True)
+    print(
+        f"tieredbuf serve: listening on {config.scheme}://{host}:{port} with {config.workers} "
+        f"worker{'' if config.workers == 1 else 's'}, staging under {config.staging_dir}",
+        file=out,
+        flush=True,
+    )
     code = 0
     try:
         while not stop.wait(0.2):
@@ -214,13 +240,18 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
                 fast = rc != 0 and time.monotonic() - w.started < FAST_FAILURE_S
                 w.fast_failures = w.fast_failures + 1 if fast else 0
                 if w.fast_failures >= MAX_FAST_FAILURES:
-                    log.error("worker %d failed to start %d times (exit %d): giving up",
-                              w.index, w.fast_failures, rc)
+                    log.error(
+                        "worker %d failed to start %d times (exit %d): giving up",
+                        w.index,
+                        w.fast_failures,
+                        rc,
+                    )
                     code = 3
                     stop.set()
                     break
-                log.warning("worker %d (pid %d) exited with %d: restarting", w.index,
-                            w.proc.pid, rc)
+                log.warning(
+                    "worker %d (pid %d) exited with %d: restarting", w.index, w.proc.pid, rc
+                )
                 w.proc, w.started = start(w.index), time.monotonic()
     finally:
         for w in workers:
@@ -232,8 +263,12 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
             try:
                 rc = w.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("worker %d did not stop in %.0f s: killing it (its stage stays; "
-                          "it is recovered at the next start)", w.index, limit)
+                log.error(
+                    "worker %d did not stop in %.0f s: killing it (its stage stays; "
+                    "it is recovered at the next start)",
+                    w.index,
+                    limit,
+                )
                 w.proc.kill()
                 rc = w.proc.wait()
             _mark_dead(w.proc.pid, mdir)

@@ -33,8 +33,10 @@ def tls_context(cert: str, key: str | None) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"cannot load --tls-cert {cert} / --tls-key {key}: "
-                          f"{type(e).__name__}: {e.strerror or e}") from None
+        raise ConfigError(
+            f"cannot load --tls-cert {cert} / --tls-key {key}: "
+            f"{type(e).__name__}: {e.strerror or e}"
+        ) from None
     return ctx
 
 
@@ -82,8 +84,7 @@ class TlsContexts:
         self.listening = self.current = ctx
         ctx.sni_callback = self._pick
 
-    def _pick(self, conn: ssl.SSLObject, server_name: str | None,
-              ctx: ssl.SSLContext) -> None:
+    def _pick(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
         current = self.current
         if current is not ctx:
             conn.context = current

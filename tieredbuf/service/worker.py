@@ -51,21 +51,22 @@ def _reload(tokens: TokenSet | None, tls: TlsContexts | None, index: int) -> Non
         try:
             tls.reload()
         except ConfigError as e:
-            log.error("worker %d: certificate not reloaded, keeping the current one: %s",
-                      index, e)
+            log.error("worker %d: certificate not reloaded, keeping the current one: %s", index, e)
         else:
             log.info("worker %d: certificate reloaded", index)
 
 
-async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
-                     early: list[int] | None = None) -> int:
+async def run_worker(
+    config: ServiceConfig, sock: socket.socket, index: int, early: list[int] | None = None
+) -> int:
     """Serve until SIGTERM/SIGINT (or ``early`` holds one caught before the loop ran),
     then drain."""
     tokens = TokenSet.from_config(config.token_file)
     tls = TlsContexts(config.tls_cert) if config.tls_cert is not None else None
     app = build_app(config, index, tokens)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           shutdown_timeout=config.shutdown_timeout_s)
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=config.shutdown_timeout_s
+    )
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -77,9 +78,13 @@ async def run_worker(config: ServiceConfig, sock: socket.socket, index: int,
         stop.set()
     else:
         await GuardedSite(
-            runner, sock, ssl_context=tls.listening if tls is not None else None,
-            head_timeout=config.header_timeout_s, idle_timeout=config.idle_timeout_s,
-            max_connections=config.max_connections).start()
+            runner,
+            sock,
+            ssl_context=tls.listening if tls is not None else None,
+            head_timeout=config.header_timeout_s,
+            idle_timeout=config.idle_timeout_s,
+            max_connections=config.max_connections,
+        ).start()
     watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
     await stop.wait()
     watcher.cancel()
@@ -92,8 +97,10 @@ def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     config = ServiceConfig.from_json(args[0])
     fd, index = int(args[1]), int(args[2])
-    redact.install(os.environ.get("TIEREDBUF_LOG_LEVEL", "INFO"),
-                   f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
+    redact.install(
+        os.environ.get("TIEREDBUF_LOG_LEVEL", "INFO"),
+        f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s",
+    )
     sock = socket.socket(fileno=fd)
     try:
         return asyncio.run(run_worker(config, sock, index, early))

@@ -30,6 +30,7 @@ MAX_BATCH_BYTES = 64 << 20
 in row slices of about this size (a sliced binary column costs the IPC writer a
 re-basing copy, so small objects are not sliced)."""
 
+
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     """What an executor needs to read one data object: no manifest read on executors."""
@@ -41,14 +42,16 @@ class ObjectRef:
 
 def records_schema() -> pa.Schema:
     """The Arrow form of :data:`RECORDS_DDL` as Spark converts it (all nullable)."""
-    return pa.schema([
-        ("value", pa.binary()),
-        ("metadata", pa.binary()),
-        ("sequence", pa.int64()),
-        ("index", pa.int32()),
-        ("ingestion_time", pa.timestamp("us", tz="UTC")),
-        ("location", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("value", pa.binary()),
+            ("metadata", pa.binary()),
+            ("sequence", pa.int64()),
+            ("index", pa.int32()),
+            ("ingestion_time", pa.timestamp("us", tz="UTC")),
+            ("location", pa.string()),
+        ]
+    )
 
 
 MAX_BINARY_BYTES = (1 << 31) - 1
@@ -57,8 +60,11 @@ large ones): an object's rows are cut into row ranges whose repeated columns fit
 
 
 def records_batches(
-    data: bytes, ref: ObjectRef, schema: pa.Schema,
-    ts_from_ms: int | None = None, ts_to_ms: int | None = None,
+    data: bytes,
+    ref: ObjectRef,
+    schema: pa.Schema,
+    ts_from_ms: int | None = None,
+    ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one ``.batch`` object; ``[ts_from_ms, ts_to_ms)`` filters per record."""
     values = decode_batch_arrow(data, ref.location)
@@ -109,8 +115,9 @@ def _item_of_record(md: Sequence[MetadataItem], n: int) -> tuple[np.ndarray, int
     starts = np.clip(np.array([m.start_index for m in md], dtype=np.int64), 0, n)
     runs = np.diff(np.append(starts, n))
     lead = int(starts[0])
-    which = np.concatenate([np.zeros(lead, np.int64),
-                            np.repeat(np.arange(len(md), dtype=np.int64), runs)])
+    which = np.concatenate(
+        [np.zeros(lead, np.int64), np.repeat(np.arange(len(md), dtype=np.int64), runs)]
+    )
     return which, lead
 
 
@@ -126,8 +133,10 @@ def _metadata_columns(
         return pa.nulls(k, pa.binary()), pa.nulls(k, ts_type)
     if len(md) == 1 and not lead:
         m = md[0]
-        return (repeat_value(m.payload, k, pa.binary()),
-                pa.array(np.full(k, m.ingestion_time_ms * 1000, dtype=np.int64), ts_type))
+        return (
+            repeat_value(m.payload, k, pa.binary()),
+            pa.array(np.full(k, m.ingestion_time_ms * 1000, dtype=np.int64), ts_type),
+        )
     if lead:
         mask = np.zeros(k, dtype=bool)
         mask[:lead] = True
@@ -152,9 +161,7 @@ def _time_mask(col: pa.Array, lo_ms: int | None, hi_ms: int | None) -> pa.Array:
 def _project(batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Select ``schema``'s columns (Spark may prune); slice when over MAX_BATCH_BYTES."""
     if batch.schema.names != schema.names:
-        batch = pa.RecordBatch.from_arrays(
-            [batch.column(f.name) for f in schema], schema=schema
-        )
+        batch = pa.RecordBatch.from_arrays([batch.column(f.name) for f in schema], schema=schema)
     elif not batch.schema.equals(schema):
         batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     size = batch.nbytes
@@ -194,8 +201,9 @@ def spark_compatible(t: pa.DataType) -> pa.DataType:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return pa.list_(t.value_field.with_type(spark_compatible(t.value_type)))
     if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(spark_compatible(t.field(i).type))
-                          for i in range(t.num_fields)])
+        return pa.struct(
+            [t.field(i).with_type(spark_compatible(t.field(i).type)) for i in range(t.num_fields)]
+        )
     if pa.types.is_map(t):
         return pa.map_(spark_compatible(t.key_type), spark_compatible(t.item_type))
     return t
@@ -241,8 +249,12 @@ def in_window(ts_ms: int, lo_ms: int | None, hi_ms: int | None) -> bool:
 
 
 def bundle_batches(
-    data: bytes, ref: ObjectRef, slot: int, schema: pa.Schema,
-    ts_from_ms: int | None = None, ts_to_ms: int | None = None,
+    data: bytes,
+    ref: ObjectRef,
+    slot: int,
+    schema: pa.Schema,
+    ts_from_ms: int | None = None,
+    ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of ``slot`` in one ``.qseg`` object, cast to ``schema`` (which ends with
     ``_sequence`` and ``_bundle``; Spark may have pruned other columns).  A bundle is
@@ -264,7 +276,8 @@ def bundle_batches(
                     f"{ref.location} (sequence {ref.sequence}): bundle {i} has no ingestion "
                     "time (a Quiver batch manifest without tieredbuf's time column) and its "
                     "queue entry none either, so it cannot be placed in a time window; read "
-                    "it without one")
+                    "it without one"
+                )
             if not in_window(t, ts_from_ms, ts_to_ms):
                 continue
         yield from _bundle_rows(batch, seq, i, schema)
@@ -280,8 +293,12 @@ def bundle_time_ms(ts_nanos: int | None, metadata: Sequence[MetadataItem]) -> in
 
 
 def stream_bundle_batches(
-    chunks: Sequence[pa.RecordBatch], bundles: Sequence[int], ref: ObjectRef,
-    schema: pa.Schema, times_ms: Sequence[int] = (), ts_from_ms: int | None = None,
+    chunks: Sequence[pa.RecordBatch],
+    bundles: Sequence[int],
+    ref: ObjectRef,
+    schema: pa.Schema,
+    times_ms: Sequence[int] = (),
+    ts_from_ms: int | None = None,
     ts_to_ms: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows of the chunks of one stream of a ``.qseg`` object (one stream holds one

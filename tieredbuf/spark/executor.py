@@ -72,8 +72,11 @@ class ObjectPartition(InputPartition):
     large ``.qseg`` object (ranged GETs)."""
 
     def __init__(
-        self, refs: Sequence[ta.ObjectRef], ts_from_ms: int | None = None,
-        ts_to_ms: int | None = None, streams: tuple[StreamSlice, ...] | None = None,
+        self,
+        refs: Sequence[ta.ObjectRef],
+        ts_from_ms: int | None = None,
+        ts_to_ms: int | None = None,
+        streams: tuple[StreamSlice, ...] | None = None,
     ) -> None:
         if not refs or (streams is not None and len(refs) != 1):
             raise ValueError("a partition holds objects, or streams of exactly one object")
@@ -100,8 +103,12 @@ def _lost(ref: ta.ObjectRef, ro: opt.ReadOptions, cause: Exception) -> None:
             "store (deleted by hand, or by GC after a grace-period violation); "
             "failOnDataLoss=false skips it"
         ) from cause
-    log.warning("tieredbuf: skipping data object %s of sequence %d: missing from the store "
-                "(failOnDataLoss=false)", ref.location, ref.sequence)
+    log.warning(
+        "tieredbuf: skipping data object %s of sequence %d: missing from the store "
+        "(failOnDataLoss=false)",
+        ref.location,
+        ref.sequence,
+    )
 
 
 def read_partition(
@@ -146,7 +153,10 @@ def read_partition(
 
 
 def _read_streams(
-    buf: tieredbuf.Buffer, ro: opt.ReadOptions, schema: pa.Schema, part: ObjectPartition,
+    buf: tieredbuf.Buffer,
+    ro: opt.ReadOptions,
+    schema: pa.Schema,
+    part: ObjectPartition,
 ) -> Iterator[pa.RecordBatch]:
     """GET each stream's byte range only, decode it, yield its rows."""
     ref = part.ref
@@ -158,5 +168,6 @@ def _read_streams(
             _lost(ref, ro, e)
             return
         chunks = decode_stream(data, s, ref.location)
-        yield from ta.stream_bundle_batches(chunks, sl.bundles, ref, schema, sl.times_ms,
-                                            part.ts_from_ms, part.ts_to_ms)
+        yield from ta.stream_bundle_batches(
+            chunks, sl.bundles, ref, schema, sl.times_ms, part.ts_from_ms, part.ts_to_ms
+        )

@@ -409,4 +409,3 @@ def plan_range(
 ) -> list[ObjectPartition]:
     """Partitions of ``start <= sequence < end`` (``start >= snap.low``)."""
     return object_partitions(buf.store, collect(snap, start, end), ro, ts_from_ms, ts_to_ms)
-

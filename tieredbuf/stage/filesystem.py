@@ -112,6 +112,7 @@ class FileSystem:
 
     def chmod(self, path: str | os.PathLike[str], mode: int) -> None:
         os.chmod(path, mode & OWNER_ONLY)
+
     link = staticmethod(os.link)
     """A second name for a file (``os.link``): the exporter links a sealed segment into a
     local-directory store on the same file system instead of copying its bytes."""

@@ -168,7 +168,8 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     redact.register(*(opts.get(k) for k in SECRET_OPTIONS))
 
     config: dict[str, Any] = string_options(
-        opts, ("endpoint", "region", "access_key_id", "secret_access_key", "session_token"))
+        opts, ("endpoint", "region", "access_key_id", "secret_access_key", "session_token")
+    )
     endpoint = config.get("endpoint")
     if endpoint is not None:
         check_endpoint(endpoint, "access_key_id / secret_access_key or the AWS_* environment")
@@ -196,12 +197,19 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
         raise ConfigError(
             f"cannot configure S3 store for {url!r}: {redact.redact(short(e))}"
         ) from redact.redacted_copy(e)
-    settings = S3Settings(bucket, prefix, dict(config), dict(client), dict(retry),
-                          instance_metadata)
+    settings = S3Settings(
+        bucket, prefix, dict(config), dict(client), dict(retry), instance_metadata
+    )
     target = (endpoint or "aws", bucket)
     budget = KEY_LIMITED_MANIFEST_WRITES_PER_S if r2 else DEFAULT_MANIFEST_WRITES_PER_S
-    return ObjStore(inner, url, probe_target=target if probe else None, chunk_size=chunk_size,
-                    s3=settings, manifest_writes_per_s=budget)
+    return ObjStore(
+        inner,
+        url,
+        probe_target=target if probe else None,
+        chunk_size=chunk_size,
+        s3=settings,
+        manifest_writes_per_s=budget,
+    )
 
 
 def is_r2_endpoint(endpoint: str | None) -> bool:
@@ -226,7 +234,8 @@ def _check_credentials(
         return
     if has_id != has_secret:
         given, missing = (
-            ("access_key_id", "secret_access_key") if has_id
+            ("access_key_id", "secret_access_key")
+            if has_id
             else ("secret_access_key", "access_key_id")
         )
         raise MissingCredentialsError(

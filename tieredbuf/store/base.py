@@ -149,4 +149,3 @@ class LinkingStore(Protocol):
         """Create ``key`` (create-if-absent) from a file ``link(tmp)`` links to the temp
         path ``tmp``; see LocalDirStore.put_link."""
         ...
-

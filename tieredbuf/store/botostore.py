@@ -73,8 +73,9 @@ def botocore_facts(e: BaseException) -> Facts:
         code = err.get("Code")
         if code in ("404", "NotFound"):
             code = None
-        return Facts(status=status, code=code, message=err.get("Message") or None,
-                     method=e.operation_name)
+        return Facts(
+            status=status, code=code, message=err.get("Message") or None, method=e.operation_name
+        )
     if isinstance(e, bx.NoCredentialsError | bx.PartialCredentialsError):
         return Facts(tag="unauthenticated", transport=str(e))
     if isinstance(e, bx.EndpointConnectionError | bx.ConnectTimeoutError):
@@ -129,8 +130,7 @@ class BotoS3Store:
         options: dict[str, Any] = {
             "connect_timeout": _seconds(client.get("connect_timeout"), 5.0),
             "read_timeout": _seconds(client.get("timeout"), 60.0),
-            "retries": {"max_attempts": int(retry.get("max_retries", 3)) + 1,
-                        "mode": "standard"},
+            "retries": {"max_attempts": int(retry.get("max_retries", 3)) + 1, "mode": "standard"},
             "s3": {"addressing_style": "path" if endpoint else "auto"},
         }
         if cfg.get("skip_signature"):
@@ -149,8 +149,11 @@ class BotoS3Store:
         return f"{self._s.prefix}/{key}" if self._s.prefix else key
 
     def _error(self, e: BaseException, key: str, *, write: bool) -> Exception:
-        return scrub(classify(botocore_facts(e), key, write=write, bucket=self._s.bucket,
-                              where=self._s.endpoint))
+        return scrub(
+            classify(
+                botocore_facts(e), key, write=write, bucket=self._s.bucket, where=self._s.endpoint
+            )
+        )
 
     @staticmethod
     def _status(e: BaseException) -> int | None:
@@ -218,13 +221,16 @@ class BotoS3Store:
         cut = len(self._s.prefix) + 1 if self._s.prefix else 0
         full = self._key(prefix) if prefix else (f"{self._s.prefix}/" if self._s.prefix else "")
         try:
-            pages = self._c().get_paginator("list_objects_v2").paginate(
-                Bucket=self._s.bucket, Prefix=full
+            pages = (
+                self._c()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=self._s.bucket, Prefix=full)
             )
             for page in pages:
                 for o in page.get("Contents", ()):
-                    yield ObjectMeta(o["Key"][cut:], int(o["Size"]), o.get("ETag"),
-                                     o.get("LastModified"))
+                    yield ObjectMeta(
+                        o["Key"][cut:], int(o["Size"]), o.get("ETag"), o.get("LastModified")
+                    )
         except Exception as e:
             raise self._error(e, prefix, write=False) from redacted(e)
 
@@ -240,15 +246,17 @@ class BotoS3Store:
         elif mode != "overwrite":
             raise ValueError(f"unknown put mode {mode!r}")
         try:
-            r = self._c().put_object(Bucket=self._s.bucket, Key=self._key(key),
-                                     Body=bytes(data), **kw)
+            r = self._c().put_object(
+                Bucket=self._s.bucket, Key=self._key(key), Body=bytes(data), **kw
+            )
         except Exception as e:
             status = self._status(e)
             if status == 409 or (status == 412 and mode == "create"):
                 # as obstore reports them: create-if-absent found the key, or a 409
                 # ConditionalRequestConflict on If-Match (another writer won)
-                raise AlreadyExistsError(key, f"object already exists (or CAS conflict): "
-                                              f"{key}") from redacted(e)
+                raise AlreadyExistsError(
+                    key, f"object already exists (or CAS conflict): {key}"
+                ) from redacted(e)
             raise self._error(e, key, write=True) from redacted(e)
         etag = r.get("ETag")
         if etag is None:
@@ -265,8 +273,11 @@ class BotoS3Store:
         check_key(src)
         check_key(dst)
         try:  # server-side CopyObject; dst is a fresh key (S3 has no conditional copy)
-            self._c().copy_object(Bucket=self._s.bucket, Key=self._key(dst),
-                                  CopySource={"Bucket": self._s.bucket, "Key": self._key(src)})
+            self._c().copy_object(
+                Bucket=self._s.bucket,
+                Key=self._key(dst),
+                CopySource={"Bucket": self._s.bucket, "Key": self._key(src)},
+            )
         except Exception as e:
             raise self._error(e, src, write=True) from e
 
@@ -288,8 +299,12 @@ class BotoS3Store:
                 if err.get("Code") == "NoSuchKey":
                     continue
                 k = err.get("Key", "")[cut:]
-                facts = Facts(status=None, code=err.get("Code"), message=err.get("Message"),
-                              method="DeleteObjects")
+                facts = Facts(
+                    status=None,
+                    code=err.get("Code"),
+                    message=err.get("Message"),
+                    method="DeleteObjects",
+                )
                 failures.append((k, scrub(classify(facts, k, write=True, bucket=self._s.bucket))))
         return failures
 

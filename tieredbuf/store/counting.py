@@ -44,8 +44,14 @@ from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
 OPS = ("get", "get_range", "head", "put", "put_conditional", "copy", "list", "delete")
 """Every operation a request is counted under."""
 OP_NAMES = {
-    "get": "GET", "get_range": "ranged GET", "head": "HEAD", "put": "PUT",
-    "put_conditional": "conditional PUT", "copy": "COPY", "list": "LIST", "delete": "DELETE",
+    "get": "GET",
+    "get_range": "ranged GET",
+    "head": "HEAD",
+    "put": "PUT",
+    "put_conditional": "conditional PUT",
+    "copy": "COPY",
+    "list": "LIST",
+    "delete": "DELETE",
 }
 LIST_PAGE = 1000
 """Keys per LIST response (S3 ListObjectsV2's maximum)."""
@@ -91,8 +97,11 @@ class RequestCounts:
 
     def total(self, op: str | None = None, kind: str | None = None) -> int:
         """Requests so far, of one operation and/or kind (None: all)."""
-        return sum(n for (o, k), n in self.snapshot().items()
-                   if (op is None or o == op) and (kind is None or k == kind))
+        return sum(
+            n
+            for (o, k), n in self.snapshot().items()
+            if (op is None or o == op) and (kind is None or k == kind)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"total": n, "by_op": {...}, "by_kind": {...}, "requests":
@@ -105,12 +114,18 @@ class RequestCounts:
             nested.setdefault(op, {})[kind] = n
             by_op[op] = by_op.get(op, 0) + n
             by_kind[kind] = by_kind.get(kind, 0) + n
-        return {"total": sum(snap.values()), "by_op": by_op, "by_kind": by_kind,
-                "requests": nested, "conflicts": self.conflicts}
+        return {
+            "total": sum(snap.values()),
+            "by_op": by_op,
+            "by_kind": by_kind,
+            "requests": nested,
+            "conflicts": self.conflicts,
+        }
 
 
-def diff(after: Mapping[tuple[str, str], int],
-         before: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+def diff(
+    after: Mapping[tuple[str, str], int], before: Mapping[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
     """The requests between two :meth:`RequestCounts.snapshot` results (zeros left out)."""
     out = {k: v - before.get(k, 0) for k, v in after.items()}
     return {k: v for k, v in out.items() if v}
@@ -179,8 +194,9 @@ class MeteredStore:
         self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
     ) -> str:
         if _is_conditional(mode):  # one conditional PUT of the joined body (every backend)
-            return self._put(key, mode, 1,
-                             lambda: self._inner.put_multipart(key, chunks, mode=mode))
+            return self._put(
+                key, mode, 1, lambda: self._inner.put_multipart(key, chunks, mode=mode)
+            )
         # a multipart upload: initiate, one request per part, complete
         body = list(chunks)
         size = sum(memoryview(c).nbytes for c in body)
@@ -222,5 +238,13 @@ class MeteredStore:
         self._inner.close()
 
 
-__all__ = ["DELETE_BATCH", "KINDS", "LIST_PAGE", "OPS", "OP_NAMES", "MeteredStore",
-           "RequestCounts", "diff"]
+__all__ = [
+    "DELETE_BATCH",
+    "KINDS",
+    "LIST_PAGE",
+    "OPS",
+    "OP_NAMES",
+    "MeteredStore",
+    "RequestCounts",
+    "diff",
+]

@@ -38,39 +38,67 @@ from tieredbuf.errors import (
 )
 
 Tag = Literal[
-    "already_exists", "precondition", "not_found", "unauthenticated", "permission",
-    "invalid_path", "unsupported", "bad_request",
+    "already_exists",
+    "precondition",
+    "not_found",
+    "unauthenticated",
+    "permission",
+    "invalid_path",
+    "unsupported",
+    "bad_request",
 ]
 """What the client's own exception type says (obstore exception classes)."""
 
-CREDENTIAL_CODES = frozenset({
-    "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-    "TokenRefreshRequired", "RequestTimeTooSkewed", "AuthorizationHeaderMalformed",
-    "InvalidSecurity", "MissingSecurityHeader", "CredentialsNotSupported",
-    # Azure Blob (a bad key or SAS is a 403 AuthenticationFailed there)
-    "AuthenticationFailed", "InvalidAuthenticationInfo", "NoAuthenticationInformation",
-})
-ACCESS_CODES = frozenset({
-    "AccessDenied", "AllAccessDisabled", "AccountProblem",
-    "AuthorizationFailure", "AuthorizationPermissionMismatch", "InsufficientAccountPermissions",
-    "AccountIsDisabled",
-})
-THROTTLE_CODES = frozenset({
-    "SlowDown", "RequestLimitExceeded", "Throttling", "TooManyRequests",
-    "ServerBusy",  # Azure: 503 over the account's or a blob's request target
-})
+CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "RequestTimeTooSkewed",
+        "AuthorizationHeaderMalformed",
+        "InvalidSecurity",
+        "MissingSecurityHeader",
+        "CredentialsNotSupported",
+        # Azure Blob (a bad key or SAS is a 403 AuthenticationFailed there)
+        "AuthenticationFailed",
+        "InvalidAuthenticationInfo",
+        "NoAuthenticationInformation",
+    }
+)
+ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "AuthorizationFailure",
+        "AuthorizationPermissionMismatch",
+        "InsufficientAccountPermissions",
+        "AccountIsDisabled",
+    }
+)
+THROTTLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestLimitExceeded",
+        "Throttling",
+        "TooManyRequests",
+        "ServerBusy",  # Azure: 503 over the account's or a blob's request target
+    }
+)
 BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound"})
 """The bucket (S3) or container (Azure) does not exist."""
 CREDENTIAL_HINTS = {
     "s3": "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the access_key_id / "
-          "secret_access_key options)",
+    "secret_access_key options)",
     "azure": "check AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN (or the "
-             "account_key / sas_token options) and the account name",
+    "account_key / sas_token options) and the account name",
 }
 _PERMISSIONS = {
     "s3": "docs/operations.md lists the IAM actions tieredbuf needs",
     "azure": "tieredbuf needs the Storage Blob Data Contributor role on the container, "
-             "or an account key / SAS with read, write, delete and list",
+    "or an account key / SAS with read, write, delete and list",
 }
 _AUTHN_RE = re.compile(r"failed to authenticate", re.IGNORECASE)
 """Azure's text for a bad key or signature (Azurite sends it with AuthorizationFailure)."""
@@ -117,7 +145,12 @@ def is_metadata_uri(text: str) -> bool:
 
 
 def classify(
-    f: Facts, key: str, *, write: bool, bucket: str | None = None, where: str | None = None,
+    f: Facts,
+    key: str,
+    *,
+    write: bool,
+    bucket: str | None = None,
+    where: str | None = None,
     provider: str = "s3",
 ) -> Exception:
     """The tieredbuf error for a failed operation on ``key``.  ``bucket``, ``where``
@@ -142,8 +175,12 @@ def classify(
             f"could not get credentials from the cloud instance metadata service "
             f"({f.summary}); {CREDENTIAL_HINTS.get(provider, CREDENTIAL_HINTS['s3'])}"
         )
-    if (f.tag == "unauthenticated" or f.status == 401 or f.code in CREDENTIAL_CODES
-            or _AUTHN_RE.search(f.message or "")):
+    if (
+        f.tag == "unauthenticated"
+        or f.status == 401
+        or f.code in CREDENTIAL_CODES
+        or _AUTHN_RE.search(f.message or "")
+    ):
         hint = (
             "this machine's clock is off: fix its time (NTP)"
             if f.code == "RequestTimeTooSkewed"
@@ -176,8 +213,9 @@ def classify(
         )
     if f.status is not None and (f.status >= 500 or f.status == 408):
         if write:
-            return OutcomeUnknownError(f"outcome unknown for {op} (it may have landed): "
-                                       f"{f.summary}")
+            return OutcomeUnknownError(
+                f"outcome unknown for {op} (it may have landed): {f.summary}"
+            )
         return TransientStoreError(f"the store failed ({op}; {f.summary})")
     if f.status is not None and 400 <= f.status < 500:
         return PermanentStoreError(f"the store refused the request ({op}; {f.summary})")

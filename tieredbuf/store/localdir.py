@@ -123,7 +123,8 @@ class LocalDirStore:
             if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a file where a directory must be
                 raise PermanentStoreError(
                     f"cannot create store directory {self._root}: it (or a folder above it) "
-                    f"is a file, not a directory") from e
+                    f"is a file, not a directory"
+                ) from e
             raise os_error(e, f"cannot create store directory {self._root}") from e
 
     @contextmanager
@@ -462,8 +463,13 @@ class LocalDirStore:
         except FileNotFoundError as e:
             raise ObjectNotFoundError(src) from e
         except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK,
-                               errno.EXDEV):
+            if e.errno not in (
+                errno.EPERM,
+                errno.EOPNOTSUPP,
+                errno.ENOTSUP,
+                errno.EMLINK,
+                errno.EXDEV,
+            ):
                 raise os_error(e, f"cannot copy {src} to {dst}") from e
         self.put(dst, self.get(src).data, mode="create")
 

@@ -95,6 +95,7 @@ class Remote:
             return f"Azure Blob endpoint {self.where} (container {self.bucket!r})"
         return f"S3 endpoint {self.where or 'aws'} (bucket {self.bucket!r})"
 
+
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _CODE_RE = re.compile(r"<Code>([^<]{1,100})</Code>")
 _MESSAGE_RE = re.compile(r"<Message>([^<]{1,300})</Message>")
@@ -173,15 +174,21 @@ def _not_partial(e: Exception) -> bool:
 
 
 def map_error(
-    e: BaseException, key: str, *, write: bool, bucket: str | None = None,
-    where: str | None = None, provider: str = "s3",
+    e: BaseException,
+    key: str,
+    *,
+    write: bool,
+    bucket: str | None = None,
+    where: str | None = None,
+    provider: str = "s3",
 ) -> Exception:
     """The tieredbuf error for an obstore / builtin error raised by an operation on ``key``
     (see :func:`tieredbuf.store.errmap.classify`), its message redacted (a server's
     answer may quote the request's credentials: :mod:`tieredbuf.runtime.redact`).  Callers
     chain it to :func:`redacted` (``e``), never to ``e``."""
-    return scrub(classify(obstore_facts(e), key, write=write, bucket=bucket, where=where,
-                          provider=provider))
+    return scrub(
+        classify(obstore_facts(e), key, write=write, bucket=bucket, where=where, provider=provider)
+    )
 
 
 def _obstore_mode(mode: PutMode) -> Any:
@@ -296,8 +303,7 @@ class ObjStore:
         r = self._remote
         if r is None:
             return map_error(e, key, write=write)
-        return map_error(e, key, write=write, bucket=r.bucket, where=r.where,
-                         provider=r.provider)
+        return map_error(e, key, write=write, bucket=r.bucket, where=r.where, provider=r.provider)
 
     def _check_bucket(self, key: str, e: BaseException) -> None:
         """A HEAD answers a missing bucket with a bare 404: ask once with a LIST, which
@@ -437,11 +443,20 @@ class ObjStore:
         if self._probe_target is None or mode == "overwrite" or PROBES.passed(self._probe_target):
             return
         endpoint, bucket = self._probe_target
-        raw = ObjStore(self._inner, self._url, probe_target=None, chunk_size=self._chunk_size,
-                       s3=self._s3, remote=self._remote)
+        raw = ObjStore(
+            self._inner,
+            self._url,
+            probe_target=None,
+            chunk_size=self._chunk_size,
+            s3=self._s3,
+            remote=self._remote,
+        )
         probe = raw if self._meter is None else MeteredStore(raw, self._meter)
-        where = (self._remote.described if self._remote is not None
-                 else f"endpoint {endpoint} (bucket {bucket!r})")
+        where = (
+            self._remote.described
+            if self._remote is not None
+            else f"endpoint {endpoint} (bucket {bucket!r})"
+        )
         PROBES.ensure(self._probe_target, probe, where)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
