@@ -166,16 +166,18 @@ def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequ
 
 
 class RootWriteTimes:
-    """Forwards to a store; notes when each root CAS (not the root's creation) returned."""
+    """Forwards to a store; notes when each root CAS that landed (not the root's creation)
+    was sent: the budget spaces the writes as the store receives them."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.times: list[float] = []
 
     def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        sent = time.monotonic()
         etag: str = self._inner.put(key, data, mode=mode)
         if key == keys.MANIFEST_KEY and mode != "create":
-            self.times.append(time.monotonic())
+            self.times.append(sent)
         return etag
 
     def __getattr__(self, name: str) -> Any:
