@@ -426,8 +426,8 @@ class CommitHub:
             else self._interval()
         )
         due = self._changed_at + interval + self._delay
-        if self._polled_at >= due:  # no commit seen when expected: look again a bit later
-            due = self._polled_at + max(interval / 4, MIN_INTERVAL_S)
+        if self._polled_at >= due:  # no commit seen when expected: look again soon (50 ms,
+            due = self._polled_at + max(min(interval / 4, 0.05), MIN_INTERVAL_S)  # a 22 B GET)
         with self._cond:
             # a new group before the poll is due: announce it first (the holder lists it
             # next); once the poll is due it goes first, however busy the writers are
