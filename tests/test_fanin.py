@@ -360,3 +360,36 @@ def test_I2_the_lease_outlasts_the_holders_commit_turn_at_slow_round_trips(
     assert sorted(r for _, r in _records(holder) if r.startswith(b"o")) == [
         b"o%d" % i for i in range(8)
     ]
+
+
+def test_a_holder_whose_writers_went_quiet_keeps_committing_for_others_while_its_lease_lives(
+    tmp_path: Path,
+) -> None:
+    """A holder that committed another process's announcement took the long lease (5 s).
+    When its own writers went quiet and its next LIST found nothing, it stopped looking
+    while the lease lived: the other writer's next announcement waited for the lease to
+    lapse (about 5 s) and was then committed by its own hub.  Now the holder keeps
+    LISTing while it holds a long lease: it commits the other's writes, which never
+    commits itself."""
+    url = f"file://{tmp_path}/b"
+    holder, other = tieredbuf.open(url), tieredbuf.open(url)
+    hp = holder.producer(flush_interval=timedelta(milliseconds=5))
+    op = other.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        hp.produce([b"h0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # takes the lease
+        first = op.produce([b"o0"])  # announced: the holder is live
+        _wait_for(lambda: bool(list(holder.store.list(keys.PENDING_PREFIX))))
+        hp.produce([b"h1"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # carries o0
+        first.wait(tieredbuf.Durability.REMOTE, timeout=60)
+        lease = holder.snapshot().root.lease
+        assert lease is not None and lease.holder == hub_for(holder.store, holder.queue).holder
+        for i in range(1, 4):  # the holder's writers are quiet now; the other writes
+            threading.Event().wait(0.6)  # now and then (3 intervals apart: the scenario)
+            op.produce([b"o%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        assert other.queue.stats.get("commits") == 0, "the other waited out the lease"
+    finally:
+        op.close(timeout=60)
+        hp.close(timeout=60)
+    assert sorted(r for _, r in _records(holder)) == sorted(
+        [b"h0", b"h1", b"o0", b"o1", b"o2", b"o3"]
+    )

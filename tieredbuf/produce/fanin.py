@@ -123,12 +123,10 @@ class CommitHub:
         """How long after the expected time a commit is usually seen (EWMA, seconds)."""
         self._polled_at = 0.0
         """When (monotonic) this hub, a watcher, last read the root's footer."""
-        self._turn_s = 0.0
-        """How long a commit turn takes (LIST to CAS): the slowest lately (decaying)."""
-        self._prep_s = 0.0
-        """How long a turn's LIST and announcement reads take (EWMA, at most an interval)."""
-        self._yield = False
-        """A commit found another holder's live lease: announce once before committing."""
+        self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
+        self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
+        self._yield = False  # a commit met another's live lease: announce, then retry
+        self._long = False  # our last commit took the long lease (others wait on it)
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
@@ -230,7 +228,7 @@ class CommitHub:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not (self._holding() and self._others):
+                while not self._waiting and not (self._holding() and (self._others or self._long)):
                     if not self._budgets:
                         self._thread = None
                         self._cond.notify_all()
@@ -298,7 +296,10 @@ class CommitHub:
         remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
         self._others = bool(remote)
         if not local and not remote:
-            if not self._holding():
+            if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
+                self._view, self._changed_at = self.queue.read(), time.monotonic()  # another
+                self._resolve(self._view)  # holder committed them (we LISTed forever)
+            elif not self._holding():
                 with self._cond:  # nothing to do, and no lease to keep: look again later
                     self._cond.wait(interval)
             self._last_commit = time.monotonic()
@@ -321,8 +322,8 @@ class CommitHub:
             self._resolve(self._view)
             self._refresh_stale(res)
             return
-        self._view = res.snapshot
-        self._changed_at = time.monotonic()
+        self._view, self._changed_at = res.snapshot, time.monotonic()
+        self._long = bool(remote)  # a long lease: others wait on it, keep LISTing till it ends
         self.stats.incr("commits")
         self._resolve(res.snapshot, res)
         self._refresh_stale(res)
