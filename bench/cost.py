@@ -101,8 +101,12 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
         for pc in pacers:  # a staged producer's exporter has one per kind: the known one
             ids = pc._active_ids()
             if not out or pc._known:
-                out = {"n": len(ids), "known": pc._known, "rank": ids.index(pc.producer_id),
-                       "losses": pc._losses}
+                out = {
+                    "n": len(ids),
+                    "known": pc._known,
+                    "rank": ids.index(pc.producer_id),
+                    "losses": pc._losses,
+                }
         return out
 
     class _Timed:  # the times of root reads and CAS writes (rate check, conflict causes)
@@ -154,21 +158,23 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
     p.close()
     t1 = time.time()
     stats = p.stats if isinstance(p.stats, dict) else p.stats.snapshot()
-    out.put({
-        "index": index,
-        "requests": [[op, kind, n] for (op, kind), n in buf.requests.snapshot().items()],
-        "conflicts": buf.requests.conflicts,
-        "cas_times": cas,
-        "conflict_times": lost,
-        "attempts": attempts,
-        "objects": stats.get("segments_exported", stats.get("objects_uploaded", 0)),
-        "regrouped": stats.get("objects_regrouped", 0),
-        "records": calls * per_call,
-        "bytes": calls * per_call * size,
-        "t0": t0,
-        "t_close": t_close,
-        "t1": t1,
-    })
+    out.put(
+        {
+            "index": index,
+            "requests": [[op, kind, n] for (op, kind), n in buf.requests.snapshot().items()],
+            "conflicts": buf.requests.conflicts,
+            "cas_times": cas,
+            "conflict_times": lost,
+            "attempts": attempts,
+            "objects": stats.get("segments_exported", stats.get("objects_uploaded", 0)),
+            "regrouped": stats.get("objects_regrouped", 0),
+            "records": calls * per_call,
+            "bytes": calls * per_call * size,
+            "t0": t0,
+            "t_close": t_close,
+            "t1": t1,
+        }
+    )
     buf.close()
 
 
@@ -210,8 +216,15 @@ def _steady_producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) ->
     before_close = buf.requests.total("put_conditional", "root")
     conflicts = buf.requests.conflicts.get("root", 0)
     p.close()
-    out.put({"index": index, "latency_ms": lat, "cas": before_close - conflicts,
-             "conflicts": conflicts, "seconds": time.monotonic() - start})
+    out.put(
+        {
+            "index": index,
+            "latency_ms": lat,
+            "cas": before_close - conflicts,
+            "conflicts": conflicts,
+            "seconds": time.monotonic() - start,
+        }
+    )
     buf.close()
 
 
@@ -220,8 +233,7 @@ def steady(cfg: dict[str, Any]) -> dict[str, Any]:
     n = cfg["n"]
     barrier = ctx.Barrier(n)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_steady_producer, args=(cfg, i, barrier, out))
-             for i in range(n)]
+    procs = [ctx.Process(target=_steady_producer, args=(cfg, i, barrier, out)) for i in range(n)]
     for proc in procs:
         proc.start()
     results = [out.get(timeout=cfg["timeout"]) for _ in range(n)]
@@ -229,8 +241,11 @@ def steady(cfg: dict[str, Any]) -> dict[str, Any]:
         proc.join()
     lat = sorted(x for r in results for x in r["latency_ms"])
     seconds = max(r["seconds"] for r in results)
-    return {"latency_ms": summarize(lat), "cas_per_s": sum(r["cas"] for r in results) / seconds,
-            "conflicts_per_s": sum(r["conflicts"] for r in results) / seconds}
+    return {
+        "latency_ms": summarize(lat),
+        "cas_per_s": sum(r["cas"] for r in results) / seconds,
+        "conflicts_per_s": sum(r["conflicts"] for r in results) / seconds,
+    }
 
 
 def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -272,9 +287,11 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         # during its close() (its last appends, after its last produce() returned)
         "conflicts_before_own_first_cas": sum(
             sum(1 for t in r["conflict_times"] if not r["cas_times"] or t < min(r["cas_times"]))
-            for r in results),
+            for r in results
+        ),
         "conflicts_in_own_close": sum(
-            sum(1 for t in r["conflict_times"] if t >= r["t_close"]) for r in results),
+            sum(1 for t in r["conflict_times"] if t >= r["t_close"]) for r in results
+        ),
         "first_close_s": first_done,
         "first_cas_s": (min(cas) - t0) if cas else None,
         "conflict_times_s": [round(t, 3) for t in lost],
@@ -287,8 +304,10 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
     """Per lost CAS: what its writer's pacer computed (active writers seen, whether the root
     showed it yet), how long it held the root it read before its conditional PUT, and the
     CAS(es) of other writers that landed in between (the winners) with what theirs saw."""
-    wins = sorted(((a, r["index"]) for r in results for a in r["attempts"] if a["ok"]),
-                  key=lambda x: x[0]["end"])
+    wins = sorted(
+        ((a, r["index"]) for r in results for a in r["attempts"] if a["ok"]),
+        key=lambda x: x[0]["end"],
+    )
     out: list[dict[str, Any]] = []
     for r in results:
         own_ok = [a["end"] for a in r["attempts"] if a["ok"]]
@@ -299,19 +318,34 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
             if since is None:  # optimistic: against the root it last wrote
                 since = max((t for t in own_ok if t < a["start"]), default=t0)
             won = [(w, i) for w, i in wins if i != r["index"] and since <= w["end"] <= a["end"]]
-            out.append({
-                "t": round(a["start"] - t0, 3),
-                "gap_ms": None if a["read"] is None else round((a["start"] - a["read"]) * 1000, 1),
-                "n": a.get("n"), "known": a.get("known"), "losses": a.get("losses"),
-                "winners": [{"n": w.get("n"), "known": w.get("known"),
-                             "before_ms": round((a["start"] - w["end"]) * 1000, 1)}
-                            for w, _ in won],
-            })
+            out.append(
+                {
+                    "t": round(a["start"] - t0, 3),
+                    "gap_ms": None
+                    if a["read"] is None
+                    else round((a["start"] - a["read"]) * 1000, 1),
+                    "n": a.get("n"),
+                    "known": a.get("known"),
+                    "losses": a.get("losses"),
+                    "winners": [
+                        {
+                            "n": w.get("n"),
+                            "known": w.get("known"),
+                            "before_ms": round((a["start"] - w["end"]) * 1000, 1),
+                        }
+                        for w, _ in won
+                    ],
+                }
+            )
     # how long a root CAS takes (PUT call to its answer) and how long a loser held the
     # root it read before its PUT was answered: the window another writer's CAS hits
     took = sorted((a["end"] - a["start"]) * 1000 for r in results for a in r["attempts"])
-    held = sorted((a["end"] - a["read"]) * 1000 for r in results for a in r["attempts"]
-                  if not a["ok"] and a["read"] is not None)
+    held = sorted(
+        (a["end"] - a["read"]) * 1000
+        for r in results
+        for a in r["attempts"]
+        if not a["ok"] and a["read"] is not None
+    )
     first = [c for c in out if not c["known"]]
     known = [c for c in out if c["known"]]
     gaps = sorted(c["gap_ms"] for c in out if c["gap_ms"] is not None)
@@ -325,12 +359,15 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
         "cas_p50_ms": round(took[len(took) // 2], 1) if took else None,
         "cas_max_ms": round(took[-1], 1) if took else None,
         "held_p50_ms": round(held[len(held) // 2], 1) if held else None,
-        "known_vs_not_in_root": sum(1 for c in known
-                                    if any(not w["known"] for w in c["winners"])),
-        "known_same_n": sum(1 for c in known if c["winners"] and all(
-            w["known"] and w["n"] == c["n"] for w in c["winners"])),
-        "known_other_n": sum(1 for c in known if any(
-            w["known"] and w["n"] != c["n"] for w in c["winners"])),
+        "known_vs_not_in_root": sum(1 for c in known if any(not w["known"] for w in c["winners"])),
+        "known_same_n": sum(
+            1
+            for c in known
+            if c["winners"] and all(w["known"] and w["n"] == c["n"] for w in c["winners"])
+        ),
+        "known_other_n": sum(
+            1 for c in known if any(w["known"] and w["n"] != c["n"] for w in c["winners"])
+        ),
     }
 
 
@@ -373,15 +410,20 @@ def _spark() -> Any:
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
         root = str(Path(__file__).resolve().parent.parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p
+        )
         from pyspark.sql import SparkSession
 
         import tieredbuf.spark
 
-        spark = (SparkSession.builder.master("local[2]").appName("tieredbuf-cost")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("tieredbuf-cost")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         tieredbuf.spark.register(spark)
         _SPARK.append(spark)
@@ -405,25 +447,31 @@ def read_spark(url: str, opts: dict[str, Any], rec: Any) -> dict[str, Any]:
 # --- pricing -------------------------------------------------------------------------
 
 
-def price(requests: dict[tuple[str, str], int], gib: float, rate_mib_s: float
-          ) -> dict[str, float]:
+def price(requests: dict[tuple[str, str], int], gib: float, rate_mib_s: float) -> dict[str, float]:
     """Requests per GiB by class, and dollars per month at ``rate_mib_s``."""
     put = sum(n for (op, _), n in requests.items() if op in PUT_CLASS) / gib
     get = sum(n for (op, _), n in requests.items() if op in GET_CLASS) / gib
     month_gib = rate_mib_s * SECONDS_PER_MONTH / 1024
     stored_gb = rate_mib_s * GC_GRACE_S / 1024 * (GiB / 1e9)
-    dollars = (month_gib * (put * PRICES["put_class_per_1000"]
-                            + get * PRICES["get_class_per_1000"]) / 1000
-               + stored_gb * PRICES["storage_per_gb_month"])
-    return {"put_class_per_gib": put, "get_class_per_gib": get,
-            "dollars_per_month": dollars}
+    dollars = (
+        month_gib * (put * PRICES["put_class_per_1000"] + get * PRICES["get_class_per_1000"]) / 1000
+        + stored_gb * PRICES["storage_per_gb_month"]
+    )
+    return {"put_class_per_gib": put, "get_class_per_gib": get, "dollars_per_month": dollars}
 
 
 # --- driver --------------------------------------------------------------------------
 
 
-def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
-            store: tuple[str, dict[str, Any]] | Any, root: Path) -> dict[str, Any]:
+def run_row(
+    kind: str,
+    size: int,
+    n: int,
+    rate: float,
+    args: argparse.Namespace,
+    store: tuple[str, dict[str, Any]] | Any,
+    root: Path,
+) -> dict[str, Any]:
     tag = f"{kind}-{size}-{n}-{'paced' if rate else 'unpaced'}-{time.monotonic_ns()}"
     if args.store == "local":
         url, opts = f"file://{root}/{tag}/buf", {}
@@ -433,36 +481,47 @@ def run_row(kind: str, size: int, n: int, rate: float, args: argparse.Namespace,
         rec.bucket, rec.prefix = bucket, "buf/"
         url, opts = f"s3://{bucket}/buf", ep.options()
     cfg = {
-        "url": url, "store_options": opts, "kind": kind, "size": size, "n": n,
-        "rate": rate, "bytes": int(args.gib * GiB), "call_bytes": args.call_kib * 1024,
-        "max_buffered": args.max_buffered_mib * MiB, "stage": str(root / tag / "stage"),
+        "url": url,
+        "store_options": opts,
+        "kind": kind,
+        "size": size,
+        "n": n,
+        "rate": rate,
+        "bytes": int(args.gib * GiB),
+        "call_bytes": args.call_kib * 1024,
+        "max_buffered": args.max_buffered_mib * MiB,
+        "stage": str(root / tag / "stage"),
         "timeout": args.timeout,
     }
-    print(f"[{kind} {size} B x {n} producer(s), "
-          f"{'paced ' + str(rate) + '/s' if rate else 'unpaced'}] ingest ...", flush=True)
+    print(
+        f"[{kind} {size} B x {n} producer(s), "
+        f"{'paced ' + str(rate) + '/s' if rate else 'unpaced'}] ingest ...",
+        flush=True,
+    )
     row = ingest(cfg)
     row.update(kind=kind, size=size, producers=n, rate=rate)
     gib = row["bytes"] / GiB
     req = row["requests"]
-    puts = sum(v for (op, kind_), v in req.items()
-               if op in ("put", "put_conditional") and kind_ in ("data", "root", "group"))
+    puts = sum(
+        v
+        for (op, kind_), v in req.items()
+        if op in ("put", "put_conditional") and kind_ in ("data", "root", "group")
+    )
     row["puts_per_segment"] = puts / max(1, row["objects"])
     # the looser reading: data PUTs per segment, the CAS writes bounded apart (<= 5/s)
     row["data_puts_per_segment"] = sum(
-        v for (op, kind_), v in req.items() if op in ("put", "put_conditional")
-        and kind_ == "data") / max(1, row["objects"])
+        v for (op, kind_), v in req.items() if op in ("put", "put_conditional") and kind_ == "data"
+    ) / max(1, row["objects"])
     row["cas_per_s"] = row["cas"] / row["seconds"]
     row["per_gib"] = {op: sum(v for (o, _), v in req.items() if o == op) / gib for op in OPS}
     row["per_m_records"] = {
-        op: sum(v for (o, _), v in req.items() if o == op) / (row["records"] / 1e6)
-        for op in OPS
+        op: sum(v for (o, _), v in req.items() if o == op) / (row["records"] / 1e6) for op in OPS
     }
     row["price"] = price(req, gib, args.rate_mib_s)
     # Spark first: it only reads, the consumer acks and dequeues everything
     for reader in sorted(args.read, key=lambda r: r != "spark"):
         print(f"  read back with {reader} ...", flush=True)
-        got = (read_consumer(url, opts) if reader == "consumer"
-               else read_spark(url, opts, store[1]))
+        got = read_consumer(url, opts) if reader == "consumer" else read_spark(url, opts, store[1])
         got["per_gib"] = sum(got["requests"].values()) / gib
         got["price"] = price(got["requests"], gib, args.rate_mib_s)
         row[f"read_{reader}"] = got
@@ -495,12 +554,25 @@ def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[
                     url, opts = f"file://{root}/{tag}/buf", {}
                 else:
                     url, opts = f"s3://{store[0].new_bucket()}/buf", store[0].options()
-                cfg = {"url": url, "store_options": opts, "kind": kind, "n": n, "rate": rate,
-                       "size": 1024, "per_call": 10, "calls_per_s": args.latency_calls_per_s,
-                       "seconds": args.latency_seconds, "warmup": 2.0,
-                       "stage": str(root / tag / "stage"), "timeout": args.timeout}
-                print(f"[latency: {kind} x {n}, {'paced' if rate else 'unpaced'}, "
-                      f"{args.latency_calls_per_s:g} calls/s each] ...", flush=True)
+                cfg = {
+                    "url": url,
+                    "store_options": opts,
+                    "kind": kind,
+                    "n": n,
+                    "rate": rate,
+                    "size": 1024,
+                    "per_call": 10,
+                    "calls_per_s": args.latency_calls_per_s,
+                    "seconds": args.latency_seconds,
+                    "warmup": 2.0,
+                    "stage": str(root / tag / "stage"),
+                    "timeout": args.timeout,
+                }
+                print(
+                    f"[latency: {kind} x {n}, {'paced' if rate else 'unpaced'}, "
+                    f"{args.latency_calls_per_s:g} calls/s each] ...",
+                    flush=True,
+                )
                 r = steady(cfg)
                 r.update(kind=kind, producers=n, rate=rate)
                 rows.append(r)
@@ -523,86 +595,210 @@ def _json_ready(row: dict[str, Any]) -> dict[str, Any]:
 
 def report_latency(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
-    print(f"REMOTE latency at N producers, each {args.latency_calls_per_s:g} calls/s x 10 x "
-          f"1 KiB, every call awaited (first 2 s dropped); paced at {args.writes_per_s:g} "
-          f"manifest writes/s per buffer vs unpaced")
-    print_table(["kind", "N", "pacing", "p50 ms", "p99 ms", "max ms", "CAS/s", "conflicts/s"], [
-        [r["kind"], r["producers"], "paced" if r["rate"] else "unpaced",
-         f"{r['latency_ms']['p50']:.0f}", f"{r['latency_ms']['p99']:.0f}",
-         f"{r['latency_ms']['max']:.0f}", f"{r['cas_per_s']:.1f}",
-         f"{r['conflicts_per_s']:.2f}"] for r in rows])
+    print(
+        f"REMOTE latency at N producers, each {args.latency_calls_per_s:g} calls/s x 10 x "
+        f"1 KiB, every call awaited (first 2 s dropped); paced at {args.writes_per_s:g} "
+        f"manifest writes/s per buffer vs unpaced"
+    )
+    print_table(
+        ["kind", "N", "pacing", "p50 ms", "p99 ms", "max ms", "CAS/s", "conflicts/s"],
+        [
+            [
+                r["kind"],
+                r["producers"],
+                "paced" if r["rate"] else "unpaced",
+                f"{r['latency_ms']['p50']:.0f}",
+                f"{r['latency_ms']['p99']:.0f}",
+                f"{r['latency_ms']['max']:.0f}",
+                f"{r['cas_per_s']:.1f}",
+                f"{r['conflicts_per_s']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
-    print(f"Ingest of {args.gib:g} GiB per row into a {args.store} store; requests per GiB "
-          f"(per million records in the last columns); $/month at a steady "
-          f"{args.rate_mib_s:g} MiB/s (S3 Standard: PUT-class ${PRICES['put_class_per_1000']}"
-          f"/1000, GET-class ${PRICES['get_class_per_1000']}/1000, storage "
-          f"${PRICES['storage_per_gb_month']}/GB-month x {GC_GRACE_S // 60} min of data)")
+    print(
+        f"Ingest of {args.gib:g} GiB per row into a {args.store} store; requests per GiB "
+        f"(per million records in the last columns); $/month at a steady "
+        f"{args.rate_mib_s:g} MiB/s (S3 Standard: PUT-class ${PRICES['put_class_per_1000']}"
+        f"/1000, GET-class ${PRICES['get_class_per_1000']}/1000, storage "
+        f"${PRICES['storage_per_gb_month']}/GB-month x {GC_GRACE_S // 60} min of data)"
+    )
     table = []
     for r in rows:
         g = r["per_gib"]
         m = r["per_m_records"]
-        table.append([
-            r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
-            f"{r['seconds']:.1f}", r["objects"],
-            f"{g['put']:.1f}", f"{g['put_conditional']:.1f}", f"{g['get']:.1f}",
-            f"{g['get_range']:.1f}", f"{g['head']:.1f}", f"{g['list']:.1f}",
-            f"{sum(g.values()):.1f}",
-            f"{sum(m.values()):.1f}",
-            f"{r['puts_per_segment']:.2f}", f"{r['data_puts_per_segment']:.2f}",
-            f"{r['cas_per_s']:.2f}",
-            f"{r['cas_max_10s'] / 10:.1f}", r["conflicts"],
-            f"{r['price']['dollars_per_month']:,.2f}",
-        ])
-    print_table(["kind", "rec B", "N", "pacing", "s", "objects", "PUT", "cPUT", "GET", "rGET",
-                 "HEAD", "LIST", "all/GiB", "all/Mrec", "PUT/obj", "data PUT/obj", "CAS/s",
-                 "CAS/s 10s max", "conflicts", "$/month"], table)
+        table.append(
+            [
+                r["kind"],
+                r["size"],
+                r["producers"],
+                "paced" if r["rate"] else "unpaced",
+                f"{r['seconds']:.1f}",
+                r["objects"],
+                f"{g['put']:.1f}",
+                f"{g['put_conditional']:.1f}",
+                f"{g['get']:.1f}",
+                f"{g['get_range']:.1f}",
+                f"{g['head']:.1f}",
+                f"{g['list']:.1f}",
+                f"{sum(g.values()):.1f}",
+                f"{sum(m.values()):.1f}",
+                f"{r['puts_per_segment']:.2f}",
+                f"{r['data_puts_per_segment']:.2f}",
+                f"{r['cas_per_s']:.2f}",
+                f"{r['cas_max_10s'] / 10:.1f}",
+                r["conflicts"],
+                f"{r['price']['dollars_per_month']:,.2f}",
+            ]
+        )
+    print_table(
+        [
+            "kind",
+            "rec B",
+            "N",
+            "pacing",
+            "s",
+            "objects",
+            "PUT",
+            "cPUT",
+            "GET",
+            "rGET",
+            "HEAD",
+            "LIST",
+            "all/GiB",
+            "all/Mrec",
+            "PUT/obj",
+            "data PUT/obj",
+            "CAS/s",
+            "CAS/s 10s max",
+            "conflicts",
+            "$/month",
+        ],
+        table,
+    )
     reads = [(r, k) for r in rows for k in ("consumer", "spark") if f"read_{k}" in r]
     if reads:
         print()
         print("Read back once (requests per GiB ingested, $/month at the same steady rate):")
-        print_table(["kind", "rec B", "N", "reader", "s", "requests", "per GiB", "$/month"], [
-            [r["kind"], r["size"], r["producers"], k, f"{r[f'read_{k}']['seconds']:.1f}",
-             sum(r[f"read_{k}"]["requests"].values()), f"{r[f'read_{k}']['per_gib']:.1f}",
-             f"{r[f'read_{k}']['price']['dollars_per_month']:,.2f}"]
-            for r, k in reads])
+        print_table(
+            ["kind", "rec B", "N", "reader", "s", "requests", "per GiB", "$/month"],
+            [
+                [
+                    r["kind"],
+                    r["size"],
+                    r["producers"],
+                    k,
+                    f"{r[f'read_{k}']['seconds']:.1f}",
+                    sum(r[f"read_{k}"]["requests"].values()),
+                    f"{r[f'read_{k}']['per_gib']:.1f}",
+                    f"{r[f'read_{k}']['price']['dollars_per_month']:,.2f}",
+                ]
+                for r, k in reads
+            ],
+        )
     print()
     print("Where the conflicts are (seconds from the start of the row):")
-    print_table(["kind", "rec B", "N", "pacing", "s", "conflicts", "first 2 s", "rest",
-                 "before own 1st CAS", "in own close()", "after 1st close", "1st close s"], [
-        [r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
-         f"{r['seconds']:.1f}", r["conflicts"], r["conflicts_in_first_2s"],
-         r["conflicts"] - r["conflicts_in_first_2s"], r["conflicts_before_own_first_cas"],
-         r["conflicts_in_own_close"], r["conflicts_after_first_close"],
-         f"{r['first_close_s']:.1f}"] for r in rows])
+    print_table(
+        [
+            "kind",
+            "rec B",
+            "N",
+            "pacing",
+            "s",
+            "conflicts",
+            "first 2 s",
+            "rest",
+            "before own 1st CAS",
+            "in own close()",
+            "after 1st close",
+            "1st close s",
+        ],
+        [
+            [
+                r["kind"],
+                r["size"],
+                r["producers"],
+                "paced" if r["rate"] else "unpaced",
+                f"{r['seconds']:.1f}",
+                r["conflicts"],
+                r["conflicts_in_first_2s"],
+                r["conflicts"] - r["conflicts_in_first_2s"],
+                r["conflicts_before_own_first_cas"],
+                r["conflicts_in_own_close"],
+                r["conflicts_after_first_close"],
+                f"{r['first_close_s']:.1f}",
+            ]
+            for r in rows
+        ],
+    )
     print()
-    print("Why the conflicts happened (per lost CAS: the loser's pacer; gap = its root GET "
-          "-> conditional PUT; winners = other writers' CAS landing in that window):")
-    print_table(["kind", "rec B", "N", "pacing", "conflicts", "regrouped objects",
-                 "loser not in root", "optimistic", "gap p50 ms", "gap max ms", "gap > 50 ms",
-                 "CAS p50/max ms", "loser read->answer p50 ms", "known vs newcomer",
-                 "known, same N", "known, other N"], [
-        [r["kind"], r["size"], r["producers"], "paced" if r["rate"] else "unpaced",
-         r["conflicts"], r["objects_regrouped"], r["why"]["loser_not_in_root"],
-         r["why"]["optimistic"],
-         r["why"]["gap_p50_ms"], r["why"]["gap_max_ms"], r["why"]["gap_over_50ms"],
-         f"{r['why']['cas_p50_ms']}/{r['why']['cas_max_ms']}", r["why"]["held_p50_ms"],
-         r["why"]["known_vs_not_in_root"], r["why"]["known_same_n"],
-         r["why"]["known_other_n"]] for r in rows])
+    print(
+        "Why the conflicts happened (per lost CAS: the loser's pacer; gap = its root GET "
+        "-> conditional PUT; winners = other writers' CAS landing in that window):"
+    )
+    print_table(
+        [
+            "kind",
+            "rec B",
+            "N",
+            "pacing",
+            "conflicts",
+            "regrouped objects",
+            "loser not in root",
+            "optimistic",
+            "gap p50 ms",
+            "gap max ms",
+            "gap > 50 ms",
+            "CAS p50/max ms",
+            "loser read->answer p50 ms",
+            "known vs newcomer",
+            "known, same N",
+            "known, other N",
+        ],
+        [
+            [
+                r["kind"],
+                r["size"],
+                r["producers"],
+                "paced" if r["rate"] else "unpaced",
+                r["conflicts"],
+                r["objects_regrouped"],
+                r["why"]["loser_not_in_root"],
+                r["why"]["optimistic"],
+                r["why"]["gap_p50_ms"],
+                r["why"]["gap_max_ms"],
+                r["why"]["gap_over_50ms"],
+                f"{r['why']['cas_p50_ms']}/{r['why']['cas_max_ms']}",
+                r["why"]["held_p50_ms"],
+                r["why"]["known_vs_not_in_root"],
+                r["why"]["known_same_n"],
+                r["why"]["known_other_n"],
+            ]
+            for r in rows
+        ],
+    )
     print()
     paced = [r for r in rows if r["rate"]]
     ok_puts = all(r["puts_per_segment"] <= 2 for r in paced)
     ok_cas = all(r["cas_per_s"] <= r["rate"] for r in paced)
-    print(f"goal: <= 2 PUTs per sealed segment: {'met' if ok_puts else 'MISSED'} "
-          f"(max {max((r['puts_per_segment'] for r in paced), default=0):.2f})")
-    print(f"looser reading: data PUTs per segment max "
-          f"{max((r['data_puts_per_segment'] for r in paced), default=0):.2f}, with the "
-          f"CAS writes bounded apart by the rate below")
-    print(f"goal: <= {args.writes_per_s:g} manifest CAS writes/s per buffer over the ingest: "
-          f"{'met' if ok_cas else 'MISSED'} "
-          f"(max {max((r['cas_per_s'] for r in paced), default=0):.2f})")
+    print(
+        f"goal: <= 2 PUTs per sealed segment: {'met' if ok_puts else 'MISSED'} "
+        f"(max {max((r['puts_per_segment'] for r in paced), default=0):.2f})"
+    )
+    print(
+        f"looser reading: data PUTs per segment max "
+        f"{max((r['data_puts_per_segment'] for r in paced), default=0):.2f}, with the "
+        f"CAS writes bounded apart by the rate below"
+    )
+    print(
+        f"goal: <= {args.writes_per_s:g} manifest CAS writes/s per buffer over the ingest: "
+        f"{'met' if ok_cas else 'MISSED'} "
+        f"(max {max((r['cas_per_s'] for r in paced), default=0):.2f})"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -614,18 +810,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kinds", default="direct,staged")
     p.add_argument("--store", choices=("local", "moto"), default="local")
     p.add_argument("--read", default="", help="read back with: consumer,spark")
-    p.add_argument("--writes-per-s", type=float, default=5.0,
-                   help="manifest_writes_per_s of every producer (the goal's 5/s)")
-    p.add_argument("--baseline", action="store_true",
-                   help="also run every row unpaced (manifest_writes_per_s=0)")
+    p.add_argument(
+        "--writes-per-s",
+        type=float,
+        default=5.0,
+        help="manifest_writes_per_s of every producer (the goal's 5/s)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run every row unpaced (manifest_writes_per_s=0)",
+    )
     p.add_argument("--call-kib", type=int, default=1024, help="bytes per produce() call")
-    p.add_argument("--max-buffered-mib", type=int, default=64,
-                   help="direct producer max_buffered_bytes (batches are cut at half)")
-    p.add_argument("--rate-mib-s", type=float, default=10.0,
-                   help="steady ingest rate the $/month figures assume")
+    p.add_argument(
+        "--max-buffered-mib",
+        type=int,
+        default=64,
+        help="direct producer max_buffered_bytes (batches are cut at half)",
+    )
+    p.add_argument(
+        "--rate-mib-s",
+        type=float,
+        default=10.0,
+        help="steady ingest rate the $/month figures assume",
+    )
     p.add_argument("--timeout", type=float, default=3600.0)
-    p.add_argument("--latency", action="store_true",
-                   help="also: REMOTE latency at N producers, paced vs unpaced")
+    p.add_argument(
+        "--latency",
+        action="store_true",
+        help="also: REMOTE latency at N producers, paced vs unpaced",
+    )
     p.add_argument("--latency-only", action="store_true", help="only the latency rows")
     p.add_argument("--latency-calls-per-s", type=float, default=20.0)
     p.add_argument("--latency-seconds", type=float, default=12.0)
@@ -639,8 +853,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.kinds = [x for x in a.kinds.split(",") if x]
     a.read = [x for x in a.read.split(",") if x]
     if "spark" in a.read and a.store != "moto":
-        p.error("--read spark needs --store moto: Spark's requests come from its Python "
-                "workers, so the S3 server counts them")
+        p.error(
+            "--read spark needs --store moto: Spark's requests come from its Python "
+            "workers, so the S3 server counts them"
+        )
     return a
 
 
@@ -668,17 +884,22 @@ def main(argv: list[str] | None = None) -> int:
         report(rows, args)
     if lat:
         report_latency(lat, args)
-    print(f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    path = write_json(args.out, {
-        "benchmark": "cost",
-        "config": {k: v for k, v in vars(args).items()},
-        "prices": PRICES,
-        "seconds_per_month": SECONDS_PER_MONTH,
-        "load_average_before": load,
-        "rows": [_json_ready(r) for r in rows],
-        "latency_rows": lat,
-    })
+    print(
+        f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    path = write_json(
+        args.out,
+        {
+            "benchmark": "cost",
+            "config": {k: v for k, v in vars(args).items()},
+            "prices": PRICES,
+            "seconds_per_month": SECONDS_PER_MONTH,
+            "load_average_before": load,
+            "rows": [_json_ready(r) for r in rows],
+            "latency_rows": lat,
+        },
+    )
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -57,7 +57,8 @@ def _session() -> Any:
     import tieredbuf.spark
 
     spark = (
-        SparkSession.builder.master("local[2]").appName("tieredbuf-bench")
+        SparkSession.builder.master("local[2]")
+        .appName("tieredbuf-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
@@ -72,8 +73,9 @@ def _session() -> Any:
     return spark
 
 
-def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects: int,
-          varied: bool = False) -> None:
+def _fill(
+    url: str, store: dict[str, Any], rows: int, value_bytes: int, objects: int, varied: bool = False
+) -> None:
     """``objects`` data objects of ``rows / objects`` records, appended in one go;
     ``varied``: record lengths spread over [value_bytes / 2, 3 * value_bytes / 2)."""
     from ulid import ULID
@@ -98,7 +100,8 @@ def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects:
         if len(body) > 16 << 20:
             view = memoryview(body)
             buf.store.put_multipart(
-                key, (view[i : i + (8 << 20)] for i in range(0, len(view), 8 << 20)),
+                key,
+                (view[i : i + (8 << 20)] for i in range(0, len(view), 8 << 20)),
                 mode="create",
             )
         else:
@@ -107,8 +110,9 @@ def _fill(url: str, store: dict[str, Any], rows: int, value_bytes: int, objects:
     buf.queue.append(entries, f"bench-{ULID()}", len(entries))
 
 
-def _fill_segment(url: str, store: dict[str, Any], rows: int, value_bytes: int,
-                  streams: int) -> int:
+def _fill_segment(
+    url: str, store: dict[str, Any], rows: int, value_bytes: int, streams: int
+) -> int:
     """One .qseg object whose slot 0 has ``streams`` streams (each its own dictionary);
     returns its size in bytes."""
     import pyarrow as pa
@@ -130,10 +134,13 @@ def _fill_segment(url: str, store: dict[str, Any], rows: int, value_bytes: int,
             n = min(per_bundle, per_stream - lo)
             vals = pa.array([os.urandom(value_bytes)] * n, pa.binary())
             idx = pa.array([0] * n, pa.int32())
-            batch = pa.record_batch({
-                "v": vals, "i": pa.array(range(lo, lo + n), pa.int64()),
-                "tag": pa.DictionaryArray.from_arrays(idx, tag.dictionary),
-            })
+            batch = pa.record_batch(
+                {
+                    "v": vals,
+                    "i": pa.array(range(lo, lo + n), pa.int64()),
+                    "tag": pa.DictionaryArray.from_arrays(idx, tag.dictionary),
+                }
+            )
             builder.add(SegmentBundle({0: batch}, time.time_ns(), seq))
             seq += 1
     body = b"".join(p if isinstance(p, bytes) else p.to_pybytes() for p in builder.finish())
@@ -147,18 +154,35 @@ def _fill_segment(url: str, store: dict[str, Any], rows: int, value_bytes: int,
     return len(body)
 
 
-def _split_bench(spark: Any, url: str, store: dict[str, Any], rows: int, value_bytes: int,
-                 streams: int, repeats: int) -> dict[str, Any]:
+def _split_bench(
+    spark: Any,
+    url: str,
+    store: dict[str, Any],
+    rows: int,
+    value_bytes: int,
+    streams: int,
+    repeats: int,
+) -> dict[str, Any]:
     size = _fill_segment(url, store, rows, value_bytes, streams)
     opts = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in store.items()}
-    out: dict[str, Any] = {"object_bytes": size, "streams": streams,
-                           "rows": rows // streams * streams}
+    out: dict[str, Any] = {
+        "object_bytes": size,
+        "streams": streams,
+        "rows": rows // streams * streams,
+    }
     for name, split in (("whole", "0"), ("split", "1")):
-        df = (spark.read.format("tieredbuf").options(**opts).option("slot", "0")
-              .option("splitStreamsBytes", split).load(url))
+        df = (
+            spark.read.format("tieredbuf")
+            .options(**opts)
+            .option("slot", "0")
+            .option("splitStreamsBytes", split)
+            .load(url)
+        )
         _timed_scan(df, 1)
-        out[name] = {"partitions": df.rdd.getNumPartitions(),
-                     "seconds": round(_timed_scan(df, repeats), 3)}
+        out[name] = {
+            "partitions": df.rdd.getNumPartitions(),
+            "seconds": round(_timed_scan(df, repeats), 3),
+        }
     return out
 
 
@@ -185,11 +209,16 @@ def _latency(spark: Any, url: str, store: dict[str, Any], n: int, work: Path) ->
                 arrivals[int(bytes(r.value).split(b":")[0])] = now
 
     opts = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in store.items()}
-    q = (spark.readStream.format("tieredbuf").options(**opts)
-         .option("startingOffsets", "latest").load(url)
-         .writeStream.foreachBatch(sink)
-         .option("checkpointLocation", str(work / "lat-ckpt"))
-         .trigger(processingTime="0 seconds").start())
+    q = (
+        spark.readStream.format("tieredbuf")
+        .options(**opts)
+        .option("startingOffsets", "latest")
+        .load(url)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(work / "lat-ckpt"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
     buf = tieredbuf.open(url, **store)
     sent: dict[int, float] = {}
     from datetime import timedelta
@@ -210,12 +239,13 @@ def _latency(spark: Any, url: str, store: dict[str, Any], n: int, work: Path) ->
     if not lat:
         return {"records": n, "received": 0}
     return {
-        "records": n, "received": len(lat),
+        "records": n,
+        "received": len(lat),
         "p50_ms": statistics.median(lat),
         "p90_ms": lat[int(0.9 * (len(lat) - 1))],
         "max_ms": lat[-1],
         "note": "produce() -> REMOTE ack (20 ms flush interval, one CAS append) -> Spark "
-                "trigger (processingTime 0, polling) -> micro-batch -> foreachBatch on driver",
+        "trigger (processingTime 0, polling) -> micro-batch -> foreachBatch on driver",
     }
 
 
@@ -246,13 +276,21 @@ def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[s
         tree_bench.bulk_tree(store, ManifestQueue(store), n)
         counting = CountingStore(store)
         executor._buffers[(url, ())] = tieredbuf.Buffer(counting)
-        ro = opt.parse_read_options({"path": url, "maxOffsetsPerTrigger": str(batch),
-                                     "startingOffsets": str(n // 2)})
+        ro = opt.parse_read_options(
+            {"path": url, "maxOffsetsPerTrigger": str(batch), "startingOffsets": str(n // 2)}
+        )
         reader = StreamReader(ro, records_struct())
-        runs[n] = {"store": store, "counting": counting, "reader": reader,
-                   "offset": reader.initialOffset(), "build_s": time.perf_counter() - t0,
-                   "wall": [], "cpu": [], "requests": [],
-                   "root_bytes": len(store.get("queue/manifest").data)}
+        runs[n] = {
+            "store": store,
+            "counting": counting,
+            "reader": reader,
+            "offset": reader.initialOffset(),
+            "build_s": time.perf_counter() - t0,
+            "wall": [],
+            "cpu": [],
+            "requests": [],
+            "root_bytes": len(store.get("queue/manifest").data),
+        }
 
     def trigger(r: dict[str, Any]) -> None:
         reader, counting = r["reader"], r["counting"]
@@ -277,34 +315,48 @@ def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[s
         full = []
         for _ in range(3):
             t = time.perf_counter()
-            entries = {e.sequence: (e, size) for e, size in
-                       tieredbuf.Buffer(r["store"]).snapshot().sized_entries()}
+            entries = {
+                e.sequence: (e, size)
+                for e, size in tieredbuf.Buffer(r["store"]).snapshot().sized_entries()
+            }
             full.append((time.perf_counter() - t) * 1000)
             assert len(entries) == n
-        rows.append({
-            "queued": n, "build_s": round(r["build_s"], 1), "root_bytes": r["root_bytes"],
-            "trigger_ms": {"p50": round(statistics.median(r["wall"]), 3),
-                           "min": round(min(r["wall"]), 3), "max": round(max(r["wall"]), 3)},
-            "trigger_cpu_ms_p50": round(statistics.median(r["cpu"]), 3),
-            "requests_per_trigger": {"min": min(r["requests"]), "max": max(r["requests"])},
-            "first_trigger": {"ms": round(cold[n][0], 3), "requests": cold[n][2]},
-            "main_full_scan_ms": round(min(full), 1),
-        })
-        print(f"planning: {n:>9} queued (root {r['root_bytes']} B): trigger p50 "
-              f"{statistics.median(r['wall']):7.3f} ms, cpu {statistics.median(r['cpu']):7.3f}"
-              f" ms, requests {min(r['requests'])}-{max(r['requests'])} (first: "
-              f"{cold[n][2]}); main's full scan {min(full):9.1f} ms", flush=True)
+        rows.append(
+            {
+                "queued": n,
+                "build_s": round(r["build_s"], 1),
+                "root_bytes": r["root_bytes"],
+                "trigger_ms": {
+                    "p50": round(statistics.median(r["wall"]), 3),
+                    "min": round(min(r["wall"]), 3),
+                    "max": round(max(r["wall"]), 3),
+                },
+                "trigger_cpu_ms_p50": round(statistics.median(r["cpu"]), 3),
+                "requests_per_trigger": {"min": min(r["requests"]), "max": max(r["requests"])},
+                "first_trigger": {"ms": round(cold[n][0], 3), "requests": cold[n][2]},
+                "main_full_scan_ms": round(min(full), 1),
+            }
+        )
+        print(
+            f"planning: {n:>9} queued (root {r['root_bytes']} B): trigger p50 "
+            f"{statistics.median(r['wall']):7.3f} ms, cpu {statistics.median(r['cpu']):7.3f}"
+            f" ms, requests {min(r['requests'])}-{max(r['requests'])} (first: "
+            f"{cold[n][2]}); main's full scan {min(full):9.1f} ms",
+            flush=True,
+        )
     lo, hi = rows[0], rows[-1]
     return {
         "note": f"driver time of latestOffset + partitions per trigger ({batch} objects per "
-                f"micro-batch, maxOffsetsPerTrigger), {triggers} triggers per size from half-"
-                "way through the backlog, sizes interleaved, local directory; "
-                "main_full_scan_ms: the dict of every queued entry each trigger built before",
+        f"micro-batch, maxOffsetsPerTrigger), {triggers} triggers per size from half-"
+        "way through the backlog, sizes interleaved, local directory; "
+        "main_full_scan_ms: the dict of every queued entry each trigger built before",
         "rows": rows,
-        "ratio_largest_over_smallest_p50": round(hi["trigger_ms"]["p50"]
-                                                 / lo["trigger_ms"]["p50"], 3),
-        "ratio_largest_over_smallest_cpu_p50": round(hi["trigger_cpu_ms_p50"]
-                                                     / lo["trigger_cpu_ms_p50"], 3),
+        "ratio_largest_over_smallest_p50": round(
+            hi["trigger_ms"]["p50"] / lo["trigger_ms"]["p50"], 3
+        ),
+        "ratio_largest_over_smallest_cpu_p50": round(
+            hi["trigger_cpu_ms_p50"] / lo["trigger_cpu_ms_p50"], 3
+        ),
         "goal": "largest within 1.5x of smallest",
     }
 
@@ -317,12 +369,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--latency-records", type=int, default=30)
     ap.add_argument("--s3", action="store_true", help="use a moto S3 server over HTTP")
-    ap.add_argument("--varied", action="store_true",
-                    help="records of varied length (the decoder walks the length prefixes)")
-    ap.add_argument("--split-streams", type=int, default=0,
-                    help="also time a bundle read of one .qseg with this many streams")
-    ap.add_argument("--planning", action="store_true",
-                    help="only the streaming planning row (no Spark session)")
+    ap.add_argument(
+        "--varied",
+        action="store_true",
+        help="records of varied length (the decoder walks the length prefixes)",
+    )
+    ap.add_argument(
+        "--split-streams",
+        type=int,
+        default=0,
+        help="also time a bundle read of one .qseg with this many streams",
+    )
+    ap.add_argument(
+        "--planning", action="store_true", help="only the streaming planning row (no Spark session)"
+    )
     ap.add_argument("--planning-sizes", default="1000,100000,1000000")
     ap.add_argument("--planning-batch", type=int, default=16)
     ap.add_argument("--planning-triggers", type=int, default=30)
@@ -331,9 +391,11 @@ def main() -> None:
     if args.planning:
         with tempfile.TemporaryDirectory(prefix="tb-plan-") as tmp:
             planning = _planning(Path(tmp), sizes, args.planning_batch, args.planning_triggers)
-        result = {"bench": "spark_planning",
-                  "machine": {**machine_info(), "load_avg_1m": round(os.getloadavg()[0], 2)},
-                  "streaming_planning": planning}
+        result = {
+            "bench": "spark_planning",
+            "machine": {**machine_info(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+            "streaming_planning": planning,
+        }
         print(json.dumps(result, indent=2))
         print(f"wrote {write_json('spark_planning', result)}")
         return
@@ -361,10 +423,14 @@ def main() -> None:
         rows = args.rows // args.objects * args.objects
         assert pq.count() == rows
         payload_mb = rows * args.value_bytes / 1e6
-        floor = (spark.read.format("tb_bench_floor")
-                 .option("partitions", tb.rdd.getNumPartitions()).option("rows", rows)
-                 .option("rows_per_batch", rows // args.objects)
-                 .option("value_bytes", args.value_bytes).load())
+        floor = (
+            spark.read.format("tb_bench_floor")
+            .option("partitions", tb.rdd.getNumPartitions())
+            .option("rows", rows)
+            .option("rows_per_batch", rows // args.objects)
+            .option("value_bytes", args.value_bytes)
+            .load()
+        )
         _timed_scan(pq, 1)  # warm the JVM and the Python workers
         _timed_scan(tb, 1)
         _timed_scan(floor, 1)
@@ -379,28 +445,46 @@ def main() -> None:
         latency = _latency(spark, lat_url, store, args.latency_records, work)
         split = None
         if args.split_streams > 0:
-            split = _split_bench(spark, url.replace("/buf", "/seg"), store, args.rows,
-                                 args.value_bytes, args.split_streams, args.repeats)
+            split = _split_bench(
+                spark,
+                url.replace("/buf", "/seg"),
+                store,
+                args.rows,
+                args.value_bytes,
+                args.split_streams,
+                args.repeats,
+            )
         result = {
             "bench": "spark_read",
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {**machine_info(), "spark_master": "local[2]",
-                        "load_avg_1m": round(load, 2)},
+            "machine": {
+                **machine_info(),
+                "spark_master": "local[2]",
+                "load_avg_1m": round(load, 2),
+            },
             "backend": "s3 (moto over HTTP)" if args.s3 else "local directory",
-            "rows": rows, "value_bytes": args.value_bytes, "objects": args.objects,
+            "rows": rows,
+            "value_bytes": args.value_bytes,
+            "objects": args.objects,
             "varied_lengths": args.varied,
             "fill_seconds": round(fill_s, 3),
-            "tieredbuf": {"seconds": round(t_tb, 3), "rows_per_s": round(rows / t_tb),
-                          "mb_per_s": round(payload_mb / t_tb, 1)},
-            "parquet": {"seconds": round(t_pq, 3), "rows_per_s": round(rows / t_pq),
-                        "mb_per_s": round(payload_mb / t_pq, 1)},
+            "tieredbuf": {
+                "seconds": round(t_tb, 3),
+                "rows_per_s": round(rows / t_tb),
+                "mb_per_s": round(payload_mb / t_tb, 1),
+            },
+            "parquet": {
+                "seconds": round(t_pq, 3),
+                "rows_per_s": round(rows / t_pq),
+                "mb_per_s": round(payload_mb / t_pq, 1),
+            },
             "ratio_tieredbuf_over_parquet": round(t_pq / t_tb, 3),
             "ratio_per_round": [round(r, 3) for r in round_ratios],
             "ratio_median_of_rounds": round(statistics.median(round_ratios), 3),
             "python_source_ceiling": {
                 "note": "a Python data source yielding cached batches of the same rows in "
-                        "as many partitions (no I/O, no decode): Spark's cost of any "
-                        "Python source here",
+                "as many partitions (no I/O, no decode): Spark's cost of any "
+                "Python source here",
                 "partitions": tb.rdd.getNumPartitions(),
                 "seconds": round(t_floor, 3),
                 "ratio_over_parquet": round(t_pq / t_floor, 3),
@@ -408,8 +492,9 @@ def main() -> None:
             },
             "streaming_latency": latency,
             "bundles_split_by_stream": split,
-            "streaming_planning": _planning(work, sizes, args.planning_batch,
-                                            args.planning_triggers),
+            "streaming_planning": _planning(
+                work, sizes, args.planning_batch, args.planning_triggers
+            ),
         }
         spark.stop()
     print(json.dumps(result, indent=2))
