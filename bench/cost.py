@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -333,7 +334,9 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gather(out: Any, procs: list[Any], timeout: float) -> list[dict[str, Any]]:
-    """One result per process; fails as soon as one of them died without its result."""
+    """One result per process; fails as soon as one of them died without its result, or
+    when ``timeout`` passes (killing the processes still running: a row that hangs must
+    not hold up the rest of the run)."""
     deadline = time.monotonic() + timeout
     results: list[dict[str, Any]] = []
     while len(results) < len(procs):
@@ -344,7 +347,13 @@ def _gather(out: Any, procs: list[Any], timeout: float) -> list[dict[str, Any]]:
             if dead:
                 raise RuntimeError(f"a producer process exited with {dead[0]}") from None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"producers did not finish within {timeout:g} s") from None
+                hung = [p for p in procs if p.exitcode is None]
+                for p in hung:
+                    p.kill()
+                raise TimeoutError(
+                    f"{len(procs) - len(results)} of {len(procs)} producer processes did not "
+                    f"finish within {timeout:g} s (killed {len(hung)} still running)"
+                ) from None
     return results
 
 
@@ -1054,6 +1063,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load = os.getloadavg()
     rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with ExitStack() as stack:
         root = Path(tempfile.mkdtemp(prefix="tb-cost-", dir=args.tmpdir))
         stack.callback(shutil.rmtree, root, True)
@@ -1062,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
             from tests.servers import recording_moto_server
 
             store = stack.enter_context(recording_moto_server())
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
         codes: list[tuple[str, str | None]] = [("this", None)]
         if args.baseline_tree:
@@ -1076,12 +1087,29 @@ def main(argv: list[str] | None = None) -> int:
         for i, (kind, size, n, rate) in enumerate(cells):
             # alternate which code goes first: a shared host's load falls on both alike
             for code, tree in codes if i % 2 == 0 else codes[::-1]:
-                rows.append(run_row(kind, size, n, rate, args, store, root, code, tree))
+                try:
+                    rows.append(run_row(kind, size, n, rate, args, store, root, code, tree))
+                except (RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
+                    # loud, in the table's place and the JSON, and the exit status; the
+                    # other rows still run
+                    failed.append(
+                        {
+                            "code": code,
+                            "kind": kind,
+                            "size": size,
+                            "producers": n,
+                            "rate": rate,
+                            "error": str(e),
+                        }
+                    )
+                    print(f"  ROW FAILED: {e}", flush=True)
         lat = latency_rows(args, store, root) if args.latency or args.latency_only else []
     if rows:
         report(rows, args)
     if lat:
         report_latency(lat, args)
+    for f in failed:
+        print(f"FAILED ROW: {f}")
     print(
         f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -1095,11 +1123,12 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_month": SECONDS_PER_MONTH,
             "load_average_before": load,
             "rows": [_json_ready(r) for r in rows],
+            "failed_rows": failed,
             "latency_rows": lat,
         },
     )
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
