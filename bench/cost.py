@@ -22,10 +22,19 @@ in docs/operations.md ("What it costs"):
 
 and checks the goals: at most 2 PUTs (data, manifest and group objects) per sealed
 segment (a data object), and at most ``manifest_writes_per_s`` (5) successful manifest
-CAS writes per second per buffer over the ingest, whatever the producer count (group
-commit; tieredbuf/queue/pacing.py).  The baseline in the same run is the same
-configuration with pacing off (``manifest_writes_per_s=0``, ``--baseline``), i.e. what
-every producer appending on its own timer costs.
+CAS writes per second per buffer over the ingest, whatever the producer count (fan-in:
+tieredbuf/produce/fanin.py).  ``--baseline`` adds the same configuration with the budget
+off (``manifest_writes_per_s=0``), same code.
+
+``--baseline-tree DIR`` runs every row a second time, in the same run on the same store,
+on the code in DIR (a ``git archive`` of the commit before fan-in, ea2033b, whose
+writers each committed their own uploads, paced by queue/pacing.py): this script again
+in a child process with ``PYTHONPATH=DIR``, whose producer processes import DIR's
+tieredbuf (checked), alternating which side goes first from row to row.  A table then
+sets requests per GiB side by side with the ratio this / baseline, the root's
+conditional PUTs, and what fan-in's announcements cost (kind ``announcement``: the
+watchers' PUTs, the committer's LISTs, GETs and DeleteObjects) per GiB.  Only this
+tree's rows are read back (``--read``).
 
 The store is a local directory by default (its requests are counted exactly as S3's
 would be; ``--store moto`` sends them to a moto server on a thread of this process,
@@ -38,6 +47,8 @@ Usage::
     python bench/cost.py --store moto --read consumer,spark --baseline
     python bench/cost.py --quick                                      # 64 MiB per row
     python bench/cost.py --sizes 1024 --producers 4 --kinds staged --gib 0.25
+    mkdir /tmp/tb-pre && git archive ea2033b | tar -x -C /tmp/tb-pre   # before fan-in
+    python bench/cost.py --producers 16 --gib 0.25 --baseline-tree /tmp/tb-pre
 
 Results: a table on stdout and ``bench/results/cost.json``.
 """
@@ -45,10 +56,14 @@ Results: a table on stdout and ``bench/results/cost.json``.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import math
 import multiprocessing as mp
 import os
+import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -58,9 +73,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+# this tree's tieredbuf, or in a --baseline-tree side's processes that tree's (TREE_ENV)
+sys.path.insert(
+    1, os.environ.get("TIEREDBUF_COST_TREE") or str(Path(__file__).resolve().parents[1])
+)
 
 from _common import print_table, summarize, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+TREE_ENV = "TIEREDBUF_COST_TREE"
+"""Set in a ``--baseline-tree`` side's processes: the tree whose tieredbuf they import."""
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -76,6 +98,13 @@ PUT_CLASS = ("put", "put_conditional", "copy", "list", "delete")
 GET_CLASS = ("get", "get_range", "head")
 OPS = ("put", "put_conditional", "copy", "get", "get_range", "head", "list", "delete")
 GC_GRACE_S = 600
+ANN_OPS = {
+    "PUT": ("put", "put_conditional"),
+    "GET": ("get", "get_range", "head"),
+    "LIST": ("list",),
+    "DELETE": ("delete",),
+}
+"""The announcement columns: which operations each sums."""
 
 
 # --- a producer process ------------------------------------------------------------
@@ -138,12 +167,14 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
 
     buf.store._inner = _Timed()  # type: ignore[assignment]
     opts = {"manifest_writes_per_s": cfg["rate"]}
+    # the pacers of the code before fan-in (queue/pacing.py; a baseline tree's): what a
+    # writer saw at each of its own CAS; fan-in writers have none (one hub commits)
     if cfg["kind"] == "direct":
         p = buf.producer(max_buffered_bytes=cfg["max_buffered"], **opts)
-        pacers.append(p._pacer)
+        pacers.extend([p._pacer] if hasattr(p, "_pacer") else [])
     else:
         p = buf.producer(staging_dir=Path(cfg["stage"]) / f"p{index}", **opts)
-        pacers.extend(p.exporter._pacers.values())
+        pacers.extend(getattr(p.exporter, "_pacers", {}).values())
     size = cfg["size"]
     per_call = max(1, cfg["call_bytes"] // size)
     record = bytes(range(256)) * (size // 256) + bytes(size % 256)
@@ -173,6 +204,7 @@ def _producer(cfg: dict[str, Any], index: int, barrier: Any, out: Any) -> None:
             "t0": t0,
             "t_close": t_close,
             "t1": t1,
+            "tieredbuf": tieredbuf.__file__,
         }
     )
     buf.close()
@@ -256,7 +288,7 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
     procs = [ctx.Process(target=_producer, args=(cfg, i, barrier, out)) for i in range(n)]
     for proc in procs:
         proc.start()
-    results = [out.get(timeout=cfg["timeout"]) for _ in range(n)]
+    results = _gather(out, procs, cfg["timeout"])
     for proc in procs:
         proc.join()
         if proc.exitcode != 0:
@@ -297,7 +329,61 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         "conflict_times_s": [round(t, 3) for t in lost],
         "why": _why_conflicts(results, t0),
         "close_times_s": sorted(round(r["t_close"] - t0, 3) for r in results),
+        "tieredbuf": sorted({r["tieredbuf"] for r in results}),
     }
+
+
+def _gather(out: Any, procs: list[Any], timeout: float) -> list[dict[str, Any]]:
+    """One result per process; fails as soon as one of them died without its result, or
+    when ``timeout`` passes (killing the processes still running: a row that hangs must
+    not hold up the rest of the run)."""
+    deadline = time.monotonic() + timeout
+    results: list[dict[str, Any]] = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a producer process exited with {dead[0]}") from None
+            if time.monotonic() > deadline:
+                hung = [p for p in procs if p.exitcode is None]
+                for p in hung:
+                    p.kill()
+                raise TimeoutError(
+                    f"{len(procs) - len(results)} of {len(procs)} producer processes did not "
+                    f"finish within {timeout:g} s (killed {len(hung)} still running)"
+                ) from None
+    return results
+
+
+def ingest_with(tree: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
+    """:func:`ingest` on this tree's tieredbuf (``tree`` None) or on ``tree``'s: this
+    script again (``--child-ingest``) in a child process with ``PYTHONPATH=tree``, whose
+    producer processes import that tree's tieredbuf (a same-run baseline, as
+    bench/fanin.py and bench/readers.py run theirs).  Checks which tieredbuf the producer
+    processes imported."""
+    if tree is None:
+        got = ingest(cfg)
+    else:
+        env = {**os.environ, "PYTHONPATH": tree, TREE_ENV: tree}
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--child-ingest", json.dumps(cfg)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=cfg["timeout"] + 120,
+            cwd=tempfile.gettempdir(),
+        )
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise RuntimeError(f"the baseline's ingest exited with {proc.returncode}")
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        got["requests"] = {(op, kind): n for op, kind, n in got["requests"]}
+    want = Path(tree or ROOT).resolve()
+    wrong = [f for f in got["tieredbuf"] if want not in Path(f).resolve().parents]
+    if wrong:
+        raise RuntimeError(f"producers imported {wrong}, not the tieredbuf of {want}")
+    return got
 
 
 def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
@@ -471,8 +557,13 @@ def run_row(
     args: argparse.Namespace,
     store: tuple[str, dict[str, Any]] | Any,
     root: Path,
+    code: str = "this",
+    tree: str | None = None,
 ) -> dict[str, Any]:
-    tag = f"{kind}-{size}-{n}-{'paced' if rate else 'unpaced'}-{time.monotonic_ns()}"
+    """One row: ``n`` producer processes ingest ``args.gib`` into a fresh buffer, on this
+    tree's code or (``code`` "baseline") on ``tree``'s."""
+    pacing = "paced" if rate else "unpaced"
+    tag = f"{code}-{kind}-{size}-{n}-{pacing}-{time.monotonic_ns()}"
     if args.store == "local":
         url, opts = f"file://{root}/{tag}/buf", {}
     else:
@@ -494,12 +585,12 @@ def run_row(
         "timeout": args.timeout,
     }
     print(
-        f"[{kind} {size} B x {n} producer(s), "
+        f"[{code}: {kind} {size} B x {n} producer(s), "
         f"{'paced ' + str(rate) + '/s' if rate else 'unpaced'}] ingest ...",
         flush=True,
     )
-    row = ingest(cfg)
-    row.update(kind=kind, size=size, producers=n, rate=rate)
+    row = ingest_with(tree, cfg)
+    row.update(kind=kind, size=size, producers=n, rate=rate, code=code)
     gib = row["bytes"] / GiB
     req = row["requests"]
     puts = sum(
@@ -512,14 +603,23 @@ def run_row(
     row["data_puts_per_segment"] = sum(
         v for (op, kind_), v in req.items() if op in ("put", "put_conditional") and kind_ == "data"
     ) / max(1, row["objects"])
+    # fan-in's announcements (kind "announcement": a watcher's PUT, the committer's LIST,
+    # GET and DELETE of them), by operation; the code before fan-in has none
+    ann = {
+        op: sum(v for (o, k), v in req.items() if k == "announcement" and o in ops)
+        for op, ops in ANN_OPS.items()
+    }
+    row["announcements_per_gib"] = {op: v / gib for op, v in ann.items()}
+    row["puts_per_segment_with_announcements"] = (puts + ann["PUT"]) / max(1, row["objects"])
     row["cas_per_s"] = row["cas"] / row["seconds"]
     row["per_gib"] = {op: sum(v for (o, _), v in req.items() if o == op) / gib for op in OPS}
     row["per_m_records"] = {
         op: sum(v for (o, _), v in req.items() if o == op) / (row["records"] / 1e6) for op in OPS
     }
     row["price"] = price(req, gib, args.rate_mib_s)
-    # Spark first: it only reads, the consumer acks and dequeues everything
-    for reader in sorted(args.read, key=lambda r: r != "spark"):
+    # Spark first: it only reads, the consumer acks and dequeues everything (this tree's
+    # readers; a baseline row's buffer is not read back)
+    for reader in sorted(args.read if code == "this" else [], key=lambda r: r != "spark"):
         print(f"  read back with {reader} ...", flush=True)
         got = read_consumer(url, opts) if reader == "consumer" else read_spark(url, opts, store[1])
         got["per_gib"] = sum(got["requests"].values()) / gib
@@ -633,6 +733,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         m = r["per_m_records"]
         table.append(
             [
+                r["code"],
                 r["kind"],
                 r["size"],
                 r["producers"],
@@ -652,11 +753,13 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 f"{r['cas_per_s']:.2f}",
                 f"{r['cas_max_10s'] / 10:.1f}",
                 r["conflicts"],
+                f"{sum(r['announcements_per_gib'].values()):.1f}",
                 f"{r['price']['dollars_per_month']:,.2f}",
             ]
         )
     print_table(
         [
+            "code",
             "kind",
             "rec B",
             "N",
@@ -676,6 +779,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             "CAS/s",
             "CAS/s 10s max",
             "conflicts",
+            "ann/GiB",
             "$/month",
         ],
         table,
@@ -704,6 +808,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print("Where the conflicts are (seconds from the start of the row):")
     print_table(
         [
+            "code",
             "kind",
             "rec B",
             "N",
@@ -719,6 +824,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ],
         [
             [
+                r["code"],
                 r["kind"],
                 r["size"],
                 r["producers"],
@@ -742,6 +848,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     )
     print_table(
         [
+            "code",
             "kind",
             "rec B",
             "N",
@@ -761,6 +868,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ],
         [
             [
+                r["code"],
                 r["kind"],
                 r["size"],
                 r["producers"],
@@ -782,7 +890,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ],
     )
     print()
-    paced = [r for r in rows if r["rate"]]
+    if any(r["code"] == "baseline" for r in rows):
+        report_baseline(rows, args)
+    paced = [r for r in rows if r["rate"] and r["code"] == "this"]
     ok_puts = all(r["puts_per_segment"] <= 2 for r in paced)
     ok_cas = all(r["cas_per_s"] <= r["rate"] for r in paced)
     print(
@@ -798,6 +908,78 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"goal: <= {args.writes_per_s:g} manifest CAS writes/s per buffer over the ingest: "
         f"{'met' if ok_cas else 'MISSED'} "
         f"(max {max((r['cas_per_s'] for r in paced), default=0):.2f})"
+    )
+
+
+def report_baseline(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """This tree against the baseline tree, row by row: all requests per GiB, the ratio,
+    the root's conditional PUTs, and what the announcements cost (per GiB, by op)."""
+    base = {
+        (r["kind"], r["size"], r["producers"], r["rate"]): r
+        for r in rows
+        if r["code"] == "baseline"
+    }
+    table = []
+    for r in rows:
+        b = base.get((r["kind"], r["size"], r["producers"], r["rate"]))
+        if r["code"] != "this" or b is None:
+            continue
+        mine, theirs = sum(r["per_gib"].values()), sum(b["per_gib"].values())
+        ann = r["announcements_per_gib"]
+        table.append(
+            [
+                r["kind"],
+                r["size"],
+                r["producers"],
+                "paced" if r["rate"] else "unpaced",
+                f"{mine:.1f}",
+                f"{theirs:.1f}",
+                f"{mine / theirs:.2f}",
+                f"{_root_cas_per_gib(r):.1f} ({_root_cas_per_gib(b):.1f})",
+                *(f"{ann[op]:.1f}" for op in ANN_OPS),
+                f"{sum(ann.values()):.1f} ({100 * sum(ann.values()) / mine:.0f} %)",
+                f"{r['price']['dollars_per_month']:,.2f} ({b['price']['dollars_per_month']:,.2f})",
+            ]
+        )
+    print()
+    print(
+        f"This tree against the baseline tree {args.baseline_tree} (same rows, same run, "
+        "alternating which went first): requests per GiB, the root's conditional PUTs per "
+        "GiB (baseline's), and the announcements' requests per GiB by operation"
+    )
+    print_table(
+        [
+            "kind",
+            "rec B",
+            "N",
+            "pacing",
+            "all/GiB",
+            "baseline",
+            "this/baseline",
+            "root cPUT/GiB",
+            *(f"ann {op}" for op in ANN_OPS),
+            "ann all (share)",
+            "$/month (baseline)",
+        ],
+        table,
+    )
+    worst = max((float(t[6]) for t in table if t[2] >= 16), default=None)
+    if worst is not None:
+        print(
+            f"goal (issue 18): at 16 producers, requests per GiB within 1.5x of the baseline's: "
+            f"{'met' if worst <= 1.5 else 'MISSED'} (max ratio {worst:.2f})"
+        )
+
+
+def _root_cas_per_gib(row: dict[str, Any]) -> float:
+    gib = row["bytes"] / GiB
+    return (
+        sum(
+            v
+            for (op, kind), v in row["requests"].items()
+            if op == "put_conditional" and kind == "root"
+        )
+        / gib
     )
 
 
@@ -821,6 +1003,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run every row unpaced (manifest_writes_per_s=0)",
     )
+    p.add_argument(
+        "--baseline-tree",
+        metavar="DIR",
+        help="also run every row on the code in DIR (PYTHONPATH=DIR; e.g. a git archive of "
+        "the commit before fan-in), alternating which side goes first",
+    )
+    p.add_argument("--child-ingest", help=argparse.SUPPRESS)
     p.add_argument("--call-kib", type=int, default=1024, help="bytes per produce() call")
     p.add_argument(
         "--max-buffered-mib",
@@ -852,6 +1041,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.producers = [int(x) for x in a.producers.split(",") if x]
     a.kinds = [x for x in a.kinds.split(",") if x]
     a.read = [x for x in a.read.split(",") if x]
+    if a.baseline_tree is not None:
+        a.baseline_tree = str(Path(a.baseline_tree).resolve())
+        if not (Path(a.baseline_tree) / "tieredbuf" / "__init__.py").is_file():
+            p.error(f"--baseline-tree {a.baseline_tree} has no tieredbuf package")
     if "spark" in a.read and a.store != "moto":
         p.error(
             "--read spark needs --store moto: Spark's requests come from its Python "
@@ -862,9 +1055,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.child_ingest:  # a --baseline-tree row, in that tree's PYTHONPATH
+        got = ingest(json.loads(args.child_ingest))
+        got["requests"] = [[op, kind, n] for (op, kind), n in got["requests"].items()]
+        print(json.dumps(got), flush=True)
+        return 0
     started = time.perf_counter()
     load = os.getloadavg()
     rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with ExitStack() as stack:
         root = Path(tempfile.mkdtemp(prefix="tb-cost-", dir=args.tmpdir))
         stack.callback(shutil.rmtree, root, True)
@@ -873,17 +1072,44 @@ def main(argv: list[str] | None = None) -> int:
             from tests.servers import recording_moto_server
 
             store = stack.enter_context(recording_moto_server())
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
-        for kind in args.kinds if not args.latency_only else []:
-            for size in args.sizes:
-                for n in args.producers:
-                    for rate in rates:
-                        rows.append(run_row(kind, size, n, rate, args, store, root))
+        codes: list[tuple[str, str | None]] = [("this", None)]
+        if args.baseline_tree:
+            codes.append(("baseline", args.baseline_tree))
+        cells = [
+            (kind, size, n, rate)
+            for kind in (args.kinds if not args.latency_only else [])
+            for size in args.sizes
+            for n in args.producers
+            for rate in rates
+        ]
+        for i, (kind, size, n, rate) in enumerate(cells):
+            # alternate which code goes first: a shared host's load falls on both alike
+            for code, tree in codes if i % 2 == 0 else codes[::-1]:
+                try:
+                    rows.append(run_row(kind, size, n, rate, args, store, root, code, tree))
+                except (RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
+                    # loud, in the table's place and the JSON, and the exit status; the
+                    # other rows still run
+                    failed.append(
+                        {
+                            "code": code,
+                            "kind": kind,
+                            "size": size,
+                            "producers": n,
+                            "rate": rate,
+                            "error": str(e),
+                        }
+                    )
+                    print(f"  ROW FAILED: {e}", flush=True)
         lat = latency_rows(args, store, root) if args.latency or args.latency_only else []
     if rows:
         report(rows, args)
     if lat:
         report_latency(lat, args)
+    for f in failed:
+        print(f"FAILED ROW: {f}")
     print(
         f"\nload average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; after: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -897,11 +1123,12 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_month": SECONDS_PER_MONTH,
             "load_average_before": load,
             "rows": [_json_ready(r) for r in rows],
+            "failed_rows": failed,
             "latency_rows": lat,
         },
     )
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ streaming produce -> Spark end-to-end latency.
 
     python bench/spark_read.py [--rows 2000000] [--value-bytes 100]
         [--objects 16] [--s3] [--varied] [--latency-records 30] [--split-streams 8]
+    python bench/spark_read.py --latency-only [--s3] [--latency-producers 1,16]
+        [--idle-caps default,200]
 
 Both reads scan the same rows (tieredbuf's record schema, written once to Parquet
 by Spark) in the same session, with a ``noop`` sink that materializes every row.
@@ -22,6 +24,13 @@ bench/tree.py's bulk path (no 1 M CAS round trips; the objects themselves are ne
 read, so they are not written).  Beside it, in the same run, the full scan of every
 queued entry that each trigger did before (``snapshot().sized_entries()`` into a
 dict), and each trigger's exact request counts.  The full run includes the row.
+
+The streaming latency rows (bench/_spark_e2e.py has the method): produce() ->
+``foreachBatch`` with 1 and 16 stateless producers (16 = 4 processes x 4 threads) at
+the library's defaults, and one producer after idle spells under ``idlePollMaxMs`` at
+its default (2000) and 200 ms, with the idle footer GETs a minute each costs.
+``--latency-only`` runs only those (a ``local[2]`` session, no scan, no planning; a few
+minutes); with ``--s3`` the moto server counts the real query's idle requests.
 Prints the figures and writes JSON to bench/results/.
 """
 
@@ -30,16 +39,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import _spark_e2e
 from _common import machine_info, moto_server, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,60 +205,6 @@ def _timed_scan(df: Any, repeats: int) -> float:
     return best
 
 
-def _latency(spark: Any, url: str, store: dict[str, Any], n: int, work: Path) -> dict[str, Any]:
-    """Produce ``n`` records one at a time; time until each reaches foreachBatch."""
-    import tieredbuf
-
-    arrivals: dict[int, float] = {}
-    lock = threading.Lock()
-
-    def sink(df: Any, _batch_id: int) -> None:
-        now = time.time()
-        for r in df.select("value").collect():
-            with lock:
-                arrivals[int(bytes(r.value).split(b":")[0])] = now
-
-    opts = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in store.items()}
-    q = (
-        spark.readStream.format("tieredbuf")
-        .options(**opts)
-        .option("startingOffsets", "latest")
-        .load(url)
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(work / "lat-ckpt"))
-        .trigger(processingTime="0 seconds")
-        .start()
-    )
-    buf = tieredbuf.open(url, **store)
-    sent: dict[int, float] = {}
-    from datetime import timedelta
-
-    try:
-        with buf.producer(flush_interval=timedelta(milliseconds=20)) as p:
-            q.processAllAvailable()
-            for i in range(n):
-                sent[i] = time.time()
-                p.produce([b"%d:%f" % (i, sent[i])]).wait(tieredbuf.Durability.REMOTE)
-                time.sleep(0.2)  # pacing: one record at a time, not a backlog
-        deadline = time.time() + 60
-        while len(arrivals) < n and time.time() < deadline:
-            q.processAllAvailable()
-    finally:
-        q.stop()
-    lat = sorted((arrivals[i] - sent[i]) * 1000 for i in sent if i in arrivals)
-    if not lat:
-        return {"records": n, "received": 0}
-    return {
-        "records": n,
-        "received": len(lat),
-        "p50_ms": statistics.median(lat),
-        "p90_ms": lat[int(0.9 * (len(lat) - 1))],
-        "max_ms": lat[-1],
-        "note": "produce() -> REMOTE ack (20 ms flush interval, one CAS append) -> Spark "
-        "trigger (processingTime 0, polling) -> micro-batch -> foreachBatch on driver",
-    }
-
-
 def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[str, Any]:
     """Driver time per streaming trigger, against the backlog (see the module docstring).
 
@@ -361,13 +317,63 @@ def _planning(work: Path, sizes: list[int], batch: int, triggers: int) -> dict[s
     }
 
 
+def _latency_only(args: argparse.Namespace) -> None:
+    """The end-to-end rows alone: a local[2] session, a local directory or (``--s3``) a
+    moto server on a thread that counts what it receives (the real query's idle reads)."""
+    work = Path(tempfile.mkdtemp(prefix="tb-e2e-"))
+    load = os.getloadavg()
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        ep = rec = None
+        if args.s3:
+            sys.path.insert(0, str(ROOT))
+            from tests.servers import recording_moto_server
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+
+            ep, rec = cleanup.enter_context(recording_moto_server())
+        spark = _session()
+        cleanup.callback(spark.stop)
+        latency = _spark_e2e.run(spark, work, ep, rec, args)
+    result = {
+        "bench": "spark_e2e",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {**machine_info(), "spark_master": "local[2]"},
+        "load_avg_before": load,
+        "load_avg_after": os.getloadavg(),
+        "backend": "s3 (moto over HTTP, serialised, counting)" if args.s3 else "local directory",
+        "streaming_latency": latency,
+    }
+    print(f"load average before: {load}; after: {result['load_avg_after']}")
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    print(f"wrote {write_json(f'spark_e2e-{stamp}', result)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--objects", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--latency-records", type=int, default=30)
+    ap.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the produce -> foreachBatch rows (no scan, no planning)",
+    )
+    ap.add_argument("--latency-producers", default="1,16", help="producer counts (busy rows)")
+    ap.add_argument("--latency-processes", type=int, default=4, help="at most this many")
+    ap.add_argument("--latency-records", type=int, default=30, help="per producer")
+    ap.add_argument("--latency-pause-ms", type=float, default=200.0)
+    ap.add_argument(
+        "--idle-caps",
+        default="default,200",
+        help="idlePollMaxMs of the idle rows ('default': the option unset)",
+    )
+    ap.add_argument("--idle-records", type=int, default=8)
+    ap.add_argument(
+        "--idle-tail-s", type=float, default=20.0, help="idle after the last record (counted)"
+    )
+    ap.add_argument("--idle-s", type=float, default=5.0, help="idle before each record (+ U(0, 2))")
     ap.add_argument("--s3", action="store_true", help="use a moto S3 server over HTTP")
     ap.add_argument(
         "--varied",
@@ -388,6 +394,11 @@ def main() -> None:
     ap.add_argument("--planning-triggers", type=int, default=30)
     args = ap.parse_args()
     sizes = [int(x) for x in args.planning_sizes.split(",")]
+    args.latency_producers = [int(x) for x in args.latency_producers.split(",") if x]
+    args.idle_caps = [None if x == "default" else int(x) for x in args.idle_caps.split(",") if x]
+    if args.latency_only:
+        _latency_only(args)
+        return
     if args.planning:
         with tempfile.TemporaryDirectory(prefix="tb-plan-") as tmp:
             planning = _planning(Path(tmp), sizes, args.planning_batch, args.planning_triggers)
@@ -405,13 +416,14 @@ def main() -> None:
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, work, ignore_errors=True)
         store: dict[str, Any] = {}
+        s3 = None
         if args.s3:
             s3 = cleanup.enter_context(moto_server(in_process=True))
             bucket = s3.new_bucket()
             store = s3.options()
-            url, lat_url = f"s3://{bucket}/buf", f"s3://{bucket}/lat"
+            url = f"s3://{bucket}/buf"
         else:
-            url, lat_url = f"file://{work}/buf", f"file://{work}/lat"
+            url = f"file://{work}/buf"
         spark = _session()
         t0 = time.perf_counter()
         _fill(url, store, args.rows, args.value_bytes, args.objects, args.varied)
@@ -442,7 +454,7 @@ def main() -> None:
         # Each round's sides ran back to back, under about the same load.
         round_ratios = sorted(p / t for t, p, _ in rounds)
         load = os.getloadavg()[0]
-        latency = _latency(spark, lat_url, store, args.latency_records, work)
+        latency = _spark_e2e.run(spark, work, s3, None, args)
         split = None
         if args.split_streams > 0:
             split = _split_bench(
