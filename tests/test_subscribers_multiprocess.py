@@ -202,13 +202,17 @@ def test_I9_four_workers_one_killed_while_holding_leases_every_entry_acked_once(
             p.produce([b"job %d" % i]).wait(timeout=60)
     total = buf.snapshot().root.next_seq
     stop = tmp_path / "stop"
-    workers = [Proc(str(PROC), "work", url, o, "jobs", "20", str(stop)) for _ in range(4)]
-    victim = workers[0]
+    # the victim starts alone: with three peers refilling ahead it could find every entry
+    # leased before it held two (the test then waited for it until its deadline)
+    victim = Proc(str(PROC), "work", url, o, "jobs", "20", str(stop))
     victim.wait_for(
         lambda: sum(x.startswith("PROCESSING") for x in victim.lines) >= 2,
         "the victim to hold leases",
     )
     os.kill(victim.p.pid, signal.SIGKILL)  # mid-processing: leases held, acks buffered
+    workers = [victim] + [
+        Proc(str(PROC), "work", url, o, "jobs", "20", str(stop)) for _ in range(3)
+    ]
     stop.write_text(str(total))
     assert victim.finish() == -signal.SIGKILL
     for w in workers[1:]:
