@@ -27,7 +27,6 @@ duplicates.  An idle hub makes no request.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -52,7 +51,7 @@ from tieredbuf.queue.commit import Committed, Pending, commit, lease_free, new_h
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
 from tieredbuf.runtime.stats import Stats
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import ObjectMeta, Store
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ class CommitHub:
         this hub keeps committing for them (it LISTs every interval)."""
         self._next_token = 0
         self._view: Snapshot | None = None
-        self._anns: dict[str, fa.Announcement] = {}
+        self._anns: dict[str, tuple[object, fa.Announcement]] = {}  # by key: (version, it)
         self._last_commit = 0.0
         self._changed_at = 0.0
         """When (monotonic) this hub last saw the root change: the holder's rhythm."""
@@ -125,8 +124,7 @@ class CommitHub:
         """When (monotonic) this hub, a watcher, last read the root's footer."""
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
-        self._yield = False  # a commit met another's live lease: announce, then retry
-        self._long = False  # our last commit took the long lease (others wait on it)
+        self._yield = self._long = False  # met another's lease: announce; took the long one
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
@@ -281,7 +279,7 @@ class CommitHub:
         started = time.monotonic()
         listed = list(self.store.list(keys.PENDING_PREFIX))
         self.stats.incr("lists")
-        anns = self._read_announcements([m.key for m in listed])
+        anns = self._read_announcements(listed)
         self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
         gap = interval * 1.02 + 0.005  # the CASes an interval apart as sent: building one
         with self._cond:  # varies by a few ms, and a per-key limited store counts them all
@@ -340,8 +338,7 @@ class CommitHub:
                 self._cond.wait(left)
             if self._budgets:
                 return  # a writer came back meanwhile: it keeps the lease
-        listed = [m.key for m in self.store.list(keys.PENDING_PREFIX)]
-        anns = self._read_announcements(listed)
+        anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
         remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
         res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
                      interval_ms=int(interval * 1000), release=True, max_age_ms=self.max_age_ms)
@@ -350,18 +347,18 @@ class CommitHub:
         if res.snapshot is not None:
             self._delete_covered(res.snapshot, anns)
 
-    def _read_announcements(self, listed: list[str]) -> dict[str, fa.Announcement]:
-        """The announcements under the listed keys (each GET once; cached until the key
-        is gone), except those a watermark already covers (deleted below)."""
-        live = set(listed)
-        for k in [k for k in self._anns if k not in live]:
+    def _read_announcements(self, listed: list[ObjectMeta]) -> dict[str, fa.Announcement]:
+        """The announcements listed (each version GET once: one overwritten -- refreshed,
+        or replacing a killed incarnation's -- is read again; cached until gone)."""
+        live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
+        for k in [k for k, (v, _) in self._anns.items() if live.get(k) != v]:
             del self._anns[k]
-        new = [k for k in listed if k not in self._anns and keys.parse_pending_key(k)]
+        new = [k for k in live if k not in self._anns and keys.parse_pending_key(k)]
         if new:
             for k, got in zip(new, self._pool.map(self._get_announcement, new), strict=True):
                 if got is not None:
-                    self._anns[k] = got
-        return dict(self._anns)
+                    self._anns[k] = (live[k], got)
+        return {k: a for k, (_, a) in self._anns.items()}
 
     def _get_announcement(self, key: str) -> fa.Announcement | None:
         try:
@@ -476,9 +473,12 @@ class CommitHub:
     def _announce_writer(self, groups: list[_Group]) -> None:
         for g in groups:
             body = fa.encode(fa.make(g.producer_id, self.wall_ms(), g.entries))
-            # AlreadyExists: our own earlier attempt (its response was lost), or a restart's
-            with contextlib.suppress(AlreadyExistsError):
+            try:
                 self.store.put(g.key, body, mode="create")
+            except AlreadyExistsError:  # our earlier attempt (its response lost), or a killed
+                old = self._get_announcement(g.key)  # incarnation's of other entries: a
+                if old is None or list(old.entries) != list(g.entries):  # holder would commit
+                    self.store.put(g.key, body, mode="overwrite")  # those, and ours never
             with self._cond:
                 g.announced = True
             self.stats.incr("announcements")
