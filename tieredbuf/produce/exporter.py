@@ -430,10 +430,10 @@ class Exporter:
                 self._uploads.pop(up.segment.ulid, None)
             self.stats.incr("segments_exported")
             self.stats.incr("bytes_exported", up.pending.size)
+            if self._on_exported is not None:  # first: a flush() sees the stage empty once
+                self._on_exported(Exported(stream, up.segment.sequences, seq,  # released,
+                                           up.pending.location))  # and its handles say REMOTE
             self.stage.release(up.segment)
-            if self._on_exported is not None:
-                self._on_exported(Exported(stream, up.segment.sequences, seq,
-                                           up.pending.location))
         with self._cond:
             self._cond.notify_all()
         self._wake.set()
