@@ -27,6 +27,7 @@ from tests.service.util import (
     consume_all,
     ndjson,
     peak_growth,
+    settled_stage_files,
     stage_files,
     worker_pids,
 )
@@ -50,7 +51,7 @@ def test_tiny_records_past_max_records_are_413_in_memory_bounded_by_the_body_lim
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST, "--max-body", "4MiB")
     assert srv.post(ndjson([{"warm": 1}]), NDJSON, "remote").status == 200
-    before = stage_files(srv.stage)
+    before = settled_stage_files(srv.stage)
     pid = _worker(srv)
     for ctype, body in ((NDJSON, b"1\n" * (2 * MiB)), (OCTET_STREAM, b"\x00\x00\x00\x00" * MiB)):
         r, grew = peak_growth(pid, partial(srv.post, body, ctype, "local", timeout=120))
@@ -104,7 +105,7 @@ def test_an_arrow_decompression_bomb_is_413_before_it_is_decoded(
     zeros = pa.record_batch([pa.nulls(32 * MiB, pa.int64()).fill_null(0)], names=["z"])
     bomb = arrow_stream([zeros], compression=codec)
     assert len(bomb) < 4 * MiB
-    before = stage_files(srv.stage)
+    before = settled_stage_files(srv.stage)
     r, grew = peak_growth(_worker(srv), lambda: srv.post(bomb, ARROW_STREAM, "local", timeout=120))
     assert r.status == 413, (r.status, r.body[:300])
     assert "decodes to more than" in r.json()["error"], r.body
@@ -141,7 +142,7 @@ def test_bad_bodies_and_headers_are_400_not_500_and_leave_nothing_behind(
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST)
     assert srv.post(ndjson([{"warm": 1}]), NDJSON, "remote").status == 200
-    before = stage_files(srv.stage)
+    before = settled_stage_files(srv.stage)
     nd = {"Content-Type": NDJSON}
     cases: list[tuple[str, bytes, dict[str, str], str, str]] = [
         ("nested 100k deep", b"[" * 100_000 + b"\n", nd, "", "depth"),
@@ -213,7 +214,7 @@ def test_an_arrow_stream_of_too_many_batches_or_columns_is_413_in_bounded_memory
     --max-records, two records each, before anything is decoded."""
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST, "--max-body", "4MiB", "--max-records", "10000")
-    before = stage_files(srv.stage)
+    before = settled_stage_files(srv.stage)
     pid = _worker(srv)
     many = _tiny_batches(4 * MiB)  # about 27,000 batches
     wide = arrow_stream(

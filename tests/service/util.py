@@ -6,6 +6,7 @@ import datetime
 import ipaddress
 import json
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,6 +66,16 @@ def stage_files(stage: Any) -> dict[str, int]:
         for p in stage.rglob("*")
         if p.is_file() and ".prometheus" not in p.parts
     }
+
+
+def settled_stage_files(stage: Any, timeout: float = 60.0) -> dict[str, int]:
+    """:func:`stage_files` once no sealed segment is left to export (a REMOTE answer comes
+    when its segment is in the queue; the exporter releases the file just after)."""
+    deadline = time.monotonic() + timeout
+    while any(p.suffix in (".batch", ".qseg") for p in stage.rglob("segments/*")):
+        assert time.monotonic() < deadline, f"still staged after {timeout} s"
+        time.sleep(0.05)  # polling the stage directory against a deadline
+    return stage_files(stage)
 
 
 def samples(text: str) -> dict[str, float]:
