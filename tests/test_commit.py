@@ -5,6 +5,7 @@ under the root's commit lease."""
 from __future__ import annotations
 
 import pytest
+from ulid import ULID
 
 from tests.faults import FaultInjectingStore
 from tieredbuf import keys
@@ -72,6 +73,23 @@ def test_I2_what_a_watermark_covers_is_never_appended_again() -> None:
     again = _commit(q, [_p("exp", (10, "s1"), (25, "s2"), (40, "s3"))], holder="h2")
     assert again.snapshot is None and again.placed == {}  # nothing new: no write
     assert len(_locations(q)) == 5
+
+
+@pytest.mark.parametrize("fresh_first", [True, False])
+def test_I5_of_two_announcements_of_one_append_the_freshest_upload_is_appended(
+    fresh_first: bool,
+) -> None:
+    """A writer whose appends waited past half the GC grace period uploads them again and
+    announces the fresh objects, while its older announcement may still be listed: the
+    commit appends the fresh object (the old one may be GC'd), whichever it reads first."""
+    clock = Clock()
+    q = _queue(open_store("memory://"), clock)
+    old = keys.data_key(ULID.from_timestamp((clock.t - 60_000) / 1000))
+    new = keys.data_key(ULID.from_timestamp(clock.t / 1000))
+    pending = [_p("a", (1, old), (2, "a2")), _p("a", (1, new))]
+    res = _commit(q, pending[::-1] if fresh_first else pending)
+    assert _locations(q) == [new, "a2"]
+    assert res.placed == {"a": {1: 0, 2: 1}}
 
 
 @pytest.mark.parametrize("error", [OutcomeUnknownError, PreconditionFailedError])

@@ -7,7 +7,7 @@ Keys are relative to the buffer URL (the store is rooted there)::
     queue/manifest                          the root, the only object ever overwritten (by CAS)
     queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
     queue/subscribers/<name>.<reg ULID>     a named subscriber's progress (CAS by that subscriber)
-    queue/pending/<producer id>.<first producer seq:020>   an announcement (fan-in)
+    queue/pending/<announcer id>.<n:020>    an announcement (fan-in): a hub's n-th
     _probe/<ULID>                           conditional-write probe objects (deleted at once)
 """
 
@@ -94,24 +94,25 @@ _SAFE_ID_RE = r"[A-Za-z0-9_.:-]{1,200}"
 _PENDING_RE = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
 
 
-def pending_key(producer_id: str, first_producer_seq: int) -> str:
-    """Key of a writer's announcement of its appends from ``first_producer_seq`` on (one
-    writer's announcements list in the order it made them).  A producer id outside
-    ``[A-Za-z0-9_.:-]`` (at most 200 characters) is written as ``~`` and its UTF-8 in hex."""
-    if not 0 < first_producer_seq < 10**20:
-        raise ValueError(f"producer sequence {first_producer_seq} out of range")
+def pending_key(announcer: str, n: int) -> str:
+    """Key of an announcer's ``n``-th announcement (a commit hub's holder id; version 1
+    named a writer and the first producer seq it announced): one announcer's list in
+    the order it made them.  An announcer id outside ``[A-Za-z0-9_.:-]`` (at most 200
+    characters) is written as ``~`` and its UTF-8 in hex."""
+    if not 0 < n < 10**20:
+        raise ValueError(f"announcement number {n} out of range")
     name = (
-        producer_id
-        if re.fullmatch(_SAFE_ID_RE, producer_id)
-        else ("~" + producer_id.encode("utf-8").hex())
+        announcer
+        if re.fullmatch(_SAFE_ID_RE, announcer)
+        else ("~" + announcer.encode("utf-8").hex())
     )
-    if not producer_id or len(name) > 511:
-        raise ValueError(f"producer id {producer_id!r} cannot name an announcement")
-    return f"{PENDING_PREFIX}{name}.{first_producer_seq:020d}"
+    if not announcer or len(name) > 511:
+        raise ValueError(f"announcer id {announcer!r} cannot name an announcement")
+    return f"{PENDING_PREFIX}{name}.{n:020d}"
 
 
 def parse_pending_key(key: str) -> tuple[str, int] | None:
-    """(producer id, first producer seq) of an announcement key, or None."""
+    """(announcer id, n) of an announcement key, or None."""
     m = _PENDING_RE.match(key)
     if m is None:
         return None

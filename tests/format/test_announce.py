@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -40,22 +41,42 @@ def announcements(draw):  # type: ignore[no-untyped-def]
     return fa.make(pid, draw(st.integers(-(2**63), 2**63 - 1)), entries)
 
 
+@given(st.lists(announcements(), min_size=1, max_size=4, unique_by=lambda a: a.producer_id))
+def test_announcements_of_several_writers_round_trip(runs: list[fa.Announcement]) -> None:
+    created = runs[0].created_ms
+    got = fa.decode(fa.encode(runs, created))
+    assert got == tuple(fa.make(a.producer_id, created, a.entries) for a in runs)
+
+
 @given(announcements())
-def test_announcements_round_trip(a: fa.Announcement) -> None:
-    assert fa.decode(fa.encode(a)) == a
+def test_a_version_1_announcement_of_one_writer_is_still_read(a: fa.Announcement) -> None:
+    raw = fa.encode_one_run(a)
+    assert struct.unpack_from("<H", raw, 4) == (1,)
+    assert fa.decode(raw) == (a,)
 
 
 def _one() -> bytes:
-    return fa.encode(
+    return fa.encode_one_run(
         fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7, (MetadataItem(0, 9, b"m"),))])
     )
 
 
-@given(st.integers(0, 200), st.integers(1, 255))
+def _two() -> bytes:
+    return fa.encode(
+        [
+            fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7, (MetadataItem(0, 9, b"m"),))]),
+            fa.make("p-2", 5, [fa.Announced(1, "data/y", 8, ()), fa.Announced(2, "d", 9, ())]),
+        ],
+        5,
+    )
+
+
+@pytest.mark.parametrize("make", [_one, _two], ids=["version 1", "version 2"])
+@given(st.integers(0, 300), st.integers(1, 255))
 def test_I7_every_flipped_byte_or_cut_is_a_corrupt_error_naming_the_object(
-    at: int, flip: int
+    make: Callable[[], bytes], at: int, flip: int
 ) -> None:
-    raw = bytearray(_one())
+    raw = bytearray(make())
     bad = bytes(raw[: at % len(raw)])  # truncated
     with pytest.raises(CorruptError, match="queue/pending/k"):
         fa.decode(bad, obj="queue/pending/k")
@@ -84,4 +105,23 @@ def test_an_unknown_version_is_named() -> None:
 @pytest.mark.parametrize("seqs", [[2, 2], [3, 1], [0, 1]])
 def test_producer_sequences_must_start_at_1_and_strictly_increase(seqs: list[int]) -> None:
     with pytest.raises(ValueError):
-        fa.encode(fa.make("p", 0, [fa.Announced(s, "l", 0, ()) for s in seqs]))
+        fa.encode([fa.make("p", 0, [fa.Announced(s, "l", 0, ()) for s in seqs])], 0)
+
+
+def test_one_run_per_writer_in_an_announcement() -> None:
+    run = fa.make("p", 0, [fa.Announced(1, "l", 0, ())])
+    with pytest.raises(ValueError, match="one run per writer"):
+        fa.encode([run, run], 0)
+    raw = bytearray(fa.encode([run, fa.make("q", 0, [fa.Announced(1, "l", 0, ())])], 0))
+    raw[raw.index(b"\x01q") + 1] = ord("p")  # the second run renamed to the first's writer
+    body = bytes(raw[:-4])
+    with pytest.raises(CorruptError, match="a second run of 'p'"):
+        fa.decode(body + struct.pack("<I", zlib.crc32(body)))
+
+
+def test_I7_a_run_count_that_cannot_fit_is_refused_before_allocating() -> None:
+    raw = bytearray(_two())
+    raw[14:16] = struct.pack("<H", 0xFFFF)
+    body = bytes(raw[:-4])
+    with pytest.raises(CorruptError, match="run count 65535 cannot fit"):
+        fa.decode(body + struct.pack("<I", zlib.crc32(body)))

@@ -1,21 +1,28 @@
-"""An announcement ``queue/pending/<producer id>.<first producer seq:020>`` (pure codec).
+"""An announcement ``queue/pending/<announcer id>.<n:020>`` (pure codec).
 
 A writer whose data objects are uploaded announces them here instead of appending them
 itself; whoever holds the commit lease appends every pending announcement in one CAS of
-the root (cross-writer group commit, docs/architecture.md "Fan-in").  One announcement
-holds one writer's consecutive appends, in producer-sequence order.  Layout
-(docs/format.md), little-endian::
+the root (cross-writer group commit, docs/architecture.md "Fan-in").  An announcement
+holds *runs*: one writer's consecutive appends each, in producer-sequence order.
+Version 2 (what tieredbuf writes: one object per process and turn, however many writers
+it carries) holds one or more runs of distinct writers; version 1 (one run; written by
+tieredbuf before announcements were batched) is still read.  Layout (docs/format.md),
+little-endian::
 
-    magic "TBA1", version u16 = 1
-    producer_id_len u8, producer_id (UTF-8)
-    created_ms i64                      the writer's clock when it announced
-    count u32, count x entry:
-        producer_seq u64                strictly increasing within the announcement
-        location_len u16, location      the data object's key (data/<ULID>.batch|.qseg)
-        size u64                        its length in bytes
-        metadata_count u32, metadata_count x
-            (start_index u32, ingestion_time_ms i64, payload_len u32, payload)
+    magic "TBA1", version u16 = 2
+    created_ms i64                      the announcer's clock when it announced
+    run_count u16 (1-65535), run_count x run:
+        producer_id_len u8, producer_id (UTF-8; distinct within the announcement)
+        count u32, count x entry:
+            producer_seq u64            strictly increasing within the run
+            location_len u16, location  the data object's key (data/<ULID>.batch|.qseg)
+            size u64                    its length in bytes
+            metadata_count u32, metadata_count x
+                (start_index u32, ingestion_time_ms i64, payload_len u32, payload)
     crc32 u32                           zlib.crc32 of every byte before it
+
+Version 1 is ``magic, version u16 = 1, producer_id_len u8, producer_id, created_ms i64,
+count u32, entries, crc32``: one run, its producer id before the clock.
 
 The decoder checks the magic, the version, every length against the bytes that remain
 before it allocates, the order of producer sequences, and the CRC (I7).
@@ -33,10 +40,13 @@ from tieredbuf.format._reader import Reader
 from tieredbuf.format.manifest import MetadataItem
 
 MAGIC = b"TBA1"
-VERSION = 1
+VERSION = 2
+VERSION_ONE_RUN = 1
 WHAT = "announcement"
 MAX_ENTRIES = 1 << 16
-"""At most this many appends in one announcement."""
+"""At most this many appends in one run."""
+MAX_RUNS = 0xFFFF
+"""At most this many writers' runs in one announcement."""
 _HEAD = struct.Struct("<4sH")
 _ITEM = struct.Struct("<IqI")
 
@@ -66,20 +76,40 @@ class Announcement:
         return self.entries[-1].producer_seq
 
 
-def encode(a: Announcement) -> bytes:
-    pid = a.producer_id.encode("utf-8")
+def encode(runs: Sequence[Announcement], created_ms: int) -> bytes:
+    """A version-2 announcement of ``runs`` (distinct writers), stamped ``created_ms``."""
+    if not runs or len(runs) > MAX_RUNS:
+        raise ValueError(f"an announcement holds 1..{MAX_RUNS} runs")
+    if len({a.producer_id for a in runs}) != len(runs):
+        raise ValueError("one run per writer in an announcement")
+    out = [_HEAD.pack(MAGIC, VERSION), struct.pack("<qH", created_ms, len(runs))]
+    for a in runs:
+        out.append(_pid(a.producer_id))
+        _encode_entries(out, a.entries)
+    return _sealed(out)
+
+
+def encode_one_run(a: Announcement) -> bytes:
+    """A version-1 announcement (one run): what tieredbuf wrote before version 2; kept
+    to show that it is still read."""
+    out = [_HEAD.pack(MAGIC, VERSION_ONE_RUN), _pid(a.producer_id), struct.pack("<q", a.created_ms)]
+    _encode_entries(out, a.entries)
+    return _sealed(out)
+
+
+def _pid(producer_id: str) -> bytes:
+    pid = producer_id.encode("utf-8")
     if not pid or len(pid) > 0xFF:
         raise ValueError("producer id must be 1..255 bytes")
-    if not a.entries or len(a.entries) > MAX_ENTRIES:
-        raise ValueError(f"an announcement holds 1..{MAX_ENTRIES} appends")
-    out = [
-        _HEAD.pack(MAGIC, VERSION),
-        bytes([len(pid)]),
-        pid,
-        struct.pack("<qI", a.created_ms, len(a.entries)),
-    ]
+    return bytes([len(pid)]) + pid
+
+
+def _encode_entries(out: list[bytes], entries: Sequence[Announced]) -> None:
+    if not entries or len(entries) > MAX_ENTRIES:
+        raise ValueError(f"a run holds 1..{MAX_ENTRIES} appends")
+    out.append(struct.pack("<I", len(entries)))
     last = 0
-    for e in a.entries:
+    for e in entries:
         if e.producer_seq <= last:
             raise ValueError("producer sequences must start at 1 and strictly increase")
         last = e.producer_seq
@@ -90,12 +120,16 @@ def encode(a: Announcement) -> bytes:
         out.append(struct.pack("<QI", e.size, len(e.metadata)))
         for m in e.metadata:
             out.append(_ITEM.pack(m.start_index, m.ingestion_time_ms, len(m.payload)) + m.payload)
+
+
+def _sealed(out: list[bytes]) -> bytes:
     body = b"".join(out)
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def decode(raw: bytes | memoryview, obj: str | None = None) -> Announcement:
-    """Decode an announcement; CorruptError (naming ``obj`` and the offset) on bad bytes."""
+def decode(raw: bytes | memoryview, obj: str | None = None) -> tuple[Announcement, ...]:
+    """The runs of an announcement (either version); CorruptError (naming ``obj`` and the
+    offset) on bad bytes."""
     view = memoryview(raw)
     n = len(view)
     if n < _HEAD.size + 4:
@@ -103,45 +137,69 @@ def decode(raw: bytes | memoryview, obj: str | None = None) -> Announcement:
     magic, version = _HEAD.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptError(WHAT, obj, 0, f"bad magic {bytes(magic)!r}")
-    if version != VERSION:
+    if version not in (VERSION, VERSION_ONE_RUN):
         raise UnsupportedVersionError(WHAT, obj, 4, f"unknown version {version}")
     (crc,) = struct.unpack_from("<I", view, n - 4)
     if zlib.crc32(view[: n - 4]) != crc:
         raise CorruptError(WHAT, obj, n - 4, "CRC mismatch")
     r = Reader(view, WHAT, obj, _HEAD.size, n - 4)
+    runs: list[Announcement] = []
+    if version == VERSION_ONE_RUN:
+        pid = _read_pid(r)
+        runs.append(Announcement(pid, r.i64("created_ms"), _decode_entries(r, "")))
+    else:
+        created = r.i64("created_ms")
+        count = r.u16("run count")
+        # each run takes at least 1 + 1 + 4 + 22 bytes: a count that cannot fit is refused
+        if count == 0 or count * 28 > r.remaining():
+            raise r.fail(f"run count {count} cannot fit")
+        seen: set[str] = set()
+        for i in range(count):
+            at = r.pos
+            pid = _read_pid(r)
+            if pid in seen:
+                raise CorruptError(WHAT, obj, at, f"a second run of {pid!r}")
+            seen.add(pid)
+            runs.append(Announcement(pid, created, _decode_entries(r, f"run {i} ")))
+    if r.remaining():
+        raise r.fail(f"{r.remaining()} bytes after {len(runs)} run(s)")
+    return tuple(runs)
+
+
+def _read_pid(r: Reader) -> str:
     pid = _utf8(r, r.u8("producer id length"), "producer id")
     if not pid:
         raise r.fail("empty producer id")
-    created = r.i64("created_ms")
-    count = r.u32("entry count")
+    return pid
+
+
+def _decode_entries(r: Reader, run: str) -> tuple[Announced, ...]:
+    obj = r.obj
+    count = r.u32(f"{run}entry count")
     # each entry takes at least 8 + 2 + 8 + 4 bytes: a count that cannot fit is refused
     if count == 0 or count > MAX_ENTRIES or count * 22 > r.remaining():
-        raise r.fail(f"entry count {count} cannot fit")
+        raise r.fail(f"{run}entry count {count} cannot fit")
     entries: list[Announced] = []
     last = 0
     for i in range(count):
         at = r.pos
-        pseq = r.u64(f"entry {i} producer_seq")
+        pseq = r.u64(f"{run}entry {i} producer_seq")
         if pseq <= last:
-            raise CorruptError(WHAT, obj, at, f"producer_seq {pseq} out of order")
+            raise CorruptError(WHAT, obj, at, f"{run}producer_seq {pseq} out of order")
         last = pseq
-        loc = _utf8(r, r.u16(f"entry {i} location length"), f"entry {i} location")
-        size = r.u64(f"entry {i} size")
-        k = r.u32(f"entry {i} metadata count")
+        loc = _utf8(r, r.u16(f"{run}entry {i} location length"), f"{run}entry {i} location")
+        size = r.u64(f"{run}entry {i} size")
+        k = r.u32(f"{run}entry {i} metadata count")
         if k * _ITEM.size > r.remaining():
-            raise CorruptError(WHAT, obj, r.pos, f"metadata count {k} cannot fit")
+            raise CorruptError(WHAT, obj, r.pos, f"{run}metadata count {k} cannot fit")
         items: list[MetadataItem] = []
         for j in range(k):
-            start = r.u32(f"entry {i} metadata {j} start index")
-            when = r.i64(f"entry {i} metadata {j} ingestion time")
-            payload = bytes(
-                r.take(r.u32(f"entry {i} metadata {j} length"), f"entry {i} metadata {j} payload")
-            )
+            start = r.u32(f"{run}entry {i} metadata {j} start index")
+            when = r.i64(f"{run}entry {i} metadata {j} ingestion time")
+            payload = bytes(r.take(r.u32(f"{run}entry {i} metadata {j} length"), "payload"))
             items.append(MetadataItem(start, when, payload))
         entries.append(Announced(pseq, loc, size, tuple(items)))
-    if r.remaining():
-        raise r.fail(f"{r.remaining()} bytes after {count} entries")
-    return Announcement(pid, created, tuple(entries))
+    return tuple(entries)
 
 
 def make(producer_id: str, created_ms: int, entries: Sequence[Announced]) -> Announcement:

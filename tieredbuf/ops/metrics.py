@@ -144,6 +144,8 @@ QUEUE_SERIES: tuple[Series, ...] = (
 FANIN_SERIES: tuple[Series, ...] = (
     Series("announcements", "tieredbuf_fanin_announcements_total",
            "Announcements written (appends handed to another process's committer)."),
+    Series("announced_groups", "tieredbuf_fanin_announced_groups_total",
+           "Writers' groups of appends carried by those announcements."),
     Series("announcements_read", "tieredbuf_fanin_announcements_read_total",
            "Announcements of other processes read by this process's committer."),
     Series("announcements_deleted", "tieredbuf_fanin_announcements_deleted_total",

@@ -12,7 +12,7 @@ The hub plays one of two parts at a time, decided by the root's commit lease
   then it deletes the announcements the watermarks now cover.  While it holds a live
   lease and nothing is pending it only LISTs; once the lease lapses it stops.
 * **watcher** (another writer holds a live lease): it announces its process's
-  appends (one create-if-absent PUT per group, each writer's in order), then reads the
+  appends (one create-if-absent PUT a turn, carrying every writer's), then reads the
   root's 22-byte footer about when the holder's next commit is due, and the root when
   the footer moved; what a watermark now covers is done.
 
@@ -27,12 +27,13 @@ duplicates.  An idle hub makes no request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -61,7 +62,7 @@ LEASE_MIN_S = 5.0
 """A lease lasts at least this long (and four intervals): a holder that dies delays
 commits by at most this much, and clocks a second or two apart do not flap it."""
 _PARALLEL = 32
-"""Announcements read or written at once (8 fell behind at S3's round trips)."""
+"""Announcements read at once (8 fell behind at S3's round trips)."""
 
 
 Done = Callable[[list[int | None] | None, BaseException | None], None]
@@ -81,10 +82,6 @@ class _Group:
     when it was submitted)."""
     announced: bool = False
     submitted: float = field(default_factory=time.monotonic)
-
-    @property
-    def key(self) -> str:
-        return keys.pending_key(self.producer_id, self.entries[0].producer_seq)
 
     @property
     def last_seq(self) -> int:
@@ -114,7 +111,8 @@ class CommitHub:
         this hub keeps committing for them (it LISTs every interval)."""
         self._next_token = 0
         self._view: Snapshot | None = None
-        self._anns: dict[str, tuple[object, fa.Announcement]] = {}  # by key: (version, it)
+        self._anns: dict[str, tuple[object, tuple[fa.Announcement, ...]]] = {}  # (version, runs)
+        self._announced_n = 0  # this hub's announcements so far (it numbers their keys)
         self._last_commit = 0.0
         self._changed_at = 0.0
         """When (monotonic) this hub last saw the root change: the holder's rhythm."""
@@ -291,7 +289,7 @@ class CommitHub:
                 for g in groups
                 if not g.announced
             ]
-        remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
+        remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._others = bool(remote)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
@@ -339,7 +337,7 @@ class CommitHub:
             if self._budgets:
                 return  # a writer came back meanwhile: it keeps the lease
         anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
-        remote = [Pending(a.producer_id, a.entries, k) for k, a in anns.items()]
+        remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
                      interval_ms=int(interval * 1000), release=True, max_age_ms=self.max_age_ms)
         self._view = res.snapshot if res.snapshot is not None else self.queue.read()
@@ -347,9 +345,11 @@ class CommitHub:
         if res.snapshot is not None:
             self._delete_covered(res.snapshot, anns)
 
-    def _read_announcements(self, listed: list[ObjectMeta]) -> dict[str, fa.Announcement]:
-        """The announcements listed (each version GET once: one overwritten -- refreshed,
-        or replacing a killed incarnation's -- is read again; cached until gone)."""
+    def _read_announcements(
+        self, listed: list[ObjectMeta]
+    ) -> dict[str, tuple[fa.Announcement, ...]]:
+        """The announcements listed, by key (each GET once, cached until gone; one found
+        changed is read again)."""
         live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
         for k in [k for k, (v, _) in self._anns.items() if live.get(k) != v]:
             del self._anns[k]
@@ -360,7 +360,7 @@ class CommitHub:
                     self._anns[k] = (live[k], got)
         return {k: a for k, (_, a) in self._anns.items()}
 
-    def _get_announcement(self, key: str) -> fa.Announcement | None:
+    def _get_announcement(self, key: str) -> tuple[fa.Announcement, ...] | None:
         try:
             raw = self.store.get(key).data
         except ObjectNotFoundError:
@@ -385,27 +385,33 @@ class CommitHub:
             )
         return grace // 2
 
-    def _delete_covered(self, snap: Snapshot, anns: dict[str, fa.Announcement]) -> None:
-        """Delete the announcements the watermarks now cover, and those naming a data
-        object older than the whole grace period: GC may have deleted it, and a live
-        writer would have uploaded it again and re-announced by half the grace period --
-        its writer died, and never got an ack for it."""
+    def _delete_covered(self, snap: Snapshot, anns: dict[str, tuple[fa.Announcement, ...]]) -> None:
+        """Delete the announcements whose every run the watermarks now cover or names a
+        data object older than the whole grace period: GC may have deleted that, and a
+        live writer would have uploaded it again and re-announced by half the grace
+        period -- its writer died, and never got an ack for it."""
         covered = []
         expired_after = 2 * self.max_age_ms(snap)
         now = self.wall_ms()
-        for k, a in anns.items():
-            wm = snap.view.watermarks.get(a.producer_id)
-            if wm is not None and a.last_seq <= wm.producer_seq:
+        for k, runs in anns.items():
+            expired = []
+            for a in runs:
+                wm = snap.view.watermarks.get(a.producer_id)
+                if wm is not None and a.last_seq <= wm.producer_seq:
+                    continue
+                if not any(_age_ms(e.location, now) > expired_after for e in a.entries):
+                    break
+                expired.append(a.producer_id)
+            else:
                 covered.append(k)
-            elif any(_age_ms(e.location, now) > expired_after for e in a.entries):
-                covered.append(k)
-                self.stats.incr("announcements_expired")
-                log.warning(
-                    "%s: an announcement of %s outlived the GC grace period "
-                    "unrefreshed (its writer is gone); deleted",
-                    k,
-                    a.producer_id,
-                )
+                if expired:
+                    self.stats.incr("announcements_expired")
+                    log.warning(
+                        "%s: an announcement of %s outlived the GC grace period "
+                        "unrefreshed (its writer is gone); deleted",
+                        k,
+                        ", ".join(expired),
+                    )
         if covered:
             failed = self.store.delete_many(covered)
             self.stats.incr("announcements_deleted", len(covered) - len(failed))
@@ -454,34 +460,28 @@ class CommitHub:
         self._resolve(snap)
 
     def _announce(self) -> None:
-        """PUT every local group not announced yet (each writer's in order)."""
+        """One PUT of every local group not announced yet: a run per writer, its groups
+        in order (the next turn's announcement lists after this one)."""
         with self._cond:
-            todo = {pid: [g for g in gs if not g.announced] for pid, gs in self._waiting.items()}
-        todo = {pid: gs for pid, gs in todo.items() if gs}
+            todo = [g for gs in self._waiting.values() for g in gs if not g.announced]
         if not todo:
             return
         # nothing announced now can land below the root as this hub last saw it
         floor = 0 if self._view is None else self._view.root.next_seq
-        for gs in todo.values():
-            for g in gs:
-                g.floor = max(g.floor, floor)
-        futs: list[Future[None]] = [self._pool.submit(self._announce_writer, gs)
-                                    for gs in todo.values()]
-        for f in futs:
-            f.result()
-
-    def _announce_writer(self, groups: list[_Group]) -> None:
-        for g in groups:
-            body = fa.encode(fa.make(g.producer_id, self.wall_ms(), g.entries))
-            try:
-                self.store.put(g.key, body, mode="create")
-            except AlreadyExistsError:  # our earlier attempt (its response lost), or a killed
-                old = self._get_announcement(g.key)  # incarnation's of other entries: a
-                if old is None or list(old.entries) != list(g.entries):  # holder would commit
-                    self.store.put(g.key, body, mode="overwrite")  # those, and ours never
-            with self._cond:
+        runs: dict[str, list[fa.Announced]] = {}
+        for g in todo:
+            g.floor = max(g.floor, floor)
+            runs.setdefault(g.producer_id, []).extend(g.entries)
+        self._announced_n += 1
+        key = keys.pending_key(self.holder, self._announced_n)
+        body = fa.encode([fa.make(pid, 0, es) for pid, es in runs.items()], self.wall_ms())
+        with contextlib.suppress(AlreadyExistsError):  # our own earlier attempt, its answer
+            self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
+        with self._cond:
+            for g in todo:
                 g.announced = True
-            self.stats.incr("announcements")
+        self.stats.incr("announcements")
+        self.stats.incr("announced_groups", len(todo))
 
     # --- done ----------------------------------------------------------------------------
 
@@ -529,14 +529,9 @@ class CommitHub:
             log.warning(
                 "%s: appends waited past half the GC grace period; uploaded again", g.producer_id
             )
-            if g.announced:  # only its writer ever writes an announcement: overwrite it
-                self.store.put(
-                    g.key,
-                    fa.encode(fa.make(g.producer_id, self.wall_ms(), fresh)),
-                    mode="overwrite",
-                )
-            with self._cond:
-                g.entries = fresh
+            with self._cond:  # committed or announced again with the fresh keys (a commit
+                g.entries = fresh  # takes the freshest of two entries of one producer seq)
+                g.announced = False
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

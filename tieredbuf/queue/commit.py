@@ -169,16 +169,26 @@ def commit(
 
 def _by_writer(pending: Sequence[Pending], snap: Snapshot) -> dict[str, list[Announced]]:
     """Per writer (in the order first seen), its appends above its watermark: each
-    producer seq once (a re-announcement after a restart may repeat some), ascending."""
+    producer seq once, ascending.  A re-announcement (after a restart, or of data
+    uploaded again past half the grace period) may repeat some, naming the same records
+    in another object: the freshest object wins (the older may be GC's soon)."""
     out: dict[str, dict[int, Announced]] = {}
     for p in pending:
         wm = snap.view.watermarks.get(p.producer_id)
         floor = 0 if wm is None else wm.producer_seq
         mine = out.setdefault(p.producer_id, {})
         for e in p.entries:
-            if e.producer_seq > floor:
-                mine.setdefault(e.producer_seq, e)
+            if e.producer_seq <= floor:
+                continue
+            had = mine.get(e.producer_seq)
+            if had is None or _uploaded_ms(e.location) > _uploaded_ms(had.location):
+                mine[e.producer_seq] = e
     return {pid: [m[k] for k in sorted(m)] for pid, m in out.items() if m}
+
+
+def _uploaded_ms(location: str) -> int:
+    u = parse_data_key(location)
+    return -1 if u is None else u.milliseconds
 
 
 def _age_ms(location: str, now_ms: int) -> int:
