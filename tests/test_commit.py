@@ -153,6 +153,17 @@ def test_a_release_gives_the_lease_up_in_the_commit_that_carries_the_rest() -> N
     assert _commit(q, [], holder="h2", release=True).snapshot is None  # not its lease
 
 
+def test_a_release_may_hand_the_lease_to_a_successor_who_commits_next() -> None:
+    clock = Clock()
+    q = _queue(open_store("memory://"), clock)
+    _commit(q, [_p("a", (1, "a1"))], holder="h1")
+    _commit(q, [_p("b", (1, "b1"))], holder="h1", release=True, successor="h2")
+    lease = q.read().root.lease
+    assert lease is not None and (lease.holder, lease.expires_ms) == ("h2", clock.t + 5_000)
+    assert _commit(q, [_p("c", (1, "c1"))], holder="h3").snapshot is None  # h2's now
+    assert _commit(q, [_p("c", (1, "c1"))], holder="h2").placed == {"c": {1: 2}}
+
+
 def test_I5_an_append_naming_an_object_older_than_half_the_grace_is_held_back() -> None:
     """The RFC's GC race: the committer never links an object GC may have judged garbage;
     its writer uploads it again (the hub does that) and the rest of its appends wait."""

@@ -224,15 +224,61 @@ def test_I2_I3_the_writers_of_one_process_announce_together_one_put_a_turn(
             stop.set()
             busy.join(timeout=60)
     assert hub.stats.get("announced_groups") == 8
-    assert hub.stats.get("announcements") == 2  # the one held, then the seven at once
+    assert hub.stats.get("announcements") == 2  # the one held, then the rest at once
     runs = [fa.decode(b) for b in held.bodies]
-    assert [len(r) for r in runs] == [1, 7]
+    assert sum(len(r) for r in runs) == 8  # a run per writer
     assert {a.producer_id for r in runs for a in r} == {p.producer_id for p in ops}
     assert hub_for(holder.store, holder.queue).stats.get("announcements_read") == 2
     _check_once_in_order(
         [(q, r) for q, r in _records(holder) if r.startswith(b"w")], {f"w{i}": 1 for i in range(8)}
     )
     assert list(holder.store.list(keys.PENDING_PREFIX)) == []
+
+
+def test_a_holder_that_leaves_hands_its_lease_to_the_hub_that_announced_last(
+    tmp_path: Path,
+) -> None:
+    """Instead of giving the lease up for every waiting hub to race for it (each LISTing
+    and reading every announcement first), the leaving holder names the hub it heard
+    from last: that one commits next, and the third hub never LISTs at all."""
+    url = f"file://{tmp_path}/b"
+    a, b, c = (tieredbuf.open(url) for _ in range(3))
+    hubs = {name: hub_for(x.store, x.queue) for name, x in (("a", a), ("b", b), ("c", c))}
+    stop = threading.Event()
+    ap = a.producer(manifest_writes_per_s=5.0)
+    ap.produce([b"a:0"]).wait(timeout=60)  # a holds the lease before b and c start
+    sent = [1]
+
+    def keep_busy() -> None:  # a busy holder keeps renewing its lease
+        while not stop.is_set():
+            ap.produce([b"a:%d" % sent[0]]).wait(timeout=60)
+            sent[0] += 1
+
+    busy = threading.Thread(target=keep_busy)
+    busy.start()
+    bp = b.producer(flush_interval=timedelta(milliseconds=5))
+    cp = c.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        bp.produce([b"b:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        cp.produce([b"c:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+    finally:
+        stop.set()
+        busy.join(timeout=60)
+    ap.close()  # a leaves while b and c were heard from lately
+    assert hubs["a"].stats.get("handovers") == 1
+    lease = a.snapshot().root.lease
+    assert lease is not None and lease.holder in (hubs["b"].holder, hubs["c"].holder)
+    heir, other = ("b", "c") if lease.holder == hubs["b"].holder else ("c", "b")
+    hb = bp.produce([b"b:1"])
+    hc = cp.produce([b"c:1"])
+    for h in (hb, hc):
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    assert hubs[heir].stats.get("commits") >= 1  # the heir committed next
+    assert hubs[other].stats.get("lists") == 0  # the other never raced for the lease
+    assert hubs[other].stats.get("announcements") == 2
+    bp.close()
+    cp.close()
+    _check_once_in_order(_records(a), {"a": sent[0], "b": 2, "c": 2})
 
 
 class RootWriteTimes:

@@ -157,6 +157,8 @@ FANIN_SERIES: tuple[Series, ...] = (
            "Footer reads while waiting for another process's commit."),
     Series("releases", "tieredbuf_fanin_lease_releases_total",
            "Commit leases given up (the last writer of a process left)."),
+    Series("handovers", "tieredbuf_fanin_lease_handovers_total",
+           "Of those, leases handed to the process that announced last."),
     Series("hub_retries", "tieredbuf_fanin_retries_total",
            "Fan-in turns retried after a transient store error."),
 )

@@ -37,18 +37,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from tieredbuf import keys
+from tieredbuf import errors, keys
 from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
-from tieredbuf.errors import (
-    AlreadyExistsError,
-    CorruptError,
-    ObjectNotFoundError,
-    PermanentStoreError,
-    StoreError,
-)
 from tieredbuf.format import announce as fa
 from tieredbuf.queue import cas
-from tieredbuf.queue.commit import Committed, Pending, commit, lease_free, new_holder_id
+from tieredbuf.queue.commit import (
+    Committed,
+    Pending,
+    age_ms,
+    commit,
+    lease_free,
+    locate,
+    new_holder_id,
+)
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
 from tieredbuf.runtime.stats import Stats
@@ -69,6 +70,8 @@ Done = Callable[[list[int | None] | None, BaseException | None], None]
 """Called once per submitted group: its sequences (None where unknown), or the error."""
 Refresh = Callable[[Sequence[fa.Announced]], list[fa.Announced]]
 """Upload the group's data objects again under fresh keys (the GC grace rule)."""
+Runs = tuple[fa.Announcement, ...]
+"""An announcement's runs (a writer's appends each)."""
 
 
 @dataclass(eq=False)
@@ -111,8 +114,9 @@ class CommitHub:
         this hub keeps committing for them (it LISTs every interval)."""
         self._next_token = 0
         self._view: Snapshot | None = None
-        self._anns: dict[str, tuple[object, tuple[fa.Announcement, ...]]] = {}  # (version, runs)
+        self._anns: dict[str, tuple[object, Runs]] = {}  # key: (version, runs)
         self._announced_n = 0  # this hub's announcements so far (it numbers their keys)
+        self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
         self._changed_at = 0.0
         """When (monotonic) this hub last saw the root change: the holder's rhythm."""
@@ -224,7 +228,7 @@ class CommitHub:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not (self._holding() and (self._others or self._long)):
+                while not self._waiting and not (self._holding() and self._wanted()):
                     if not self._budgets:
                         self._thread = None
                         self._cond.notify_all()
@@ -241,9 +245,9 @@ class CommitHub:
                 if self._error_attempt:
                     self._log.recovered("fan-in commit")
                 self._error_attempt = 0
-            except PermanentStoreError as e:
+            except errors.PermanentStoreError as e:
                 self._fail_all(e)
-            except (StoreError, CorruptError) as e:
+            except (errors.StoreError, errors.CorruptError) as e:
                 delay = backoff_delay(self.retry, self._error_attempt)
                 self._error_attempt += 1
                 self.stats.incr("hub_retries")
@@ -253,6 +257,11 @@ class CommitHub:
             except Exception as e:  # a bug: fail the writers loudly, never hang them
                 log.exception("fan-in hub failed")
                 self._fail_all(e)
+
+    def _wanted(self) -> bool:
+        """Others wait on this holder's turns: its last LIST showed announcements, it took
+        the long lease, or a hub that announced lately would inherit a release."""
+        return self._others or self._long or self._heir() is not None
 
     def _may_commit(self) -> bool:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
@@ -291,6 +300,7 @@ class CommitHub:
             ]
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._others = bool(remote)
+        self._note_announcers(anns)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
                 self._view, self._changed_at = self.queue.read(), time.monotonic()  # another
@@ -327,8 +337,10 @@ class CommitHub:
 
     def _release(self) -> None:
         """The last writer left while this hub holds the lease: one commit of whatever is
-        announced that gives the lease up, so a waiting writer elsewhere takes over at
-        once instead of after the lease lapses."""
+        announced that hands the lease to the hub that announced last (alive a moment
+        ago: it commits next, while the others go on announcing -- a free lease had every
+        waiting hub LIST and read every announcement in a race for it), or gives it up
+        when nobody announced."""
         interval = self._interval()
         with self._cond:  # a release is a root write too: it keeps to the budget
             due = self._last_commit + interval
@@ -338,16 +350,35 @@ class CommitHub:
                 return  # a writer came back meanwhile: it keeps the lease
         anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
-        res = commit(self.queue, remote, holder=self.holder, lease_ms=0,
-                     interval_ms=int(interval * 1000), release=True, max_age_ms=self.max_age_ms)
+        self._note_announcers(anns)
+        heir = self._heir()
+        res = commit(self.queue, remote, holder=self.holder, successor=heir,  # its lease: long
+                     lease_ms=int(4 * (interval + self._turn_s) * 1000),  # enough to see it
+                     interval_ms=int(interval * 1000), release=True,  # and commit, short if
+                     max_age_ms=self.max_age_ms)  # it is gone meanwhile
         self._view = res.snapshot if res.snapshot is not None else self.queue.read()
         self.stats.incr("releases")
+        self.stats.incr("handovers", int(heir is not None and res.snapshot is not None))
         if res.snapshot is not None:
             self._delete_covered(res.snapshot, anns)
 
-    def _read_announcements(
-        self, listed: list[ObjectMeta]
-    ) -> dict[str, tuple[fa.Announcement, ...]]:
+    def _note_announcers(self, anns: dict[str, Runs]) -> None:
+        """The hubs whose announcements this turn listed, when (our clock) last: the one
+        heard from last inherits the lease (:meth:`_heir`)."""
+        now = time.monotonic()
+        for k in anns:
+            parsed = keys.parse_pending_key(k)
+            if parsed is not None and parsed[0] != self.holder:
+                self._announcers[parsed[0]] = now
+
+    def _heir(self) -> str | None:
+        """The hub heard from last, within a long lease's time (after that it may be gone:
+        a gone heir delays the others by its lease, four periods)."""
+        recent = time.monotonic() - self._lease_ms(self._interval(), True) / 1000
+        self._announcers = {h: t for h, t in self._announcers.items() if t > recent}
+        return max(self._announcers, key=lambda h: self._announcers[h], default=None)
+
+    def _read_announcements(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
         """The announcements listed, by key (each GET once, cached until gone; one found
         changed is read again)."""
         live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
@@ -360,15 +391,15 @@ class CommitHub:
                     self._anns[k] = (live[k], got)
         return {k: a for k, (_, a) in self._anns.items()}
 
-    def _get_announcement(self, key: str) -> tuple[fa.Announcement, ...] | None:
+    def _get_announcement(self, key: str) -> Runs | None:
         try:
             raw = self.store.get(key).data
-        except ObjectNotFoundError:
+        except errors.ObjectNotFoundError:
             return None  # committed and deleted meanwhile
         self.stats.incr("announcements_read")
         try:
             return fa.decode(raw, obj=key)
-        except CorruptError:
+        except errors.CorruptError:
             # an announcement is a writer's hand-over, never the only copy of anything:
             # its writer re-announces; a damaged one is skipped (and reported), not fatal
             log.warning("skipping the corrupt announcement %s", key)
@@ -385,7 +416,7 @@ class CommitHub:
             )
         return grace // 2
 
-    def _delete_covered(self, snap: Snapshot, anns: dict[str, tuple[fa.Announcement, ...]]) -> None:
+    def _delete_covered(self, snap: Snapshot, anns: dict[str, Runs]) -> None:
         """Delete the announcements whose every run the watermarks now cover or names a
         data object older than the whole grace period: GC may have deleted that, and a
         live writer would have uploaded it again and re-announced by half the grace
@@ -399,7 +430,7 @@ class CommitHub:
                 wm = snap.view.watermarks.get(a.producer_id)
                 if wm is not None and a.last_seq <= wm.producer_seq:
                     continue
-                if not any(_age_ms(e.location, now) > expired_after for e in a.entries):
+                if not any(age_ms(e.location, now) > expired_after for e in a.entries):
                     break
                 expired.append(a.producer_id)
             else:
@@ -457,6 +488,9 @@ class CommitHub:
         if 0 <= late < interval:
             self._delay = late if not self._delay else 0.8 * self._delay + 0.2 * late
         self._view, self._changed_at = snap, seen
+        if snap.root.lease is not None and snap.root.lease.holder == self.holder:
+            self._long = True  # handed to us: the others wait on our turns; the first one
+            self._last_commit = seen  # an interval after the hand-over's write, at least
         self._resolve(snap)
 
     def _announce(self) -> None:
@@ -475,7 +509,7 @@ class CommitHub:
         self._announced_n += 1
         key = keys.pending_key(self.holder, self._announced_n)
         body = fa.encode([fa.make(pid, 0, es) for pid, es in runs.items()], self.wall_ms())
-        with contextlib.suppress(AlreadyExistsError):  # our own earlier attempt, its answer
+        with contextlib.suppress(errors.AlreadyExistsError):  # our own earlier attempt, its answer
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
         with self._cond:
             for g in todo:
@@ -506,7 +540,8 @@ class CommitHub:
             if any(e.producer_seq not in placed.get(g.producer_id, {}) for e in g.entries)
         ]
         if unplaced:
-            found = _locate(snap, unplaced)
+            found = locate(snap, {e.location for g in unplaced for e in g.entries},
+                           {g.producer_id for g in unplaced}, min(g.floor for g in unplaced))
         for g in finished:
             mine = placed.get(g.producer_id, {})
             seqs: list[int | None] = [
@@ -546,40 +581,6 @@ class CommitHub:
             g.done(seqs, err)
         except Exception:
             log.exception("a fan-in completion callback failed")
-
-
-def _age_ms(location: str, now_ms: int) -> int:
-    u = keys.parse_data_key(location)
-    return 0 if u is None else now_ms - u.milliseconds
-
-
-def _locate(snap: Snapshot, groups: list[_Group]) -> dict[str, int]:
-    """Sequences of the groups' data objects, found by location in ``snap`` (each a unique
-    ULID key); one absent (already dequeued) stays unknown.  A commit puts each writer's
-    appends together, ending at its watermark, so the few entries before the watermarks
-    are looked at first; only what is not there is looked for from the groups' floors
-    on (a writer's appends split over commits this hub did not see one by one)."""
-    want = {e.location for g in groups for e in g.entries}
-    marks = [wm.last_sequence for g in groups
-             if (wm := snap.view.watermarks.get(g.producer_id)) is not None]
-    last = max(marks, default=-1)
-    found: dict[str, int] = {}
-
-    def scan(start: int) -> None:
-        for e in snap.iter_from(start):
-            if e.sequence > last:
-                return
-            if e.location in want:
-                found[e.location] = e.sequence
-                if len(found) == len(want):
-                    return
-
-    near = min(marks, default=0) - len(want) + 1
-    scan(max(near, 0))
-    floor = min(g.floor for g in groups)
-    if len(found) < len(want) and floor < near:
-        scan(floor)
-    return found
 
 
 _hubs: weakref.WeakKeyDictionary[ManifestQueue, CommitHub] = weakref.WeakKeyDictionary()

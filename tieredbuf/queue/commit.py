@@ -86,12 +86,16 @@ def commit(
     lease_ms: int,
     interval_ms: int,
     release: bool = False,
+    successor: str | None = None,
     force: bool = False,
     max_age_ms: Callable[[Snapshot], int | None] = lambda snap: None,
     first: cas.Read[Snapshot] | None = None,
 ) -> Committed:
     """Append every writer's pending appends its watermark does not cover, in one CAS that
-    also renews (``release``: gives up) this holder's lease.
+    also renews (``release``: gives up) this holder's lease.  A release with a
+    ``successor`` hands the lease to that holder for ``lease_ms`` (a writer elsewhere
+    that announced lately: it commits next, instead of every waiting writer racing for a
+    free lease).
 
     Each writer's appends go in producer-sequence order, contiguous, writers in the order
     of ``pending``.  While another writer holds a live lease nothing is appended (the
@@ -119,7 +123,7 @@ def commit(
         for pid, entries in _by_writer(pending, snap).items():
             todo: list[Announced] = []
             for e in entries:
-                if limit is not None and _age_ms(e.location, now) > limit:
+                if limit is not None and age_ms(e.location, now) > limit:
                     stale.add(pid)
                     break
                 todo.append(e)
@@ -136,7 +140,13 @@ def commit(
             assert cur is not None
             lease = cur
         else:
-            lease = fm.CommitLease(holder, 0 if release else now + lease_ms, interval_ms)
+            lease = fm.CommitLease(holder, now + lease_ms, interval_ms)
+            if release:
+                lease = (
+                    fm.CommitLease(successor, now + lease_ms, interval_ms)
+                    if successor is not None and successor != holder
+                    else fm.CommitLease(holder, 0, interval_ms)
+                )
         releasing = release and cur is not None and cur.holder == holder and cur.expires_ms > now
         if not placed and not releasing:
             return cas.Skip(Committed({}, None, cur, frozenset(stale)))
@@ -191,9 +201,38 @@ def _uploaded_ms(location: str) -> int:
     return -1 if u is None else u.milliseconds
 
 
-def _age_ms(location: str, now_ms: int) -> int:
+def age_ms(location: str, now_ms: int) -> int:
+    """How old the data object at ``location`` is by ``now_ms`` (its ULID's time; 0 for
+    a location that is not a data key)."""
     u = parse_data_key(location)
     return 0 if u is None else now_ms - u.milliseconds
+
+
+def locate(snap: Snapshot, want: set[str], writers: set[str], floor: int) -> dict[str, int]:
+    """Sequences of the data objects at ``want``, appended by ``writers``, found by location
+    in ``snap`` (each a unique ULID key); one absent (already dequeued) stays unknown.  A
+    commit puts each writer's appends together, ending at its watermark, so the few entries
+    before the watermarks are looked at first; only what is not there is looked for from
+    ``floor`` on (none can lie below it: the root's next sequence when they were handed
+    over), for a writer's appends split over commits not seen one by one."""
+    marks = [wm.last_sequence for w in writers if (wm := snap.view.watermarks.get(w)) is not None]
+    last = max(marks, default=-1)
+    found: dict[str, int] = {}
+
+    def scan(start: int) -> None:
+        for e in snap.iter_from(start):
+            if e.sequence > last:
+                return
+            if e.location in want:
+                found[e.location] = e.sequence
+                if len(found) == len(want):
+                    return
+
+    near = min(marks, default=0) - len(want) + 1
+    scan(max(near, 0))
+    if len(found) < len(want) and floor < near:
+        scan(floor)
+    return found
 
 
 def new_holder_id() -> str:
