@@ -1,4 +1,5 @@
-"""Small helpers shared by the bench scripts: percentiles, JSON results, a moto S3 server.
+"""Small helpers shared by the bench scripts: percentiles, event windows, JSON results, a moto
+S3 server.
 
 Keep this module generic: anything specific to one benchmark belongs in its script.
 """
@@ -44,6 +45,16 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         "max": max(values) if values else math.nan,
         "mean": sum(values) / len(values) if values else math.nan,
     }
+
+
+def max_window(times: Sequence[float], width: float) -> int:
+    """The most events in any window of ``width`` seconds (``times`` sorted)."""
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= width:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
 
 
 def machine_info() -> dict[str, Any]:

@@ -78,7 +78,7 @@ sys.path.insert(
     1, os.environ.get("TIEREDBUF_COST_TREE") or str(Path(__file__).resolve().parents[1])
 )
 
-from _common import print_table, summarize, write_json
+from _common import max_window, print_table, summarize, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE_ENV = "TIEREDBUF_COST_TREE"
@@ -310,7 +310,7 @@ def ingest(cfg: dict[str, Any]) -> dict[str, Any]:
         "bytes": sum(r["bytes"] for r in results),
         "seconds": t1 - t0,
         "cas": len(cas),
-        "cas_max_10s": _max_window(cas, 10.0),
+        "cas_max_10s": max_window(cas, 10.0),
         "conflicts_in_first_second": sum(1 for t in lost if t < 1.0),
         "conflicts_in_first_2s": sum(1 for t in lost if t < 2.0),
         "conflicts_after_first_close": sum(1 for t in lost if t >= first_done),
@@ -455,16 +455,6 @@ def _why_conflicts(results: list[dict[str, Any]], t0: float) -> dict[str, Any]:
             1 for c in known if any(w["known"] and w["n"] != c["n"] for w in c["winners"])
         ),
     }
-
-
-def _max_window(times: list[float], width: float) -> int:
-    """The most events in any window of ``width`` seconds."""
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= width:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
 
 
 # --- reading it back ---------------------------------------------------------------

@@ -68,7 +68,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import moto_server, percentile, print_table, write_json  # noqa: E402
+from bench._common import (  # noqa: E402
+    max_window,
+    moto_server,
+    percentile,
+    print_table,
+    write_json,
+)
 
 WORKER = Path(__file__).with_name("_fanin_worker.py")
 BASELINE_COMMIT = "ea2033b"
@@ -337,7 +343,7 @@ def summarize_row(
         "root_writes_per_s": (
             (len(writes) - 1) / (writes[-1] - writes[0]) if len(writes) > 1 else 0.0
         ),
-        "root_writes_max_1s": _max_window(writes, 1.0),
+        "root_writes_max_1s": max_window(writes, 1.0),
         **_timeline(outs, w0, w1),
         "root_writes_by_process": [sum(1 for t in o["root_writes"] if w0 <= t <= w1) for o in outs],
         "hub_by_process": [o["hub"] for o in outs],
@@ -379,16 +385,6 @@ def _timeline(outs: list[dict[str, Any]], w0: float, w1: float) -> dict[str, Any
         "commit_turn_ms": {f"p{p}": percentile(turn, p) for p in (50, 99)},
         "root_seen_after_write_ms": {f"p{p}": percentile(seen, p) for p in (50, 99)},
     }
-
-
-def _max_window(times: list[float], width: float) -> int:
-    """The most events in any window of ``width`` seconds."""
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= width:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
 
 
 # --- the service row -----------------------------------------------------------------

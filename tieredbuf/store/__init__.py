@@ -36,12 +36,13 @@ from tieredbuf.store.base import (
 )
 from tieredbuf.store.botostore import S3Settings
 from tieredbuf.store.localdir import LocalDirStore
-from tieredbuf.store.objstore import ObjStore, short
+from tieredbuf.store.objstore import ObjStore
 from tieredbuf.store.options import (
     CLIENT_OPTIONS,
     as_bool,
     check_endpoint,
     client_options,
+    obstore_store,
     retry_options,
     string_options,
     url_prefix,
@@ -185,18 +186,7 @@ def _open_s3(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     probe = as_bool("probe", opts.get("probe", True))
     _check_credentials(url, config, skip_signature, instance_metadata)
 
-    try:
-        inner = S3Store(
-            bucket,
-            prefix=prefix or None,
-            config=config,  # type: ignore[arg-type]
-            client_options=client,  # type: ignore[arg-type]
-            retry_config=retry,  # type: ignore[arg-type]
-        )
-    except Exception as e:  # obstore's text may dump the configuration: redacted
-        raise ConfigError(
-            f"cannot configure S3 store for {url!r}: {redact.redact(short(e))}"
-        ) from redact.redacted_copy(e)
+    inner = obstore_store(S3Store, "S3", url, bucket, prefix, config, client, retry)
     settings = S3Settings(
         bucket, prefix, dict(config), dict(client), dict(retry), instance_metadata
     )

@@ -33,13 +33,14 @@ from tieredbuf.config import AZURE_OPTION_ENV, SECRET_OPTIONS, store_options_fro
 from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.runtime import redact
 from tieredbuf.store.base import DEFAULT_MANIFEST_WRITES_PER_S
-from tieredbuf.store.objstore import ObjStore, Remote, short
+from tieredbuf.store.objstore import ObjStore, Remote
 from tieredbuf.store.options import (
     CLIENT_OPTIONS,
     as_bool,
     check_endpoint,
     chunk_size,
     client_options,
+    obstore_store,
     retry_options,
     string_options,
     url_prefix,
@@ -184,18 +185,7 @@ def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
     retry = retry_options(opts)
     size = chunk_size(opts)
     probe = as_bool("probe", opts.get("probe", True))
-    try:
-        inner = AzureStore(
-            container,
-            prefix=prefix or None,
-            config=config,  # type: ignore[arg-type]
-            client_options=client,  # type: ignore[arg-type]
-            retry_config=retry,  # type: ignore[arg-type]
-        )
-    except Exception as e:  # obstore's text may dump the configuration: redacted
-        raise ConfigError(
-            f"cannot configure Azure store for {url!r}: {redact.redact(short(e))}"
-        ) from redact.redacted_copy(e)
+    inner = obstore_store(AzureStore, "Azure", url, container, prefix, config, client, retry)
     where = endpoint or f"https://{account}{_BLOB_HOST}"
     return ObjStore(
         inner,

@@ -1,18 +1,22 @@
 """Checks of the options every network store takes: booleans, durations, the endpoint,
-the prefix, and obstore's HTTP client and retry settings built from them."""
+the prefix, obstore's HTTP client and retry settings built from them, and the obstore
+store built with those."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from tieredbuf.errors import ConfigError
+from tieredbuf.runtime import redact
 from tieredbuf.store.objstore import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
+    short,
 )
 
 CLIENT_OPTIONS = frozenset(
@@ -28,6 +32,8 @@ CLIENT_OPTIONS = frozenset(
     }
 )
 """Options every network store (s3://, az://) takes besides its own."""
+
+_T = TypeVar("_T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -133,3 +139,26 @@ def chunk_size(opts: dict[str, Any]) -> int:
     if not isinstance(value, int) or value < (5 << 20):
         raise ConfigError(f"chunk_size must be an int >= 5 MiB (S3 part minimum), got {value!r}")
     return value
+
+
+def obstore_store(
+    store_class: Callable[..., _T],
+    what: str,
+    url: str,
+    name: str,
+    prefix: str,
+    config: dict[str, Any],
+    client: dict[str, Any],
+    retry: dict[str, Any],
+) -> _T:
+    """obstore's ``store_class`` (S3Store, AzureStore) for bucket or container ``name``
+    under ``prefix``; a ConfigError for ``url`` naming the ``what`` store if obstore
+    refuses the settings (its text may dump the configuration: redacted)."""
+    try:
+        return store_class(
+            name, prefix=prefix or None, config=config, client_options=client, retry_config=retry
+        )
+    except Exception as e:
+        raise ConfigError(
+            f"cannot configure {what} store for {url!r}: {redact.redact(short(e))}"
+        ) from redact.redacted_copy(e)
