@@ -281,6 +281,40 @@ def test_a_holder_that_leaves_hands_its_lease_to_the_hub_that_announced_last(
     _check_once_in_order(_records(a), {"a": sent[0], "b": 2, "c": 2})
 
 
+def test_hubs_waiting_on_a_lapsed_lease_take_it_with_their_own_groups_without_listing(
+    tmp_path: Path,
+) -> None:
+    """The holder died (its lease lapses, nobody inherits it): of the three hubs whose
+    writers wait, each tries to take the lease with its own groups in one CAS, before any
+    LIST. One wins and LISTs on its next turn; the losers read the root, see its lease,
+    and never LIST or read an announcement (each used to, for every one listed)."""
+    from ulid import ULID
+
+    from tieredbuf.format.batch import encode_batch
+    from tieredbuf.queue.commit import Pending, commit
+
+    url = f"file://{tmp_path}/b"
+    bufs = [tieredbuf.open(url) for _ in range(3)]
+    dead = encode_batch([b"dead:0"])
+    loc = keys.data_key(ULID())
+    bufs[0].store.put(loc, dead, mode="create")
+    commit(bufs[0].queue, [Pending("dead", (fa.Announced(1, loc, len(dead), ()),))],
+           holder="h-dead", lease_ms=2_000, interval_ms=200)  # fmt: skip
+    producers = [x.producer(flush_interval=timedelta(milliseconds=5)) for x in bufs]
+    handles = [p.produce([f"w{i}:0".encode()]) for i, p in enumerate(producers)]
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    for p in producers:
+        p.close()
+    hubs = [hub_for(x.store, x.queue) for x in bufs]
+    assert all(h.stats.get("announcements") >= 1 for h in hubs)  # the dead one's lease
+    winners = [h for h in hubs if h.stats.get("commits") >= 1]
+    assert len(winners) == 1
+    assert all(h.stats.get("lists") == 0 for h in hubs if h not in winners)
+    assert all(h.stats.get("announcements_read") == 0 for h in hubs if h not in winners)
+    _check_once_in_order(_records(bufs[0]), {"dead": 1, "w0": 1, "w1": 1, "w2": 1})
+
+
 class RootWriteTimes:
     """Forwards to a store; notes when each root CAS that landed (not the root's creation)
     was sent: the budget spaces the writes as the store receives them."""

@@ -284,22 +284,22 @@ class CommitHub:
             while self._budgets and (left := due - time.monotonic()) > 0:  # last writer
                 self._cond.wait(left)  # leaving does)
         started = time.monotonic()
-        listed = list(self.store.list(keys.PENDING_PREFIX))
-        self.stats.incr("lists")
-        anns = self._read_announcements(listed)
-        self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
+        # a free or lapsed lease: take it with our own groups, announced or not, and LIST
+        # once it is ours (hubs racing for it each LISTed and read every announcement)
+        taking = bool(self._waiting) and not self._holding()
+        anns: dict[str, Runs] = {}
+        if not taking:
+            anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
+            self.stats.incr("lists")
+            self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
         gap = interval * 1.02 + 0.005  # the CASes an interval apart as sent: building one
         with self._cond:  # varies by a few ms, and a per-key limited store counts them all
             while self._budgets and (left := self._last_commit + gap - time.monotonic()) > 0:
                 self._cond.wait(left)
-            local = [
-                Pending(g.producer_id, g.entries)
-                for groups in self._waiting.values()
-                for g in groups
-                if not g.announced
-            ]
+            local = [Pending(g.producer_id, g.entries) for groups in self._waiting.values()
+                     for g in groups if taking or not g.announced]
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
-        self._others = bool(remote)
+        self._others = bool(remote) or taking  # taken: LIST next turn
         self._note_announcers(anns)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
