@@ -29,7 +29,15 @@ import pytest
 
 from tests.endpoint import S3Endpoint
 from tests.service.server import Server
-from tests.service.util import FAST, consume_all, ndjson, octets, self_signed, worker_pids
+from tests.service.util import (
+    FAST,
+    consume_all,
+    ndjson,
+    octets,
+    self_signed,
+    settled_stage_files,
+    worker_pids,
+)
 from tieredbuf.service.bodies import NDJSON, OCTET_STREAM
 
 Serve = Callable[..., Server]
@@ -285,6 +293,7 @@ def test_the_stage_is_the_owners_alone(tmp_path: Path, serve: Serve) -> None:
     assert srv.post(octets([b"staged"]), OCTET_STREAM, "local").status == 200
     assert srv.post(octets([b"sealed"]), OCTET_STREAM, "remote").status == 200
     worker = srv.stage / "worker-0"
+    settled_stage_files(srv.stage)  # the REMOTE one's segment is released just after
     modes = {
         str(p.relative_to(srv.stage)): stat.S_IMODE(p.stat().st_mode)
         for p in [srv.stage, *worker.rglob("*")]
