@@ -367,6 +367,8 @@ class Exporter:
                 return
             if seg.ulid in self._uploads:
                 continue
+            if seg.ulid not in {s.ulid for s in self.stage.sealed_segments()}:
+                continue  # exported and released since this pass listed the stage
             link = self._link_for(seg)
             if link is not None:
                 # a store taking the file as a hard link needs its bytes only if the link
@@ -426,14 +428,14 @@ class Exporter:
             self._wake.set()
             return
         for up, seq in zip(ready, seqs, strict=True):
-            with self._cond:
-                self._uploads.pop(up.segment.ulid, None)
             self.stats.incr("segments_exported")
             self.stats.incr("bytes_exported", up.pending.size)
             if self._on_exported is not None:  # first: a flush() sees the stage empty once
                 self._on_exported(Exported(stream, up.segment.sequences, seq,  # released,
                                            up.pending.location))  # and its handles say REMOTE
             self.stage.release(up.segment)
+            with self._cond:  # only now: a pass that finds no upload of a segment finds
+                self._uploads.pop(up.segment.ulid, None)  # it released, not sealed
         with self._cond:
             self._cond.notify_all()
         self._wake.set()
