@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import tieredbuf
-from tieredbuf import keys
+from tieredbuf import errors, keys
 from tieredbuf.format import announce as fa
 from tieredbuf.produce.fanin import hub_for
 from tieredbuf.store import open_store
@@ -313,6 +313,73 @@ def test_hubs_waiting_on_a_lapsed_lease_take_it_with_their_own_groups_without_li
     assert all(h.stats.get("lists") == 0 for h in hubs if h not in winners)
     assert all(h.stats.get("announcements_read") == 0 for h in hubs if h not in winners)
     _check_once_in_order(_records(bufs[0]), {"dead": 1, "w0": 1, "w1": 1, "w2": 1})
+
+
+class DamagedFirstAnnouncement:
+    """Forwards to a store; the first announcement it writes lands with a byte flipped."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.damaged: str | None = None
+
+    def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        if key.startswith(keys.PENDING_PREFIX) and self.damaged is None:
+            self.damaged = key
+            raw = bytearray(data)
+            raw[len(raw) // 2] ^= 0xFF
+            data = bytes(raw)
+        etag: str = self._inner.put(key, data, mode=mode)
+        return etag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_I1_I7_nothing_is_committed_past_a_damaged_announcement_of_the_same_announcer(
+    tmp_path: Path,
+) -> None:
+    """A writer's first group is in a damaged announcement, its second in a good one.
+    Committing the second would move the writer's watermark past the first, and the first
+    would be told REMOTE though never appended (silent loss): the holder commits neither,
+    and says so; the writer's records wait (and its close times out, loudly)."""
+    url = f"file://{tmp_path}/b"
+    holder = tieredbuf.open(url)
+    damaging = DamagedFirstAnnouncement(open_store(url))
+    other = tieredbuf.Buffer(damaging)  # type: ignore[arg-type]
+    stop = threading.Event()
+    hp = holder.producer(manifest_writes_per_s=5.0)
+    hp.produce([b"h:0"]).wait(timeout=60)  # the holder holds the lease
+    sent = [1]
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            hp.produce([b"h:%d" % sent[0]]).wait(timeout=60)
+            sent[0] += 1
+
+    busy = threading.Thread(target=keep_busy)
+    busy.start()
+    theirs = hub_for(other.store, other.queue)
+    mine = hub_for(holder.store, holder.queue)
+    op = other.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        first = op.produce([b"o:0"])
+        _wait_for(lambda: theirs.stats.get("announcements") == 1)
+        second = op.produce([b"o:1"])
+        _wait_for(lambda: theirs.stats.get("announcements") == 2)
+        _wait_for(lambda: mine.stats.get("announcements_held_back") >= 1)
+        commits = mine.stats.get("commits")
+        _wait_for(lambda: mine.stats.get("commits") >= commits + 2)  # two more turns
+        assert mine.stats.get("announcements_corrupt") == 1
+        assert first.result() is None and second.result() is None  # neither acked
+        assert not [r for _, r in _records(holder) if r.startswith(b"o")]
+        with pytest.raises(errors.FlushTimeoutError):
+            op.close(timeout=0.5)
+        assert theirs.pending() == 0  # given up: the hub stops waiting on them
+    finally:
+        stop.set()
+        busy.join(timeout=60)
+        hp.close()
+    assert damaging.damaged is not None
 
 
 class RootWriteTimes:

@@ -33,13 +33,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from tieredbuf import errors, keys
 from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
 from tieredbuf.format import announce as fa
+from tieredbuf.produce.announcements import AnnouncementReader, Runs
 from tieredbuf.queue import cas
 from tieredbuf.queue.commit import (
     Committed,
@@ -53,7 +53,7 @@ from tieredbuf.queue.commit import (
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
 from tieredbuf.runtime.stats import Stats
-from tieredbuf.store.base import ObjectMeta, Store
+from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +62,12 @@ MIN_INTERVAL_S = 0.02
 LEASE_MIN_S = 5.0
 """A lease lasts at least this long (and four intervals): a holder that dies delays
 commits by at most this much, and clocks a second or two apart do not flap it."""
-_PARALLEL = 32
-"""Announcements read at once (8 fell behind at S3's round trips)."""
 
 
 Done = Callable[[list[int | None] | None, BaseException | None], None]
 """Called once per submitted group: its sequences (None where unknown), or the error."""
 Refresh = Callable[[Sequence[fa.Announced]], list[fa.Announced]]
 """Upload the group's data objects again under fresh keys (the GC grace rule)."""
-Runs = tuple[fa.Announcement, ...]
-"""An announcement's runs (a writer's appends each)."""
 
 
 @dataclass(eq=False)
@@ -114,7 +110,7 @@ class CommitHub:
         this hub keeps committing for them (it LISTs every interval)."""
         self._next_token = 0
         self._view: Snapshot | None = None
-        self._anns: dict[str, tuple[object, Runs]] = {}  # key: (version, runs)
+        self._reader = AnnouncementReader(store, self.stats)
         self._announced_n = 0  # this hub's announcements so far (it numbers their keys)
         self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
@@ -129,7 +125,6 @@ class CommitHub:
         self._yield = self._long = False  # met another's lease: announce; took the long one
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="tb-fanin")
 
     # --- writers -----------------------------------------------------------------------
 
@@ -155,6 +150,13 @@ class CommitHub:
             self._cond.notify_all()
             if not self._budgets and self._thread is not None:
                 self._cond.wait_for(lambda: self._thread is None or bool(self._budgets), timeout)
+
+    def withdraw(self, producer_id: str) -> None:
+        """Stop waiting for a writer's groups (it gave up on them and failed them itself);
+        an announcement of them already out may still be committed."""
+        with self._cond:
+            self._waiting.pop(producer_id, None)
+            self._cond.notify_all()
 
     def submit(
         self,
@@ -187,6 +189,14 @@ class CommitHub:
             mine = self._holding() or self._view is None
             last = self._last_commit if mine else self._changed_at
             return max(0.0, last + (1 + ahead) * interval - time.monotonic())
+
+    def cutoff_in(self) -> float | None:
+        """Holding the lease: seconds until its next turn takes its own process's groups
+        (0: one submitted now goes at once); None otherwise (a group is announced)."""
+        with self._cond:
+            if not self._holding():
+                return None
+            return max(0.0, self._last_commit + _gap(self._interval()) - time.monotonic())
 
     def pending(self) -> int:
         """Groups submitted and not done yet."""
@@ -289,12 +299,12 @@ class CommitHub:
         taking = bool(self._waiting) and not self._holding()
         anns: dict[str, Runs] = {}
         if not taking:
-            anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
+            anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
             self.stats.incr("lists")
             self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
-        gap = interval * 1.02 + 0.005  # the CASes an interval apart as sent: building one
-        with self._cond:  # varies by a few ms, and a per-key limited store counts them all
-            while self._budgets and (left := self._last_commit + gap - time.monotonic()) > 0:
+        at = self._last_commit + _gap(interval)  # the CASes an interval apart as sent
+        with self._cond:
+            while self._budgets and (left := at - time.monotonic()) > 0:
                 self._cond.wait(left)
             local = [Pending(g.producer_id, g.entries) for groups in self._waiting.values()
                      for g in groups if taking or not g.announced]
@@ -348,7 +358,7 @@ class CommitHub:
                 self._cond.wait(left)
             if self._budgets:
                 return  # a writer came back meanwhile: it keeps the lease
-        anns = self._read_announcements(list(self.store.list(keys.PENDING_PREFIX)))
+        anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._note_announcers(anns)
         heir = self._heir()
@@ -377,34 +387,6 @@ class CommitHub:
         recent = time.monotonic() - self._lease_ms(self._interval(), True) / 1000
         self._announcers = {h: t for h, t in self._announcers.items() if t > recent}
         return max(self._announcers, key=lambda h: self._announcers[h], default=None)
-
-    def _read_announcements(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
-        """The announcements listed, by key (each GET once, cached until gone; one found
-        changed is read again)."""
-        live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
-        for k in [k for k, (v, _) in self._anns.items() if live.get(k) != v]:
-            del self._anns[k]
-        new = [k for k in live if k not in self._anns and keys.parse_pending_key(k)]
-        if new:
-            for k, got in zip(new, self._pool.map(self._get_announcement, new), strict=True):
-                if got is not None:
-                    self._anns[k] = (live[k], got)
-        return {k: a for k, (_, a) in self._anns.items()}
-
-    def _get_announcement(self, key: str) -> Runs | None:
-        try:
-            raw = self.store.get(key).data
-        except errors.ObjectNotFoundError:
-            return None  # committed and deleted meanwhile
-        self.stats.incr("announcements_read")
-        try:
-            return fa.decode(raw, obj=key)
-        except errors.CorruptError:
-            # an announcement is a writer's hand-over, never the only copy of anything:
-            # its writer re-announces; a damaged one is skipped (and reported), not fatal
-            log.warning("skipping the corrupt announcement %s", key)
-            self.stats.incr("announcements_corrupt")
-            return None
 
     def max_age_ms(self, snap: Snapshot) -> int:
         """Half the buffer's GC grace period (the root's; the default before it has one):
@@ -447,7 +429,7 @@ class CommitHub:
             failed = self.store.delete_many(covered)
             self.stats.incr("announcements_deleted", len(covered) - len(failed))
             for k in covered:
-                self._anns.pop(k, None)
+                self._reader.forget(k)
 
     # --- watcher -----------------------------------------------------------------------
 
@@ -581,6 +563,12 @@ class CommitHub:
             g.done(seqs, err)
         except Exception:
             log.exception("a fan-in completion callback failed")
+
+
+def _gap(interval: float) -> float:
+    """Seconds between two commits as sent: a little over the interval (building one
+    varies by a few ms, and a per-key limited store counts every write)."""
+    return interval * 1.02 + 0.005
 
 
 _hubs: weakref.WeakKeyDictionary[ManifestQueue, CommitHub] = weakref.WeakKeyDictionary()

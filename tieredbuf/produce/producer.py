@@ -43,6 +43,10 @@ from tieredbuf.store.base import Store, manifest_writes_per_s
 log = logging.getLogger(__name__)
 
 
+_LEAD_S = 0.005
+"""Encoding a batch and handing it to the hub, on top of its upload."""
+
+
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -107,6 +111,8 @@ class Producer:
         self._flush_now = False
         self._error: BaseException | None = None
         self._flusher_done = False
+        self._lead_s = 0.0
+        """How long before the hub's cut-off a batch is cut (an upload, EWMA)."""
         self._pool = ThreadPoolExecutor(MAX_UPLOADS_IN_FLIGHT, thread_name_prefix="tb-upload")
         self._inflight: deque[tuple[Pending, Future[None], _OpenBatch]] = deque()
         self._committing = 0
@@ -230,12 +236,14 @@ class Producer:
             self._die(err)
             self._stop.set()  # uploads stop retrying
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._hub.detach(self._hub_token)
+            self._hub.withdraw(self.producer_id)  # the hub stops waiting for them
+            self._hub.detach(self._hub_token, timeout=0)
             with self._cond:
                 self._closed = True
             raise err
         self._pool.shutdown(wait=True)
-        self._hub.detach(self._hub_token)
+        left = _left(deadline)  # the lease is handed on within the close's own deadline
+        self._hub.detach(self._hub_token, timeout=10.0 if left is None else left)
         with self._cond:
             self._closed = True
         if self._error is not None:
@@ -271,7 +279,11 @@ class Producer:
             return None
         if self._closing or self._flush_now or self._pressing(b):
             return 0.0
-        return b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+        due = b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
+        slot = self._hub.cutoff_in()  # this process holds the lease: its next commit
+        if slot is not None and (slot == 0 or slot > self._lead_s / 2):  # takes what is
+            due = min(due, max(0.0, slot - self._lead_s))  # handed over by then: cut in
+        return due  # time for it (never later than the timer; when it is too late, the timer)
 
     def _pressing(self, b: _OpenBatch) -> bool:
         """Cut now: the batch is full, or holds half of a backpressure budget.
@@ -312,7 +324,10 @@ class Producer:
                 self._cond.notify_all()
 
     def _upload(self, p: Pending) -> None:
+        started = time.monotonic()
         self._publisher.upload(p)
+        took = time.monotonic() - started + _LEAD_S  # an upload, and a few ms to hand it over
+        self._lead_s = took if not self._lead_s else 0.8 * self._lead_s + 0.2 * took
 
     def _append_loop(self) -> None:
         """Hand every uploaded batch, in order, to the fan-in hub (not waiting for its

@@ -1,0 +1,90 @@
+"""The committer's reader of ``queue/pending/``: each announcement read once, cached
+until it is gone, and none committed past a damaged one of the same announcer.
+
+An announcement is a hub's hand-over of its writers' uploaded appends
+(:mod:`tieredbuf.format.announce`); the commit hub holding the lease
+(:mod:`tieredbuf.produce.fanin`) reads every one listed.  A damaged announcement (I7)
+cannot be committed, and neither can any later one of its announcer: those may carry
+the same writers' later appends, and a watermark moved past the damaged one's appends
+would cover them -- their writers would be told REMOTE for records never appended.  So
+the announcer's writers wait (and time out, loudly) instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from tieredbuf import errors, keys
+from tieredbuf.format import announce as fa
+from tieredbuf.runtime.stats import Stats
+from tieredbuf.store.base import ObjectMeta, Store
+
+log = logging.getLogger(__name__)
+
+PARALLEL = 32
+"""Announcements read at once (8 fell behind at S3's round trips)."""
+
+Runs = tuple[fa.Announcement, ...]
+"""An announcement's runs (a writer's appends each)."""
+
+
+class AnnouncementReader:
+    """Reads what a LIST of ``queue/pending/`` found, for one commit hub."""
+
+    def __init__(self, store: Store, stats: Stats) -> None:
+        self.store = store
+        self.stats = stats
+        self._cache: dict[str, tuple[object, Runs | None]] = {}  # key: (version, runs)
+        """None: damaged (read again only once its version changes)."""
+        self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="tb-fanin")
+
+    def read(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
+        """The announcements listed that may be committed, by key (each version GET once;
+        none of an announcer after a damaged one of its own)."""
+        live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
+        for k in [k for k, (v, _) in self._cache.items() if live.get(k) != v]:
+            del self._cache[k]
+        new = [k for k in live if k not in self._cache and keys.parse_pending_key(k)]
+        if new:
+            for k, (found, runs) in zip(new, self._pool.map(self._get, new), strict=True):
+                if found:
+                    self._cache[k] = (live[k], runs)
+        damaged: dict[str, int] = {}
+        for k, (_, runs) in self._cache.items():
+            if runs is None and (parsed := keys.parse_pending_key(k)) is not None:
+                damaged[parsed[0]] = min(parsed[1], damaged.get(parsed[0], parsed[1]))
+        out = {}
+        for k, (_, runs) in self._cache.items():
+            parsed = keys.parse_pending_key(k)
+            if runs is None or parsed is None:
+                continue
+            if parsed[0] in damaged and parsed[1] > damaged[parsed[0]]:
+                self.stats.incr("announcements_held_back")
+                continue
+            out[k] = runs
+        return out
+
+    def forget(self, key: str) -> None:
+        """``key`` was deleted."""
+        self._cache.pop(key, None)
+
+    def _get(self, key: str) -> tuple[bool, Runs | None]:
+        """(False, None) when gone (committed and deleted since); else its runs, None when
+        damaged."""
+        try:
+            raw = self.store.get(key).data
+        except errors.ObjectNotFoundError:
+            return False, None
+        self.stats.incr("announcements_read")
+        try:
+            return True, fa.decode(raw, obj=key)
+        except errors.CorruptError as e:
+            log.error(
+                "the announcement %s is damaged (%s): neither it nor any later announcement of "
+                "its announcer is committed; their writers wait and time out",
+                key,
+                e,
+            )
+            self.stats.incr("announcements_corrupt")
+            return True, None
