@@ -428,6 +428,26 @@ def test_the_holder_commits_once_per_interval_while_its_own_writers_keep_submitt
     _check_once_in_order(_records(buf), {f"p{i}": 40 for i in range(4)})
 
 
+def test_a_producer_in_the_holding_process_cuts_its_batches_for_the_next_commit() -> None:
+    """A batch waits for its flush timer and then for the hub's next commit: a producer
+    whose hub holds the lease cuts it in time for that commit instead, never later than
+    the timer. With a 2 s timer and commits 5 times a second, a second of input goes in
+    several commits, not in one batch two seconds later."""
+    buf = tieredbuf.Buffer(open_store("memory://"))
+    p = buf.producer(flush_interval=timedelta(seconds=2), manifest_writes_per_s=5.0)
+    p.produce([b"p:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the lease
+    handles = []
+    for j in range(1, 41):  # a record every 25 ms for a second
+        handles.append(p.produce([f"p:{j}".encode()]))
+        threading.Event().wait(0.025)  # pacing of the input, not synchronisation
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    p.close()
+    assert len(list(buf.entries())) >= 4  # a data object per commit slot, about (one or
+    # two with the timer alone)
+    _check_once_in_order(_records(buf), {"p": 41})
+
+
 def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/b")
     with buf.producer(manifest_writes_per_s=20.0) as p:
