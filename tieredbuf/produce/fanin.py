@@ -314,7 +314,10 @@ class CommitHub:
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
                 self._view, self._changed_at = self.queue.read(), time.monotonic()  # another
-                self._resolve(self._view)  # holder committed them (we LISTed forever)
+                self._resolve(self._view)  # holder committed them (we LISTed forever);
+                with self._cond:  # the rest (their announcement expired): ours to commit
+                    for g in (g for gs in self._waiting.values() for g in gs):
+                        g.announced = False
             elif not self._holding():
                 with self._cond:  # nothing to do, and no lease to keep: look again later
                     self._cond.wait(interval)
