@@ -10,6 +10,7 @@ handle as REMOTE with the right sequence.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,27 @@ def _check_once_in_order(got: list[tuple[int, bytes]], names: dict[str, int]) ->
         assert mine == list(range(n)), f"I1/I3: {name}'s records lost or out of order"
 
 
+@contextlib.contextmanager
+def _kept_busy(p: Any, fmt: bytes, start: int = 0) -> Iterator[list[int]]:
+    """A busy holder keeps renewing its lease: ``p`` produces ``fmt % i`` records one
+    after another (each waited for) until the block ends; yields ``[records sent]``."""
+    stop = threading.Event()
+    sent = [start]
+
+    def run() -> None:
+        while not stop.is_set():
+            p.produce([fmt % sent[0]]).wait(timeout=60)
+            sent[0] += 1
+
+    busy = threading.Thread(target=run)
+    busy.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        busy.join(timeout=60)
+
+
 def _wait_for(cond: Any, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -138,26 +161,15 @@ def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequ
     gets REMOTE with the sequence the root gave it."""
     url = f"file://{tmp_path}/b"
     holder, other = tieredbuf.open(url), tieredbuf.open(url)
-    stop = threading.Event()
     with holder.producer(manifest_writes_per_s=2.0) as hp:
         hp.produce([b"first"]).wait(timeout=60)  # takes the lease
         lease = holder.snapshot().root.lease
         assert lease is not None and lease.holder == hub_for(holder.store, holder.queue).holder
-
-        def keep_busy() -> None:  # a busy holder keeps renewing its lease
-            i = 0
-            while not stop.is_set():
-                hp.produce([b"h%d" % i]).wait(timeout=60)
-                i += 1
-
-        busy = threading.Thread(target=keep_busy)
-        busy.start()
-        try:
-            with other.producer(flush_interval=timedelta(milliseconds=5)) as op:
-                got = op.produce([b"theirs"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
-        finally:
-            stop.set()
-            busy.join(timeout=60)
+        with (
+            _kept_busy(hp, b"h%d"),
+            other.producer(flush_interval=timedelta(milliseconds=5)) as op,
+        ):
+            got = op.produce([b"theirs"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
         assert hub_for(other.store, other.queue).stats.get("announcements") >= 1
         assert hub_for(holder.store, holder.queue).stats.get("announcements_read") >= 1
     by_record = {r: seq for seq, r in _records(holder)}
@@ -197,32 +209,21 @@ def test_I2_I3_the_writers_of_one_process_announce_together_one_put_a_turn(
     holder = tieredbuf.open(url)
     held = HeldAnnouncements(open_store(url))
     other = tieredbuf.Buffer(held)  # type: ignore[arg-type]
-    stop = threading.Event()
     with holder.producer(manifest_writes_per_s=5.0) as hp:
         hp.produce([b"first"]).wait(timeout=60)  # takes the lease
-
-        def keep_busy() -> None:  # a busy holder keeps renewing its lease
-            i = 0
-            while not stop.is_set():
-                hp.produce([b"h%d" % i]).wait(timeout=60)
-                i += 1
-
-        busy = threading.Thread(target=keep_busy)
-        busy.start()
-        try:
-            ops = [other.producer(flush_interval=timedelta(milliseconds=5)) for _ in range(8)]
-            handles = [p.produce([f"w{i}:0".encode()]) for i, p in enumerate(ops)]
-            hub = hub_for(other.store, other.queue)
-            _wait_for(lambda: hub.stats.get("groups_submitted") == 8)
-            held.release.set()
-            for h in handles:
-                h.wait(tieredbuf.Durability.REMOTE, timeout=60)
-            for p in ops:
-                p.close()
-        finally:
-            held.release.set()
-            stop.set()
-            busy.join(timeout=60)
+        with _kept_busy(hp, b"h%d"):
+            try:
+                ops = [other.producer(flush_interval=timedelta(milliseconds=5)) for _ in range(8)]
+                handles = [p.produce([f"w{i}:0".encode()]) for i, p in enumerate(ops)]
+                hub = hub_for(other.store, other.queue)
+                _wait_for(lambda: hub.stats.get("groups_submitted") == 8)
+                held.release.set()
+                for h in handles:
+                    h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+                for p in ops:
+                    p.close()
+            finally:
+                held.release.set()
     assert hub.stats.get("announced_groups") == 8
     assert hub.stats.get("announcements") == 2  # the one held, then the rest at once
     runs = [fa.decode(b) for b in held.bodies]
@@ -244,26 +245,13 @@ def test_a_holder_that_leaves_hands_its_lease_to_the_hub_that_announced_last(
     url = f"file://{tmp_path}/b"
     a, b, c = (tieredbuf.open(url) for _ in range(3))
     hubs = {name: hub_for(x.store, x.queue) for name, x in (("a", a), ("b", b), ("c", c))}
-    stop = threading.Event()
     ap = a.producer(manifest_writes_per_s=5.0)
     ap.produce([b"a:0"]).wait(timeout=60)  # a holds the lease before b and c start
-    sent = [1]
-
-    def keep_busy() -> None:  # a busy holder keeps renewing its lease
-        while not stop.is_set():
-            ap.produce([b"a:%d" % sent[0]]).wait(timeout=60)
-            sent[0] += 1
-
-    busy = threading.Thread(target=keep_busy)
-    busy.start()
     bp = b.producer(flush_interval=timedelta(milliseconds=5))
     cp = c.producer(flush_interval=timedelta(milliseconds=5))
-    try:
+    with _kept_busy(ap, b"a:%d", start=1) as sent:
         bp.produce([b"b:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
         cp.produce([b"c:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
-    finally:
-        stop.set()
-        busy.join(timeout=60)
     ap.close()  # a leaves while b and c were heard from lately
     assert hubs["a"].stats.get("handovers") == 1
     lease = a.snapshot().root.lease
@@ -346,22 +334,12 @@ def test_I1_I7_nothing_is_committed_past_a_damaged_announcement_of_the_same_anno
     holder = tieredbuf.open(url)
     damaging = DamagedFirstAnnouncement(open_store(url))
     other = tieredbuf.Buffer(damaging)  # type: ignore[arg-type]
-    stop = threading.Event()
     hp = holder.producer(manifest_writes_per_s=5.0)
     hp.produce([b"h:0"]).wait(timeout=60)  # the holder holds the lease
-    sent = [1]
-
-    def keep_busy() -> None:
-        while not stop.is_set():
-            hp.produce([b"h:%d" % sent[0]]).wait(timeout=60)
-            sent[0] += 1
-
-    busy = threading.Thread(target=keep_busy)
-    busy.start()
     theirs = hub_for(other.store, other.queue)
     mine = hub_for(holder.store, holder.queue)
     op = other.producer(flush_interval=timedelta(milliseconds=5))
-    try:
+    with _kept_busy(hp, b"h:%d", start=1):
         first = op.produce([b"o:0"])
         _wait_for(lambda: theirs.stats.get("announcements") == 1)
         second = op.produce([b"o:1"])
@@ -375,10 +353,7 @@ def test_I1_I7_nothing_is_committed_past_a_damaged_announcement_of_the_same_anno
         with pytest.raises(errors.FlushTimeoutError):
             op.close(timeout=0.5)
         assert theirs.pending() == 0  # given up: the hub stops waiting on them
-    finally:
-        stop.set()
-        busy.join(timeout=60)
-        hp.close()
+    hp.close()
     assert damaging.damaged is not None
 
 
