@@ -112,6 +112,7 @@ class CommitHub:
         self._view: Snapshot | None = None
         self._reader = AnnouncementReader(store, self.stats)
         self._announced_n = 0  # this hub's announcements so far (it numbers their keys)
+        self._announce_s = 0.0  # an announcement's PUT (EWMA)
         self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
         self._changed_at = 0.0
@@ -182,13 +183,16 @@ class CommitHub:
             self._cond.notify_all()
 
     def next_commit_in(self, ahead: int = 0) -> float:
-        """Seconds until the next commit is due as far as this hub knows (0: now); ``ahead``:
-        after that many more."""
+        """Seconds until a group must be submitted to go in the next commit (0: now);
+        ``ahead``: after that many more.  A watcher's must be announced before the holder's
+        LIST, which comes before its commit by a time the watcher does not know, and it
+        sees commits late: it aims a quarter interval and an announcement early."""
         with self._cond:
             interval = self._interval()
-            mine = self._holding() or self._view is None
-            last = self._last_commit if mine else self._changed_at
-            return max(0.0, last + (1 + ahead) * interval - time.monotonic())
+            if self._holding() or self._view is None:
+                return max(0.0, self._last_commit + (1 + ahead) * interval - time.monotonic())
+            early = interval / 4 + self._announce_s
+            return max(0.0, self._changed_at + (1 + ahead) * interval - early - time.monotonic())
 
     def cutoff_in(self) -> float | None:
         """Holding the lease: seconds until its next turn takes its own process's groups
@@ -492,11 +496,14 @@ class CommitHub:
             g.floor = max(g.floor, floor)
             runs.setdefault(g.producer_id, []).extend(g.entries)
         self._announced_n += 1
+        started = time.monotonic()
         key = keys.pending_key(self.holder, self._announced_n)
         body = fa.encode([fa.make(pid, 0, es) for pid, es in runs.items()], self.wall_ms())
         with contextlib.suppress(errors.AlreadyExistsError):  # our own earlier attempt, its answer
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
+        took = time.monotonic() - started
         with self._cond:
+            self._announce_s = took if not self._announce_s else 0.8 * self._announce_s + 0.2 * took
             for g in todo:
                 g.announced = True
         self.stats.incr("announcements")
