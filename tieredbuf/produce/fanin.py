@@ -186,12 +186,13 @@ class CommitHub:
         """Seconds until a group must be submitted to go in the next commit (0: now);
         ``ahead``: after that many more.  A watcher's must be announced before the holder's
         LIST, which comes before its commit by a time the watcher does not know, and it
-        sees commits late: it aims a quarter interval and an announcement early."""
+        sees commits late: it aims an announcement and a quarter interval (at most 75 ms:
+        its late polls and the holder's LIST) early."""
         with self._cond:
             interval = self._interval()
             if self._holding() or self._view is None:
                 return max(0.0, self._last_commit + (1 + ahead) * interval - time.monotonic())
-            early = interval / 4 + self._announce_s
+            early = min(interval / 4, 0.075) + self._announce_s
             return max(0.0, self._changed_at + (1 + ahead) * interval - early - time.monotonic())
 
     def cutoff_in(self) -> float | None:

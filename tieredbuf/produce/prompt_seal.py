@@ -98,9 +98,9 @@ class PromptSealer:
         """When to start the seal: after the coalescing delay, and not before the
         exporter's next append slot less a seal and an upload."""
         now = time.monotonic()
-        # a sealed segment still waiting for its append takes the next slot
-        ahead = 1 if self.stage.sealed_segments() else 0
-        slot = now + self.exporter.next_append_in(ahead) - self._seal_s - self.exporter.upload_s
+        # the next commit takes every segment handed to the fan-in hub by then: one still
+        # waiting for it does not take the slot (it did when each commit took one writer's)
+        slot = now + self.exporter.next_append_in() - self._seal_s - self.exporter.upload_s
         return max(asked_at + COALESCE_S, slot)
 
     def _run(self) -> None:
