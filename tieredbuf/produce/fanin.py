@@ -121,6 +121,7 @@ class CommitHub:
         """How long after the expected time a commit is usually seen (EWMA, seconds)."""
         self._polled_at = 0.0
         """When (monotonic) this hub, a watcher, last read the root's footer."""
+        self._read_at = 0.0  # when (monotonic) a watcher last read the whole root
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
         self._yield = self._long = False  # met another's lease: announce; took the long one
@@ -282,9 +283,8 @@ class CommitHub:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
             self._yield = False  # (announce) rather than race it again; if its lease
             return False  # lapses meanwhile, the next turn commits them
-        if self._view is None:
+        if self._view is None:  # (not a change seen: a watcher looks for the first soon)
             self._view = self.queue.read()
-            self._changed_at = time.monotonic()
         return lease_free(self._view.root.lease, self.holder, self.wall_ms())
 
     # --- committer ---------------------------------------------------------------------
@@ -340,7 +340,6 @@ class CommitHub:
         self._turn_s = max(time.monotonic() - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
             self._view = self.queue.read()  # elsewhere (another writer's live lease), stale
-            self._changed_at = time.monotonic()
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again
             self._resolve(self._view)
@@ -463,21 +462,21 @@ class CommitHub:
         footer = self.queue.read_footer()
         self._polled_at = time.monotonic()
         self.stats.incr("footer_polls")
-        quiet = time.monotonic() - self._changed_at > 2 * interval
-        if (
-            footer.next_sequence == self._view.root.next_seq
-            and footer.epoch == self._view.footer.epoch
-            and not quiet
-            and lease is not None
-            and lease.expires_ms > self.wall_ms()
-        ):
+        moved = (footer.next_sequence, footer.epoch) != (
+            self._view.root.next_seq,
+            self._view.footer.epoch,
+        )
+        quiet = time.monotonic() - max(self._changed_at, self._read_at) > 2 * interval
+        if not moved and not quiet and lease is not None and lease.expires_ms > self.wall_ms():
             return
-        seen = time.monotonic()
+        seen = self._read_at = time.monotonic()
         snap = self.queue.read()
-        late = seen - (self._changed_at + interval)
-        if 0 <= late < interval:
-            self._delay = late if not self._delay else 0.8 * self._delay + 0.2 * late
-        self._view, self._changed_at = snap, seen
+        if moved:  # the holder's rhythm: only a change seen sets it (a read that found none
+            late = seen - (self._changed_at + interval)  # put the next poll an interval off
+            if 0 <= late < interval:  # and a watcher then learned of its commit that late)
+                self._delay = late if not self._delay else 0.8 * self._delay + 0.2 * late
+            self._changed_at = seen
+        self._view = snap
         if snap.root.lease is not None and snap.root.lease.holder == self.holder:
             self._long = True  # handed to us: the others wait on our turns; the first one
             self._last_commit = seen  # an interval after the hand-over's write, at least
