@@ -116,9 +116,8 @@ class CommitHub:
         self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
         self._changed_at = 0.0
-        """When (monotonic) this hub last saw the root change: the holder's rhythm."""
-        self._delay = 0.0
-        """How long after the expected time a commit is usually seen (EWMA, seconds)."""
+        """When (monotonic) the root last changed, as early as this hub can tell: the
+        holder's rhythm (a watcher's poll before it saw a change bounds it)."""
         self._polled_at = 0.0
         """When (monotonic) this hub, a watcher, last read the root's footer."""
         self._read_at = 0.0  # when (monotonic) a watcher last read the whole root
@@ -449,7 +448,7 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
-        due = self._changed_at + interval + self._delay
+        due = self._changed_at + _gap(interval)  # the holder's next commit, sent
         if self._polled_at >= due:  # no commit seen when expected: look again soon (50 ms,
             due = self._polled_at + max(min(interval / 4, 0.05), MIN_INTERVAL_S)  # a 22 B GET)
         with self._cond:
@@ -459,6 +458,7 @@ class CommitHub:
                 if any(not g.announced for gs in self._waiting.values() for g in gs):
                     return
                 self._cond.wait(left)
+        before = self._polled_at
         footer = self.queue.read_footer()
         self._polled_at = time.monotonic()
         self.stats.incr("footer_polls")
@@ -471,11 +471,10 @@ class CommitHub:
             return
         seen = self._read_at = time.monotonic()
         snap = self.queue.read()
-        if moved:  # the holder's rhythm: only a change seen sets it (a read that found none
-            late = seen - (self._changed_at + interval)  # put the next poll an interval off
-            if 0 <= late < interval:  # and a watcher then learned of its commit that late)
-                self._delay = late if not self._delay else 0.8 * self._delay + 0.2 * late
-            self._changed_at = seen
+        if moved:  # the holder's rhythm: the commit came after our last poll.  (Timing the
+            self._changed_at = max(before, seen - interval)  # next poll from when we saw
+            # it drifted: each poll a little later, and commits seen up to an interval late;
+            # and a read that found no change put the next poll a whole interval off.)
         self._view = snap
         if snap.root.lease is not None and snap.root.lease.holder == self.holder:
             self._long = True  # handed to us: the others wait on our turns; the first one
