@@ -338,7 +338,9 @@ class CommitHub:
                      interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._turn_s = max(time.monotonic() - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
-            self._view = self.queue.read()  # elsewhere (another writer's live lease), stale
+            read = res.read if first is None else None  # elsewhere (another's live lease),
+            self._view = read if read is not None else self.queue.read()  # or stale (a read
+            # the decision was made on is fresh; the optimistic first one may not be)
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again
             self._resolve(self._view)

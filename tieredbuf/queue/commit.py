@@ -51,6 +51,8 @@ class Committed:
     stale: frozenset[str] = frozenset()
     """Producers whose next append names a data object older than half the grace period:
     not appended (GC may judge it garbage); its writer uploads it again and re-announces."""
+    read: Snapshot | None = None
+    """Nothing written: the root this was decided on (``first``, or a fresh read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,7 @@ def commit(
         cur = snap.root.lease
         held_elsewhere = not lease_free(cur, holder, now)
         if held_elsewhere and not force:
-            return cas.Skip(Committed({}, None, cur))
+            return cas.Skip(Committed({}, None, cur, read=snap))
         limit = max_age_ms(snap)
         draft = queue.draft(snap)
         wms = fm.prune_watermarks(snap.view.watermarks, now, queue.watermark_ttl_ms, WATERMARK_CAP)
@@ -149,7 +151,7 @@ def commit(
                 )
         releasing = release and cur is not None and cur.holder == holder and cur.expires_ms > now
         if not placed and not releasing:
-            return cas.Skip(Committed({}, None, cur, frozenset(stale)))
+            return cas.Skip(Committed({}, None, cur, frozenset(stale), read=snap))
         draft.watermarks = wms
         draft.lease = lease
         return cas.Write(queue.build(draft, now), _Plan(placed, marks, lease, frozenset(stale)))
