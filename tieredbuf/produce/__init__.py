@@ -9,4 +9,7 @@
 | `stage_binding.py` | a stage belongs to one buffer (`buffer.json`) |
 | `exporter.py` | uploads sealed segments and appends them; releases them from the stage |
 | `prompt_seal.py` | a wait for REMOTE asks for an early seal |
+| `fanin.py` | the commit hub: one commit per interval for every writer of a buffer (fan-in) |
+| `announcements.py` | the committer's reader of other processes' announcements |
+| `api.py` | the `RecordProducer` protocol both producers meet |
 """
