@@ -423,6 +423,41 @@ def test_a_producer_in_the_holding_process_cuts_its_batches_for_the_next_commit(
     _check_once_in_order(_records(buf), {"p": 41})
 
 
+class SlowLists:
+    """Forwards to a store; every LIST takes ``delay`` seconds (a turn that runs late)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self.delay = delay
+
+    def list(self, prefix: str) -> Any:
+        threading.Event().wait(self.delay)  # the round trip, not synchronisation
+        return self._inner.list(prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_producer_cuts_at_most_once_a_turn_for_its_hub_while_the_turn_runs_late() -> None:
+    """While the holder's turn runs late (a slow LIST), its cut-off has passed and a batch
+    cut now would still go in that commit: a producer cuts once for it, not every batch it
+    opens meanwhile (each a data object)."""
+    buf = tieredbuf.Buffer(SlowLists(open_store("memory://"), 0.35))  # type: ignore[arg-type]
+    p = buf.producer(flush_interval=timedelta(seconds=2), manifest_writes_per_s=5.0)
+    p.produce([b"p:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the lease
+    handles = []
+    for j in range(1, 201):  # a record every 5 ms for a second
+        handles.append(p.produce([f"p:{j}".encode()]))
+        threading.Event().wait(0.005)  # pacing of the input, not synchronisation
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    p.close()
+    commits = buf.queue.stats.get("commits")
+    objects = len(list(buf.entries()))
+    assert objects <= 2 * commits + 2, (objects, commits)  # a cut per turn, and the timer
+    _check_once_in_order(_records(buf), {"p": 201})
+
+
 def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
     buf = tieredbuf.open(f"file://{tmp_path}/b")
     with buf.producer(manifest_writes_per_s=20.0) as p:

@@ -195,13 +195,15 @@ class CommitHub:
             early = min(interval / 4, 0.075) + self._announce_s
             return max(0.0, self._changed_at + (1 + ahead) * interval - early - time.monotonic())
 
-    def cutoff_in(self) -> float | None:
+    def cutoff_in(self) -> tuple[float, float] | None:
         """Holding the lease: seconds until its next turn takes its own process's groups
-        (0: one submitted now goes at once); None otherwise (a group is announced)."""
+        (0: one submitted now goes at once), and that turn's identity (it changes once
+        the turn's commit is sent); None otherwise (a group is announced)."""
         with self._cond:
             if not self._holding():
                 return None
-            return max(0.0, self._last_commit + _gap(self._interval()) - time.monotonic())
+            left = self._last_commit + _gap(self._interval()) - time.monotonic()
+            return max(0.0, left), self._last_commit
 
     def pending(self) -> int:
         """Groups submitted and not done yet."""

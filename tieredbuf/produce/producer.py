@@ -113,6 +113,8 @@ class Producer:
         self._flusher_done = False
         self._lead_s = 0.0
         """How long before the hub's cut-off a batch is cut (an upload, EWMA)."""
+        self._slot_cut: float | None = None
+        """The hub turn a batch was last cut for (one cut per turn)."""
         self._pool = ThreadPoolExecutor(MAX_UPLOADS_IN_FLIGHT, thread_name_prefix="tb-upload")
         self._inflight: deque[tuple[Pending, Future[None], _OpenBatch]] = deque()
         self._committing = 0
@@ -280,10 +282,19 @@ class Producer:
         if self._closing or self._flush_now or self._pressing(b):
             return 0.0
         due = b.opened + self.config.flush_interval.total_seconds() - time.monotonic()
-        slot = self._hub.cutoff_in()  # this process holds the lease: its next commit
-        if slot is not None and (slot == 0 or slot > self._lead_s / 2):  # takes what is
-            due = min(due, max(0.0, slot - self._lead_s))  # handed over by then: cut in
-        return due  # time for it (never later than the timer; when it is too late, the timer)
+        # When this process holds the lease, its hub's next turn takes what is handed over
+        # by its cut-off: cut the batch in time for it, never later than the timer, once a
+        # turn (a turn running late would have every batch opened meanwhile cut at once),
+        # and not when it is too late to make it (then the timer decides).
+        cutoff = self._hub.cutoff_in()
+        if cutoff is None or cutoff[1] == self._slot_cut:
+            return due
+        slot, turn = cutoff
+        if slot == 0 or slot > self._lead_s / 2:
+            due = min(due, max(0.0, slot - self._lead_s))
+            if due <= 0:
+                self._slot_cut = turn
+        return due
 
     def _pressing(self, b: _OpenBatch) -> bool:
         """Cut now: the batch is full, or holds half of a backpressure budget.
