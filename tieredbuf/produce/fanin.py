@@ -303,6 +303,8 @@ class CommitHub:
         # a free or lapsed lease: take it with our own groups, announced or not, and LIST
         # once it is ours (hubs racing for it each LISTed and read every announcement)
         taking = bool(self._waiting) and not self._holding()
+        lease = None if self._view is None else self._view.root.lease
+        elsewhere = taking and lease is not None and lease.holder != self.holder
         anns: dict[str, Runs] = {}
         if not taking:
             anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
@@ -315,7 +317,7 @@ class CommitHub:
             local = [Pending(g.producer_id, g.entries) for groups in self._waiting.values()
                      for g in groups if taking or not g.announced]
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
-        self._others = bool(remote) or taking  # taken: LIST next turn
+        self._others = bool(remote) or elsewhere  # others may have announced to it: LIST
         self._note_announcers(anns)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
