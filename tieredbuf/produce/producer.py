@@ -290,10 +290,11 @@ class Producer:
         if cutoff is None or cutoff[1] == self._slot_cut:
             return due
         slot, turn = cutoff
-        if slot == 0 or slot > self._lead_s / 2:
-            due = min(due, max(0.0, slot - self._lead_s))
-            if due <= 0:
+        cut = max(0.0, slot - self._lead_s)
+        if (slot == 0 or slot > self._lead_s / 2) and cut < due:
+            if cut == 0:  # the turn's cut (a batch the timer cut before it does not count)
                 self._slot_cut = turn
+            return cut
         return due
 
     def _pressing(self, b: _OpenBatch) -> bool:
