@@ -68,7 +68,7 @@ from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.retry import RetryLog, backoff_delay
-from tieredbuf.runtime.stats import Stats
+from tieredbuf.runtime.stats import Stats, ewma
 from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.segment_check import verify
 from tieredbuf.stage.stage import Stage
@@ -200,10 +200,9 @@ class Exporter:
                 f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
             )
 
-    def next_append_in(self, ahead: int = 0) -> float:
-        """Seconds until the buffer's next commit may take what is uploaded now (0: now);
-        ``ahead``: after that many more commits."""
-        return self._hub.next_commit_in(ahead)
+    def next_append_in(self) -> float:
+        """Seconds until the buffer's next commit may take what is uploaded now (0: now)."""
+        return self._hub.next_commit_in()
 
     def wake(self) -> None:
         """Look at the stage now (a segment was just sealed for a REMOTE waiter)."""
@@ -396,7 +395,7 @@ class Exporter:
         started = time.monotonic()
         self._publishers[stream].upload(p)
         took = time.monotonic() - started
-        self.upload_s = took if not self.upload_s else 0.8 * self.upload_s + 0.2 * took
+        self.upload_s = ewma(self.upload_s, took)
         p.drop_body()  # it waits for its append on disk, not in memory
         self._wake.set()
 

@@ -52,7 +52,7 @@ from tieredbuf.queue.commit import (
 )
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
-from tieredbuf.runtime.stats import Stats
+from tieredbuf.runtime.stats import Stats, ewma
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -182,18 +182,18 @@ class CommitHub:
                 self._thread.start()
             self._cond.notify_all()
 
-    def next_commit_in(self, ahead: int = 0) -> float:
-        """Seconds until a group must be submitted to go in the next commit (0: now);
-        ``ahead``: after that many more.  A watcher's must be announced before the holder's
-        LIST, which comes before its commit by a time the watcher does not know, and it
-        sees commits late: it aims an announcement and a quarter interval (at most 75 ms:
-        its late polls and the holder's LIST) early."""
+    def next_commit_in(self) -> float:
+        """Seconds until a group must be submitted to go in the next commit (0: now).  A
+        watcher's must be announced before the holder's LIST, which comes before its
+        commit by a time the watcher does not know, and it sees commits late: it aims an
+        announcement and a quarter interval (at most 75 ms: its late polls and the
+        holder's LIST) early."""
         with self._cond:
             interval = self._interval()
             if self._holding() or self._view is None:
-                return max(0.0, self._last_commit + (1 + ahead) * interval - time.monotonic())
+                return max(0.0, self._last_commit + interval - time.monotonic())
             early = min(interval / 4, 0.075) + self._announce_s
-            return max(0.0, self._changed_at + (1 + ahead) * interval - early - time.monotonic())
+            return max(0.0, self._changed_at + interval - early - time.monotonic())
 
     def cutoff_in(self) -> tuple[float, float] | None:
         """Holding the lease: seconds until its next turn takes its own process's groups
@@ -508,7 +508,7 @@ class CommitHub:
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
         took = time.monotonic() - started
         with self._cond:
-            self._announce_s = took if not self._announce_s else 0.8 * self._announce_s + 0.2 * took
+            self._announce_s = ewma(self._announce_s, took)
             for g in todo:
                 g.announced = True
         self.stats.incr("announcements")

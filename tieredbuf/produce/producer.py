@@ -37,7 +37,7 @@ from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
-from tieredbuf.runtime.stats import Stats
+from tieredbuf.runtime.stats import Stats, ewma
 from tieredbuf.store.base import Store, manifest_writes_per_s
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ class Producer:
         started = time.monotonic()
         self._publisher.upload(p)
         took = time.monotonic() - started + _LEAD_S  # an upload, and a few ms to hand it over
-        self._lead_s = took if not self._lead_s else 0.8 * self._lead_s + 0.2 * took
+        self._lead_s = ewma(self._lead_s, took)
 
     def _append_loop(self) -> None:
         """Hand every uploaded batch, in order, to the fan-in hub (not waiting for its

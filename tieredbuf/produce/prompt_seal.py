@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tieredbuf.runtime import forks
+from tieredbuf.runtime.stats import ewma
 
 if TYPE_CHECKING:
     from tieredbuf.produce.exporter import Exporter
@@ -128,6 +129,6 @@ class PromptSealer:
                 log.warning("prompt seal failed: %s", e)
                 continue
             took = time.monotonic() - started
-            self._seal_s = took if not self._seal_s else 0.8 * self._seal_s + 0.2 * took
+            self._seal_s = ewma(self._seal_s, took)
             self.seals += bool(sealed)
             self.exporter.wake()

@@ -2,7 +2,7 @@
 
 | module | what it holds |
 |---|---|
-| `stats.py` | `Stats`: the thread-safe counters every role reports |
+| `stats.py` | `Stats`: the thread-safe counters every role reports; `ewma` |
 | `retry.py` | jittered exponential backoff, interruptible retry sleeps, `RetryLog` |
 | `pools.py` | thread pools that start every thread when they are made |
 | `forks.py` | what survives `fork()`: the obstore runtime does not; `ForkGuard` |

@@ -1,4 +1,5 @@
-"""``Stats``: the thread-safe counters every role reports (conflicts, retries, ...)."""
+"""``Stats``: the thread-safe counters every role reports (conflicts, retries, ...);
+``ewma``: the moving average the roles time their work with."""
 
 from __future__ import annotations
 
@@ -24,3 +25,9 @@ class Stats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
+
+
+def ewma(average: float, sample: float) -> float:
+    """The moving average of how long something took: ``sample`` weighs a fifth, and the
+    first sample (``average`` still 0) is taken as it is."""
+    return sample if not average else 0.8 * average + 0.2 * sample
