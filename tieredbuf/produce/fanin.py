@@ -284,8 +284,8 @@ class CommitHub:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
             self._yield = False  # (announce) rather than race it again; if its lease
             return False  # lapses meanwhile, the next turn commits them
-        if self._view is None:  # (not a change seen: a watcher looks for the first soon)
-            self._view = self.queue.read()
+        if self._view is None:  # the first turn: try; the commit's own read decides (a
+            return True  # live lease elsewhere: nothing written, and we announce next)
         return lease_free(self._view.root.lease, self.holder, self.wall_ms())
 
     # --- committer ---------------------------------------------------------------------

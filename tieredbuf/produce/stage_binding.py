@@ -140,6 +140,8 @@ class StageBinding:
         if self._verified:
             return
         with self._lock:
+            if self._verified:  # another stream's export verified it meanwhile
+                return
             cur = self.queue.read().buffer_id
             recorded = read_binding(self.stage.path, self.stage.fs) or {
                 "buffer_id": None,
