@@ -11,5 +11,6 @@
 | `prompt_seal.py` | a wait for REMOTE asks for an early seal |
 | `fanin.py` | the commit hub: one commit per interval for every writer of a buffer (fan-in) |
 | `announcements.py` | the committer's reader of other processes' announcements |
+| `rhythm.py` | when a watcher polls for the holder's next commit (pure) |
 | `api.py` | the `RecordProducer` protocol both producers meet |
 """

@@ -40,6 +40,7 @@ from tieredbuf import errors, keys
 from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
 from tieredbuf.format import announce as fa
 from tieredbuf.produce.announcements import AnnouncementReader, Runs
+from tieredbuf.produce.rhythm import Rhythm, gap
 from tieredbuf.queue import cas
 from tieredbuf.queue.commit import (
     Committed,
@@ -115,11 +116,7 @@ class CommitHub:
         self._announce_s = 0.0  # an announcement's PUT (EWMA)
         self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
-        self._changed_at = 0.0
-        """When (monotonic) the root last changed, as early as this hub can tell: the
-        holder's rhythm (a watcher's poll before it saw a change bounds it)."""
-        self._polled_at = 0.0
-        """When (monotonic) this hub, a watcher, last read the root's footer."""
+        self._rhythm = Rhythm()  # when the root changed, and when a watcher looks next
         self._read_at = 0.0  # when (monotonic) a watcher last read the whole root
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
@@ -193,7 +190,7 @@ class CommitHub:
             if self._holding() or self._view is None:
                 return max(0.0, self._last_commit + interval - time.monotonic())
             early = min(interval / 4, 0.075) + self._announce_s
-            return max(0.0, self._changed_at + interval - early - time.monotonic())
+            return max(0.0, self._rhythm.changed_at + interval - early - time.monotonic())
 
     def cutoff_in(self) -> tuple[float, float] | None:
         """Holding the lease: seconds until its next turn takes its own process's groups
@@ -202,7 +199,7 @@ class CommitHub:
         with self._cond:
             if not self._holding():
                 return None
-            left = self._last_commit + _gap(self._interval()) - time.monotonic()
+            left = self._last_commit + gap(self._interval()) - time.monotonic()
             return max(0.0, left), self._last_commit
 
     def pending(self) -> int:
@@ -310,7 +307,7 @@ class CommitHub:
             anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
             self.stats.incr("lists")
             self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
-        at = self._last_commit + _gap(interval)  # the CASes an interval apart as sent
+        at = self._last_commit + gap(interval)  # the CASes an interval apart as sent
         with self._cond:
             while self._budgets and (left := at - time.monotonic()) > 0:
                 self._cond.wait(left)
@@ -321,8 +318,9 @@ class CommitHub:
         self._note_announcers(anns)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
-                self._view, self._changed_at = self.queue.read(), time.monotonic()  # another
-                self._resolve(self._view)  # holder committed them (we LISTed forever);
+                self._view = self.queue.read()  # another holder committed them (we LISTed
+                self._rhythm.changed(time.monotonic(), interval)  # forever);
+                self._resolve(self._view)
                 with self._cond:  # the rest (their announcement expired): ours to commit
                     for g in (g for gs in self._waiting.values() for g in gs):
                         g.announced = False
@@ -350,7 +348,8 @@ class CommitHub:
             self._resolve(self._view)
             self._refresh_stale(res)
             return
-        self._view, self._changed_at = res.snapshot, time.monotonic()
+        self._view = res.snapshot
+        self._rhythm.changed(time.monotonic(), interval)
         self._long = bool(remote)  # a long lease: others wait on it, keep LISTing till it ends
         self.stats.incr("commits")
         self._resolve(res.snapshot, res)
@@ -454,33 +453,28 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
-        due = self._changed_at + _gap(interval)  # the holder's next commit, sent
-        if self._polled_at >= due:  # no commit seen when expected: look again soon (50 ms,
-            due = self._polled_at + max(min(interval / 4, 0.05), MIN_INTERVAL_S)  # a 22 B GET)
         with self._cond:
+            since = min((g.submitted for gs in self._waiting.values() for g in gs), default=0.0)
+            due = self._rhythm.due(interval, since)  # the holder's next commit, or a retry
             # a new group before the poll is due: announce it first (the holder lists it
             # next); once the poll is due it goes first, however busy the writers are
             while (left := due - time.monotonic()) > 0:
                 if any(not g.announced for gs in self._waiting.values() for g in gs):
                     return
                 self._cond.wait(left)
-        before = self._polled_at
+        sent = time.monotonic()
         footer = self.queue.read_footer()
-        self._polled_at = time.monotonic()
         self.stats.incr("footer_polls")
         moved = (footer.next_sequence, footer.epoch) != (
             self._view.root.next_seq,
             self._view.footer.epoch,
         )
-        quiet = time.monotonic() - max(self._changed_at, self._read_at) > 2 * interval
+        self._rhythm.polled(sent, moved, interval)
+        quiet = time.monotonic() - max(self._rhythm.changed_at, self._read_at) > 2 * interval
         if not moved and not quiet and lease is not None and lease.expires_ms > self.wall_ms():
             return
         seen = self._read_at = time.monotonic()
         snap = self.queue.read()
-        if moved:  # the holder's rhythm: the commit came after our last poll.  (Timing the
-            self._changed_at = max(before, seen - interval)  # next poll from when we saw
-            # it drifted: each poll a little later, and commits seen up to an interval late;
-            # and a read that found no change put the next poll a whole interval off.)
         self._view = snap
         if snap.root.lease is not None and snap.root.lease.holder == self.holder:
             self._long = True  # handed to us: the others wait on our turns; the first one
@@ -578,12 +572,6 @@ class CommitHub:
             g.done(seqs, err)
         except Exception:
             log.exception("a fan-in completion callback failed")
-
-
-def _gap(interval: float) -> float:
-    """Seconds between two commits as sent: a little over the interval (building one
-    varies by a few ms, and a per-key limited store counts every write)."""
-    return interval * 1.02 + 0.005
 
 
 _hubs: weakref.WeakKeyDictionary[ManifestQueue, CommitHub] = weakref.WeakKeyDictionary()

@@ -1,0 +1,77 @@
+"""When a fan-in watcher polls for the holder's next commit (tieredbuf/produce/rhythm.py).
+
+Pure timing: commits and polls are simulated on a virtual clock, so these tests are
+exact (no sleeps, no wall clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tieredbuf.produce.rhythm import RETRY_S, Rhythm, gap
+
+INTERVAL = 0.2  # the default budget: 5 commits/s
+
+
+def simulate(late_ms: float, commits: int = 200, rtt: float = 0.0) -> tuple[int, float]:
+    """A holder whose commits land ``gap + late_ms`` apart; a watcher that waits on every
+    one.  Returns the polls sent and the worst delay between a commit landing and a
+    poll seeing it.  A poll sent at ``t`` reaches the store at ``t + rtt / 2``."""
+    period = gap(INTERVAL) + late_ms / 1000
+    landed = [1.0 + k * period for k in range(commits)]
+    r = Rhythm()
+    now = 0.9
+    seen = -1
+    polls = 0
+    worst = 0.0
+    while seen < commits - 1:
+        now = max(now, r.due(INTERVAL, since=0.0))
+        polls += 1
+        arrives = now + rtt / 2
+        newest = max((k for k, t in enumerate(landed) if t <= arrives), default=-1)
+        moved = newest > seen
+        if moved:
+            worst = max(worst, arrives - landed[newest]) if newest == seen + 1 else worst
+            seen = newest
+        r.polled(now, moved, INTERVAL)
+        now += rtt  # the answer comes back; the next poll is timed from the send
+    return polls, worst
+
+
+@pytest.mark.parametrize("late_ms", [0.5, 2.0, 5.0])
+@pytest.mark.parametrize("rtt", [0.001, 0.03])
+def test_a_watcher_finds_a_commit_on_time_with_about_one_poll(late_ms: float, rtt: float) -> None:
+    polls, worst = simulate(late_ms, rtt=rtt)
+    assert polls <= 200 * 1.15  # a commit a poll, bar the odd retry when one came late
+    assert worst <= RETRY_S + late_ms / 1000 + rtt  # and seen at most a retry late
+
+
+def test_a_commit_that_came_late_is_looked_for_again_a_short_retry_later() -> None:
+    r = Rhythm()
+    r.polled(10.0, True, INTERVAL)
+    assert r.due(INTERVAL, since=0.0) == pytest.approx(10.0 + gap(INTERVAL))
+    r.polled(10.0 + gap(INTERVAL), False, INTERVAL)  # not there yet
+    assert r.due(INTERVAL, since=0.0) == pytest.approx(10.0 + gap(INTERVAL) + RETRY_S)
+
+
+def test_after_an_idle_spell_the_poll_waits_for_the_holders_next_beat() -> None:
+    """Groups that came after the expected commit cannot be in it: the poll goes on the
+    holder's beat after them, not at once (a poll that would only find that commit)."""
+    r = Rhythm()
+    r.changed(10.0, INTERVAL)
+    p = gap(INTERVAL)
+    since = 10.0 + 3.4 * p
+    assert r.due(INTERVAL, since=since) == pytest.approx(10.0 + 4 * p)
+    # groups that came before the expected commit: polled for at its time
+    r2 = Rhythm()
+    r2.changed(10.0, INTERVAL)
+    assert r2.due(INTERVAL, since=10.0 + 0.5 * p) == pytest.approx(10.0 + p)
+
+
+def test_the_change_is_placed_no_earlier_than_the_poll_before_it() -> None:
+    """``changed_at`` is the bracket's lower end (where producers cut their batches)."""
+    r = Rhythm()
+    r.polled(10.0, False, INTERVAL)
+    r.polled(10.05, True, INTERVAL)
+    assert r.changed_at == pytest.approx(10.0)
+    r.polled(11.0, True, INTERVAL)  # a poll long after: at most an interval before it
+    assert r.changed_at == pytest.approx(11.0 - INTERVAL)

@@ -1,0 +1,73 @@
+"""When a fan-in watcher looks for the holder's next commit (pure: times in, times out).
+
+A watcher (a hub that does not hold the commit lease, :mod:`tieredbuf.produce.fanin`)
+learns that the holder committed only by reading the root.  The holder sends its commits
+a little over an interval apart (:func:`gap`), so one poll an interval after the poll
+that saw the last commit finds the next one -- unless that commit came late (a slow
+CAS, a busy holder), and then a few short retries do.  Each poll brackets the change it
+sees: after the previous poll was sent, before this one was.
+
+Two times come out of that bracket:
+
+* :attr:`Rhythm.next_poll`, from its upper end (this poll's send time): a commit seen
+  by a poll sent at ``t`` landed before ``t`` (plus half a round trip), so the next one,
+  sent at least :func:`gap` later, has landed when a poll sent at ``t + gap`` arrives,
+  unless it was late.  A poll aimed at the bracket's lower end missed nearly every time
+  (the holder's period is never shorter than the gap): two reads a commit instead of one
+  (the cost benchmark's trace, docs/benchmarks.md).  Times are send times, not answer
+  times: timing from the answer moved every poll later by a round trip, and at S3's
+  round trips commits were seen up to an interval late.
+* :attr:`Rhythm.changed_at`, from its lower end: when the root changed, as early as the
+  watcher can tell -- where its producers cut their batches so that the announcement
+  beats the holder's LIST (``CommitHub.next_commit_in``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RETRY_S = 0.05
+"""A poll that found no commit where one was due looks again this much later (at most a
+quarter interval; a 304 or a 22-byte read)."""
+
+
+def gap(interval: float) -> float:
+    """Seconds between two commits as the holder sends them: a little over the interval
+    (building one varies by a few ms, and a per-key limited store counts every write)."""
+    return interval * 1.02 + 0.005
+
+
+@dataclass
+class Rhythm:
+    """A watcher's view of the holder's commits, in ``time.monotonic()`` seconds."""
+
+    changed_at: float = 0.0
+    """The root's last change seen, as early as the polls bound it."""
+    next_poll: float = 0.0
+    """When the poll for the next commit is due (0: now)."""
+    polled_at: float = 0.0
+    """When the last poll was sent."""
+
+    def changed(self, at: float, interval: float) -> None:
+        """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
+        self.changed_at = at
+        self.next_poll = at + gap(interval)
+
+    def due(self, interval: float, since: float) -> float:
+        """When to send the next poll, for groups waiting since ``since`` (the oldest).  Not
+        polled for the expected commit yet: at its time -- or, when that commit came before
+        the groups did (nobody waited on it), at the first one after them on the holder's
+        beat.  Polled for it and not found: a short retry after the last poll."""
+        if self.next_poll > self.polled_at:
+            period = gap(interval)
+            if self.next_poll < since:
+                self.next_poll += -((self.next_poll - since) // period) * period
+            return self.next_poll
+        return self.polled_at + max(min(interval / 4, RETRY_S), 0.02)
+
+    def polled(self, sent: float, moved: bool, interval: float) -> None:
+        """A poll sent at ``sent`` found the root ``moved`` (or not)."""
+        before, self.polled_at = self.polled_at, sent
+        if moved:
+            self.changed_at = max(before, sent - interval)
+            self.next_poll = sent + gap(interval)
