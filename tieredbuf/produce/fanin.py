@@ -343,8 +343,10 @@ class CommitHub:
             read = res.read if first is None else None  # elsewhere (another's live lease),
             self._view = read if read is not None else self.queue.read()  # or stale (a read
             # the decision was made on is fresh; the optimistic first one may not be)
+            self._read_at = time.monotonic()
             if res.lease is not None and res.lease.holder != self.holder:
-                self._yield = True  # another holder: announce before trying again
+                self._yield = True  # another holder: announce before trying again, and
+                self._rhythm.polled(self._last_commit, True, interval)  # look for its next
             self._resolve(self._view)
             self._refresh_stale(res)
             return
