@@ -33,7 +33,9 @@ class RootWrites:
     timeline of the commits: every root write it accepted (a conditional PUT of
     ``queue/manifest`` that returned; exact rates and gaps across processes, which
     counts in a window cannot give), full root reads, footer reads and LISTs of the
-    announcements (their start)."""
+    announcements (their start).  A conditional GET of the root (``get_if_changed``)
+    is a root read when it answers the object, a footer read (a poll) when it answers
+    304."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -52,6 +54,14 @@ class RootWrites:
         got = self._inner.get(key)
         if key == MANIFEST:
             self.root_reads.append(time.time())
+        return got
+
+    def get_if_changed(self, key: str, etag: str) -> Any:
+        # a conditional GET of the root: a root read when it answers the object, else a
+        # poll that found it unchanged (what a footer read was before)
+        got = self._inner.get_if_changed(key, etag)
+        if key == MANIFEST:
+            (self.footer_reads if got is None else self.root_reads).append(time.time())
         return got
 
     def get_suffix(self, key: str, length: int) -> Any:

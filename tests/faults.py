@@ -174,6 +174,10 @@ class FaultInjectingStore:
     def get(self, key: str) -> GetResult:
         return self._run("get", key, lambda: self._inner.get(key))
 
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        # a GET (with If-None-Match): faults armed on "get" fire on it too
+        return self._run("get", key, lambda: self._inner.get_if_changed(key, etag))
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._run("get_range", key, lambda: self._inner.get_range(key, start, end))
 
@@ -274,6 +278,9 @@ class KeyRateLimitedStore:
     def get(self, key: str) -> GetResult:
         return self._inner.get(key)
 
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        return self._inner.get_if_changed(key, etag)
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._inner.get_range(key, start, end)
 
@@ -371,6 +378,13 @@ class CountingStore:
         self._count("get", key)
         r = self._inner.get(key)
         self._count_bytes(read=len(r.data))
+        return r
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        self._count("get", key)  # one GET, whether it answered 304 or the object
+        r = self._inner.get_if_changed(key, etag)
+        if r is not None:
+            self._count_bytes(read=len(r.data))
         return r
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

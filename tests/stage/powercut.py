@@ -189,6 +189,13 @@ class SimLinkStore:
             return self.inner.get(key)  # the manifest, or an object uploaded (no link)
         return GetResult(data, "linked")
 
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        try:
+            data = self.disk.read_bytes(STORE_ROOT / key)
+        except (FileNotFoundError, NotADirectoryError):
+            return self.inner.get_if_changed(key, etag)
+        return None if etag == "linked" else GetResult(data, "linked")
+
 
 class _Writers:
     """Writer threads appending until the power goes (or ``limit`` each)."""

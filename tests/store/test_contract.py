@@ -1,15 +1,20 @@
 """The store contract (tieredbuf/store/base.py), run unchanged against every backend:
-memory, local directory, moto server over HTTP and SeaweedFS (fixture ``store``)."""
+memory, local directory, moto server over HTTP and SeaweedFS (fixture ``store``), and
+get_if_changed against a server that ignores If-None-Match (moto behind a proxy)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from tests.endpoint import S3Endpoint
+from tests.latency_proxy import LatencyProxy
 from tieredbuf import errors
-from tieredbuf.store import IfMatch, Store
+from tieredbuf.store import IfMatch, ObjStore, Store, open_store
+from tieredbuf.store.botostore import BotoS3Store
 
 
 def test_get_returns_data_and_the_etag_put_returned(store: Store) -> None:
@@ -63,18 +68,100 @@ def test_head(store: Store) -> None:
     assert meta.last_modified is not None
 
 
-@pytest.mark.parametrize("op", ["get", "head", "get_range", "get_suffix"])
+@pytest.mark.parametrize("op", ["get", "head", "get_range", "get_suffix", "get_if_changed"])
 def test_missing_key_is_object_not_found_and_file_not_found(store: Store, op: str) -> None:
     calls: dict[str, Callable[[], object]] = {
         "get": lambda: store.get("no/such"),
         "head": lambda: store.head("no/such"),
         "get_range": lambda: store.get_range("no/such", 0, 4),
         "get_suffix": lambda: store.get_suffix("no/such", 4),
+        "get_if_changed": lambda: store.get_if_changed("no/such", '"0"'),
     }
     with pytest.raises(errors.ObjectNotFoundError) as ei:
         calls[op]()
     assert isinstance(ei.value, FileNotFoundError)
     assert ei.value.key == "no/such"
+
+
+# --- get_if_changed: a GET with If-None-Match ----------------------------------------
+# Probed over HTTP (a proxy noting the status, through obstore and botocore): moto 5.2.5,
+# SeaweedFS 4.48 and Azurite 3.37 all answer 304 (no body) while the object is unchanged
+# and 200 with the object once it changed; obstore's memory store raises NotModified
+# itself.  A server answering 200 to an unchanged object would still pass these tests:
+# each store compares the etag it got with the one it sent.
+
+
+def test_get_if_changed_is_none_while_the_object_is_unchanged(store: Store) -> None:
+    etag = store.put("queue/manifest", b"root v1", mode="create")
+    assert store.get_if_changed("queue/manifest", etag) is None
+    assert store.get_if_changed("queue/manifest", store.get("queue/manifest").etag) is None
+    assert store.get("queue/manifest").data == b"root v1"  # and it is still there
+
+
+def test_get_if_changed_after_an_overwrite_returns_the_new_object(store: Store) -> None:
+    e1 = store.put("queue/manifest", b"root v1")
+    e2 = store.put("queue/manifest", b"root v2, longer", mode="overwrite")
+    r = store.get_if_changed("queue/manifest", e1)
+    assert r is not None
+    assert (r.data, r.etag) == (b"root v2, longer", e2)
+    assert store.get_if_changed("queue/manifest", r.etag) is None  # the new one, unchanged
+
+
+def test_get_if_changed_after_a_cas_replacement_returns_the_new_object(store: Store) -> None:
+    e1 = store.put("queue/manifest", b"root v1", mode="create")
+    e2 = store.put("queue/manifest", b"root v2", mode=IfMatch(e1))
+    r = store.get_if_changed("queue/manifest", e1)
+    assert r is not None
+    assert (r.data, r.etag) == (b"root v2", e2)
+    assert r == store.get("queue/manifest")
+
+
+def test_get_if_changed_with_another_objects_etag_returns_the_object(store: Store) -> None:
+    other = store.put("queue/other", b"another object")
+    etag = store.put("queue/manifest", b"the root")
+    assert other != etag
+    r = store.get_if_changed("queue/manifest", other)
+    assert r is not None
+    assert (r.data, r.etag) == (b"the root", etag)
+
+
+def test_get_if_changed_of_a_deleted_object_is_object_not_found(store: Store) -> None:
+    etag = store.put("queue/manifest", b"root")
+    assert store.delete_many(["queue/manifest"]) == []
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.get_if_changed("queue/manifest", etag)
+
+
+class _DropsIfNoneMatch(LatencyProxy):
+    """A proxy in front of moto that strips If-None-Match from GETs: a server that
+    ignores the header, as some S3-compatible ones may (it answers 200, never 304)."""
+
+    dropped = 0
+
+    def forward(self, h: BaseHTTPRequestHandler) -> None:
+        if h.command == "GET" and h.headers.get("If-None-Match") is not None:
+            del h.headers["If-None-Match"]
+            self.dropped += 1
+        super().forward(h)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("client", ["obstore", "botocore"])
+def test_get_if_changed_compares_etags_where_the_server_ignores_if_none_match(
+    s3_endpoint: S3Endpoint, client: str
+) -> None:
+    bucket = s3_endpoint.new_bucket()
+    with _DropsIfNoneMatch(s3_endpoint.endpoint, delays={}) as proxy:
+        opts = dict(s3_endpoint.options(), endpoint=proxy.endpoint)
+        obj = open_store(f"s3://{bucket}/buf", **opts)
+        assert isinstance(obj, ObjStore) and obj.s3 is not None
+        store: Store = obj if client == "obstore" else BotoS3Store(obj.s3, obj.url)
+        e1 = store.put("queue/manifest", b"root v1")
+        assert store.get_if_changed("queue/manifest", e1) is None  # 200, the same etag
+        e2 = store.put("queue/manifest", b"root v2")
+        r = store.get_if_changed("queue/manifest", e1)
+        assert r is not None and (r.data, r.etag) == (b"root v2", e2)
+        assert proxy.dropped == 2  # both answered 200: the comparison decided
 
 
 def test_create_if_absent(store: Store) -> None:

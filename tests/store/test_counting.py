@@ -134,7 +134,48 @@ def test_a_buffer_meters_every_role_through_one_counter() -> None:
     assert buf.requests.total("get", "data") == 1
 
 
+def test_a_conditional_get_counts_as_one_get_whether_unchanged_or_not(tmp_path: Path) -> None:
+    s = MeteredStore(open_store(f"file://{tmp_path}/s"))
+    e1 = s.inner.put("queue/manifest", b"root v1")
+    assert s.get_if_changed("queue/manifest", e1) is None
+    assert s.counts.snapshot() == {("get", "root"): 1}  # the 304 is billed as a GET
+    s.inner.put("queue/manifest", b"root v2")
+    r = s.get_if_changed("queue/manifest", e1)
+    assert r is not None and r.data == b"root v2"
+    assert s.counts.snapshot() == {("get", "root"): 2}
+    with pytest.raises(errors.ObjectNotFoundError):
+        s.get_if_changed("queue/groups/missing", e1)
+    assert s.counts.snapshot() == {("get", "root"): 2, ("get", "group"): 1}
+
+
 # --- exact against the server -----------------------------------------------------
+
+
+@pytest.mark.s3
+def test_conditional_gets_count_as_the_gets_the_s3_server_received() -> None:
+    """get_if_changed sends one GET, answered 304 (unchanged) or 200: the buffer's count
+    and the server's tally agree, through obstore and through botocore (forked child)."""
+    from tieredbuf.store.botostore import BotoS3Store
+    from tieredbuf.store.objstore import ObjStore
+
+    with recording_moto_server() as (ep, rec):
+        bucket = ep.new_bucket()
+        rec.bucket, rec.prefix = bucket, "buf/"
+        obj = open_store(f"s3://{bucket}/buf", **ep.options())
+        assert isinstance(obj, ObjStore) and obj.s3 is not None
+        for inner in (obj, BotoS3Store(obj.s3, obj.url)):
+            s = MeteredStore(inner)
+            e1 = s.put("queue/manifest", b"root v1")
+            assert s.get_if_changed("queue/manifest", e1) is None
+            assert s.get_if_changed("queue/manifest", e1) is None
+            s.put("queue/manifest", b"root v2")
+            r = s.get_if_changed("queue/manifest", e1)
+            assert r is not None and r.data == b"root v2"
+            assert s.get_if_changed("queue/manifest", r.etag) is None
+            mine = s.counts.snapshot()
+            assert mine == {("put", "root"): 2, ("get", "root"): 4}
+            assert dict(rec.seen) == mine
+            rec.seen.clear()
 
 
 @pytest.mark.s3

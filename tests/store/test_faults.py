@@ -156,3 +156,33 @@ def test_key_rate_limited_store_carries_the_one_per_second_budget_through_wrappe
     assert manifest_writes_per_s(s) == 1.0
     assert manifest_writes_per_s(MeteredStore(s)) == 1.0
     assert manifest_writes_per_s(open_store("memory://")) == 5.0
+
+
+def test_a_fault_armed_on_get_fires_on_a_conditional_get_too() -> None:
+    """get_if_changed is a GET (with If-None-Match): "get" faults cover it, so a test
+    that fails the root's reads fails the watcher's polls as well."""
+    s = FaultInjectingStore(open_store("memory://"))
+    e1 = s.put("queue/manifest", b"v1")
+    fault = s.arm("get", key="queue/manifest", when="before", error=errors.TransientStoreError)
+    with pytest.raises(errors.TransientStoreError):
+        s.get_if_changed("queue/manifest", e1)
+    assert fault.fired == 1
+    assert s.get_if_changed("queue/manifest", e1) is None  # one shot
+    s.arm("get", key="queue/manifest", when="after", error=errors.TransientStoreError)
+    s.put("queue/manifest", b"v2")
+    with pytest.raises(errors.TransientStoreError):
+        s.get_if_changed("queue/manifest", e1)  # the answer was lost
+    r = s.get_if_changed("queue/manifest", e1)
+    assert r is not None and r.data == b"v2"
+
+
+def test_wrappers_forward_a_conditional_get_and_count_it_as_a_get() -> None:
+    c = CountingStore(KeyRateLimitedStore(open_store("memory://"), window_s=0.0))
+    e1 = c.put("queue/manifest", b"12345")
+    assert c.get_if_changed("queue/manifest", e1) is None
+    c.put("queue/manifest", b"678")
+    r = c.get_if_changed("queue/manifest", e1)
+    assert r is not None and r.data == b"678"
+    assert c.counts == {"put": 2, "get": 2}
+    assert c.of("root") == {"put": 2, "get": 2}
+    assert c.reads == 2 and c.bytes_read == 3  # a 304 carries no bytes

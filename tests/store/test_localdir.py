@@ -303,3 +303,77 @@ def test_put_link_passes_the_links_own_error_through_and_creates_nothing(
     with pytest.raises(errors.ObjectNotFoundError):
         s.head("data/a.batch")
     assert os.listdir(tmp_path / "store" / "data") == []
+
+
+def test_get_if_changed_of_an_unchanged_object_reads_and_hashes_no_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's poll: the kept etag (one fgetxattr) answers it, as a 304 would."""
+    s = LocalDirStore(tmp_path)
+    e1 = s.put("queue/manifest", b"root" * 10_000, mode="create")
+    hashes = _count_hashes(monkeypatch)
+    opened: list[int] = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *a: object, **k: object) -> object:
+        opened.append(fd)
+        return real_fdopen(fd, *a, **k)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    assert s.get_if_changed("queue/manifest", e1) is None
+    assert (hashes, opened) == ([], [])
+    e2 = s.put("queue/manifest", b"root v2", mode=IfMatch(e1))
+    hashes.clear()
+    r = s.get_if_changed("queue/manifest", e1)
+    assert r is not None and (r.data, r.etag) == (b"root v2", e2)
+    assert hashes == [] and len(opened) == 1  # the bytes read once, the etag kept
+
+
+def test_get_if_changed_sees_bytes_changed_behind_the_stores_back(tmp_path: Path) -> None:
+    """A kept etag that no longer describes the file is not trusted: the poll hashes the
+    bytes and reports the change (a stale "unchanged" would hide new commits)."""
+    s = LocalDirStore(tmp_path)
+    e = s.put("k", b"aaaa", mode="create")
+    path = tmp_path / "k"
+    with open(path, "r+b") as f:  # same size, new bytes, the xattr left as it was
+        f.write(b"bbbb")
+    later = time.time() + 5  # a coarse clock tick could leave mtime as it was
+    os.utime(path, (later, later))
+    r = s.get_if_changed("k", e)
+    assert r is not None
+    assert (r.data, r.etag) == (b"bbbb", hashlib.blake2b(b"bbbb", digest_size=16).hexdigest())
+    assert s.get_if_changed("k", r.etag) is None
+
+
+@pytest.mark.parametrize("xattr", [True, False], ids=["kept-etag", "hashed-etag"])
+def test_get_if_changed_answers_bytes_and_etag_of_one_version(tmp_path: Path, xattr: bool) -> None:
+    """Overwrites alternate two 1 MiB objects while readers poll with a third etag:
+    every answer is one whole version with that version's own etag, never a mix."""
+    s = LocalDirStore(tmp_path, etag_xattr=xattr)
+    size = 1 << 20
+    etag_of = {c: hashlib.blake2b(c * size, digest_size=16).hexdigest() for c in (b"a", b"b")}
+    s.put("obj", b"a" * size)
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            r = s.get_if_changed("obj", "0" * 32)
+            if r is None or len(r.data) != size or r.data.count(r.data[:1]) != size:
+                bad.append(f"torn or missing read: {r!r}")
+                return
+            if r.etag != etag_of[r.data[:1]]:
+                bad.append(f"etag {r.etag} is not that of {r.data[:1]!r}")
+                return
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for i in range(30):
+            s.put("obj", (b"b" if i % 2 else b"a") * size)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert bad == []

@@ -40,6 +40,9 @@ class IgnoresModes:
     def get(self, key: str) -> GetResult:
         return self._inner.get(key)
 
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        return self._inner.get_if_changed(key, etag)
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._inner.get_range(key, start, end)
 

@@ -9,6 +9,10 @@ Conditional writes are one typed parameter, as in obstore:
                             a missing key raises ObjectNotFoundError or PreconditionFailedError
                             (S3 servers differ: moto 404, SeaweedFS 412)
 
+A conditional read is one method: ``get_if_changed(key, etag)`` sends If-None-Match:
+etag and returns None while the object is unchanged (304, no body), the object once it
+changed: a watcher of one object polls and reads it in one request.
+
 Errors are from :mod:`tieredbuf.errors`: ObjectNotFoundError, AlreadyExistsError,
 PreconditionFailedError, OutcomeUnknownError (timeout / connection reset: the write
 may have landed), StoreError for everything else.
@@ -82,6 +86,13 @@ class Store(Protocol):
     def url(self) -> str: ...
 
     def get(self, key: str) -> GetResult: ...
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        """The object, unless its etag is still ``etag`` (then None): one GET with
+        If-None-Match, which the store answers 304 without a body while unchanged.  A store
+        that ignores the header answers 200 with the object, and the etag comparison here
+        decides.  ObjectNotFoundError when absent."""
+        ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object."""

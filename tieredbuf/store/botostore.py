@@ -4,7 +4,8 @@ obstore's async runtime does not survive ``fork()`` (see :mod:`tieredbuf.runtime
 S3 :class:`~tieredbuf.store.objstore.ObjStore` in such a child sends its requests
 through this class, built from the same settings (endpoint, region, credentials,
 timeouts, retries).  Semantics match ObjStore's: create-if-absent is ``If-None-Match:
-*``, replace-if-match is ``If-Match``, ranges past the end read as ``b""``, and errors
+*``, replace-if-match is ``If-Match``, a conditional GET is ``If-None-Match: <etag>`` (its
+304 means unchanged: None, not an error), ranges past the end read as ``b""``, and errors
 go through the same :func:`~tieredbuf.store.errmap.classify`.  It is slower than
 obstore (botocore signs and parses in Python); the fast path is to start child
 processes with ``forkserver`` / ``spawn``, or to make the first S3 request only after
@@ -87,6 +88,12 @@ def botocore_facts(e: BaseException) -> Facts:
     if isinstance(e, bx.ParamValidationError | bx.InvalidEndpointConfigurationError):
         return Facts(tag="bad_request", transport=str(e))
     return Facts(transport=f"{type(e).__name__}: {e}")
+
+
+def _error_code(e: BaseException) -> str | None:
+    resp = getattr(e, "response", None)
+    code = resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
+    return str(code) if code is not None else None
 
 
 class BotoS3Store:
@@ -176,6 +183,23 @@ class BotoS3Store:
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
         return GetResult(data=data, etag=etag)
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        check_key(key)
+        try:
+            r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key), IfNoneMatch=etag)
+            data = r["Body"].read()
+        except Exception as e:
+            if self._status(e) == 304 or _error_code(e) in ("304", "NotModified"):
+                # botocore raises the 304 as a ClientError (code "304" or "NotModified");
+                # it is the answer "unchanged", never classify()'s transient error
+                return None
+            raise self._error(e, key, write=False) from redacted(e)
+        now = r.get("ETag")
+        if now is None:
+            raise StoreError(f"the store returned no etag for {key}")
+        # a server that ignores If-None-Match answers 200 with the unchanged object
+        return None if now == etag else GetResult(data=data, etag=now)
 
     def _ranged(self, key: str, header: str) -> tuple[bytes, bool]:
         """(body, partial?) of a ranged GET; ``(b"", True)`` for 416."""

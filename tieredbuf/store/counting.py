@@ -5,7 +5,9 @@ role (producers, the exporter, consumers, readers, GC, inspect) counts the reque
 sends.  An operation is one of
 
 ==================  ===================================================================
-``get``             GET of a whole object
+``get``             GET of a whole object, and a conditional GET (``get_if_changed``,
+                    If-None-Match) whether it answered 304 or the object: S3 bills both
+                    as a GET
 ``get_range``       ranged GET (``get_range``, and ``get_suffix``: the 22-byte footer)
 ``head``            HEAD
 ``put``             unconditional PUT (a multipart upload: initiate + parts + complete)
@@ -163,6 +165,10 @@ class MeteredStore:
     def get(self, key: str) -> GetResult:
         self.counts.add("get", key)
         return self._inner.get(key)
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        self.counts.add("get", key)  # a 304 is billed as a GET too
+        return self._inner.get_if_changed(key, etag)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         # an empty range is a HEAD (it must still report a missing key)

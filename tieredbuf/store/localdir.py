@@ -17,7 +17,8 @@ acknowledges a write from the page cache, without fsync.  Here:
   computed once, while the object is written, and kept with the file in the extended
   attribute ``user.tieredbuf.etag`` (``<digest>:<size>:<mtime_ns>``, set on the temp
   file before its fsync and rename), so reading it back -- a CAS's compare, a ``get``,
-  a ``head`` -- costs one ``fgetxattr``, not a pass over the bytes.  Where the
+  a ``head`` -- costs one ``fgetxattr``, not a pass over the bytes, and a
+  ``get_if_changed`` of an unchanged object reads no byte of it.  Where the
   attribute is missing (a filesystem without user xattrs, a copy that dropped it, a
   store written by an older tieredbuf) or does not match the file's size and mtime
   (bytes changed in place behind the store's back) the content is hashed instead,
@@ -192,6 +193,26 @@ class LocalDirStore:
         if kept is not None:
             return GetResult(data, kept)
         return GetResult(data, lambda: _hasher(data).hexdigest())
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        """None while the file's etag is still ``etag``: with a kept etag that costs an
+        open, an fstat and an fgetxattr, no read of the bytes (a file without one is read
+        and hashed, as ``get`` would).  The etag and the bytes come from one open file,
+        so from one version, as in ``get``."""
+        fd = self._open(key)
+        try:
+            kept = self._kept_etag(fd)
+            if kept == etag:
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+            kept = self._kept_etag(fd)  # as get: checked after the read
+        except OSError as e:
+            raise os_error(e, f"cannot read {key}") from e
+        finally:
+            os.close(fd)
+        now = kept if kept is not None else _hasher(data).hexdigest()
+        return None if now == etag else GetResult(data, now)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_range(start, end)

@@ -12,6 +12,8 @@ Behaviour checked against moto 5.2.5, SeaweedFS 4.48 and Azurite 3.37 (tests/sto
   therefore joins the chunks and sends one conditional PUT for create / IfMatch
   (S3 takes up to 5 GiB in one PUT), and uses a real multipart upload only for
   "overwrite".  (Azure takes up to 5000 MiB in one Put Blob.)
+* ``get_if_changed`` sends If-None-Match: etag; obstore raises NotModifiedError on the
+  304, which is the answer "unchanged", never an error.
 * A range starting at or past the end answers 416; an empty object answers a suffix
   request with 416 on some servers.  Both are returned as ``b""`` (slice semantics).
 * obstore retries a PUT whose response was lost; a conditional PUT that landed then
@@ -337,6 +339,24 @@ class ObjStore:
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
         return GetResult(data=data, etag=etag)
+
+    def get_if_changed(self, key: str, etag: str) -> GetResult | None:
+        check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.get_if_changed(key, etag)
+        try:
+            r = obs.get(self._inner, key, options={"if_none_match": etag})
+            data = bytes(r.bytes())
+            now = r.meta["e_tag"]
+        except obx.NotModifiedError:
+            return None  # 304: S3, Azure Blob and memory answer so while it is unchanged
+        except Exception as e:
+            raise self._error(e, key, write=False) from redacted(e)
+        if now is None:
+            raise StoreError(f"the store returned no etag for {key}")
+        # a server that ignores If-None-Match answers 200 with the unchanged object
+        return None if now == etag else GetResult(data=data, etag=now)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_key(key)
