@@ -13,8 +13,9 @@ The hub plays one of two parts at a time, decided by the root's commit lease
   lease and nothing is pending it only LISTs; once the lease lapses it stops.
 * **watcher** (another writer holds a live lease): it announces its process's
   appends (one create-if-absent PUT a turn, carrying every writer's), then reads the
-  root's 22-byte footer about when the holder's next commit is due, and the root when
-  the footer moved; what a watermark now covers is done.
+  root when the holder's next commit is due (:mod:`tieredbuf.produce.rhythm`), by a
+  conditional GET that costs a 304 while it is unchanged; what a watermark now covers
+  is done.
 
 Either way a waiting write is done when its writer's watermark covers it; its sequence
 is read from the root (the committer knows it from its own write).  A writer's REMOTE
@@ -117,7 +118,6 @@ class CommitHub:
         self._announcers: dict[str, float] = {}  # hub -> when (monotonic) its last was listed
         self._last_commit = 0.0
         self._rhythm = Rhythm()  # when the root changed, and when a watcher looks next
-        self._read_at = 0.0  # when (monotonic) a watcher last read the whole root
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
         self._yield = self._long = False  # met another's lease: announce; took the long one
@@ -343,7 +343,6 @@ class CommitHub:
             read = res.read if first is None else None  # elsewhere (another's live lease),
             self._view = read if read is not None else self.queue.read()  # or stale (a read
             # the decision was made on is fresh; the optimistic first one may not be)
-            self._read_at = time.monotonic()
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again, and
                 self._rhythm.polled(self._last_commit, True, interval)  # look for its next
@@ -464,19 +463,14 @@ class CommitHub:
                 if any(not g.announced for gs in self._waiting.values() for g in gs):
                     return
                 self._cond.wait(left)
-        sent = time.monotonic()
-        footer = self.queue.read_footer()
-        self.stats.incr("footer_polls")
-        moved = (footer.next_sequence, footer.epoch) != (
-            self._view.root.next_seq,
-            self._view.footer.epoch,
-        )
-        self._rhythm.polled(sent, moved, interval)
-        quiet = time.monotonic() - max(self._rhythm.changed_at, self._read_at) > 2 * interval
-        if not moved and not quiet and lease is not None and lease.expires_ms > self.wall_ms():
+        seen = time.monotonic()
+        snap = self.queue.read_if_changed(self._view.etag)  # a 304 while unchanged (a lease
+        self.stats.incr("root_polls")  # that lapsed meanwhile: the next turn takes it over)
+        old = (self._view.root.next_seq, self._view.footer.epoch)
+        moved = snap is not None and (snap.root.next_seq, snap.footer.epoch) != old
+        self._rhythm.polled(seen, moved, interval)  # a commit, not any write (a dequeue)
+        if snap is None:
             return
-        seen = self._read_at = time.monotonic()
-        snap = self.queue.read()
         self._view = snap
         if snap.root.lease is not None and snap.root.lease.holder == self.holder:
             self._long = True  # handed to us: the others wait on our turns; the first one

@@ -14,8 +14,6 @@ The head is the slowest registered subscriber's published position (section 7,
 named subscribers (register, remove, publish) go through :meth:`ManifestQueue.update`
 (:mod:`tieredbuf.queue.subscribers`).
 
-Retries sleep a jittered, exponentially growing delay.
-
 The root is the top of an M-way tree (:mod:`tieredbuf.queue.tree`): whoever
 writes it also rebalances (oldest ``m`` of an over-full level into a new
 immutable group object, PUT create-if-absent under a fresh ULID key *before*
@@ -114,11 +112,20 @@ class ManifestQueue:
 
     def read(self) -> Snapshot:
         """Read and decode the root (an absent manifest reads as empty)."""
+        snap = self.read_if_changed(None)
+        assert snap is not None
+        return snap
+
+    def read_if_changed(self, etag: str | None) -> Snapshot | None:
+        """The root, or None while it is still at ``etag``: a conditional GET (a 304 without a
+        body while unchanged)."""
         try:
-            got = self.store.get(self.key)
+            got = self.store.get_if_changed(self.key, etag) if etag else self.store.get(self.key)
         except ObjectNotFoundError:
             view = fm.empty_manifest()
             return Snapshot(view, None, tree.decode_root(view), self.nodes)
+        if got is None:
+            return None
         self.stats.incr("manifest_reads")
         self.stats.incr("manifest_bytes_read", len(got.data))
         view = fm.open_manifest(got.data, obj=self.key)
@@ -232,7 +239,9 @@ class ManifestQueue:
         n = len(new)
         if n == 0:
             return []
-        pseqs = _producer_seqs(n, last_producer_seq)
+        if last_producer_seq - n + 1 < 1:
+            raise ValueError("producer sequence numbers start at 1")
+        pseqs = range(last_producer_seq - n + 1, last_producer_seq + 1)  # consecutive
 
         def decide(
             read: cas.Read[Snapshot], attempt: int
@@ -590,10 +599,3 @@ def retention_of(cfg: TreeConfig) -> fm.RetentionPolicy | None:
     if not cfg.retains:
         return None
     return _policy(cfg.retention_max_age, cfg.retention_max_bytes)
-
-
-def _producer_seqs(n: int, last: int) -> Sequence[int]:
-    """The append numbers of a group of ``n``: consecutive, ending at ``last``."""
-    if last - n + 1 < 1:
-        raise ValueError("producer sequence numbers start at 1")
-    return range(last - n + 1, last + 1)
