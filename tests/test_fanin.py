@@ -478,15 +478,18 @@ def test_I1_I2_a_writer_killed_with_its_announcement_out_loses_and_duplicates_no
     buf = tieredbuf.open(url)
     with buf.producer(manifest_writes_per_s=0.5) as holder:  # commits every 2 s
         holder.produce([b"holder:0"]).wait(timeout=60)
-        w = _writer(url, "w", 1, "--hold")
-        try:
-            _wait_for(lambda: any(True for _ in buf.store.list(keys.PENDING_PREFIX)))
-        finally:
-            w.send_signal(signal.SIGKILL)  # announced, not committed yet (or just)
-            w.communicate(timeout=30)
+        # busy, so its lease stays live however long the writer takes to start (a lease
+        # that lapsed meanwhile had the writer commit its own record, never announce it)
+        with _kept_busy(holder, b"holder:%d", start=1) as sent:
+            w = _writer(url, "w", 1, "--hold")
+            try:
+                _wait_for(lambda: any(True for _ in buf.store.list(keys.PENDING_PREFIX)))
+            finally:
+                w.send_signal(signal.SIGKILL)  # announced, not committed yet (or just)
+                w.communicate(timeout=30)
         # the next commit of any live writer carries the dead one's announcement
-        holder.produce([b"holder:1"]).wait(timeout=60)
-    _check_once_in_order(_records(buf), {"holder": 2, "w": 1})
+        holder.produce([b"holder:%d" % sent[0]]).wait(timeout=60)
+    _check_once_in_order(_records(buf), {"holder": sent[0] + 1, "w": 1})
     assert list(buf.store.list(keys.PENDING_PREFIX)) == []
 
 

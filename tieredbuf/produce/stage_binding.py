@@ -142,7 +142,10 @@ class StageBinding:
         with self._lock:
             if self._verified:  # another stream's export verified it meanwhile
                 return
-            cur = self.queue.read().buffer_id
+            # the root as this process last read or wrote it, once it has an id (ids
+            # never change; exports before the buffer's first commit each read it)
+            known = self.queue.latest_snapshot().buffer_id if self.queue.knows_root else None
+            cur = known if known is not None else self.queue.read().buffer_id
             recorded = read_binding(self.stage.path, self.stage.fs) or {
                 "buffer_id": None,
                 "url": self.url,
