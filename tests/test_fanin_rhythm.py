@@ -75,3 +75,21 @@ def test_the_change_is_placed_no_earlier_than_the_poll_before_it() -> None:
     assert r.changed_at == pytest.approx(10.0)
     r.polled(11.0, True, INTERVAL)  # a poll long after: at most an interval before it
     assert r.changed_at == pytest.approx(11.0 - INTERVAL)
+
+
+def test_a_holder_running_late_costs_a_few_polls_not_one_every_retry() -> None:
+    """A commit a second late (a slow store, a busy machine): the retries back off from
+    50 ms to an interval, so 9 polls find it where a poll every 50 ms took 21, and
+    it is seen at most an interval late."""
+    r = Rhythm()
+    r.polled(10.0, True, INTERVAL)
+    lands = 10.0 + gap(INTERVAL) + 1.0
+    polls = 0
+    while True:
+        t = r.due(INTERVAL, since=0.0)
+        polls += 1
+        if t >= lands:
+            break
+        r.polled(t, False, INTERVAL)
+    assert polls <= 9
+    assert t - lands <= INTERVAL

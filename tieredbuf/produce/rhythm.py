@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 RETRY_S = 0.05
 """A poll that found no commit where one was due looks again this much later (at most a
-quarter interval; a 304 or a 22-byte read)."""
+quarter interval; a 304), twice, then twice as long, twice, then four times: a holder
+running late (a slow store, a busy machine) costs a few polls, not one every 50 ms."""
 
 
 def gap(interval: float) -> float:
@@ -47,6 +48,8 @@ class Rhythm:
     """When the poll for the next commit is due (0: now)."""
     polled_at: float = 0.0
     """When the last poll was sent."""
+    misses: int = 0
+    """Polls since the one due found no commit."""
 
     def changed(self, at: float, interval: float) -> None:
         """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
@@ -63,11 +66,13 @@ class Rhythm:
             if self.next_poll < since:
                 self.next_poll += -((self.next_poll - since) // period) * period
             return self.next_poll
-        return self.polled_at + max(min(interval / 4, RETRY_S), 0.02)
+        retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0) // 2, 2))
+        return self.polled_at + min(retry, interval)
 
     def polled(self, sent: float, moved: bool, interval: float) -> None:
         """A poll sent at ``sent`` found the root ``moved`` (or not)."""
         before, self.polled_at = self.polled_at, sent
+        self.misses = 0 if moved or self.next_poll > sent else self.misses + 1
         if moved:
             self.changed_at = max(before, sent - interval)
             self.next_poll = sent + gap(interval)
