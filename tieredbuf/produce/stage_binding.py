@@ -98,6 +98,7 @@ class StageBinding:
         self.url = canonical_url(queue.store.url)
         self._strict = False
         """The stage held records bound to a buffer before this open: ids must match."""
+        self._absent = False  # the last read found no root
         self._verified = False
         self._lock = threading.Lock()
 
@@ -137,8 +138,8 @@ class StageBinding:
     def before_export(self) -> None:
         """Raise StageBufferMismatchError if the buffer is not the stage's own; store
         errors propagate (the exporter retries)."""
-        if self._verified:
-            return
+        if self._verified or (self._absent and not self.queue.knows_root):
+            return  # verified, or no root when last read and none known since
         with self._lock:
             if self._verified:  # another stream's export verified it meanwhile
                 return
@@ -152,8 +153,9 @@ class StageBinding:
             }
             if self._strict and recorded.get("buffer_id") not in (None, cur):
                 raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
-            if cur is None:
-                return  # no root yet: this export creates it; the id is recorded next time
+            if cur is None:  # no root yet: this export creates it; the id is recorded once
+                self._absent = True  # this process knows the root (its hub reads it)
+                return
             if recorded.get("buffer_id") != cur:
                 _write(self.stage, {**recorded, "buffer_id": cur})
             self._verified = True
