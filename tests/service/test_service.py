@@ -23,6 +23,7 @@ from tests.service.util import (
     ndjson,
     octets,
     samples,
+    settled_stage_files,
     stage_files,
 )
 from tieredbuf.service.bodies import ARROW_STREAM, NDJSON, OCTET_STREAM
@@ -86,7 +87,7 @@ def test_bad_input_gets_its_4xx_and_leaves_nothing_behind(tmp_path: Path, serve:
     assert srv.post(ndjson([{"warm": 1}]), NDJSON, "remote").status == 200
     buf = tieredbuf.open(url)
     before_seq = buf.snapshot().footer.next_sequence
-    before_stage = stage_files(srv.stage)
+    before_stage = settled_stage_files(srv.stage)  # the warm-up segment released
     good_arrow = arrow_stream([pa.record_batch([pa.array([1, 2, 3])], names=["x"])])
     cases: list[tuple[str, bytes, str | None, str | None, int]] = [
         ("wrong content type", b'{"a":1}\n', "text/plain", "local", 415),
