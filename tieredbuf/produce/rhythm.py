@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 RETRY_S = 0.05
 """A poll that found no commit where one was due looks again this much later (at most a
-quarter interval; a 304), twice, then twice as long, twice, then four times: a holder
-running late (a slow store, a busy machine) costs a few polls, not one every 50 ms."""
+quarter interval; a 304), twice, then twice as long, twice, and so on up to 8 times
+(at most an interval, or 0.4 s where that is shorter): a holder running late (a slow or
+saturated store, a busy machine) costs a few polls, not one every 50 ms."""
+RETRY_MAX_S = 0.4
 
 
 def gap(interval: float) -> float:
@@ -66,8 +68,8 @@ class Rhythm:
             if self.next_poll < since:
                 self.next_poll += -((self.next_poll - since) // period) * period
             return self.next_poll
-        retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0) // 2, 2))
-        return self.polled_at + min(retry, interval)
+        retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0) // 2, 3))
+        return self.polled_at + min(retry, max(interval, RETRY_MAX_S))
 
     def polled(self, sent: float, moved: bool, interval: float) -> None:
         """A poll sent at ``sent`` found the root ``moved`` (or not)."""
