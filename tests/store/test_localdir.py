@@ -8,7 +8,9 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,28 +100,41 @@ def test_readers_never_see_a_partial_object(tmp_path: Path) -> None:
     read must be entirely one or the other."""
     s = open_store(str(tmp_path))
     size = 2 << 20
+
+    def check() -> str | None:
+        data = s.get("obj").data
+        return None if len(data) == size and data.count(data[:1]) == size else "torn read"
+
+    assert _overwrite_while_reading(s, size, check, readers=3, writes=40) == []
+
+
+def _overwrite_while_reading(
+    s: Any, size: int, check: Callable[[], str | None], readers: int, writes: int
+) -> list[str]:
+    """Overwrite ``obj`` ``writes`` times with ``size`` bytes of a or b in turn while
+    ``readers`` threads run ``check`` (a complaint, or None) until the writes are done;
+    returns the complaints (each reader stops at its first)."""
     s.put("obj", b"a" * size)
     stop = threading.Event()
     bad: list[str] = []
 
     def reader() -> None:
         while not stop.is_set():
-            data = s.get("obj").data
-            if len(data) != size or data.count(data[:1]) != size:
-                bad.append(f"torn read: {len(data)} bytes")
+            if (complaint := check()) is not None:
+                bad.append(complaint)
                 return
 
-    readers = [threading.Thread(target=reader) for _ in range(3)]
-    for t in readers:
+    threads = [threading.Thread(target=reader) for _ in range(readers)]
+    for t in threads:
         t.start()
     try:
-        for i in range(40):
+        for i in range(writes):
             s.put("obj", (b"b" if i % 2 else b"a") * size)
     finally:
         stop.set()
-        for t in readers:
+        for t in threads:
             t.join()
-    assert bad == []
+    return bad
 
 
 def test_threads_sharing_one_store_do_not_lose_cas_updates(tmp_path: Path) -> None:
@@ -352,28 +367,13 @@ def test_get_if_changed_answers_bytes_and_etag_of_one_version(tmp_path: Path, xa
     s = LocalDirStore(tmp_path, etag_xattr=xattr)
     size = 1 << 20
     etag_of = {c: hashlib.blake2b(c * size, digest_size=16).hexdigest() for c in (b"a", b"b")}
-    s.put("obj", b"a" * size)
-    stop = threading.Event()
-    bad: list[str] = []
 
-    def reader() -> None:
-        while not stop.is_set():
-            r = s.get_if_changed("obj", "0" * 32)
-            if r is None or len(r.data) != size or r.data.count(r.data[:1]) != size:
-                bad.append(f"torn or missing read: {r!r}")
-                return
-            if r.etag != etag_of[r.data[:1]]:
-                bad.append(f"etag {r.etag} is not that of {r.data[:1]!r}")
-                return
+    def check() -> str | None:
+        r = s.get_if_changed("obj", "0" * 32)
+        if r is None or len(r.data) != size or r.data.count(r.data[:1]) != size:
+            return f"torn or missing read: {r!r}"
+        if r.etag != etag_of[r.data[:1]]:
+            return f"etag {r.etag} is not that of {r.data[:1]!r}"
+        return None
 
-    readers = [threading.Thread(target=reader) for _ in range(2)]
-    for t in readers:
-        t.start()
-    try:
-        for i in range(30):
-            s.put("obj", (b"b" if i % 2 else b"a") * size)
-    finally:
-        stop.set()
-        for t in readers:
-            t.join()
-    assert bad == []
+    assert _overwrite_while_reading(s, size, check, readers=2, writes=30) == []
