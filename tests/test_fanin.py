@@ -403,21 +403,28 @@ def test_the_holder_commits_once_per_interval_while_its_own_writers_keep_submitt
     _check_once_in_order(_records(buf), {f"p{i}": 40 for i in range(4)})
 
 
+def _hold_the_lease_and_produce(buf: tieredbuf.Buffer, n: int, every: float) -> None:
+    """One producer (a 2 s flush timer, 5 commits a second) takes the lease with ``p:0``,
+    then produces ``p:1`` .. ``p:n`` one each ``every`` seconds, waits for all to be
+    REMOTE and closes."""
+    p = buf.producer(flush_interval=timedelta(seconds=2), manifest_writes_per_s=5.0)
+    p.produce([b"p:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the lease
+    handles = []
+    for j in range(1, n + 1):
+        handles.append(p.produce([f"p:{j}".encode()]))
+        threading.Event().wait(every)  # pacing of the input, not synchronisation
+    for h in handles:
+        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    p.close()
+
+
 def test_a_producer_in_the_holding_process_cuts_its_batches_for_the_next_commit() -> None:
     """A batch waits for its flush timer and then for the hub's next commit: a producer
     whose hub holds the lease cuts it in time for that commit instead, never later than
     the timer. With a 2 s timer and commits 5 times a second, a second of input goes in
     several commits, not in one batch two seconds later."""
     buf = tieredbuf.Buffer(open_store("memory://"))
-    p = buf.producer(flush_interval=timedelta(seconds=2), manifest_writes_per_s=5.0)
-    p.produce([b"p:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the lease
-    handles = []
-    for j in range(1, 41):  # a record every 25 ms for a second
-        handles.append(p.produce([f"p:{j}".encode()]))
-        threading.Event().wait(0.025)  # pacing of the input, not synchronisation
-    for h in handles:
-        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
-    p.close()
+    _hold_the_lease_and_produce(buf, 40, every=0.025)  # a record every 25 ms for a second
     assert len(list(buf.entries())) >= 4  # a data object per commit slot, about (one or
     # two with the timer alone)
     _check_once_in_order(_records(buf), {"p": 41})
@@ -443,15 +450,7 @@ def test_a_producer_cuts_at_most_once_a_turn_for_its_hub_while_the_turn_runs_lat
     cut now would still go in that commit: a producer cuts once for it, not every batch it
     opens meanwhile (each a data object)."""
     buf = tieredbuf.Buffer(SlowLists(open_store("memory://"), 0.35))  # type: ignore[arg-type]
-    p = buf.producer(flush_interval=timedelta(seconds=2), manifest_writes_per_s=5.0)
-    p.produce([b"p:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the lease
-    handles = []
-    for j in range(1, 201):  # a record every 5 ms for a second
-        handles.append(p.produce([f"p:{j}".encode()]))
-        threading.Event().wait(0.005)  # pacing of the input, not synchronisation
-    for h in handles:
-        h.wait(tieredbuf.Durability.REMOTE, timeout=60)
-    p.close()
+    _hold_the_lease_and_produce(buf, 200, every=0.005)  # a record every 5 ms for a second
     commits = buf.queue.stats.get("commits")
     objects = len(list(buf.entries()))
     assert objects <= 2 * commits + 2, (objects, commits)  # a cut per turn, and the timer
