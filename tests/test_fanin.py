@@ -637,3 +637,48 @@ def test_a_holder_whose_writers_went_quiet_keeps_committing_for_others_while_its
     assert sorted(r for _, r in _records(holder)) == sorted(
         [b"h0", b"h1", b"o0", b"o1", b"o2", b"o3"]
     )
+
+
+class SlowAnnouncements:
+    """Forwards to a store; an announcement's PUT lands ``delay`` seconds late (longer
+    than an interval: it lands after the holder's next LIST)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self.delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def put(self, key: str, data: Any, **kw: Any) -> Any:
+        if key.startswith(keys.PENDING_PREFIX):
+            threading.Event().wait(self.delay)  # the round trip, not synchronisation
+        return self._inner.put(key, data, **kw)
+
+
+def test_a_watcher_polls_for_the_first_commit_listed_after_its_announcement_landed(
+    tmp_path: Path,
+) -> None:
+    """A commit whose LIST came before an announcement landed cannot carry it.  The
+    watcher polled for the holder's next commit as soon as its announcement's PUT
+    returned, however late that was: with PUTs longer than an interval, every write cost
+    a poll that found a commit without it, and another (the cost benchmark's trace: 18 of
+    64 polls).  Now it polls on the holder's first beat after the landing."""
+    url = f"file://{tmp_path}/b"
+    holder = tieredbuf.open(url)
+    other = tieredbuf.Buffer(SlowAnnouncements(open_store(url), 0.35))  # type: ignore[arg-type]
+    hp = holder.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        hp.produce([b"h"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # takes the lease
+        with _kept_busy(hp, b"h%d"):
+            op = other.producer(flush_interval=timedelta(milliseconds=5))
+            try:
+                for i in range(8):
+                    op.produce([b"o%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+                polls = hub_for(other.store, other.queue).stats.get("root_polls")
+            finally:
+                op.close(timeout=60)
+    finally:
+        hp.close(timeout=60)
+    assert other.queue.stats.get("commits") == 0, "the other writer took the lease"
+    assert polls <= 8 + 3, f"{polls} polls for 8 writes"  # one each, bar a late commit

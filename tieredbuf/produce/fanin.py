@@ -83,6 +83,8 @@ class _Group:
     when it was submitted)."""
     announced: bool = False
     submitted: float = field(default_factory=time.monotonic)
+    listed_from: float = 0.0
+    """When its announcement landed: a holder's LIST finds it from then on."""
 
     @property
     def last_seq(self) -> int:
@@ -454,8 +456,10 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
-        with self._cond:
-            since = min((g.submitted for gs in self._waiting.values() for g in gs), default=0.0)
+        with self._cond:  # a commit whose LIST came before every announcement still
+            since = min(  # waiting on it landed cannot carry one: the poll skips it
+                (g.listed_from for gs in self._waiting.values() for g in gs), default=0.0
+            )
             due = self._rhythm.due(interval, since)  # the holder's next commit, or a retry
             # a new group before the poll is due: announce it first (the holder lists it
             # next); once the poll is due it goes first, however busy the writers are
@@ -496,11 +500,12 @@ class CommitHub:
         body = fa.encode([fa.make(pid, 0, es) for pid, es in runs.items()], self.wall_ms())
         with contextlib.suppress(errors.AlreadyExistsError):  # our own earlier attempt, its answer
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
-        took = time.monotonic() - started
+        landed = time.monotonic()
         with self._cond:
-            self._announce_s = ewma(self._announce_s, took)
+            self._announce_s = ewma(self._announce_s, landed - started)
             for g in todo:
                 g.announced = True
+                g.listed_from = landed
         self.stats.incr("announcements")
         self.stats.incr("announced_groups", len(todo))
 
