@@ -181,3 +181,28 @@ def test_I5_an_append_naming_an_object_older_than_half_the_grace_is_held_back() 
     assert res.stale == frozenset({"a"})
     assert res.placed == {"b": {1: 0}}  # b is not held back by a's stale object
     assert "a" not in q.read().view.watermarks
+
+
+def test_a_commit_that_lost_to_a_lease_written_lapsed_leaves_it_to_its_holder() -> None:
+    """A holder whose root PUT took longer than its lease (file:// with 16 processes
+    fsyncing: a first lease of 0.4 s, a PUT of 1-3 s) wrote a lease that had already
+    lapsed.  Every writer whose CAS lost to that write took the lease over in its retry,
+    and most lost again: a second herd of conflicts (the cost benchmark's trace: 9 of 18
+    in one row).  A retry that finds the root moved to another holder's lease now leaves
+    it (nothing written); a later turn, after announcing, may still take it over."""
+    clock = Clock()
+    store = FaultInjectingStore(open_store("memory://"))
+    q1, q2 = _queue(store, clock), _queue(store.inner, clock)
+    _commit(q1, [_p("a", (1, "a1"))], holder="h1", release=True)  # the lease: free
+
+    def holder_writes_first(key: str) -> Exception:
+        commit(q2, [_p("b", (1, "b1"))], holder="h2", lease_ms=400, interval_ms=200)
+        clock.t += 1_000  # its PUT took longer than its lease
+        return PreconditionFailedError(key, "the holder's commit moved the root")
+
+    store.arm("put", key=MANIFEST_KEY, when="before", error=holder_writes_first, times=1)
+    res = _commit(q1, [_p("a", (2, "a2"))], holder="h1")
+    assert res.snapshot is None and res.lease is not None and res.lease.holder == "h2"
+    assert _locations(q1) == ["a1", "b1"]
+    res = _commit(q1, [_p("a", (2, "a2"))], holder="h1")  # a later turn: lapsed, taken
+    assert res.placed == {"a": {2: 2}} and q1.read().root.lease.holder == "h1"  # type: ignore[union-attr]
