@@ -206,3 +206,20 @@ def test_a_commit_that_lost_to_a_lease_written_lapsed_leaves_it_to_its_holder() 
     assert _locations(q1) == ["a1", "b1"]
     res = _commit(q1, [_p("a", (2, "a2"))], holder="h1")  # a later turn: lapsed, taken
     assert res.placed == {"a": {2: 2}} and q1.read().root.lease.holder == "h1"  # type: ignore[union-attr]
+
+
+def test_a_commit_that_lost_to_a_release_takes_the_free_lease_at_once() -> None:
+    """A release (expiry 0) frees the lease: a retry that finds one commits."""
+    clock = Clock()
+    store = FaultInjectingStore(open_store("memory://"))
+    q1, q2 = _queue(store, clock), _queue(store.inner, clock)
+    _commit(q2, [_p("b", (1, "b1"))], holder="h2")
+    clock.t += 5_001  # lapsed: h1 takes it over
+
+    def holder_releases_first(key: str) -> Exception:
+        _commit(q2, [_p("b", (2, "b2"))], holder="h2", release=True)
+        return PreconditionFailedError(key, "the release moved the root")
+
+    store.arm("put", key=MANIFEST_KEY, when="before", error=holder_releases_first, times=1)
+    res = _commit(q1, [_p("a", (1, "a1"))], holder="h1")
+    assert res.placed == {"a": {1: 2}} and q1.read().root.lease.holder == "h1"  # type: ignore[union-attr]

@@ -120,7 +120,9 @@ def commit(
         # however lapsed its lease looks (a write slower than the lease: file:// with
         # many processes fsyncing, a saturated server); taking it over at once made every
         # loser of a herd race again -- leave it to a later turn, which announces first
-        moved_to = cur is not None and cur.holder != holder and bool(tried_on)
+        # (a released lease, expiring at 0, is free at once)
+        moved_to = cur is not None and cur.holder != holder and cur.expires_ms > 0
+        moved_to = moved_to and bool(tried_on)
         moved_to = moved_to and tried_on[-1] != read.etag
         tried_on.append(read.etag)
         if (held_elsewhere or moved_to) and not force:
