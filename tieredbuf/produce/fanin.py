@@ -40,7 +40,6 @@ from datetime import timedelta
 from tieredbuf import errors, keys
 from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
 from tieredbuf.format import announce as fa
-from tieredbuf.format import manifest as fm
 from tieredbuf.produce.announcements import AnnouncementReader, Runs
 from tieredbuf.produce.rhythm import Rhythm, gap
 from tieredbuf.queue import cas
@@ -124,9 +123,6 @@ class CommitHub:
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
         self._yield = self._long = False  # met another's lease: announce; took the long one
-        self._patience: tuple[fm.CommitLease | None, float] = (None, 0.0)
-        """A lease a commit of ours met, and until when (monotonic) it is left to its holder
-        however lapsed it looks: it wrote a moment ago, maybe slower than its lease."""
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
 
@@ -289,11 +285,7 @@ class CommitHub:
             return False  # lapses meanwhile, the next turn commits them
         if self._view is None:  # the first turn: try; the commit's own read decides (a
             return True  # live lease elsewhere: nothing written, and we announce next)
-        lease = self._view.root.lease
-        left_to, until = self._patience
-        if lease is not None and lease == left_to and time.monotonic() < until:
-            return False  # another's, written a moment ago: its next commit comes first
-        return lease_free(lease, self.holder, self.wall_ms())
+        return lease_free(self._view.root.lease, self.holder, self.wall_ms())
 
     # --- committer ---------------------------------------------------------------------
 
@@ -355,8 +347,6 @@ class CommitHub:
             # the decision was made on is fresh; the optimistic first one may not be)
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again, and
-                # leave its lease a turn of ours and two intervals (its next commit)
-                self._patience = (res.lease, time.monotonic() + 2 * interval + self._turn_s)
                 self._rhythm.polled(self._last_commit, True, interval)  # look for its next
             self._resolve(self._view)
             self._refresh_stale(res)

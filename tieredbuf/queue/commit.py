@@ -109,23 +109,12 @@ def commit(
     write).  Nothing to append and nothing to change in the lease: no write.
     """
 
-    tried_on: list[str | None] = []  # the root each attempt was decided on
-
     def decide(read: cas.Read[Snapshot], attempt: int) -> cas.Write[_Plan] | cas.Skip[Committed]:
         snap = read.state
         now = queue.clock_ms()
         cur = snap.root.lease
         held_elsewhere = not lease_free(cur, holder, now)
-        # the root moved under our attempt and names another holder: it wrote just now,
-        # however lapsed its lease looks (a write slower than the lease: file:// with
-        # many processes fsyncing, a saturated server); taking it over at once made every
-        # loser of a herd race again -- leave it to a later turn, which announces first
-        # (a released lease, expiring at 0, is free at once)
-        moved_to = cur is not None and cur.holder != holder and cur.expires_ms > 0
-        moved_to = moved_to and bool(tried_on)
-        moved_to = moved_to and tried_on[-1] != read.etag
-        tried_on.append(read.etag)
-        if (held_elsewhere or moved_to) and not force:
+        if held_elsewhere and not force:
             return cas.Skip(Committed({}, None, cur, read=snap))
         limit = max_age_ms(snap)
         draft = queue.draft(snap)
