@@ -8,9 +8,13 @@ acknowledges a write from the page cache, without fsync.  Here:
   which is fsynced, then moved into place (``os.link`` for create, so it never replaces;
   ``os.replace`` otherwise) and the directory fsynced: a reader sees the old object or
   the whole new one, never a part, and an acknowledged write survives a crash;
-* every mutation (put, delete) holds ``<root>/.tieredbuf.lock`` (``fcntl.flock``), so
-  conditional writes are atomic across threads and processes sharing the directory;
-  only the move happens under the lock, the data is written and fsynced before;
+* every replace (overwrite, replace-if-match) and delete holds ``<root>/.tieredbuf.lock``
+  (``fcntl.flock``), so conditional writes are atomic across threads and processes
+  sharing the directory; only the move happens under the lock, the data is written and
+  fsynced before.  A create-if-absent is one ``link(2)``, atomic by itself, and takes
+  no lock (with 16 processes uploading, a root CAS queued behind their directory
+  fsyncs when creates took it); where the filesystem refuses hard links it checks and
+  renames under the lock;
 * the etag is a content hash (blake2b, 16 bytes, hex): it survives restarts, does not
   depend on mtime or inode numbers (inodes are reused), and -- like an S3 single-part
   etag -- names the content, so an ABA rewrite of identical bytes matches.  It is
@@ -369,13 +373,22 @@ class LocalDirStore:
 
     def _commit(self, key: str, path: str, tmp: str, mode: PutMode) -> None:
         dirpath = os.path.dirname(path)
+        if mode == "create":
+            if os.path.isdir(path):
+                raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
+            self._link_new(key, path, tmp)
+            _unlink_quietly(tmp)
+            try:
+                fsync_dir(dirpath)
+            except OSError as e:
+                raise OutcomeUnknownError(
+                    f"{key} was moved into place but its directory could not be fsynced: {e}"
+                ) from e
+            return
         with self._locked():
             if os.path.isdir(path):
                 raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
-            if mode == "create":
-                self._link_new(key, path, tmp)
-                _unlink_quietly(tmp)
-            elif isinstance(mode, IfMatch):
+            if isinstance(mode, IfMatch):
                 try:
                     fd = os.open(path, os.O_RDONLY)
                 except FileNotFoundError as e:
@@ -400,8 +413,7 @@ class LocalDirStore:
                     f"{key} was moved into place but its directory could not be fsynced: {e}"
                 ) from e
 
-    @staticmethod
-    def _link_new(key: str, path: str, tmp: str) -> None:
+    def _link_new(self, key: str, path: str, tmp: str) -> None:
         try:
             os.link(tmp, path)
         except FileExistsError as e:
@@ -410,9 +422,10 @@ class LocalDirStore:
             if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
                 raise
             # no hard links on this filesystem: check-then-rename, atomic under our lock
-            if os.path.lexists(path):
-                raise AlreadyExistsError(key) from e
-            os.replace(tmp, path)
+            with self._locked():
+                if os.path.lexists(path):
+                    raise AlreadyExistsError(key) from e
+                os.replace(tmp, path)
 
     def _put_chunks(self, key: str, chunks: Iterable[bytes | memoryview], mode: PutMode) -> str:
         path = self._path(key)
