@@ -682,3 +682,41 @@ def test_a_watcher_polls_for_the_first_commit_listed_after_its_announcement_land
         hp.close(timeout=60)
     assert other.queue.stats.get("commits") == 0, "the other writer took the lease"
     assert polls <= 8 + 3, f"{polls} polls for 8 writes"  # one each, bar a late commit
+
+
+def test_a_quiet_holder_commits_what_a_writer_elsewhere_announced_while_its_lease_lives(
+    tmp_path: Path,
+) -> None:
+    """A holder whose own writers went quiet stopped taking turns while its short lease
+    lived, so nobody committed what a writer elsewhere announced until the lease lapsed
+    -- and then every writer waiting raced for it (the cost benchmark's 100 B rows: up
+    to three waves of 3-14 conflicts).  The holder now takes its turns while its lease
+    lives: a LIST each, one commit of the announcement."""
+    url = f"file://{tmp_path}/b"
+    holder, other = tieredbuf.open(url), tieredbuf.open(url)
+    flush = timedelta(milliseconds=5)  # a budget of 1/s: a lease of seconds, no lapse here
+    hp = holder.producer(flush_interval=flush, manifest_writes_per_s=1.0)
+    op = other.producer(flush_interval=flush, manifest_writes_per_s=1.0)
+    try:
+        hp.produce([b"h0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # takes the lease
+        op.produce([b"o0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # the holder's
+        lease = other.snapshot().root.lease
+        assert lease is not None and lease.holder == hub_for(holder.store, holder.queue).holder
+        assert other.queue.stats.get("commits") == 0, "the writer elsewhere took the lease"
+    finally:
+        op.close(timeout=60)
+        hp.close(timeout=60)
+    assert sorted(r for _, r in _records(holder)) == [b"h0", b"o0"]
+
+
+def test_a_first_lease_outlasts_a_conditional_put_of_a_loaded_store(tmp_path: Path) -> None:
+    """A hub's first lease was two intervals (0.4 s at the default budget): its turn was
+    not measured yet.  A first conditional PUT of 0.3-0.7 s (file:// with 16 processes
+    fsyncing) landed a lease that had lapsed already, and every waiting writer raced for
+    it.  An unmeasured turn now counts 0.5 s: 1.4 s from the write."""
+    buf = tieredbuf.open(f"file://{tmp_path}/b")
+    with buf.producer(flush_interval=timedelta(milliseconds=5)) as p:
+        p.produce([b"x"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        acked_ms = int(time.time() * 1000)
+        lease = buf.snapshot().root.lease
+        assert lease is not None and lease.expires_ms - acked_ms > 700

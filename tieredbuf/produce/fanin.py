@@ -64,6 +64,11 @@ MIN_INTERVAL_S = 0.02
 LEASE_MIN_S = 5.0
 """A lease lasts at least this long (and four intervals): a holder that dies delays
 commits by at most this much, and clocks a second or two apart do not flap it."""
+FIRST_TURN_S = 0.5
+"""A commit turn not measured yet counts this long in a lease: the first lease was two
+intervals (0.4 s), shorter than its own conditional PUT under load (0.3-0.7 s on
+``file://`` with 16 processes writing and fsyncing), so it had lapsed when it landed and
+every waiting writer raced for it."""
 
 
 Done = Callable[[list[int | None] | None, BaseException | None], None]
@@ -109,9 +114,6 @@ class CommitHub:
         self._budgets: dict[int, float] = {}
         self._graces: dict[int, int] = {}
         self._last_interval = MIN_INTERVAL_S
-        self._others = False
-        """The last LIST showed other writers' announcements: while it holds the lease,
-        this hub keeps committing for them (it LISTs every interval)."""
         self._next_token = 0
         self._view: Snapshot | None = None
         self._reader = AnnouncementReader(store, self.stats)
@@ -122,7 +124,7 @@ class CommitHub:
         self._rhythm = Rhythm()  # when the root changed, and when a watcher looks next
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
-        self._yield = self._long = False  # met another's lease: announce; took the long one
+        self._yield = False  # a commit met another's lease: announce before trying again
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
 
@@ -222,10 +224,11 @@ class CommitHub:
 
     def _lease_ms(self, interval: float, others: bool) -> int:
         """Long while others announce (a lapse would make them race for it); with only our
-        own writers two periods, so a writer elsewhere takes over soon once they go quiet.
-        A period is an interval plus a turn: a lease that lapsed between two commits of a
-        busy holder let a writer elsewhere race it, lose, and starve."""
-        turn = self._turn_s
+        own writers two periods: the holder takes its turns (a LIST each) while its lease
+        lives, and a quiet one sends nothing once it lapsed.  A period is an interval plus
+        a turn (:data:`FIRST_TURN_S` before one was measured): a lease that lapsed between
+        two commits of a busy holder let a writer elsewhere race it, lose, and starve."""
+        turn = self._turn_s or FIRST_TURN_S
         if others:
             return int(max(LEASE_MIN_S, 4 * interval, 4 * (interval + turn)) * 1000)
         return int(2 * (interval + turn) * 1000)
@@ -244,7 +247,7 @@ class CommitHub:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not (self._holding() and self._wanted()):
+                while not self._waiting and not self._holding():
                     if not self._budgets:
                         self._thread = None
                         self._cond.notify_all()
@@ -274,11 +277,6 @@ class CommitHub:
                 log.exception("fan-in hub failed")
                 self._fail_all(e)
 
-    def _wanted(self) -> bool:
-        """Others wait on this holder's turns: its last LIST showed announcements, it took
-        the long lease, or a hub that announced lately would inherit a release."""
-        return self._others or self._long or self._heir() is not None
-
     def _may_commit(self) -> bool:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
             self._yield = False  # (announce) rather than race it again; if its lease
@@ -302,8 +300,6 @@ class CommitHub:
         # a free or lapsed lease: take it with our own groups, announced or not, and LIST
         # once it is ours (hubs racing for it each LISTed and read every announcement)
         taking = bool(self._waiting) and not self._holding()
-        lease = None if self._view is None else self._view.root.lease
-        elsewhere = taking and lease is not None and lease.holder != self.holder
         anns: dict[str, Runs] = {}
         if not taking:
             anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
@@ -316,7 +312,6 @@ class CommitHub:
             local = [Pending(g.producer_id, g.entries) for groups in self._waiting.values()
                      for g in groups if taking or not g.announced]
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
-        self._others = bool(remote) or elsewhere  # others may have announced to it: LIST
         self._note_announcers(anns)
         if not local and not remote:
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
@@ -353,7 +348,6 @@ class CommitHub:
             return
         self._view = res.snapshot
         self._rhythm.changed(time.monotonic(), interval)
-        self._long = bool(remote)  # a long lease: others wait on it, keep LISTing till it ends
         self.stats.incr("commits")
         self._resolve(res.snapshot, res)
         self._refresh_stale(res)
@@ -477,8 +471,8 @@ class CommitHub:
             return
         self._view = snap
         if snap.root.lease is not None and snap.root.lease.holder == self.holder:
-            self._long = True  # handed to us: the others wait on our turns; the first one
-            self._last_commit = seen  # an interval after the hand-over's write, at least
+            self._last_commit = seen  # handed to us: our first turn comes an interval
+            # after the hand-over's write, at least
         self._resolve(snap)
 
     def _announce(self) -> None:
