@@ -1,7 +1,12 @@
 """Idle costs nothing: over 10 s of idleness each role sends no store request (counted
 exactly: by the buffer's request counter in this process, and by the S3 server for the
 service); a consumer waiting in ``next_batch(timeout=...)`` (default and named
-subscriber) sends at most 0.5 a second, each a 22-byte footer read."""
+subscriber) sends at most 0.5 a second, each a 22-byte footer read.
+
+Idleness starts once every producer's commit lease has lapsed: a holder takes its turns,
+a LIST an interval, while its lease lives, so that a writer elsewhere that announced is
+committed instead of racing for a lapsed lease (tieredbuf/produce/fanin.py) -- two to
+seven LISTs after the last write (a lease of two periods, 1.4 s at most), then none."""
 
 from __future__ import annotations
 
@@ -87,6 +92,14 @@ def _consumer(tmp_path: Path, subscriber: str) -> tuple[tieredbuf.Buffer, Callab
 POLLERS = ("consumer (default)", "consumer (named subscriber)")
 
 
+def _until_leases_lapsed(bufs: list[tieredbuf.Buffer]) -> None:
+    """Wait out the last commit lease of these buffers and a commit interval after it (a
+    turn that started before the lapse ends with one more LIST)."""
+    ends = [lease.expires_ms for b in bufs if (lease := b.snapshot().root.lease) is not None]
+    if ends:
+        time.sleep(max(0.0, max(ends) / 1000 + 0.5 - time.time()))  # a known deadline
+
+
 @pytest.mark.s3
 @pytest.mark.slow
 def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
@@ -120,6 +133,8 @@ def test_idle_roles_send_no_requests(tmp_path: Path) -> None:
         try:
             r = srv.post(b'{"warm": 1}\n', NDJSON, "remote")
             assert r.status == 200, r.body
+            svc = tieredbuf.open(f"s3://{bucket}/svc", **ep.options())
+            _until_leases_lapsed([buf for buf, _ in roles.values()] + [svc])
             assert rec.seen, "the service's export reached the server"
             before = {name: buf.requests.snapshot() for name, (buf, _) in roles.items()}
             served = dict(rec.seen)

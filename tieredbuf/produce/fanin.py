@@ -114,9 +114,6 @@ class CommitHub:
         self._budgets: dict[int, float] = {}
         self._graces: dict[int, int] = {}
         self._last_interval = MIN_INTERVAL_S
-        self._others_at = -LEASE_MIN_S
-        """When (monotonic) this hub last met another writer: its announcements in a LIST,
-        its lease, or a turn spent watching it (:meth:`_wanted`)."""
         self._next_token = 0
         self._view: Snapshot | None = None
         self._reader = AnnouncementReader(store, self.stats)
@@ -250,7 +247,7 @@ class CommitHub:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not (self._holding() and self._wanted()):
+                while not self._waiting and not self._holding():
                     if not self._budgets:
                         self._thread = None
                         self._cond.notify_all()
@@ -280,14 +277,6 @@ class CommitHub:
                 log.exception("fan-in hub failed")
                 self._fail_all(e)
 
-    def _wanted(self) -> bool:
-        """Others may wait on this holder's turns: it met another writer lately.  A holder
-        kept taking turns only while its last LIST showed announcements: announcements
-        made after an empty one waited for its lease to lapse, and then every waiting
-        writer raced for it (the cost benchmark's 100 B rows: up to three waves of 3-14
-        conflicts).  Alone, a quiet holder sends nothing."""
-        return time.monotonic() - self._others_at < LEASE_MIN_S
-
     def _may_commit(self) -> bool:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
             self._yield = False  # (announce) rather than race it again; if its lease
@@ -311,9 +300,6 @@ class CommitHub:
         # a free or lapsed lease: take it with our own groups, announced or not, and LIST
         # once it is ours (hubs racing for it each LISTed and read every announcement)
         taking = bool(self._waiting) and not self._holding()
-        lease = None if self._view is None else self._view.root.lease
-        if taking and lease is not None and lease.holder != self.holder:
-            self._others_at = started  # another's lapsed lease: it may be back, or others
         anns: dict[str, Runs] = {}
         if not taking:
             anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
@@ -347,7 +333,7 @@ class CommitHub:
             first = cas.Read(latest, latest.etag)
         self._last_commit = time.monotonic()
         res = commit(self.queue, local + remote, holder=self.holder,
-                     lease_ms=self._lease_ms(interval, bool(remote) or self._wanted()),
+                     lease_ms=self._lease_ms(interval, bool(remote)),
                      interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._turn_s = max(time.monotonic() - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
@@ -356,7 +342,6 @@ class CommitHub:
             # the decision was made on is fresh; the optimistic first one may not be)
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again, and
-                self._others_at = time.monotonic()
                 self._rhythm.polled(self._last_commit, True, interval)  # look for its next
             self._resolve(self._view)
             self._refresh_stale(res)
@@ -402,7 +387,7 @@ class CommitHub:
         for k in anns:
             parsed = keys.parse_pending_key(k)
             if parsed is not None and parsed[0] != self.holder:
-                self._announcers[parsed[0]] = self._others_at = now
+                self._announcers[parsed[0]] = now
 
     def _heir(self) -> str | None:
         """The hub heard from last, within a long lease's time (after that it may be gone:
@@ -457,7 +442,6 @@ class CommitHub:
     # --- watcher -----------------------------------------------------------------------
 
     def _watch_turn(self) -> None:
-        self._others_at = time.monotonic()
         self._announce()
         assert self._view is not None
         lease = self._view.root.lease
