@@ -720,3 +720,50 @@ def test_a_first_lease_outlasts_a_conditional_put_of_a_loaded_store(tmp_path: Pa
         acked_ms = int(time.time() * 1000)
         lease = buf.snapshot().root.lease
         assert lease is not None and lease.expires_ms - acked_ms > 700
+
+
+class SlowRootWrites:
+    """Forwards to a store; a write of the root takes ``delay`` seconds (a loaded store:
+    its conditional PUT took 0.2-1.1 s on file:// under 16 processes)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self.delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def put(self, key: str, data: Any, **kw: Any) -> Any:
+        if key == keys.MANIFEST_KEY:
+            threading.Event().wait(self.delay)  # the round trip, not synchronisation
+        return self._inner.put(key, data, **kw)
+
+
+def test_a_watcher_polls_about_once_a_commit_of_a_holder_slower_than_its_interval(
+    tmp_path: Path,
+) -> None:
+    """The lease said how often its holder may commit (the budget's interval, 200 ms);
+    a holder whose conditional PUT alone took longer committed every half second, and a
+    watcher polled at 200 ms, missed, and retried at 50, 50 and 100 ms: 35-42 polls for
+    six writes.  The lease now says how far apart the holder's commits came lately,
+    and the watcher aims there."""
+    url = f"file://{tmp_path}/b"
+    holder = tieredbuf.Buffer(SlowRootWrites(open_store(url), 0.45))  # type: ignore[arg-type]
+    other = tieredbuf.open(url)
+    hp = holder.producer(flush_interval=timedelta(milliseconds=5))
+    try:
+        hp.produce([b"h"]).wait(tieredbuf.Durability.REMOTE, timeout=60)  # takes the lease
+        with _kept_busy(hp, b"h%d"):
+            op = other.producer(flush_interval=timedelta(milliseconds=5))
+            try:
+                for i in range(6):
+                    op.produce([b"o%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+                polls = hub_for(other.store, other.queue).stats.get("root_polls")
+            finally:
+                op.close(timeout=60)
+        lease = holder.snapshot().root.lease
+        assert lease is not None and lease.interval_ms >= 400  # its commits' spacing
+    finally:
+        hp.close(timeout=60)
+    assert other.queue.stats.get("commits") == 0, "the other writer took the lease"
+    assert polls <= 6 * 4, f"{polls} polls for 6 writes"  # 35-42 before, 16 now
