@@ -454,7 +454,6 @@ class CommitHub:
     # --- watcher -----------------------------------------------------------------------
 
     def _watch_turn(self) -> None:
-        self._announce()
         assert self._view is not None
         lease = self._view.root.lease
         interval = (
@@ -462,6 +461,14 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
+        with self._cond:  # announce at the latest that beats the holder's next LIST, so
+            # that what comes meanwhile joins the same PUT (a staged producer's cores
+            # sealed within 20-50 ms of each other: two announcements, a PUT and a GET each)
+            early = min(interval / 4, 0.075) + self._announce_s
+            at = self._rhythm.next_list(interval, early, time.monotonic())
+            while self._unannounced() and (left := at - time.monotonic()) > 0:
+                self._cond.wait(left)
+        self._announce()
         with self._cond:  # a commit whose LIST came before every announcement still
             since = min(  # waiting on it landed cannot carry one: the poll skips it
                 (g.listed_from for gs in self._waiting.values() for g in gs), default=0.0
@@ -470,7 +477,7 @@ class CommitHub:
             # a new group before the poll is due: announce it first (the holder lists it
             # next); once the poll is due it goes first, however busy the writers are
             while (left := due - time.monotonic()) > 0:
-                if any(not g.announced for gs in self._waiting.values() for g in gs):
+                if self._unannounced():
                     return
                 self._cond.wait(left)
         seen = time.monotonic()
@@ -486,6 +493,9 @@ class CommitHub:
             self._last_commit = seen  # handed to us: our first turn comes an interval
             # after the hand-over's write, at least
         self._resolve(snap)
+
+    def _unannounced(self) -> bool:
+        return any(not g.announced for gs in self._waiting.values() for g in gs)
 
     def _announce(self) -> None:
         """One PUT of every local group not announced yet: a run per writer, its groups
