@@ -96,13 +96,3 @@ def test_a_holder_running_late_costs_a_few_polls_not_one_every_retry(
         r.polled(t, False, INTERVAL)
     assert polls <= most
     assert t - lands <= RETRY_MAX_S
-
-
-def test_an_announcement_goes_just_before_the_holders_next_list() -> None:
-    """A period after the last commit seen, ``early`` before it; at once once that time
-    passed (the holder may be late) or before any commit was seen."""
-    r = Rhythm()
-    assert r.next_list(INTERVAL, 0.06, now=5.0) == 5.0
-    r.changed(10.0, INTERVAL)
-    assert r.next_list(INTERVAL, 0.06, now=10.01) == pytest.approx(10.0 + gap(INTERVAL) - 0.06)
-    assert r.next_list(INTERVAL, 0.06, now=10.3) == 10.3

@@ -124,14 +124,6 @@ class CommitHub:
         self._rhythm = Rhythm()  # when the root changed, and when a watcher looks next
         self._turn_s = 0.0  # a commit turn (LIST to CAS): the slowest lately, decaying
         self._prep_s = 0.0  # a turn's LIST and reads (EWMA, at most an interval)
-        self._sent_at = 0.0  # when this hub sent its last commit
-        self._period_s = 0.0
-        """How far apart this holder sent its commits lately (EWMA): the lease says how
-        often it commits (the interval whose :func:`gap` that is), and watchers aim their
-        polls by it.  The budget's interval was
-        there, and a holder whose turns took longer (a loaded store: 0.2-1.1 s on
-        ``file://`` under 16 processes) had every waiting watcher miss and retry 2-4
-        times a commit."""
         self._yield = False  # a commit met another's lease: announce before trying again
         self._error_attempt = 0
         self._thread: threading.Thread | None = None
@@ -339,14 +331,10 @@ class CommitHub:
         if view is not None and self._holding() and self.queue.knows_root:
             latest = self.queue.latest_snapshot()
             first = cas.Read(latest, latest.etag)
-        sent = time.monotonic()
-        if self._holding() and sent - self._sent_at < LEASE_MIN_S:  # busy: its period
-            self._period_s = ewma(self._period_s, sent - self._sent_at)
-        self._last_commit = self._sent_at = sent
+        self._last_commit = time.monotonic()
         res = commit(self.queue, local + remote, holder=self.holder,
                      lease_ms=self._lease_ms(interval, bool(remote)),
-                     interval_ms=int(max(interval, (self._period_s - 0.005) / 1.02) * 1000),
-                     max_age_ms=self.max_age_ms, first=first)
+                     interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._turn_s = max(time.monotonic() - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
             read = res.read if first is None else None  # elsewhere (another's live lease),
@@ -454,6 +442,7 @@ class CommitHub:
     # --- watcher -----------------------------------------------------------------------
 
     def _watch_turn(self) -> None:
+        self._announce()
         assert self._view is not None
         lease = self._view.root.lease
         interval = (
@@ -461,14 +450,6 @@ class CommitHub:
             if lease is not None and lease.interval_ms
             else self._interval()
         )
-        with self._cond:  # announce at the latest that beats the holder's next LIST, so
-            # that what comes meanwhile joins the same PUT (a staged producer's cores
-            # sealed within 20-50 ms of each other: two announcements, a PUT and a GET each)
-            early = min(interval / 4, 0.075) + self._announce_s
-            at = self._rhythm.next_list(interval, early, time.monotonic())
-            while self._unannounced() and (left := at - time.monotonic()) > 0:
-                self._cond.wait(left)
-        self._announce()
         with self._cond:  # a commit whose LIST came before every announcement still
             since = min(  # waiting on it landed cannot carry one: the poll skips it
                 (g.listed_from for gs in self._waiting.values() for g in gs), default=0.0
@@ -477,7 +458,7 @@ class CommitHub:
             # a new group before the poll is due: announce it first (the holder lists it
             # next); once the poll is due it goes first, however busy the writers are
             while (left := due - time.monotonic()) > 0:
-                if self._unannounced():
+                if any(not g.announced for gs in self._waiting.values() for g in gs):
                     return
                 self._cond.wait(left)
         seen = time.monotonic()
@@ -493,9 +474,6 @@ class CommitHub:
             self._last_commit = seen  # handed to us: our first turn comes an interval
             # after the hand-over's write, at least
         self._resolve(snap)
-
-    def _unannounced(self) -> bool:
-        return any(not g.announced for gs in self._waiting.values() for g in gs)
 
     def _announce(self) -> None:
         """One PUT of every local group not announced yet: a run per writer, its groups

@@ -52,23 +52,11 @@ class Rhythm:
     """When the last poll was sent."""
     misses: int = 0
     """Polls since the one due found no commit."""
-    seen_at: float = 0.0
-    """When the poll that saw the last change was sent (the bracket's upper end)."""
 
     def changed(self, at: float, interval: float) -> None:
         """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
-        self.changed_at = self.seen_at = at
+        self.changed_at = at
         self.next_poll = at + gap(interval)
-
-    def next_list(self, interval: float, early: float, now: float) -> float:
-        """The latest time (from ``now`` on) an announcement still comes ``early`` before the
-        holder's next LIST, a period after the poll that saw its last commit (its sends are
-        a period apart, and that one landed before the poll): where a watcher sends it,
-        so that groups submitted meanwhile go in the same PUT.  ``now`` once that time has
-        passed (the holder may be late: announce at once), or before any commit was seen."""
-        if not self.seen_at:
-            return now
-        return max(now, self.seen_at + gap(interval) - early)
 
     def due(self, interval: float, since: float) -> float:
         """When to send the next poll, for groups waiting since ``since`` (the oldest).  Not
@@ -88,6 +76,5 @@ class Rhythm:
         before, self.polled_at = self.polled_at, sent
         self.misses = 0 if moved or self.next_poll > sent else self.misses + 1
         if moved:
-            self.seen_at = sent
             self.changed_at = max(before, sent - interval)
             self.next_poll = sent + gap(interval)
