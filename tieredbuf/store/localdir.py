@@ -378,12 +378,7 @@ class LocalDirStore:
                 raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
             self._link_new(key, path, tmp)
             _unlink_quietly(tmp)
-            try:
-                fsync_dir(dirpath)
-            except OSError as e:
-                raise OutcomeUnknownError(
-                    f"{key} was moved into place but its directory could not be fsynced: {e}"
-                ) from e
+            _sync_moved(key, dirpath)
             return
         with self._locked():
             if os.path.isdir(path):
@@ -406,12 +401,7 @@ class LocalDirStore:
                 os.replace(tmp, path)
             else:
                 raise ValueError(f"unknown put mode {mode!r}")
-            try:
-                fsync_dir(dirpath)
-            except OSError as e:
-                raise OutcomeUnknownError(
-                    f"{key} was moved into place but its directory could not be fsynced: {e}"
-                ) from e
+            _sync_moved(key, dirpath)
 
     def _link_new(self, key: str, path: str, tmp: str) -> None:
         try:
@@ -539,6 +529,16 @@ class LocalDirStore:
                 os.close(self._lock_fd)
             self._lock_fd = -1
             self._lock_pid = -1
+
+
+def _sync_moved(key: str, dirpath: str) -> None:
+    """fsync the directory ``key`` was just moved into: until then a crash may undo it."""
+    try:
+        fsync_dir(dirpath)
+    except OSError as e:
+        raise OutcomeUnknownError(
+            f"{key} was moved into place but its directory could not be fsynced: {e}"
+        ) from e
 
 
 def _unlink_quietly(path: str) -> None:
