@@ -254,6 +254,10 @@ class CommitHub:
                         return  # no writer left and nothing held: the hub is idle
                     self._cond.wait(1.0)
                 leaving = not self._budgets and not self._waiting
+                if leaving and self._heir() is None:  # nobody announced lately: the lease
+                    self._thread = None  # lapses on its own (a release is a root write
+                    self._cond.notify_all()  # for nobody: a lone producer's close paid it)
+                    return
             try:
                 if leaving:
                     self._release()
