@@ -114,6 +114,7 @@ class CommitHub:
         self._budgets: dict[int, float] = {}
         self._graces: dict[int, int] = {}
         self._last_interval = MIN_INTERVAL_S
+        self._met_at = -LEASE_MIN_S  # when (monotonic) it last met another hub's lease
         self._next_token = 0
         self._view: Snapshot | None = None
         self._reader = AnnouncementReader(store, self.stats)
@@ -254,8 +255,9 @@ class CommitHub:
                         return  # no writer left and nothing held: the hub is idle
                     self._cond.wait(1.0)
                 leaving = not self._budgets and not self._waiting
-                if leaving and self._heir() is None:  # nobody announced lately: the lease
-                    self._thread = None  # lapses on its own (a release is a root write
+                alone = time.monotonic() - self._met_at > LEASE_MIN_S and self._heir() is None
+                if leaving and alone:  # nobody announced or held the lease lately: it lapses
+                    self._thread = None  # on its own (a release is a LIST and a root write
                     self._cond.notify_all()  # for nobody: a lone producer's close paid it)
                     return
             try:
@@ -304,6 +306,9 @@ class CommitHub:
         # a free or lapsed lease: take it with our own groups, announced or not, and LIST
         # once it is ours (hubs racing for it each LISTed and read every announcement)
         taking = bool(self._waiting) and not self._holding()
+        lease = None if self._view is None else self._view.root.lease
+        if taking and lease is not None and lease.holder != self.holder:
+            self._met_at = started  # another's lapsed lease: its announcements may linger
         anns: dict[str, Runs] = {}
         if not taking:
             anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
@@ -346,6 +351,7 @@ class CommitHub:
             # the decision was made on is fresh; the optimistic first one may not be)
             if res.lease is not None and res.lease.holder != self.holder:
                 self._yield = True  # another holder: announce before trying again, and
+                self._met_at = time.monotonic()
                 self._rhythm.polled(self._last_commit, True, interval)  # look for its next
             self._resolve(self._view)
             self._refresh_stale(res)
@@ -446,6 +452,7 @@ class CommitHub:
     # --- watcher -----------------------------------------------------------------------
 
     def _watch_turn(self) -> None:
+        self._met_at = time.monotonic()  # another hub holds the lease
         self._announce()
         assert self._view is not None
         lease = self._view.root.lease
