@@ -255,11 +255,10 @@ class CommitHub:
                         return  # no writer left and nothing held: the hub is idle
                     self._cond.wait(1.0)
                 leaving = not self._budgets and not self._waiting
-                alone = time.monotonic() - self._met_at > LEASE_MIN_S and self._heir() is None
-                if leaving and alone:  # nobody announced or held the lease lately: it lapses
-                    self._thread = None  # on its own (a release is a LIST and a root write
-                    self._cond.notify_all()  # for nobody: a lone producer's close paid it)
-                    return
+                if leaving and self._alone():  # nobody announced or held the lease lately:
+                    self._thread = None  # it lapses on its own (a release is a LIST and a
+                    self._cond.notify_all()  # root write for nobody: a lone producer's
+                    return  # close paid it)
             try:
                 if leaving:
                     self._release()
@@ -282,6 +281,10 @@ class CommitHub:
             except Exception as e:  # a bug: fail the writers loudly, never hang them
                 log.exception("fan-in hub failed")
                 self._fail_all(e)
+
+    def _alone(self) -> bool:
+        """No hub announced to this one, and it met no other hub's lease, lately."""
+        return time.monotonic() - self._met_at > LEASE_MIN_S and self._heir() is None
 
     def _may_commit(self) -> bool:
         if self._yield:  # a commit just found another holder's lease: hand it our groups
