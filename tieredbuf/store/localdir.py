@@ -373,16 +373,14 @@ class LocalDirStore:
 
     def _commit(self, key: str, path: str, tmp: str, mode: PutMode) -> None:
         dirpath = os.path.dirname(path)
+        if os.path.isdir(path):  # (a directory is never made under the lock either)
+            raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
         if mode == "create":
-            if os.path.isdir(path):
-                raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
             self._link_new(key, path, tmp)
             _unlink_quietly(tmp)
             _sync_moved(key, dirpath)
             return
         with self._locked():
-            if os.path.isdir(path):
-                raise PermanentStoreError(f"cannot write {key}: a key prefix of that name exists")
             if isinstance(mode, IfMatch):
                 try:
                     fd = os.open(path, os.O_RDONLY)
