@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from tieredbuf.config import AZURE_OPTION_ENV, S3_CREDENTIAL_ENV, S3_OPTION_ENV
-from tieredbuf.service.auth import TOKENS_ENV
+from tieredbuf.service.tokens import TOKENS_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 READS = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")

@@ -35,8 +35,8 @@ from tests.service.server import Server, start_server
 from tests.service.util import ndjson
 from tieredbuf.errors import TieredBufError
 from tieredbuf.runtime.redact import fingerprint
-from tieredbuf.service.auth import TOKENS_ENV
 from tieredbuf.service.bodies import NDJSON
+from tieredbuf.service.tokens import TOKENS_ENV
 
 pytestmark = pytest.mark.s3
 

@@ -18,8 +18,8 @@ import pytest
 
 from tests.service.server import Server
 from tests.service.util import consume_all, ndjson, self_signed
-from tieredbuf.service.auth import TOKENS_ENV
 from tieredbuf.service.bodies import NDJSON
+from tieredbuf.service.tokens import TOKENS_ENV
 
 Serve = Callable[..., Server]
 OLD = "old-token-0123456789abcdef"

@@ -18,10 +18,11 @@ def _abspath(path: str | None) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    from tieredbuf.service.auth import TokenSet, check_exposure
+    from tieredbuf.service.auth import check_exposure
     from tieredbuf.service.config import ServiceConfig
     from tieredbuf.service.supervisor import serve
     from tieredbuf.service.tls import tls_context
+    from tieredbuf.service.tokens import TokenSet
 
     store: dict[str, Any] = store_opts(args)
     producer: dict[str, Any] = {}

@@ -51,6 +51,7 @@ from tieredbuf.runtime.redact import redact
 from tieredbuf.service import auth, bodies
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.http import REFUSED, parse_error_reason, track_requests
+from tieredbuf.service.tokens import TokenSet
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class WorkerState:
     )
     mirror: metrics.Mirror | None = None
     registry: CollectorRegistry | None = None
-    tokens: auth.TokenSet | None = None
+    tokens: TokenSet | None = None
 
 
 STATE = web.AppKey("state", WorkerState)
@@ -414,9 +415,7 @@ async def _seal_on_shutdown(app: web.Application) -> None:
         await asyncio.get_running_loop().run_in_executor(state.pool, state.producer.stage.seal_all)
 
 
-def build_app(
-    config: ServiceConfig, index: int, tokens: auth.TokenSet | None = None
-) -> web.Application:
+def build_app(config: ServiceConfig, index: int, tokens: TokenSet | None = None) -> web.Application:
     """The worker's application; with ``tokens``, bearer authentication (service/auth.py)
     on every route but ``config.open_paths``."""
     guard = [auth.middleware(tokens, config.open_paths)] if tokens is not None else []

@@ -25,10 +25,10 @@ from aiohttp import web
 from tieredbuf.errors import ConfigError, TieredBufError
 from tieredbuf.runtime import redact
 from tieredbuf.service.app import build_app
-from tieredbuf.service.auth import TokenSet
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.http import GuardedSite
 from tieredbuf.service.tls import TlsContexts
+from tieredbuf.service.tokens import TokenSet
 
 log = logging.getLogger("tieredbuf.service")
 PARENT_POLL_S = 1.0
