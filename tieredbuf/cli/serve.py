@@ -79,4 +79,4 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     if config.tls_cert is not None:
         tls_context(config.tls_cert, config.tls_key)
     check_exposure(config.host, tokens, config.insecure, config.tls_cert is not None)
-    return serve(config, out)
+    return serve(config, out, tokens)

@@ -5,6 +5,8 @@ starts ``N`` workers that all accept on it (the kernel spreads connections), res
 a worker that dies (its stage is recovered by the new one: same directory, same
 producer id), checks the TLS pair at start and on SIGHUP and passes SIGHUP on (the
 workers reload the token file and the last good pair, :mod:`tieredbuf.service.tls`),
+keeps the last good tokens of the token file for a worker that starts while it is
+broken (:mod:`tieredbuf.service.tokens`),
 and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
 each has sealed and exported its stage.
 
@@ -34,6 +36,7 @@ from tieredbuf.errors import ConfigError
 from tieredbuf.runtime.signals import SignalEvent
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.tls import TlsSnapshot
+from tieredbuf.service.tokens import TokenSet, snapshot_path
 
 log = logging.getLogger("tieredbuf.service")
 
@@ -117,10 +120,16 @@ def _own_stage_root(path: Path) -> None:
         )
 
 
-def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
-    """Run the service until SIGTERM/SIGINT; 0 when every worker drained cleanly."""
+def serve(config: ServiceConfig, out: TextIO | None = None, tokens: TokenSet | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT; 0 when every worker drained cleanly.
+    ``tokens``: the token set already checked (read from ``config`` when not given)."""
     out = out or sys.stdout
     _own_stage_root(Path(config.staging_dir))
+    # the last good tokens of --token-file, for a worker that starts while it is broken
+    keep = snapshot_path(config.staging_dir) if config.token_file else None
+    if keep is not None:
+        tokens = tokens or TokenSet(config.token_file)
+        tokens.save(keep)
     tls = None
     if config.tls_cert is not None and config.tls_key is not None:
         tls = TlsSnapshot(config.tls_cert, config.tls_key, Path(config.staging_dir))
@@ -187,6 +196,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
         # SIGHUP: check the TLS pair (a bad one keeps the snapshot), then the workers
         # re-read the token file and the snapshot
         hup.clear()
+        if keep is not None and tokens is not None and tokens.reload():
+            tokens.save(keep)
         if tls is not None:
             try:
                 tls.refresh()
@@ -232,6 +243,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
         while not stop.wait(0.2):
             if hup:
                 reload()
+            if keep is not None and tokens is not None and tokens.maybe_reload():
+                tokens.save(keep)
             for w in workers:
                 rc = w.proc.poll()
                 if rc is None:
@@ -275,6 +288,8 @@ def serve(config: ServiceConfig, out: TextIO | None = None) -> int:
             if rc != 0 and code == 0:
                 code = 1
         sock.close()
+        if keep is not None:
+            keep.unlink(missing_ok=True)
     if forced.is_set():
         code = 130
     stop.close()

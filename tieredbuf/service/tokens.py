@@ -85,19 +85,37 @@ def _describe(tokens: tuple[str, ...]) -> str:
 class TokenSet:
     """The tokens accepted now; thread-safe; reloads its file."""
 
-    def __init__(self, token_file: str | None = None, env: str | None = None) -> None:
+    def __init__(
+        self, token_file: str | None = None, env: str | None = None, *, fallback: Path | None = None
+    ) -> None:
+        """``fallback``: a snapshot of the supervisor's, taken when the file is unusable
+        (a worker started in the middle of an edit); without one, ConfigError."""
         if token_file and env:
             raise ConfigError(f"tokens from both --token-file and ${TOKENS_ENV}: use one")
         self._file = Path(token_file) if token_file else None
         self._lock = threading.Lock()
         self._signature: tuple[int, int, int] | None = None
+        self._bad: tuple[int, int, int] | None = None  # the unusable file last logged
         self._next_check = 0.0
         self.reloads = 0
         if self._file is not None:
-            tokens, self._signature = self._read_file()
-            if not tokens:
-                raise ConfigError(f"token file {self._file} holds no token")
-            source = f"file {self._file}"
+            try:
+                tokens, self._signature = self._file_tokens()
+                source = f"file {self._file}"
+            except ConfigError as e:
+                if fallback is None or not fallback.exists():
+                    raise
+                tokens = parse_tokens(fallback.read_text(encoding="utf-8"), f"{fallback}")
+                if not tokens:
+                    raise
+                self._bad = self._stat_signature()
+                log.error(
+                    "%s: serving with the %d token(s) the supervisor last checked, until "
+                    "the file changes",
+                    e,
+                    len(tokens),
+                )
+                source = f"the supervisor's snapshot {fallback}"
         elif env:
             tokens = parse_tokens(env, f"${TOKENS_ENV}")
             if not tokens:
@@ -115,12 +133,12 @@ class TokenSet:
         )
 
     @classmethod
-    def from_config(cls, token_file: str | None) -> TokenSet | None:
+    def from_config(cls, token_file: str | None, fallback: Path | None = None) -> TokenSet | None:
         """The service's tokens, or None when neither source is set (no auth)."""
         env = os.environ.get(TOKENS_ENV) or None
         if not token_file and not env:
             return None
-        return cls(token_file, env)
+        return cls(token_file, env, fallback=fallback)
 
     @property
     def count(self) -> int:
@@ -141,27 +159,41 @@ class TokenSet:
             st.st_ino,
         )
 
+    def _file_tokens(self) -> tuple[tuple[str, ...], tuple[int, int, int]]:
+        tokens, sig = self._read_file()
+        if not tokens:
+            raise ConfigError(f"token file {self._file} holds no token")
+        return tokens, sig
+
+    def _stat_signature(self) -> tuple[int, int, int]:
+        assert self._file is not None
+        try:
+            st = self._file.stat()
+        except OSError:
+            return (0, 0, 0)  # no file: one signature for as long as it stays away
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
     def reload(self, *, force: bool = True) -> bool:
         """Re-read the token file if it changed (always, with ``force``); True when the
-        tokens were replaced.  Keeps the current tokens if the file is unusable."""
+        tokens were replaced.  Keeps the current tokens if the file is unusable, and
+        logs that once for each version of the bad file."""
         if self._file is None:
             return False
         with self._lock:
+            sig = self._stat_signature()
+            if not force and sig in (self._signature, self._bad):
+                return False
             try:
-                st = self._file.stat()
-                sig = (st.st_mtime_ns, st.st_size, st.st_ino)
-                if not force and sig == self._signature:
-                    return False
-                tokens, sig = self._read_file()
-                if not tokens:
-                    raise ConfigError(f"token file {self._file} holds no token")
-            except (OSError, ConfigError) as e:
+                tokens, sig = self._file_tokens()
+            except ConfigError as e:
+                self._bad = sig
                 log.error(
                     "token file not reloaded, keeping the %d token(s) in use: %s",
                     len(self._tokens),
                     e,
                 )
                 return False
+            self._bad = None
             redact.register(*tokens)
             changed = tokens != self._tokens
             self._tokens, self._signature = tokens, sig
@@ -175,13 +207,24 @@ class TokenSet:
             )
         return changed
 
-    def maybe_reload(self) -> None:
-        """Re-read the file if its mtime, size or inode changed (at most every second)."""
+    def maybe_reload(self) -> bool:
+        """Re-read the file if its mtime, size or inode changed (at most every second);
+        True when the tokens were replaced."""
         now = time.monotonic()
         if self._file is None or now < self._next_check:
-            return
+            return False
         self._next_check = now + RELOAD_CHECK_S
-        self.reload(force=False)
+        return self.reload(force=False)
+
+    def save(self, path: Path) -> None:
+        """Write the tokens in use to ``path`` (owner-only, replaced by rename): the
+        supervisor's snapshot for workers that start while the file is unusable."""
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("# tieredbuf serve: the last good tokens of --token-file\n")
+            f.write("".join(f"{t}\n" for t in self._tokens))
+        os.replace(tmp, path)
 
     def check(self, authorization: str | None) -> Decision:
         """401 without (well-formed) bearer credentials, 403 for a token that matches none."""

@@ -28,7 +28,7 @@ from tieredbuf.service.app import build_app
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.http import GuardedSite
 from tieredbuf.service.tls import TlsContexts
-from tieredbuf.service.tokens import TokenSet
+from tieredbuf.service.tokens import TokenSet, snapshot_path
 
 log = logging.getLogger("tieredbuf.service")
 PARENT_POLL_S = 1.0
@@ -61,7 +61,7 @@ async def run_worker(
 ) -> int:
     """Serve until SIGTERM/SIGINT (or ``early`` holds one caught before the loop ran),
     then drain."""
-    tokens = TokenSet.from_config(config.token_file)
+    tokens = TokenSet.from_config(config.token_file, snapshot_path(config.staging_dir))
     tls = TlsContexts(config.tls_cert) if config.tls_cert is not None else None
     app = build_app(config, index, tokens)
     runner = web.AppRunner(
