@@ -225,11 +225,15 @@ def test_I2_I3_the_writers_of_one_process_announce_together_one_put_a_turn(
             finally:
                 held.release.set()
     assert hub.stats.get("announced_groups") == 8
-    assert hub.stats.get("announcements") == 2  # the one held, then the rest at once
+    # the one held (the groups submitted before the hub's turn), then the rest at once;
+    # one alone when all eight were in before its first turn (a busy machine)
+    sent = hub.stats.get("announcements")
+    assert 1 <= sent <= 2
     runs = [fa.decode(b) for b in held.bodies]
+    assert len(runs) == sent
     assert sum(len(r) for r in runs) == 8  # a run per writer
     assert {a.producer_id for r in runs for a in r} == {p.producer_id for p in ops}
-    assert hub_for(holder.store, holder.queue).stats.get("announcements_read") == 2
+    assert hub_for(holder.store, holder.queue).stats.get("announcements_read") == sent
     _check_once_in_order(
         [(q, r) for q, r in _records(holder) if r.startswith(b"w")], {f"w{i}": 1 for i in range(8)}
     )
