@@ -480,7 +480,10 @@ class CommitHub:
         self.stats.incr("root_polls")  # that lapsed meanwhile: the next turn takes it over)
         old = (self._view.root.next_seq, self._view.footer.epoch)
         moved = snap is not None and (snap.root.next_seq, snap.footer.epoch) != old
-        self._rhythm.polled(seen, moved, interval)  # a commit, not any write (a dequeue)
+        was, lease = self._view.root.lease, None if snap is None else snap.root.lease
+        same = lease is not None and was is not None and lease.holder == was.holder
+        stamp = lease.expires_ms if same and lease is not None else None  # one holder's
+        self._rhythm.polled(seen, moved, interval, stamp)  # a commit, not any write (a dequeue)
         if snap is None:
             return
         self._view = snap

@@ -20,11 +20,22 @@ Two times come out of that bracket:
 * :attr:`Rhythm.changed_at`, from its lower end: when the root changed, as early as the
   watcher can tell -- where its producers cut their batches so that the announcement
   beats the holder's LIST (``CommitHub.next_commit_in``).
+
+A holder that runs late commit after commit (16 processes on two cores: about once a
+second at a budget of five) would cost every watcher the retries each time, six or seven
+polls a commit, most of them 304s.  Its commits say how far apart they come: each renews
+its lease by the same length, so two lease expiry times seen in a row are as far apart
+as their commits were (the holder's clock; only differences are used, so clock skew does
+not matter).  After the poll on the beat finds nothing, the retry waits until the
+holder's commits have been coming (:attr:`Rhythm.spacing`), then the short retries go on.
+A holder on time changes nothing: its spacing is the gap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tieredbuf.runtime.stats import ewma
 
 RETRY_S = 0.05
 """A poll that found no commit where one was due looks again this much later (at most a
@@ -52,11 +63,19 @@ class Rhythm:
     """When the last poll was sent."""
     misses: int = 0
     """Polls since the one due found no commit."""
+    seen_at: float = 0.0
+    """When the poll that saw the last commit was sent (or this hub's own commit)."""
+    spacing: float = 0.0
+    """The holder's commits, seconds apart, as their leases' expiry times say (0: not
+    known yet)."""
+    stamp: int | None = None
+    """The lease expiry of the last commit seen (the holder's clock, ms)."""
 
     def changed(self, at: float, interval: float) -> None:
         """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
-        self.changed_at = at
+        self.changed_at = self.seen_at = at
         self.next_poll = at + gap(interval)
+        self.stamp = None  # our own lease: another holder's spacing starts again
 
     def due(self, interval: float, since: float) -> float:
         """When to send the next poll, for groups waiting since ``since`` (the oldest).  Not
@@ -69,12 +88,30 @@ class Rhythm:
                 self.next_poll += -((self.next_poll - since) // period) * period
             return self.next_poll
         retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0) // 2, 3))
-        return self.polled_at + min(retry, max(interval, RETRY_MAX_S))
+        at = self.polled_at + min(retry, max(interval, RETRY_MAX_S))
+        # a holder whose commits come late, one after another (a busy machine): after the
+        # poll on its beat, look again when its commits have been coming, not every 50 ms
+        return max(at, self.seen_at + 0.9 * self.spacing)
 
-    def polled(self, sent: float, moved: bool, interval: float) -> None:
-        """A poll sent at ``sent`` found the root ``moved`` (or not)."""
+    def polled(self, sent: float, moved: bool, interval: float, stamp: int | None = None) -> None:
+        """A poll sent at ``sent`` found the root ``moved`` (or not); ``stamp``: the
+        lease expiry of the commit it found (a holder renews its lease by the same
+        length each commit, so two of them are as far apart as the commits were)."""
         before, self.polled_at = self.polled_at, sent
         self.misses = 0 if moved or self.next_poll > sent else self.misses + 1
         if moved:
             self.changed_at = max(before, sent - interval)
+            self.seen_at = sent
             self.next_poll = sent + gap(interval)
+            self._space(stamp, interval)
+
+    def _space(self, stamp: int | None, interval: float) -> None:
+        last, self.stamp = self.stamp, stamp
+        if stamp is None or last is None or stamp <= last:
+            return
+        d = (stamp - last) / 1000
+        if d > 10 * max(gap(interval), self.spacing):
+            return  # another lease length (or holder), not a spacing
+        if self.spacing:  # two commits in one bracket count as one spacing, not two
+            d = min(d, 2 * self.spacing)
+        self.spacing = ewma(self.spacing, d)
