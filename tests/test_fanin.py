@@ -307,6 +307,40 @@ def test_hubs_waiting_on_a_lapsed_lease_take_it_with_their_own_groups_without_li
     _check_once_in_order(_records(bufs[0]), {"dead": 1, "w0": 1, "w1": 1, "w2": 1})
 
 
+def test_a_watcher_that_takes_a_lapsed_lease_over_holds_it_long(tmp_path: Path) -> None:
+    """A watcher (it met another hub's lease) whose holder stopped committing takes the
+    lease over with its own groups, before any LIST.  That commit carries no announcement,
+    and its lease was the short one of a lone writer (two periods, 0.4-1.4 s): on a busy
+    machine it lapsed again before the taker's next turn, and every waiting hub raced
+    for it, herd after herd (the cost benchmark: 26 and 40 conflicts in a row).  Having
+    met others lately, the taker holds the long lease."""
+    from ulid import ULID
+
+    from tieredbuf.format.batch import encode_batch
+    from tieredbuf.produce.fanin import LEASE_MIN_S
+    from tieredbuf.queue.commit import Pending, commit
+
+    url = f"file://{tmp_path}/b"
+    b = tieredbuf.open(url)
+    body, loc = encode_batch([b"s:0"]), keys.data_key(ULID())
+    b.store.put(loc, body, mode="create")
+    commit(b.queue, [Pending("s", (fa.Announced(1, loc, len(body), ()),))],
+           holder="h-stalled", lease_ms=60_000, interval_ms=200)  # fmt: skip
+    hub = hub_for(b.store, b.queue)
+    p = b.producer(flush_interval=timedelta(milliseconds=5))
+    h = p.produce([b"b:0"])
+    _wait_for(lambda: hub.stats.get("announcements") == 1)  # a watcher of h-stalled
+    real = b.queue.clock_ms
+    ahead = lambda: real() + 90_000  # noqa: E731  h-stalled's lease lapses (b's clock)
+    b.queue.clock_ms = hub.wall_ms = ahead
+    h.wait(tieredbuf.Durability.REMOTE, timeout=60)
+    lease = b.snapshot().root.lease
+    assert lease is not None and lease.holder == hub.holder
+    assert lease.expires_ms - hub.wall_ms() > (LEASE_MIN_S - 1) * 1000
+    p.close()
+    _check_once_in_order(_records(b), {"s": 1, "b": 1})
+
+
 class DamagedFirstAnnouncement:
     """Forwards to a store; the first announcement it writes lands with a byte flipped."""
 

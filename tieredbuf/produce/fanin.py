@@ -224,11 +224,14 @@ class CommitHub:
         return self._last_interval
 
     def _lease_ms(self, interval: float, others: bool) -> int:
-        """Long while others announce (a lapse would make them race for it); with only our
-        own writers two periods: the holder takes its turns (a LIST each) while its lease
-        lives, and a quiet one sends nothing once it lapsed.  A period is an interval plus
-        a turn (:data:`FIRST_TURN_S` before one was measured): a lease that lapsed between
-        two commits of a busy holder let a writer elsewhere race it, lose, and starve."""
+        """Long while others announce, or were met lately (a lapse would make them race
+        for it: a writer that took a lapsed lease over commits its own groups first, and
+        its short lease lapsed again before its next turn on a busy machine, herd after
+        herd); with only our own writers two periods: the holder takes its turns (a LIST
+        each) while its lease lives, and a quiet one sends nothing once it lapsed.  A
+        period is an interval plus a turn (:data:`FIRST_TURN_S` before one was measured):
+        a lease that lapsed between two commits of a busy holder let a writer elsewhere
+        race it, lose, and starve."""
         turn = self._turn_s or FIRST_TURN_S
         if others:
             return int(max(LEASE_MIN_S, 4 * interval, 4 * (interval + turn)) * 1000)
@@ -345,7 +348,7 @@ class CommitHub:
             first = cas.Read(latest, latest.etag)
         self._last_commit = time.monotonic()
         res = commit(self.queue, local + remote, holder=self.holder,
-                     lease_ms=self._lease_ms(interval, bool(remote)),
+                     lease_ms=self._lease_ms(interval, bool(remote) or not self._alone()),
                      interval_ms=int(interval * 1000), max_age_ms=self.max_age_ms, first=first)
         self._turn_s = max(time.monotonic() - started, self._turn_s * 0.9)
         if res.snapshot is None:  # nothing written: all covered already (a restart), held
