@@ -115,6 +115,23 @@ def test_commits_late_without_lease_stamps_still_cost_the_retries() -> None:
     assert polls >= 20 * 5
 
 
+def test_a_new_holder_starts_with_no_spacing() -> None:
+    """The late holder's spacing does not hold back the polls for the next holder's
+    commits (nor this hub's own turn as holder)."""
+    r = Rhythm()
+    for k in range(4):
+        r.polled(10.0 + k, True, INTERVAL, 20_000 + 1000 * k)
+    assert r.spacing == pytest.approx(1.0)
+    r.polled(14.0, True, INTERVAL, None)  # the lease changed hands
+    assert r.spacing == 0.0
+    r.polled(14.0 + gap(INTERVAL), False, INTERVAL)
+    assert r.due(INTERVAL, since=0.0) == pytest.approx(14.0 + gap(INTERVAL) + RETRY_S)
+    for k in range(4):
+        r.polled(20.0 + k, True, INTERVAL, 40_000 + 1000 * k)
+    r.changed(25.0, INTERVAL)  # our own commit
+    assert r.spacing == 0.0
+
+
 @pytest.mark.parametrize(("late_s", "most"), [(1.0, 8), (3.0, 13)])
 def test_a_holder_running_late_costs_a_few_polls_not_one_every_retry(
     late_s: float, most: int

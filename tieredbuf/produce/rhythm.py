@@ -75,7 +75,7 @@ class Rhythm:
         """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
         self.changed_at = self.seen_at = at
         self.next_poll = at + gap(interval)
-        self.stamp = None  # our own lease: another holder's spacing starts again
+        self.stamp, self.spacing = None, 0.0  # our own lease: the next holder's is new
 
     def due(self, interval: float, since: float) -> float:
         """When to send the next poll, for groups waiting since ``since`` (the oldest).  Not
@@ -96,7 +96,8 @@ class Rhythm:
     def polled(self, sent: float, moved: bool, interval: float, stamp: int | None = None) -> None:
         """A poll sent at ``sent`` found the root ``moved`` (or not); ``stamp``: the
         lease expiry of the commit it found (a holder renews its lease by the same
-        length each commit, so two of them are as far apart as the commits were)."""
+        length each commit, so two of them are as far apart as the commits were), None
+        when the lease changed hands (the spacing starts again)."""
         before, self.polled_at = self.polled_at, sent
         self.misses = 0 if moved or self.next_poll > sent else self.misses + 1
         if moved:
@@ -107,7 +108,10 @@ class Rhythm:
 
     def _space(self, stamp: int | None, interval: float) -> None:
         last, self.stamp = self.stamp, stamp
-        if stamp is None or last is None or stamp <= last:
+        if stamp is None:  # no lease, or another holder's: its spacing is not known yet
+            self.spacing = 0.0
+            return
+        if last is None or stamp <= last:
             return
         d = (stamp - last) / 1000
         if d > 10 * max(gap(interval), self.spacing):
