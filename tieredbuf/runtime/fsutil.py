@@ -1,6 +1,8 @@
 """Operating-system file helpers shared by the local store and the stage.
 
-Both layers need the same durability step and neither may import the other.
+Both layers need the same durability step and neither may import the other; the
+service's supervisor writes its owner-only snapshots (TLS pair, tokens) with
+:func:`write_private`.
 """
 
 from __future__ import annotations
@@ -15,3 +17,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_private(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path``, created owner-only (0600) or truncated: a temporary
+    file that is then checked and renamed into place by the caller."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -21,6 +21,7 @@ import ssl
 from pathlib import Path
 
 from tieredbuf.errors import ConfigError
+from tieredbuf.runtime.fsutil import write_private
 
 SNAPSHOT_NAME = ".tls.pem"
 
@@ -55,9 +56,7 @@ class TlsSnapshot:
         with open(self.key, "rb") as f:
             key = f.read()
         tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(chain.rstrip(b"\n") + b"\n" + key)
+        write_private(tmp, chain.rstrip(b"\n") + b"\n" + key)
         try:  # checked as read back: what the workers will load is what was checked
             tls_context(str(tmp), None)
         except ConfigError:

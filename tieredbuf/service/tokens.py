@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tieredbuf.errors import ConfigError
 from tieredbuf.runtime import redact
+from tieredbuf.runtime.fsutil import write_private
 
 log = logging.getLogger("tieredbuf.service.auth")
 
@@ -220,10 +221,8 @@ class TokenSet:
         """Write the tokens in use to ``path`` (owner-only, replaced by rename): the
         supervisor's snapshot for workers that start while the file is unusable."""
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("# tieredbuf serve: the last good tokens of --token-file\n")
-            f.write("".join(f"{t}\n" for t in self._tokens))
+        text = "# tieredbuf serve: the last good tokens of --token-file\n"
+        write_private(tmp, (text + "".join(f"{t}\n" for t in self._tokens)).encode())
         os.replace(tmp, path)
 
     def check(self, authorization: str | None) -> Decision:
