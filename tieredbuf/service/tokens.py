@@ -79,6 +79,11 @@ def snapshot_path(staging_root: str | Path) -> Path:
     return Path(staging_root) / SNAPSHOT_NAME
 
 
+def _signature(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells a changed token file: its modification time, size and inode."""
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def _describe(tokens: tuple[str, ...]) -> str:
     return ", ".join(redact.fingerprint(t) for t in tokens)
 
@@ -154,11 +159,7 @@ class TokenSet:
             raise ConfigError(f"cannot read token file {self._file}: {type(e).__name__}") from None
         if st.st_mode & stat.S_IROTH:
             log.warning("token file %s is readable by every user (chmod 600 it)", self._file)
-        return parse_tokens(text, f"token file {self._file}"), (
-            st.st_mtime_ns,
-            st.st_size,
-            st.st_ino,
-        )
+        return parse_tokens(text, f"token file {self._file}"), _signature(st)
 
     def _file_tokens(self) -> tuple[tuple[str, ...], tuple[int, int, int]]:
         tokens, sig = self._read_file()
@@ -172,7 +173,7 @@ class TokenSet:
             st = self._file.stat()
         except OSError:
             return (0, 0, 0)  # no file: one signature for as long as it stays away
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return _signature(st)
 
     def reload(self, *, force: bool = True) -> bool:
         """Re-read the token file if it changed (always, with ``force``); True when the
