@@ -13,12 +13,18 @@ INTERVAL = 0.2  # the default budget: 5 commits/s
 
 
 def simulate(
-    late_ms: float, commits: int = 200, rtt: float = 0.0, lease_ms: int = 5000, settle: int = 0
+    late_ms: float,
+    commits: int = 200,
+    rtt: float = 0.0,
+    lease_ms: int = 5000,
+    settle: int = 0,
+    stamped: bool = True,
 ) -> tuple[int, float]:
     """A holder whose commits land ``gap + late_ms`` apart, each renewing its lease for
-    ``lease_ms``; a watcher that waits on every one.  Returns the polls sent and the
-    worst delay between a commit landing and a poll seeing it (from commit ``settle``
-    on).  A poll sent at ``t`` reaches the store at ``t + rtt / 2``."""
+    ``lease_ms`` (the watcher sees those stamps unless not ``stamped``); a watcher that
+    waits on every one.  Returns the polls sent and the worst delay between a commit
+    landing and a poll seeing it (from commit ``settle`` on).  A poll sent at ``t``
+    reaches the store at ``t + rtt / 2``."""
     period = gap(INTERVAL) + late_ms / 1000
     landed = [1.0 + k * period for k in range(commits)]
     stamps = [round(t * 1000) + lease_ms for t in landed]
@@ -37,7 +43,7 @@ def simulate(
             if newest == seen + 1 and newest >= settle:
                 worst = max(worst, arrives - landed[newest])
             seen = newest
-        r.polled(now, moved, INTERVAL, stamps[newest] if moved else None)
+        r.polled(now, moved, INTERVAL, stamps[newest] if moved and stamped else None)
         now += rtt  # the answer comes back; the next poll is timed from the send
     return polls, worst
 
@@ -101,17 +107,8 @@ def test_a_holder_late_commit_after_commit_is_looked_for_when_its_commits_come(
 def test_commits_late_without_lease_stamps_still_cost_the_retries() -> None:
     """The same holder seen without stamps (the spacing unknown): the retries alone,
     which is what the estimate saves."""
-    r = Rhythm()
-    polls = 0
-    now, seen = 0.9, -1
-    landed = [1.0 + k for k in range(20)]
-    while seen < 19:
-        now = max(now, r.due(INTERVAL, since=0.0))
-        polls += 1
-        newest = max((k for k, t in enumerate(landed) if t <= now), default=-1)
-        moved = newest > seen
-        seen = max(seen, newest)
-        r.polled(now, moved, INTERVAL)
+    late = 1000 - gap(INTERVAL) * 1000
+    polls, _ = simulate(late_ms=late, commits=20, stamped=False)
     assert polls >= 20 * 5
 
 
