@@ -100,7 +100,7 @@ def test_a_holder_late_commit_after_commit_is_looked_for_when_its_commits_come(
     retry and a round trip (the retries alone saw them up to 0.4 s late)."""
     late = 1000 - gap(INTERVAL) * 1000
     polls, worst = simulate(late_ms=late, commits=60, rtt=rtt, settle=4)
-    assert polls <= 60 * 3.5
+    assert polls <= 60 * 3.1
     assert worst <= 2 * RETRY_S + rtt
 
 
@@ -109,7 +109,9 @@ def test_commits_late_without_lease_stamps_still_cost_the_retries() -> None:
     which is what the estimate saves."""
     late = 1000 - gap(INTERVAL) * 1000
     polls, _ = simulate(late_ms=late, commits=20, stamped=False)
-    assert polls >= 20 * 5
+    stamped, _ = simulate(late_ms=late, commits=20)
+    assert polls >= 20 * 4.5
+    assert stamped < 0.8 * polls
 
 
 def test_a_new_holder_starts_with_no_spacing() -> None:
@@ -129,13 +131,14 @@ def test_a_new_holder_starts_with_no_spacing() -> None:
     assert r.spacing == 0.0
 
 
-@pytest.mark.parametrize(("late_s", "most"), [(1.0, 8), (3.0, 13)])
+@pytest.mark.parametrize(("late_s", "most"), [(1.0, 6), (3.0, 11)])
 def test_a_holder_running_late_costs_a_few_polls_not_one_every_retry(
     late_s: float, most: int
 ) -> None:
     """A commit one or three seconds late (a slow or saturated store, a busy machine):
-    the retries back off from 50 ms to 0.4 s, so 8 and 13 polls find it where a poll
-    every 50 ms took 21 and 61, and it is seen at most 0.4 s late."""
+    the retries double from 50 ms to 0.4 s, so 6 and 11 polls find it where a poll
+    every 50 ms took 21 and 61 (and doubling every second retry 8 and 13), and it is
+    seen at most 0.4 s late."""
     r = Rhythm()
     r.polled(10.0, True, INTERVAL)
     lands = 10.0 + gap(INTERVAL) + late_s

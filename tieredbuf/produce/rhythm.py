@@ -39,9 +39,12 @@ from tieredbuf.runtime.stats import ewma
 
 RETRY_S = 0.05
 """A poll that found no commit where one was due looks again this much later (at most a
-quarter interval; a 304), twice, then twice as long, twice, and so on up to 8 times
-(at most an interval, or 0.4 s where that is shorter): a holder running late (a slow or
-saturated store, a busy machine) costs a few polls, not one every 50 ms."""
+quarter interval; a 304), then twice as long each time up to 8 times (at most an
+interval, or 0.4 s where that is shorter): a holder running late (a slow or saturated
+store, a busy machine) costs a few polls, not one every 50 ms.  Doubling only every
+second retry cost the cost benchmark's 16 processes on two cores, whose holder's
+commits come late and irregularly, 15 % more requests in all, and bought no latency
+(docs/benchmarks.md)."""
 RETRY_MAX_S = 0.4
 
 
@@ -87,7 +90,7 @@ class Rhythm:
             if self.next_poll < since:
                 self.next_poll += -((self.next_poll - since) // period) * period
             return self.next_poll
-        retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0) // 2, 3))
+        retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0), 3))
         at = self.polled_at + min(retry, max(interval, RETRY_MAX_S))
         # a holder whose commits come late, one after another (a busy machine): after the
         # poll on its beat, look again when its commits have been coming, not every 50 ms
