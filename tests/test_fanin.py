@@ -507,6 +507,34 @@ def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
     assert buf.requests.snapshot() == before  # attach and detach: no request
 
 
+def test_the_holder_deletes_what_it_committed_at_most_once_a_second_and_all_when_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """A holder deleted the announcements every commit carried right after it: one
+    DELETE a commit, as many as its LISTs and CASes.  It now deletes them together at
+    most once a second (a covered announcement left meanwhile is skipped by its LIST,
+    never committed or read again), and every one before it gives the lease up."""
+    url = f"file://{tmp_path}/b"
+    holder, other = tieredbuf.open(url), tieredbuf.open(url)
+    hp = holder.producer(manifest_writes_per_s=10.0)
+    hp.produce([b"h:0"]).wait(timeout=60)  # the holder takes the lease first
+    op = other.producer(flush_interval=timedelta(milliseconds=5))
+    hub = hub_for(holder.store, holder.queue)
+    with _kept_busy(hp, b"h:%d", start=1) as sent:
+        started = time.monotonic()
+        for i in range(12):  # one announcement each, each carried by its own commit
+            op.produce([b"o:%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        took = time.monotonic() - started
+        deletes = holder.requests.snapshot().get(("delete", "announcement"), 0)
+    assert hub.stats.get("commits") >= 12
+    assert deletes <= took + 1, f"{deletes} DELETEs in {took:.1f} s"
+    op.close(timeout=60)
+    hp.close(timeout=60)
+    assert list(holder.store.list(keys.PENDING_PREFIX)) == []  # none left behind
+    assert other.queue.stats.get("commits") == 0
+    _check_once_in_order(_records(holder), {"h": sent[0], "o": 12})
+
+
 @pytest.mark.slow
 def test_I1_I2_a_writer_killed_with_its_announcement_out_loses_and_duplicates_nothing(
     tmp_path: Path,

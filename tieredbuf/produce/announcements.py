@@ -1,5 +1,6 @@
 """The committer's reader of ``queue/pending/``: each announcement read once, cached
-until it is gone, and none committed past a damaged one of the same announcer.
+until it is gone, none committed past a damaged one of the same announcer, and the
+committed ones deleted together, at most once a second.
 
 An announcement is a hub's hand-over of its writers' uploaded appends
 (:mod:`tieredbuf.format.announce`); the commit hub holding the lease
@@ -8,11 +9,18 @@ cannot be committed, and neither can any later one of its announcer: those may c
 the same writers' later appends, and a watermark moved past the damaged one's appends
 would cover them -- their writers would be told REMOTE for records never appended.  So
 the announcer's writers wait (and time out, loudly) instead.
+
+A committed announcement (the watermarks cover it) is deleted with the others of the
+last second in one request, not one request a commit: its LISTs skip it meanwhile (it
+is never read or committed again), and the hub deletes every one before it gives the
+lease up (:meth:`AnnouncementReader.sweep`).  One left behind by a holder that died is
+read once more by the next holder, found covered and deleted.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tieredbuf import errors, keys
@@ -24,6 +32,9 @@ log = logging.getLogger(__name__)
 
 PARALLEL = 32
 """Announcements read at once (8 fell behind at S3's round trips)."""
+SWEEP_EVERY_S = 1.0
+"""Committed announcements are deleted together at most this often (one DELETE a commit
+was as many requests as the commits themselves)."""
 
 Runs = tuple[fa.Announcement, ...]
 """An announcement's runs (a writer's appends each)."""
@@ -38,13 +49,16 @@ class AnnouncementReader:
         self._cache: dict[str, tuple[object, Runs | None]] = {}  # key: (version, runs)
         """None: damaged (read again only once its version changes)."""
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="tb-fanin")
+        self._committed: dict[str, None] = {}  # covered, not deleted yet (in order)
+        self._swept = time.monotonic()
 
     def read(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
         """The announcements listed that may be committed, by key (each version GET once;
-        none of an announcer after a damaged one of its own)."""
+        none of an announcer after a damaged one of its own, none committed already)."""
         live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
         for k in [k for k, (v, _) in self._cache.items() if live.get(k) != v]:
             del self._cache[k]
+        self._committed = {k: None for k in self._committed if k in self._cache}
         new = [k for k in live if k not in self._cache and keys.parse_pending_key(k)]
         if new:
             for k, (found, runs) in zip(new, self._pool.map(self._get, new), strict=True):
@@ -57,7 +71,7 @@ class AnnouncementReader:
         out = {}
         for k, (_, runs) in self._cache.items():
             parsed = keys.parse_pending_key(k)
-            if runs is None or parsed is None:
+            if runs is None or parsed is None or k in self._committed:
                 continue
             if parsed[0] in damaged and parsed[1] > damaged[parsed[0]]:
                 self.stats.incr("announcements_held_back")
@@ -65,9 +79,24 @@ class AnnouncementReader:
             out[k] = runs
         return out
 
-    def forget(self, key: str) -> None:
-        """``key`` was deleted."""
-        self._cache.pop(key, None)
+    def committed(self, done: list[str]) -> None:
+        """These announcements are covered by the watermarks (or expired): skipped from
+        now on, deleted by the next :meth:`sweep` that is due."""
+        self._committed.update(dict.fromkeys(done))
+
+    def sweep(self, force: bool = False) -> None:
+        """Delete the committed announcements in one request, at most once every
+        :data:`SWEEP_EVERY_S` unless ``force`` (the hub gives the lease up, or lost it)."""
+        now = time.monotonic()
+        if not self._committed or (not force and now - self._swept < SWEEP_EVERY_S):
+            return
+        done = list(self._committed)
+        failed = self.store.delete_many(done)  # a failed one is listed, read, covered again
+        self._swept = now
+        self.stats.incr("announcements_deleted", len(done) - len(failed))
+        for k in done:
+            self._committed.pop(k, None)
+            self._cache.pop(k, None)
 
     def _get(self, key: str) -> tuple[bool, Runs | None]:
         """(False, None) when gone (committed and deleted since); else its runs, None when

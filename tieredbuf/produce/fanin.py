@@ -9,8 +9,9 @@ The hub plays one of two parts at a time, decided by the root's commit lease
   (``1 / manifest_writes_per_s``) it LISTs ``queue/pending/``, reads the
   announcements it has not read yet, and appends them together with its own
   process's appends (handed over in memory) in one root CAS that renews its lease;
-  then it deletes the announcements the watermarks now cover.  While it holds a live
-  lease and nothing is pending it only LISTs; once the lease lapses it stops.
+  the announcements the watermarks now cover it deletes together, at most once a
+  second, and all of them before it gives the lease up.  While it holds a live lease
+  and nothing is pending it only LISTs; once the lease lapses it stops.
 * **watcher** (another writer holds a live lease): it announces its process's
   appends (one create-if-absent PUT a turn, carrying every writer's), then reads the
   root when the holder's next commit is due (:mod:`tieredbuf.produce.rhythm`), by a
@@ -263,6 +264,8 @@ class CommitHub:
                     self._cond.notify_all()  # root write for nobody: a lone producer's
                     return  # close paid it)
             try:
+                if not self._holding():  # no lease (lost, lapsed, never had one): delete
+                    self._reader.sweep(force=True)  # what we committed while we held it
                 if leaving:
                     self._release()
                 elif self._may_commit():
@@ -337,8 +340,10 @@ class CommitHub:
                     for g in (g for gs in self._waiting.values() for g in gs):
                         g.announced = False
             elif not self._holding():
+                self._reader.sweep(force=True)
                 with self._cond:  # nothing to do, and no lease to keep: look again later
                     self._cond.wait(interval)
+            self._reader.sweep()
             self._last_commit = time.monotonic()
             return
         view = self._view
@@ -395,6 +400,7 @@ class CommitHub:
         self.stats.incr("handovers", int(heir is not None and res.snapshot is not None))
         if res.snapshot is not None:
             self._delete_covered(res.snapshot, anns)
+        self._reader.sweep(force=True)  # the next holder never reads them again
 
     def _note_announcers(self, anns: dict[str, Runs]) -> None:
         """The hubs whose announcements this turn listed, when (our clock) last: the one
@@ -423,10 +429,11 @@ class CommitHub:
         return grace // 2
 
     def _delete_covered(self, snap: Snapshot, anns: dict[str, Runs]) -> None:
-        """Delete the announcements whose every run the watermarks now cover or names a
-        data object older than the whole grace period: GC may have deleted that, and a
-        live writer would have uploaded it again and re-announced by half the grace
-        period -- its writer died, and never got an ack for it."""
+        """Delete (with the others of the last second) the announcements whose every run
+        the watermarks now cover or names a data object older than the whole grace
+        period: GC may have deleted that, and a live writer would have uploaded it again
+        and re-announced by half the grace period -- its writer died, and never got an
+        ack for it."""
         covered = []
         expired_after = 2 * self.max_age_ms(snap)
         now = self.wall_ms()
@@ -449,11 +456,8 @@ class CommitHub:
                         k,
                         ", ".join(expired),
                     )
-        if covered:
-            failed = self.store.delete_many(covered)
-            self.stats.incr("announcements_deleted", len(covered) - len(failed))
-            for k in covered:
-                self._reader.forget(k)
+        self._reader.committed(covered)
+        self._reader.sweep()
 
     # --- watcher -----------------------------------------------------------------------
 
