@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from tieredbuf import errors, keys
 from tieredbuf.format import announce as fa
+from tieredbuf.format.manifest import Watermark
+from tieredbuf.queue.commit import age_ms
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import ObjectMeta, Store
 
@@ -43,14 +46,17 @@ Runs = tuple[fa.Announcement, ...]
 class AnnouncementReader:
     """Reads what a LIST of ``queue/pending/`` found, for one commit hub."""
 
-    def __init__(self, store: Store, stats: Stats) -> None:
+    def __init__(
+        self, store: Store, stats: Stats, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.stats = stats
+        self.clock = clock
         self._cache: dict[str, tuple[object, Runs | None]] = {}  # key: (version, runs)
         """None: damaged (read again only once its version changes)."""
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="tb-fanin")
         self._committed: dict[str, None] = {}  # covered, not deleted yet (in order)
-        self._swept = time.monotonic()
+        self._swept = clock()
 
     def read(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
         """The announcements listed that may be committed, by key (each version GET once;
@@ -79,15 +85,43 @@ class AnnouncementReader:
             out[k] = runs
         return out
 
-    def committed(self, done: list[str]) -> None:
-        """These announcements are covered by the watermarks (or expired): skipped from
-        now on, deleted by the next :meth:`sweep` that is due."""
-        self._committed.update(dict.fromkeys(done))
+    def retire(
+        self,
+        anns: dict[str, Runs],
+        watermarks: Mapping[str, Watermark],
+        now_ms: int,
+        expired_after_ms: int,
+    ) -> None:
+        """After a commit: the announcements whose every run ``watermarks`` cover, or names
+        a data object older than ``expired_after_ms`` (the whole grace period: GC may have
+        deleted that, and a live writer would have uploaded it again and re-announced by
+        half the grace period -- its writer died, and never got an ack for it), are
+        skipped from now on and deleted by the next :meth:`sweep` that is due."""
+        for k, runs in anns.items():
+            expired = []
+            for a in runs:
+                wm = watermarks.get(a.producer_id)
+                if wm is not None and a.last_seq <= wm.producer_seq:
+                    continue
+                if not any(age_ms(e.location, now_ms) > expired_after_ms for e in a.entries):
+                    break
+                expired.append(a.producer_id)
+            else:
+                self._committed[k] = None
+                if expired:
+                    self.stats.incr("announcements_expired")
+                    log.warning(
+                        "%s: an announcement of %s outlived the GC grace period "
+                        "unrefreshed (its writer is gone); deleted",
+                        k,
+                        ", ".join(expired),
+                    )
+        self.sweep()
 
     def sweep(self, force: bool = False) -> None:
         """Delete the committed announcements in one request, at most once every
         :data:`SWEEP_EVERY_S` unless ``force`` (the hub gives the lease up, or lost it)."""
-        now = time.monotonic()
+        now = self.clock()
         if not self._committed or (not force and now - self._swept < SWEEP_EVERY_S):
             return
         done = list(self._committed)

@@ -47,7 +47,6 @@ from tieredbuf.queue import cas
 from tieredbuf.queue.commit import (
     Committed,
     Pending,
-    age_ms,
     commit,
     lease_free,
     locate,
@@ -332,6 +331,7 @@ class CommitHub:
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._note_announcers(anns)
         if not local and not remote:
+            self._reader.sweep(force=not self._holding())  # the lease lapsed: all of them
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
                 self._view = self.queue.read()  # another holder committed them (we LISTed
                 self._rhythm.changed(time.monotonic(), interval)  # forever);
@@ -340,10 +340,8 @@ class CommitHub:
                     for g in (g for gs in self._waiting.values() for g in gs):
                         g.announced = False
             elif not self._holding():
-                self._reader.sweep(force=True)
                 with self._cond:  # nothing to do, and no lease to keep: look again later
                     self._cond.wait(interval)
-            self._reader.sweep()
             self._last_commit = time.monotonic()
             return
         view = self._view
@@ -429,35 +427,11 @@ class CommitHub:
         return grace // 2
 
     def _delete_covered(self, snap: Snapshot, anns: dict[str, Runs]) -> None:
-        """Delete (with the others of the last second) the announcements whose every run
-        the watermarks now cover or names a data object older than the whole grace
-        period: GC may have deleted that, and a live writer would have uploaded it again
-        and re-announced by half the grace period -- its writer died, and never got an
-        ack for it."""
-        covered = []
-        expired_after = 2 * self.max_age_ms(snap)
-        now = self.wall_ms()
-        for k, runs in anns.items():
-            expired = []
-            for a in runs:
-                wm = snap.view.watermarks.get(a.producer_id)
-                if wm is not None and a.last_seq <= wm.producer_seq:
-                    continue
-                if not any(age_ms(e.location, now) > expired_after for e in a.entries):
-                    break
-                expired.append(a.producer_id)
-            else:
-                covered.append(k)
-                if expired:
-                    self.stats.incr("announcements_expired")
-                    log.warning(
-                        "%s: an announcement of %s outlived the GC grace period "
-                        "unrefreshed (its writer is gone); deleted",
-                        k,
-                        ", ".join(expired),
-                    )
-        self._reader.committed(covered)
-        self._reader.sweep()
+        """Delete (with the others of the last second) the announcements the watermarks
+        now cover, and those a gone writer left past the grace period
+        (:meth:`AnnouncementReader.retire`)."""
+        self._reader.retire(anns, snap.view.watermarks, self.wall_ms(),
+                            2 * self.max_age_ms(snap))
 
     # --- watcher -----------------------------------------------------------------------
 

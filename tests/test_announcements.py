@@ -1,0 +1,106 @@
+"""The committer's reader of ``queue/pending/`` (tieredbuf/produce/announcements.py):
+which announcements a commit retires, and when they are deleted.
+
+A real local-directory store (real files); the watermarks are built by hand, as a
+commit would leave them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from ulid import ULID
+
+from tieredbuf import keys
+from tieredbuf.format import announce as fa
+from tieredbuf.format.manifest import Watermark
+from tieredbuf.produce.announcements import AnnouncementReader
+from tieredbuf.runtime.stats import Stats
+from tieredbuf.store import open_store
+
+HOUR_MS = 3_600_000
+
+
+def _announce(store: object, hub: str, n: int, producer: str, seq: int, made_ms: int) -> str:
+    """An announcement of one append whose data object was named at ``made_ms``."""
+    loc = keys.data_key(ULID.from_timestamp(made_ms / 1000))
+    body = fa.encode([fa.make(producer, 0, [fa.Announced(seq, loc, 10, ())])], made_ms)
+    key = keys.pending_key(hub, n)
+    store.put(key, body, mode="create")  # type: ignore[attr-defined]
+    return key
+
+
+def test_a_commit_retires_what_the_watermarks_cover_and_what_a_gone_writer_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Covered by a watermark: retired.  Not covered, its data object older than the
+    whole grace period (a writer that died before anyone acked it): retired too, with a
+    warning.  Not covered and young: kept, and read and committed again.  Retired ones
+    are skipped by the next LIST and deleted together by a sweep."""
+    store = open_store(f"file://{tmp_path}/b")
+    now = int(time.time() * 1000)
+    covered = _announce(store, "h-a", 1, "p-covered", 3, now)
+    gone = _announce(store, "h-b", 1, "p-gone", 1, now - 3 * HOUR_MS)
+    young = _announce(store, "h-c", 1, "p-young", 1, now)
+    stats = Stats()
+    reader = AnnouncementReader(store, stats, clock=lambda: 0.0)  # no sweep is due
+    anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
+    assert set(anns) == {covered, gone, young}
+    marks = {"p-covered": Watermark("p-covered", 3, 7, now)}
+    with caplog.at_level(logging.WARNING):
+        reader.retire(anns, marks, now, expired_after_ms=2 * HOUR_MS)
+    assert "p-gone" in caplog.text and "outlived the GC grace period" in caplog.text
+    assert stats.get("announcements_expired") == 1
+    # retired, not deleted yet (a sweep is due a second after the reader began)
+    listed = list(store.list(keys.PENDING_PREFIX))
+    assert {m.key for m in listed} == {covered, gone, young}
+    assert set(reader.read(listed)) == {young}
+    assert stats.get("announcements_read") == 3  # each read once, never again
+    reader.sweep(force=True)
+    assert [m.key for m in store.list(keys.PENDING_PREFIX)] == [young]
+    assert stats.get("announcements_deleted") == 2
+
+
+def test_retired_announcements_are_deleted_in_one_request_at_most_once_a_second(
+    tmp_path: Path,
+) -> None:
+    """Each commit retires a few; one DELETE a second takes them all (``force``: at once,
+    when the hub gives its lease up)."""
+    store = Deletes(open_store(f"file://{tmp_path}/b"))
+    now = int(time.time() * 1000)
+    clock = [100.0]
+    reader = AnnouncementReader(store, Stats(), clock=lambda: clock[0])  # type: ignore[arg-type]
+    made = []
+    for n in range(1, 5):  # a commit every 0.3 s, each retiring one announcement
+        made.append(_announce(store, "h-a", n, "p", n, now))
+        anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
+        assert set(anns) == {made[-1]}
+        clock[0] += 0.3
+        reader.retire(anns, {"p": Watermark("p", n, n, now)}, now, 2 * HOUR_MS)
+    # swept once, at 101.2 (the fourth commit): the four in one request
+    assert store.calls == [made]
+    made.append(_announce(store, "h-a", 5, "p", 5, now))
+    anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
+    clock[0] += 0.1
+    reader.retire(anns, {"p": Watermark("p", 5, 5, now)}, now, 2 * HOUR_MS)
+    assert len(store.calls) == 1  # not due again yet
+    reader.sweep(force=True)
+    assert store.calls[1] == made[4:]
+    assert list(store.list(keys.PENDING_PREFIX)) == []
+
+
+class Deletes:
+    """Forwards to a store, recording each delete_many call's keys."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.calls: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def delete_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
+        self.calls.append(list(keys))
+        return self._inner.delete_many(keys)  # type: ignore[attr-defined, no-any-return]
