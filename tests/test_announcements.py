@@ -53,7 +53,7 @@ def test_a_commit_retires_what_the_watermarks_cover_and_what_a_gone_writer_left(
         reader.retire(anns, marks, now, expired_after_ms=2 * HOUR_MS)
     assert "p-gone" in caplog.text and "outlived the GC grace period" in caplog.text
     assert stats.get("announcements_expired") == 1
-    # retired, not deleted yet (a sweep is due a second after the reader began)
+    # retired, not deleted yet (the clock stands still: no sweep is due)
     listed = list(store.list(keys.PENDING_PREFIX))
     assert {m.key for m in listed} == {covered, gone, young}
     assert set(reader.read(listed)) == {young}
@@ -104,3 +104,47 @@ class Deletes:
     def delete_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
         self.calls.append(list(keys))
         return self._inner.delete_many(keys)  # type: ignore[attr-defined, no-any-return]
+
+
+class FailingDeletes(Deletes):
+    """A store that refuses the first ``refusals`` delete_many calls' keys (a 403 on
+    DeleteObjects, say): each comes back as a failure."""
+
+    def __init__(self, inner: object, refusals: int) -> None:
+        super().__init__(inner)
+        self.refusals = refusals
+
+    def delete_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
+        if self.refusals:
+            self.refusals -= 1
+            self.calls.append(list(keys))
+            return [(k, PermissionError("403")) for k in keys]
+        return super().delete_many(keys)
+
+
+def test_an_announcement_whose_delete_failed_stays_retired_and_is_deleted_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused delete is logged; the announcement is neither read nor committed
+    again, and the next sweep (a second later even when forced) deletes it."""
+    store = FailingDeletes(open_store(f"file://{tmp_path}/b"), refusals=1)
+    now = int(time.time() * 1000)
+    clock = [100.0]
+    stats = Stats()
+    reader = AnnouncementReader(store, stats, clock=lambda: clock[0])  # type: ignore[arg-type]
+    key = _announce(store, "h-a", 1, "p", 1, now)
+    anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
+    assert reader.retire(anns, {"p": Watermark("p", 1, 0, now)}, now, 2 * HOUR_MS) == {}
+    with caplog.at_level(logging.WARNING):
+        reader.sweep(force=True)
+    assert "could not delete 1 committed announcement" in caplog.text
+    assert [m.key for m in store.list(keys.PENDING_PREFIX)] == [key]
+    assert reader.read(list(store.list(keys.PENDING_PREFIX))) == {}  # skipped, not read
+    assert stats.get("announcements_read") == 1
+    reader.sweep(force=True)  # too soon after a failure: nothing sent
+    assert len(store.calls) == 1
+    clock[0] += 1.0
+    reader.sweep(force=True)
+    assert store.calls == [[key], [key]]
+    assert list(store.list(keys.PENDING_PREFIX)) == []
+    assert stats.get("announcements_deleted") == 1

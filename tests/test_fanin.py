@@ -530,9 +530,44 @@ def test_the_holder_deletes_what_it_committed_at_most_once_a_second_and_all_when
     assert deletes <= took + 1, f"{deletes} DELETEs in {took:.1f} s"
     op.close(timeout=60)
     hp.close(timeout=60)
+    assert hub.stats.get("announcements_deleted") == 12
     assert list(holder.store.list(keys.PENDING_PREFIX)) == []  # none left behind
     assert other.queue.stats.get("commits") == 0
     _check_once_in_order(_records(holder), {"h": sent[0], "o": 12})
+
+
+def test_a_holder_that_finds_covered_announcements_left_behind_deletes_them_unread_twice(
+    tmp_path: Path,
+) -> None:
+    """Announcements a gone holder committed and never deleted (it died, or lost its
+    lease before its once-a-second delete) are covered already: the next holder deletes
+    them without committing them again, and does not take their announcer for a live
+    hub -- it handed its lease to that gone hub when it left, and every other writer
+    waited out a long lease."""
+    url = f"file://{tmp_path}/b"
+    gone, holder = tieredbuf.open(url), tieredbuf.open(url)
+    with gone.producer() as gp:
+        gp.produce([b"g:0"]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+        pid = gp.producer_id
+    wm = gone.snapshot().view.watermarks[pid]
+    entry = next(iter(gone.entries()))
+    left = keys.pending_key("h-" + "0" * 26, 1)  # a hub that is gone
+    body = fa.encode(
+        [fa.make(pid, 0, [fa.Announced(wm.producer_seq, entry.location, 1, ())])],
+        int(time.time() * 1000),
+    )
+    holder.store.put(left, body, mode="create")
+    hub = hub_for(holder.store, holder.queue)
+    hp = holder.producer(flush_interval=timedelta(milliseconds=5))
+    for i in range(5):  # the first commit takes the lease; the later turns LIST
+        hp.produce([b"h:%d" % i]).wait(tieredbuf.Durability.REMOTE, timeout=60)
+    hp.close(timeout=60)
+    assert hub.stats.get("lists") >= 1
+    assert list(holder.store.list(keys.PENDING_PREFIX)) == []
+    assert hub.stats.get("handovers") == 0
+    lease = holder.snapshot().root.lease
+    assert lease is None or lease.holder == hub.holder  # never the gone hub's
+    _check_once_in_order(_records(holder), {"g": 1, "h": 5})
 
 
 @pytest.mark.slow

@@ -151,3 +151,19 @@ def test_a_holder_running_late_costs_a_few_polls_not_one_every_retry(
         r.polled(t, False, INTERVAL)
     assert polls <= most
     assert t - lands <= RETRY_MAX_S
+
+
+def test_a_hub_that_committed_itself_starts_its_next_retries_short() -> None:
+    """A watcher that missed a late commit many times, then held the lease and
+    committed, and then watched again: its first retry is the short one, not the
+    0.4 s it had backed off to."""
+    r = Rhythm()
+    r.polled(10.0, True, INTERVAL)
+    t = 10.0
+    for _ in range(6):  # a late holder: the retries back off
+        t = r.due(INTERVAL, since=0.0)
+        r.polled(t, False, INTERVAL)
+    assert r.due(INTERVAL, since=0.0) - t == pytest.approx(RETRY_MAX_S)
+    r.changed(20.0, INTERVAL)  # our own commit
+    r.polled(20.0 + gap(INTERVAL), False, INTERVAL)  # as a watcher: the beat missed
+    assert r.due(INTERVAL, since=0.0) == pytest.approx(20.0 + gap(INTERVAL) + RETRY_S)

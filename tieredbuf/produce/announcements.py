@@ -57,6 +57,7 @@ class AnnouncementReader:
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="tb-fanin")
         self._committed: dict[str, None] = {}  # covered, not deleted yet (in order)
         self._swept = clock()
+        self._failed = False
 
     def read(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
         """The announcements listed that may be committed, by key (each version GET once;
@@ -91,12 +92,14 @@ class AnnouncementReader:
         watermarks: Mapping[str, Watermark],
         now_ms: int,
         expired_after_ms: int,
-    ) -> None:
-        """After a commit: the announcements whose every run ``watermarks`` cover, or names
-        a data object older than ``expired_after_ms`` (the whole grace period: GC may have
-        deleted that, and a live writer would have uploaded it again and re-announced by
-        half the grace period -- its writer died, and never got an ack for it), are
-        skipped from now on and deleted by the next :meth:`sweep` that is due."""
+    ) -> dict[str, Runs]:
+        """The announcements whose every run ``watermarks`` (a root as written) cover, or
+        names a data object older than ``expired_after_ms`` (the whole grace period: GC
+        may have deleted that, and a live writer would have uploaded it again and
+        re-announced by half the grace period -- its writer died, and never got an ack
+        for it), are skipped from now on and deleted by the next :meth:`sweep` that is
+        due; returns the others."""
+        rest = {}
         for k, runs in anns.items():
             expired = []
             for a in runs:
@@ -116,21 +119,41 @@ class AnnouncementReader:
                         k,
                         ", ".join(expired),
                     )
+                continue
+            rest[k] = runs
         self.sweep()
+        return rest
 
     def sweep(self, force: bool = False) -> None:
         """Delete the committed announcements in one request, at most once every
-        :data:`SWEEP_EVERY_S` unless ``force`` (the hub gives the lease up, or lost it)."""
+        :data:`SWEEP_EVERY_S` unless ``force`` (the hub gives the lease up, or lost it;
+        after a failed delete it waits that long too).  A key that failed stays to be
+        deleted by the next sweep; one deleted elsewhere meanwhile leaves the LIST, and
+        :meth:`read` forgets it."""
         now = self.clock()
-        if not self._committed or (not force and now - self._swept < SWEEP_EVERY_S):
+        wait = not force or self._failed
+        if not self._committed or (wait and now - self._swept < SWEEP_EVERY_S):
             return
         done = list(self._committed)
-        failed = self.store.delete_many(done)  # a failed one is listed, read, covered again
         self._swept = now
+        try:
+            failed = {k for k, _ in self.store.delete_many(done)}
+        except errors.StoreError as e:  # a cleanup: never the writers' failure
+            failed = set(done)
+            log.warning("could not delete %d committed announcement(s): %s", len(done), e)
+        else:
+            if failed:
+                log.warning(
+                    "could not delete %d committed announcement(s), e.g. %s",
+                    len(failed),
+                    min(failed),
+                )
+        self._failed = bool(failed)
         self.stats.incr("announcements_deleted", len(done) - len(failed))
         for k in done:
-            self._committed.pop(k, None)
-            self._cache.pop(k, None)
+            if k not in failed:
+                self._committed.pop(k, None)
+                self._cache.pop(k, None)
 
     def _get(self, key: str) -> tuple[bool, Runs | None]:
         """(False, None) when gone (committed and deleted since); else its runs, None when

@@ -55,7 +55,7 @@ from tieredbuf.queue.commit import (
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.runtime.retry import RetryLog, background, backoff_delay
 from tieredbuf.runtime.stats import Stats, ewma
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import ObjectMeta, Store
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,9 @@ class CommitHub:
 
     def _serve(self) -> None:
         while True:
-            with self._cond:
+            if not self._holding():  # no lease (lost, lapsed, never had one): delete what
+                self._reader.sweep(force=True)  # we committed while we held it, before
+            with self._cond:  # going idle
                 while not self._waiting and not self._holding():
                     if not self._budgets:
                         self._thread = None
@@ -263,8 +265,6 @@ class CommitHub:
                     self._cond.notify_all()  # root write for nobody: a lone producer's
                     return  # close paid it)
             try:
-                if not self._holding():  # no lease (lost, lapsed, never had one): delete
-                    self._reader.sweep(force=True)  # what we committed while we held it
                 if leaving:
                     self._release()
                 elif self._may_commit():
@@ -319,7 +319,7 @@ class CommitHub:
             self._met_at = started  # another's lapsed lease: its announcements may linger
         anns: dict[str, Runs] = {}
         if not taking:
-            anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
+            anns = self._retire(self._view, self._reader.read(self._list()))
             self.stats.incr("lists")
             self._prep_s = 0.8 * self._prep_s + 0.2 * min(time.monotonic() - started, interval)
         at = self._last_commit + gap(interval)  # the CASes an interval apart as sent
@@ -370,7 +370,7 @@ class CommitHub:
         self.stats.incr("commits")
         self._resolve(res.snapshot, res)
         self._refresh_stale(res)
-        self._delete_covered(res.snapshot, anns)
+        self._retire(res.snapshot, anns)
 
     def _release(self) -> None:
         """The last writer left while this hub holds the lease: one commit of whatever is
@@ -385,7 +385,7 @@ class CommitHub:
                 self._cond.wait(left)
             if self._budgets:
                 return  # a writer came back meanwhile: it keeps the lease
-        anns = self._reader.read(list(self.store.list(keys.PENDING_PREFIX)))
+        anns = self._retire(self._view, self._reader.read(self._list()))
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._note_announcers(anns)
         heir = self._heir()
@@ -396,8 +396,7 @@ class CommitHub:
         self._view = res.snapshot if res.snapshot is not None else self.queue.read()
         self.stats.incr("releases")
         self.stats.incr("handovers", int(heir is not None and res.snapshot is not None))
-        if res.snapshot is not None:
-            self._delete_covered(res.snapshot, anns)
+        self._retire(self._view, anns)
         self._reader.sweep(force=True)  # the next holder never reads them again
 
     def _note_announcers(self, anns: dict[str, Runs]) -> None:
@@ -426,12 +425,19 @@ class CommitHub:
             )
         return grace // 2
 
-    def _delete_covered(self, snap: Snapshot, anns: dict[str, Runs]) -> None:
-        """Delete (with the others of the last second) the announcements the watermarks
-        now cover, and those a gone writer left past the grace period
-        (:meth:`AnnouncementReader.retire`)."""
-        self._reader.retire(anns, snap.view.watermarks, self.wall_ms(),
-                            2 * self.max_age_ms(snap))
+    def _list(self) -> list[ObjectMeta]:
+        return list(self.store.list(keys.PENDING_PREFIX))
+
+    def _retire(self, snap: Snapshot | None, anns: dict[str, Runs]) -> dict[str, Runs]:
+        """Of ``anns``, those ``snap``'s watermarks cover (or that a gone writer left past
+        the grace period) are deleted with the others of the last second; the rest are
+        returned.  Before a commit, with the root as last seen: what a holder that died
+        (or lost its lease before its delete) left is never committed again, nor its
+        announcer taken for a live hub."""
+        if snap is None:
+            return anns
+        return self._reader.retire(anns, snap.view.watermarks, self.wall_ms(),
+                                   2 * self.max_age_ms(snap))
 
     # --- watcher -----------------------------------------------------------------------
 
@@ -535,7 +541,8 @@ class CommitHub:
 
     def _refresh_stale(self, res: Committed) -> None:
         """Local groups whose oldest data object is past half the grace period: upload
-        them again and announce the fresh keys (overwriting the old announcement)."""
+        them again and announce the fresh keys (in a new announcement: keys are never
+        written twice, so a committed one can be deleted by its key alone)."""
         if not res.stale:
             return
         with self._cond:

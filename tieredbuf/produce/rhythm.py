@@ -78,6 +78,7 @@ class Rhythm:
         """The root changed at ``at`` (this hub's own commit, or a read that saw one)."""
         self.changed_at = self.seen_at = at
         self.next_poll = at + gap(interval)
+        self.misses = 0  # a retry as a watcher again starts short
         self.stamp, self.spacing = None, 0.0  # our own lease: the next holder's is new
 
     def due(self, interval: float, since: float) -> float:
