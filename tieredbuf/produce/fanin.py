@@ -250,9 +250,11 @@ class CommitHub:
 
     def _serve(self) -> None:
         while True:
-            if not self._holding():  # no lease (lost, lapsed, never had one): delete what
-                self._reader.sweep(force=True)  # we committed while we held it, before
-            with self._cond:  # going idle
+            # no lease (lost, lapsed, never had one): delete what we committed while we
+            # held it before going idle (no request when there is nothing to delete)
+            if not self._holding():
+                self._reader.sweep(force=True)
+            with self._cond:
                 while not self._waiting and not self._holding():
                     if not self._budgets:
                         self._thread = None
