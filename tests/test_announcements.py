@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from ulid import ULID
 
+from tests.faults import CountingStore, FaultInjectingStore
 from tieredbuf import keys
+from tieredbuf.errors import AccessDeniedError
 from tieredbuf.format import announce as fa
 from tieredbuf.format.manifest import Watermark
 from tieredbuf.produce.announcements import AnnouncementReader
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store import open_store
+from tieredbuf.store.base import Store
 
 HOUR_MS = 3_600_000
 
@@ -68,66 +72,64 @@ def test_retired_announcements_are_deleted_in_one_request_at_most_once_a_second(
 ) -> None:
     """Each commit retires a few; one DELETE a second takes them all (``force``: at once,
     when the hub gives its lease up)."""
-    store = Deletes(open_store(f"file://{tmp_path}/b"))
+    store = CountingStore(open_store(f"file://{tmp_path}/b"))
     now = int(time.time() * 1000)
     clock = [100.0]
     reader = AnnouncementReader(store, Stats(), clock=lambda: clock[0])  # type: ignore[arg-type]
-    made = []
     for n in range(1, 5):  # a commit every 0.3 s, each retiring one announcement
-        made.append(_announce(store, "h-a", n, "p", n, now))
+        made = _announce(store, "h-a", n, "p", n, now)
         anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
-        assert set(anns) == {made[-1]}
+        assert set(anns) == {made}
         clock[0] += 0.3
         reader.retire(anns, {"p": Watermark("p", n, n, now)}, now, 2 * HOUR_MS)
     # swept once, at 101.2 (the fourth commit): the four in one request
-    assert store.calls == [made]
-    made.append(_announce(store, "h-a", 5, "p", 5, now))
+    assert store.counts["delete_many"] == 1
+    assert store.of("announcement")["delete"] == 4
+    assert list(store.list(keys.PENDING_PREFIX)) == []
+    _announce(store, "h-a", 5, "p", 5, now)
     anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
     clock[0] += 0.1
     reader.retire(anns, {"p": Watermark("p", 5, 5, now)}, now, 2 * HOUR_MS)
-    assert len(store.calls) == 1  # not due again yet
+    assert store.counts["delete_many"] == 1  # not due again yet
     reader.sweep(force=True)
-    assert store.calls[1] == made[4:]
+    assert store.counts["delete_many"] == 2
+    assert store.of("announcement")["delete"] == 5
     assert list(store.list(keys.PENDING_PREFIX)) == []
 
 
-class Deletes:
-    """Forwards to a store, recording each delete_many call's keys."""
+class RefusesEachKeyOnce:
+    """Forwards to a store; its first DeleteObjects answers every key with AccessDenied
+    (S3 reports a refused key inside a 200 answer, not as an error)."""
 
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: Store) -> None:
         self._inner = inner
-        self.calls: list[list[str]] = []
+        self.refused = False
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    def delete_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
-        self.calls.append(list(keys))
-        return self._inner.delete_many(keys)  # type: ignore[attr-defined, no-any-return]
+    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, Exception]]:
+        if not self.refused:
+            self.refused = True
+            return [(k, AccessDeniedError(f"AccessDenied: {k}")) for k in keys]
+        return self._inner.delete_many(keys)
 
 
-class FailingDeletes(Deletes):
-    """A store that refuses the first ``refusals`` delete_many calls' keys (a 403 on
-    DeleteObjects, say): each comes back as a failure."""
-
-    def __init__(self, inner: object, refusals: int) -> None:
-        super().__init__(inner)
-        self.refusals = refusals
-
-    def delete_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
-        if self.refusals:
-            self.refusals -= 1
-            self.calls.append(list(keys))
-            return [(k, PermissionError("403")) for k in keys]
-        return super().delete_many(keys)
+def _refusing(how: str, inner: Store) -> Store:
+    if how == "per key":
+        return RefusesEachKeyOnce(inner)  # type: ignore[return-value]
+    faulty = FaultInjectingStore(inner)  # the whole request refused: a 403
+    faulty.arm("delete_many", when="before", error=AccessDeniedError("403 Forbidden"))
+    return faulty  # type: ignore[return-value]
 
 
+@pytest.mark.parametrize("how", ["per key", "whole request"])
 def test_an_announcement_whose_delete_failed_stays_retired_and_is_deleted_later(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
     """A refused delete is logged; the announcement is neither read nor committed
     again, and the next sweep (a second later even when forced) deletes it."""
-    store = FailingDeletes(open_store(f"file://{tmp_path}/b"), refusals=1)
+    store = CountingStore(_refusing(how, open_store(f"file://{tmp_path}/b")))
     now = int(time.time() * 1000)
     clock = [100.0]
     stats = Stats()
@@ -142,9 +144,9 @@ def test_an_announcement_whose_delete_failed_stays_retired_and_is_deleted_later(
     assert reader.read(list(store.list(keys.PENDING_PREFIX))) == {}  # skipped, not read
     assert stats.get("announcements_read") == 1
     reader.sweep(force=True)  # too soon after a failure: nothing sent
-    assert len(store.calls) == 1
+    assert store.counts["delete_many"] == 1
     clock[0] += 1.0
     reader.sweep(force=True)
-    assert store.calls == [[key], [key]]
+    assert store.counts["delete_many"] == 2
     assert list(store.list(keys.PENDING_PREFIX)) == []
     assert stats.get("announcements_deleted") == 1
