@@ -333,7 +333,8 @@ class CommitHub:
         remote = [Pending(a.producer_id, a.entries, k) for k, runs in anns.items() for a in runs]
         self._note_announcers(anns)
         if not local and not remote:
-            self._reader.sweep(force=not self._holding())  # the lease lapsed: all of them
+            self._reader.sweep()  # holding, nothing to commit: what is due (the loop
+            # deletes the rest at once when the lease is gone)
             if any(gs for gs in self._waiting.values()):  # announced, gone from the LIST:
                 self._view = self.queue.read()  # another holder committed them (we LISTed
                 self._rhythm.changed(time.monotonic(), interval)  # forever);
