@@ -223,6 +223,20 @@ def test_I7_unsized_zstd_frames_are_cut_off_at_the_cap(monkeypatch: pytest.Monke
         decode_batch(_raw_frame(_BLOCK) + sized + _ZSTD_FOOTER)
 
 
+def test_I7_a_fault_in_a_zstd_blocks_records_is_named_inside_the_object() -> None:
+    """A zstd block whose records stop short of the count: the fault lies at an offset
+    of the decompressed bytes, which can lie past the object's end (the fuzzer found
+    offset 103 in a 101-byte batch).  The error names the compressed block (offset 0)
+    and says where in its decompressed bytes."""
+    block = struct.pack("<I", 200) + bytes(200)  # one record; the footer says two
+    damaged = zstandard.ZstdCompressor(level=3).compress(block) + struct.pack("<BIH", 1, 2, 1)
+    assert len(damaged) < len(block)
+    with pytest.raises(CorruptError) as got:
+        decode_batch(damaged, obj="o")
+    assert 0 <= got.value.offset < len(damaged)
+    assert "decompressed block, at its offset 204: truncated: record 1 length" in str(got.value)
+
+
 def test_I7_trailing_garbage_is_rejected() -> None:
     good = encode_batch([b"ab"])
     bad = good[:-7] + b"zz" + good[-7:]

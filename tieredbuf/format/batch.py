@@ -103,6 +103,19 @@ def decode_batch(data: bytes | memoryview, obj: str | None = None) -> list[bytes
             foot_at + 1,
             f"record_count {count} cannot fit in a {len(block)}-byte block",
         )
+    try:
+        return _records(block, count, obj)
+    except CorruptError as e:
+        if ctype != Compression.ZSTD:
+            raise
+        # an offset in the decompressed bytes is not one in the object (I7): name the
+        # compressed block, and where in its decompressed bytes the fault lies
+        raise CorruptError(
+            "data batch", obj, 0, f"decompressed block, at its offset {e.offset}: {e.detail}"
+        ) from None
+
+
+def _records(block: bytes | memoryview, count: int, obj: str | None) -> list[bytes]:
     r = Reader(block, "data batch", obj)
     out: list[bytes] = []
     for i in range(count):
