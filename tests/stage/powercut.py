@@ -175,6 +175,8 @@ class SimLinkStore:
             try:
                 disk.link(tmp, final)
             except FileExistsError:
+                if self.dir_fsync:  # found: made durable before the answer, as there
+                    disk.fsync_dir(final.parent)
                 raise AlreadyExistsError(key) from None
         finally:
             disk.unlink(tmp, missing_ok=True)

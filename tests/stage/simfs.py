@@ -102,6 +102,7 @@ class SimFs(FileSystem):
     """See the module doc."""
 
     def __init__(self, capacity: int | None = None) -> None:
+        super().__init__()
         self._lock = threading.RLock()
         self._inodes: dict[int, _Inode] = {}
         self._next_ino = 1

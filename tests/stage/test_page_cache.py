@@ -20,6 +20,7 @@ from tieredbuf.stage.stage import Stage
 
 class _CountingFs(FileSystem):
     def __init__(self) -> None:
+        super().__init__()
         self.dropped: list[str] = []
 
     def drop_cache(self, fd: int) -> None:

@@ -14,6 +14,7 @@ operations before it (run ``run_cut(seed, ...)`` to reproduce it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 import uuid
 from collections import Counter
@@ -141,6 +142,27 @@ def test_I1_a_new_stage_directory_survives_a_power_cut() -> None:
         st.close()
     st2 = Stage(ROOT, "p", SYNC, fs=sim.reconstruct("drop"))
     (seg,) = st2.sealed_segments()  # recovery replays and seals
+    assert decode_batch(st2.read_segment(seg)) == [b"acked"]
+    st2.close()
+
+
+def test_I1_a_stage_directory_whose_parent_fsync_failed_is_made_durable_on_reopen() -> None:
+    """``<producer>/`` made, the fsync of its parent refused: the open fails, and the
+    next open found the directory and trusted it, so a power cut could take it and
+    every acked entry in it.  A directory makedirs finds but did not itself make
+    durable has its parent fsynced once before it is used."""
+    sim = SimFs()
+    sim.makedirs_durable(ROOT)
+    sim.fail("fsync_dir", errno.EIO, str(ROOT), times=1)
+    with pytest.raises(OSError):
+        Stage(ROOT, "p", SYNC, fs=sim)
+    st = Stage(ROOT, "p", SYNC, fs=sim)
+    st.append_records([b"acked"]).result(timeout=5)
+    sim.cut()
+    with contextlib.suppress(Exception):
+        st.close()
+    st2 = Stage(ROOT, "p", SYNC, fs=sim.reconstruct("drop"))
+    (seg,) = st2.sealed_segments()
     assert decode_batch(st2.read_segment(seg)) == [b"acked"]
     st2.close()
 

@@ -14,6 +14,7 @@ from tieredbuf.stage.filesystem import WRITE_CHUNK, FileSystem
 
 class _Recording(FileSystem):
     def __init__(self) -> None:
+        super().__init__()
         self.sizes: list[int] = []
 
     def writev(self, fd: int, buffers: list[object]) -> int:  # type: ignore[override]

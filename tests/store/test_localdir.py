@@ -415,3 +415,73 @@ def test_a_create_does_not_wait_for_the_lock_a_conditional_replace_takes(
     for t in writers:
         t.join(timeout=30)
     assert replaced.is_set() and s.get("root").data == b"2" and s.get("data/x").data == b"d"
+
+
+class _DirFsyncs:
+    """Every directory fsync the store sends, the first of each path in ``fail``
+    refused with EIO.  A power cut cannot run on real files; what it would take (a
+    directory entry or a link no completed fsync covered) is judged on the simulated
+    disk by tests/stage/test_power_cut.py, and here by which fsyncs run again."""
+
+    def __init__(self, fail: set[str]) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def __call__(self, path: str) -> None:
+        self.calls.append(str(path))
+        if str(path) in self.fail:
+            self.fail.discard(str(path))
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+
+def test_I1_a_directory_whose_new_entry_was_not_fsynced_is_fsynced_before_it_takes_an_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``data/`` made, the fsync of its parent refused: the next put found the
+    directory and trusted it, so a power cut could take it and every object fsynced
+    into it since.  A directory the store did not itself make durable gets its parent
+    fsynced once, on its first use -- also one an earlier process made."""
+    root = str(tmp_path / "store")
+    s = LocalDirStore(root)
+    s.put("queue/manifest", b"m")  # the root exists
+    fsyncs = _DirFsyncs({root})
+    monkeypatch.setattr(localdir, "fsync_dir", fsyncs)
+    with pytest.raises(errors.StoreError):
+        s.put("data/a.batch", b"a", mode="create")
+    assert os.path.isdir(os.path.join(root, "data"))  # made, its entry not durable
+    s.put("data/b.batch", b"b", mode="create")
+    assert fsyncs.calls.count(root) == 2  # refused, then again before b went in
+    s.put("data/c.batch", b"c", mode="create")
+    assert fsyncs.calls.count(root) == 2  # once made durable, trusted
+    fresh = LocalDirStore(root)  # another process finds data/ there
+    fresh.put("data/d.batch", b"d", mode="create")
+    assert fsyncs.calls.count(root) == 3
+
+
+@pytest.mark.parametrize("how", ["put", "put_link"])
+def test_I1_a_create_that_finds_its_key_makes_it_durable_before_answering_already_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The link landed, the directory fsync was refused (OutcomeUnknownError); the
+    retry's create finds the key, and the exporter takes AlreadyExistsError for "my
+    earlier attempt landed" and appends it.  So the answer comes only after the
+    directory fsync that the first attempt never completed."""
+    root = tmp_path / "store"
+    s = LocalDirStore(root)
+    s.put("data/old.batch", b"o", mode="create")  # data/ exists and is durable
+    src = _sealed_file(tmp_path, b"segment bytes")
+    data_dir = str(root / "data")
+    fsyncs = _DirFsyncs({data_dir})
+    monkeypatch.setattr(localdir, "fsync_dir", fsyncs)
+
+    def create() -> None:
+        if how == "put":
+            s.put("data/a.batch", b"segment bytes", mode="create")
+        else:
+            s.put_link("data/a.batch", lambda tmp: os.link(src, tmp))
+
+    with pytest.raises(errors.OutcomeUnknownError):
+        create()
+    with pytest.raises(errors.AlreadyExistsError):
+        create()
+    assert fsyncs.calls.count(data_dir) == 2 and not fsyncs.fail

@@ -7,7 +7,12 @@ service's supervisor writes its owner-only snapshots (TLS pair, tokens) with
 
 from __future__ import annotations
 
+import errno
 import os
+
+UNSYNCABLE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EINVAL})
+"""A directory fsync that fails so says the directory is not one a process could have
+just changed: not ours to open, read-only, or a file system without the call."""
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from tieredbuf.errors import DiskError, DiskFullError, DiskIOError
+from tieredbuf.runtime.fsutil import UNSYNCABLE_ERRNOS
 
 __all__ = [
     "FileSystem",
@@ -94,6 +95,10 @@ class FileSystem:
     only, so a simulated layer that overrides the primitives runs the stage's real
     ordering of writes, fdatasyncs, renames and directory fsyncs.
     """
+
+    def __init__(self) -> None:
+        self.durable_dirs: set[Path] = set()
+        """The directories :meth:`makedirs` made sure have a durable entry."""
 
     close = staticmethod(os.close)
     writev = staticmethod(os.writev)
@@ -269,14 +274,28 @@ class FileSystem:
             self.close(fd)
 
     def makedirs(self, path: Path) -> None:
-        """``mkdir -p`` whose new entries survive a power cut: the parent of every
-        directory created here is fsynced (a directory entry is durable only then)."""
-        if self.exists(path):
+        """``mkdir -p`` whose entries survive a power cut: the parent of every directory
+        created here is fsynced (a directory entry is durable only then), and so, once,
+        is the parent of ``path`` when it is found already there -- an earlier mkdir
+        whose parent fsync failed, or a process killed between the two, leaves a
+        directory that lasts only until the power goes.  A parent this process may not
+        fsync (read-only, or not ours to read) did not take a new entry from it."""
+        found = self.exists(path)
+        if found and path in self.durable_dirs:
             return
-        if path.parent != path:
-            self.makedirs(path.parent)
-        if self.mkdir(path):
+        if not found:
+            if path.parent != path:
+                self.makedirs(path.parent)
+            if self.mkdir(path):
+                self.fsync_dir(path.parent)
+                self.durable_dirs.add(path)
+                return
+        try:
             self.fsync_dir(path.parent)
+        except OSError as e:
+            if e.errno not in UNSYNCABLE_ERRNOS:
+                raise
+        self.durable_dirs.add(path)
 
     def zero_file(self, path: Path, size: int) -> None:
         """Zero ``path``'s bytes [0, size) without freeing its blocks, durably (fsync:

@@ -62,7 +62,7 @@ from tieredbuf.errors import (
     PreconditionFailedError,
     StoreError,
 )
-from tieredbuf.runtime.fsutil import fsync_dir
+from tieredbuf.runtime.fsutil import UNSYNCABLE_ERRNOS, fsync_dir
 from tieredbuf.store._common import check_key, check_prefix, check_range, os_error, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 
@@ -97,6 +97,8 @@ class LocalDirStore:
         # the root is made by the first write, not by opening: reading a mistyped URL
         # must leave no directory behind
         self._tlock = threading.Lock()
+        self._durable_dirs: set[str] = set()
+        """Directories under the root whose entries this store made durable."""
         self._lock_fd = -1
         self._lock_pid = -1
 
@@ -120,10 +122,21 @@ class LocalDirStore:
         return os.path.join(self._root, *key.split("/"))
 
     def _ensure_root(self) -> None:
+        """The root, with a durable entry (as :meth:`_ensure_dir`); a parent this store
+        may not fsync (read-only, or not ours to read) took no new entry from it."""
+        if self._root in self._durable_dirs and os.path.isdir(self._root):
+            return
         try:
             if not os.path.isdir(self._root):
                 os.makedirs(self._root, exist_ok=True)
                 fsync_dir(os.path.dirname(self._root))
+            else:
+                try:
+                    fsync_dir(os.path.dirname(self._root))
+                except OSError as e:
+                    if e.errno not in UNSYNCABLE_ERRNOS:
+                        raise
+            self._durable_dirs.add(self._root)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a file where a directory must be
                 raise PermanentStoreError(
@@ -153,11 +166,15 @@ class LocalDirStore:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _ensure_dir(self, dirpath: str) -> None:
-        """Create ``dirpath`` (under the root) and its parents, fsyncing each new entry."""
+        """Create ``dirpath`` (under the root) and its parents, each with a durable
+        entry: its parent fsynced after the mkdir, or -- found there, but not made
+        durable by this store -- once before its first use.  An earlier mkdir whose
+        parent fsync failed, or a process killed between the two, leaves a directory
+        that lasts only until the power goes, with every object fsynced into it."""
         if dirpath == self._root:
             self._ensure_root()
             return
-        if os.path.isdir(dirpath):
+        if dirpath in self._durable_dirs and os.path.isdir(dirpath):
             return
         parent = os.path.dirname(dirpath)
         self._ensure_dir(parent)
@@ -166,8 +183,8 @@ class LocalDirStore:
         except FileExistsError:
             if not os.path.isdir(dirpath):
                 raise PermanentStoreError(f"{dirpath} exists and is not a directory") from None
-            return
         fsync_dir(parent)
+        self._durable_dirs.add(dirpath)
 
     # --- reads ------------------------------------------------------------------------
 
@@ -405,6 +422,7 @@ class LocalDirStore:
         try:
             os.link(tmp, path)
         except FileExistsError as e:
+            _found_durable(key, os.path.dirname(path))
             raise AlreadyExistsError(key) from e
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
@@ -412,6 +430,7 @@ class LocalDirStore:
             # no hard links on this filesystem: check-then-rename, atomic under our lock
             with self._locked():
                 if os.path.lexists(path):
+                    _found_durable(key, os.path.dirname(path))
                     raise AlreadyExistsError(key) from e
                 os.replace(tmp, path)
 
@@ -478,6 +497,7 @@ class LocalDirStore:
         try:
             with self._locked():
                 if os.path.lexists(dpath):
+                    _found_durable(dst, os.path.dirname(dpath))
                     raise AlreadyExistsError(dst)
                 os.link(spath, dpath)
                 fsync_dir(os.path.dirname(dpath))
@@ -527,6 +547,13 @@ class LocalDirStore:
                 os.close(self._lock_fd)
             self._lock_fd = -1
             self._lock_pid = -1
+
+
+def _found_durable(key: str, dirpath: str) -> None:
+    """Before a create answers AlreadyExistsError: the object found may be this
+    writer's own earlier attempt whose directory fsync failed (OutcomeUnknownError), and
+    the caller takes the answer for "it landed" -- so it must have landed for good."""
+    _sync_moved(key, dirpath)
 
 
 def _sync_moved(key: str, dirpath: str) -> None:
