@@ -150,3 +150,34 @@ def test_an_announcement_whose_delete_failed_stays_retired_and_is_deleted_later(
     assert store.counts["delete_many"] == 2
     assert list(store.list(keys.PENDING_PREFIX)) == []
     assert stats.get("announcements_deleted") == 1
+
+
+def test_a_holder_reads_an_announcement_its_key_spells_out_without_a_get(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One writer's appends without metadata are spelled out in the key (the common
+    case: a GET each was a request per data object); the holder takes them from its
+    LIST.  A key form that is not its body's (written by hand, or by a version that
+    spells differently) is never trusted: the body is read instead."""
+    store = CountingStore(open_store(f"file://{tmp_path}/b"))
+    now = int(time.time() * 1000)
+    run = fa.make("p-1", 0, [fa.Announced(5, keys.data_key(ULID()), 10, ())])
+    body = fa.encode([run], now)
+    spelled = fa.key_form([run], now, body)
+    assert spelled is not None
+    good = keys.pending_key("h-a", 1, spelled)
+    store.put(good, body, mode="create")
+    other = fa.encode([fa.make("p-1", 0, [fa.Announced(6, keys.data_key(ULID()), 10, ())])], now)
+    # the key spells run, with the CRC of the body it names: another one
+    crc = spelled.split(".")[0].split("-")[1]
+    liar = keys.pending_key("h-b", 1, spelled.replace(crc, other[-4:][::-1].hex(), 1))
+    store.put(liar, other, mode="create")
+    stats = Stats()
+    reader = AnnouncementReader(store, stats, clock=lambda: 0.0)
+    with caplog.at_level(logging.WARNING):
+        anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
+    assert anns == {good: fa.decode(body), liar: fa.decode(other)}
+    assert store.of("announcement").get("get", 0) == 1  # the liar's body, only
+    assert stats.get("announcements_read_from_key") == 1
+    assert stats.get("announcements_read") == 2
+    assert "h-b" in caplog.text and "CRC mismatch" in caplog.text

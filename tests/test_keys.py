@@ -3,6 +3,9 @@ make."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from ulid import ULID
@@ -53,3 +56,25 @@ def test_key_parsers_round_trip_and_accept_only_the_names_writers_make(
         g = keys.parse_group_key(k)
         if g is not None:
             assert keys.group_key(*g) == k
+
+
+_OLDER_READER = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
+"""The announcement keys tieredbuf read before the key form: what it still reads now."""
+
+
+def test_an_announcement_key_carries_its_key_form_where_an_older_reader_still_reads_it() -> None:
+    u = ULID()
+    spelled = f"i1700000000123-0badcafe.7-{u}b4096.p-1.x"
+    k = keys.pending_key(f"h-{u}", 3, spelled)
+    assert keys.parse_pending_key(k) == (f"h-{u}", 3)
+    assert keys.pending_key_form(k) == spelled
+    assert len(k.rsplit("/", 1)[1]) <= 255  # a local file system's longest name
+    assert _OLDER_READER.match(k)  # its body is read, and committed, by an older holder
+    plain = keys.pending_key(f"h-{u}", 3)
+    assert keys.parse_pending_key(plain) == (f"h-{u}", 3)
+    assert keys.pending_key_form(plain) is None
+    for bad in ("x", "i12-0badcafe", f"i1-0badcafe.7-{u}b1.p 1"):
+        with pytest.raises(ValueError):
+            keys.pending_key(f"h-{u}", 3, bad)
+    with pytest.raises(ValueError):  # the announcer's end must be the first dot
+        keys.pending_key("h.dot", 3, spelled)

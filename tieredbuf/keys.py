@@ -7,7 +7,7 @@ Keys are relative to the buffer URL (the store is rooted there)::
     queue/manifest                          the root, the only object ever overwritten (by CAS)
     queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
     queue/subscribers/<name>.<reg ULID>     a named subscriber's progress (CAS by that subscriber)
-    queue/pending/<announcer id>.<n:020>    an announcement (fan-in): a hub's n-th
+    queue/pending/<announcer id>[.<key form>].<n:020>   an announcement (fan-in): a hub's n-th
     _probe/<ULID>                           conditional-write probe objects (deleted at once)
 """
 
@@ -92,13 +92,19 @@ def parse_progress_key(key: str) -> tuple[str, ULID] | None:
 
 _SAFE_ID_RE = r"[A-Za-z0-9_.:-]{1,200}"
 _PENDING_RE = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
+_KEY_FORM_NAME_RE = re.compile(
+    r"^([A-Za-z0-9_:-]{1,200})\.(i\d{1,19}-[0-9a-f]{8}\.[A-Za-z0-9_.:-]+)$"
+)
 
 
-def pending_key(announcer: str, n: int) -> str:
+def pending_key(announcer: str, n: int, key_form: str = "") -> str:
     """Key of an announcer's ``n``-th announcement (a commit hub's holder id; version 1
     named a writer and the first producer seq it announced): one announcer's list in
     the order it made them.  An announcer id outside ``[A-Za-z0-9_.:-]`` (at most 200
-    characters) is written as ``~`` and its UTF-8 in hex."""
+    characters) is written as ``~`` and its UTF-8 in hex.  ``key_form``: the
+    announcement spelled out (format/announce.py ``key_form``), between the announcer
+    (then one without a dot) and the number -- where an older reader still finds both
+    ends of the name it knows."""
     if not 0 < n < 10**20:
         raise ValueError(f"announcement number {n} out of range")
     name = (
@@ -108,6 +114,10 @@ def pending_key(announcer: str, n: int) -> str:
     )
     if not announcer or len(name) > 511:
         raise ValueError(f"announcer id {announcer!r} cannot name an announcement")
+    if key_form:
+        if _KEY_FORM_NAME_RE.match(f"{name}.{key_form}") is None:
+            raise ValueError(f"{key_form!r} after {announcer!r} is not an announcement's key form")
+        name = f"{name}.{key_form}"
     return f"{PENDING_PREFIX}{name}.{n:020d}"
 
 
@@ -117,12 +127,21 @@ def parse_pending_key(key: str) -> tuple[str, int] | None:
     if m is None:
         return None
     name = m.group(1)
+    if (spelled := _KEY_FORM_NAME_RE.match(name)) is not None:
+        name = spelled.group(1)
     if name.startswith("~"):
         try:
             name = bytes.fromhex(name[1:]).decode("utf-8")
         except ValueError:
             return None
     return name, int(m.group(2))
+
+
+def pending_key_form(key: str) -> str | None:
+    """The key form an announcement key carries (``pending_key``), or None."""
+    m = _PENDING_RE.match(key)
+    spelled = None if m is None else _KEY_FORM_NAME_RE.match(m.group(1))
+    return None if spelled is None else spelled.group(2)
 
 
 def probe_key(ulid: ULID) -> str:

@@ -148,6 +148,8 @@ FANIN_SERIES: tuple[Series, ...] = (
            "Writers' groups of appends carried by those announcements."),
     Series("announcements_read", "tieredbuf_fanin_announcements_read_total",
            "Announcements of other processes read by this process's committer."),
+    Series("announcements_read_from_key", "tieredbuf_fanin_announcements_read_from_key_total",
+           "Of those, announcements taken from their key's spelled-out form, without a GET."),
     Series("announcements_deleted", "tieredbuf_fanin_announcements_deleted_total",
            "Announcements deleted once committed."),
     Series("announcements_expired", "tieredbuf_fanin_announcements_expired_total",

@@ -4,11 +4,12 @@ committed ones deleted together, at most once a second.
 
 An announcement is a hub's hand-over of its writers' uploaded appends
 (:mod:`tieredbuf.format.announce`); the commit hub holding the lease
-(:mod:`tieredbuf.produce.fanin`) reads every one listed.  A damaged announcement (I7)
-cannot be committed, and neither can any later one of its announcer: those may carry
-the same writers' later appends, and a watermark moved past the damaged one's appends
-would cover them -- their writers would be told REMOTE for records never appended.  So
-the announcer's writers wait (and time out, loudly) instead.
+(:mod:`tieredbuf.produce.fanin`) reads every one listed -- from its key, without a GET,
+when the key spells it out (one writer's appends without metadata, the common case).
+A damaged announcement (I7) cannot be committed, and neither can any later one of its
+announcer: those may carry the same writers' later appends, and a watermark moved past
+the damaged one's appends would cover them -- their writers would be told REMOTE for
+records never appended.  So the announcer's writers wait (and time out, loudly) instead.
 
 A committed announcement (the watermarks cover it) is deleted with the others of the
 last second in one request, not one request a commit: its LISTs skip it meanwhile (it
@@ -66,7 +67,14 @@ class AnnouncementReader:
         for k in [k for k, (v, _) in self._cache.items() if live.get(k) != v]:
             del self._cache[k]
         self._committed = {k: None for k in self._committed if k in self._cache}
-        new = [k for k in live if k not in self._cache and keys.parse_pending_key(k)]
+        new = []
+        for k in live:
+            if k in self._cache or not keys.parse_pending_key(k):
+                continue
+            if (spelled := self._spelled(k)) is not None:
+                self._cache[k] = (live[k], spelled)
+            else:
+                new.append(k)
         if new:
             for k, (found, runs) in zip(new, self._pool.map(self._get, new), strict=True):
                 if found:
@@ -154,6 +162,21 @@ class AnnouncementReader:
             if k not in failed:
                 self._committed.pop(k, None)
                 self._cache.pop(k, None)
+
+    def _spelled(self, key: str) -> Runs | None:
+        """The runs ``key`` spells out (its key form: no GET), or None: it has none, or
+        one that is not its body's (then the body is read)."""
+        text = keys.pending_key_form(key)
+        if text is None:
+            return None
+        try:
+            runs = fa.from_key_form(text, obj=key)
+        except errors.CorruptError as e:
+            log.warning("%s: %s; reading its body", key, e)
+            return None
+        self.stats.incr("announcements_read")
+        self.stats.incr("announcements_read_from_key")
+        return runs
 
     def _get(self, key: str) -> tuple[bool, Runs | None]:
         """(False, None) when gone (committed and deleted since); else its runs, None when

@@ -497,8 +497,11 @@ class CommitHub:
             runs.setdefault(g.producer_id, []).extend(g.entries)
         self._announced_n += 1
         started = time.monotonic()
-        key = keys.pending_key(self.holder, self._announced_n)
-        body = fa.encode([fa.make(pid, 0, es) for pid, es in runs.items()], self.wall_ms())
+        made = [fa.make(pid, 0, es) for pid, es in runs.items()]
+        created = self.wall_ms()
+        body = fa.encode(made, created)  # spelled out in its key too where it fits: no GET
+        spelled = fa.key_form(made, created, body) or ""
+        key = keys.pending_key(self.holder, self._announced_n, spelled)
         with contextlib.suppress(errors.AlreadyExistsError):  # our own earlier attempt, its answer
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
         landed = time.monotonic()
