@@ -18,7 +18,8 @@ from tests.faults import CountingStore, FaultInjectingStore
 from tieredbuf import keys
 from tieredbuf.errors import AccessDeniedError
 from tieredbuf.format import announce as fa
-from tieredbuf.format.manifest import Watermark
+from tieredbuf.format.manifest import MetadataItem, Watermark
+from tieredbuf.format.spelled import key_form
 from tieredbuf.produce.announcements import AnnouncementReader
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store import open_store
@@ -27,11 +28,14 @@ from tieredbuf.store.base import Store
 HOUR_MS = 3_600_000
 
 
-def _announce(store: object, hub: str, n: int, producer: str, seq: int, made_ms: int) -> str:
-    """An announcement of one append whose data object was named at ``made_ms``."""
+def _announce(
+    store: object, hub: str, n: int, producer: str, seq: int, made_ms: int, legacy: bool = False
+) -> str:
+    """An announcement of one append whose data object was named at ``made_ms`` (its
+    body read by a GET; ``legacy``: under the key an older tieredbuf gave it)."""
     loc = keys.data_key(ULID.from_timestamp(made_ms / 1000))
     body = fa.encode([fa.make(producer, 0, [fa.Announced(seq, loc, 10, ())])], made_ms)
-    key = keys.pending_key(hub, n)
+    key = keys.legacy_pending_key(hub, n) if legacy else keys.pending_key(hub, n)
     store.put(key, body, mode="create")  # type: ignore[attr-defined]
     return key
 
@@ -46,7 +50,7 @@ def test_a_commit_retires_what_the_watermarks_cover_and_what_a_gone_writer_left(
     store = open_store(f"file://{tmp_path}/b")
     now = int(time.time() * 1000)
     covered = _announce(store, "h-a", 1, "p-covered", 3, now)
-    gone = _announce(store, "h-b", 1, "p-gone", 1, now - 3 * HOUR_MS)
+    gone = _announce(store, "h-b", 1, "p-gone", 1, now - 3 * HOUR_MS, legacy=True)
     young = _announce(store, "h-c", 1, "p-young", 1, now)
     stats = Stats()
     reader = AnnouncementReader(store, stats, clock=lambda: 0.0)  # no sweep is due
@@ -155,29 +159,47 @@ def test_an_announcement_whose_delete_failed_stays_retired_and_is_deleted_later(
 def test_a_holder_reads_an_announcement_its_key_spells_out_without_a_get(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One writer's appends without metadata are spelled out in the key (the common
-    case: a GET each was a request per data object); the holder takes them from its
-    LIST.  A key form that is not its body's (written by hand, or by a version that
+    """One writer's appends whose metadata has no payloads are spelled out in the key
+    (the common case: a GET each was a request per data object); the holder takes them
+    from its LIST.  A key form that is not its body's (written by hand, or by a version that
     spells differently) is never trusted: the body is read instead."""
     store = CountingStore(open_store(f"file://{tmp_path}/b"))
     now = int(time.time() * 1000)
-    run = fa.make("p-1", 0, [fa.Announced(5, keys.data_key(ULID()), 10, ())])
+    item = MetadataItem(0, now - 5, b"")  # a produce() call's
+    run = fa.make("p-1", 0, [fa.Announced(5, keys.data_key(ULID()), 10, (item,))])
     body = fa.encode([run], now)
-    spelled = fa.key_form([run], now, body)
+    spelled = key_form([run], now, body, keys.pending_room("h-a", 1))
     assert spelled is not None
     good = keys.pending_key("h-a", 1, spelled)
     store.put(good, body, mode="create")
     other = fa.encode([fa.make("p-1", 0, [fa.Announced(6, keys.data_key(ULID()), 10, ())])], now)
     # the key spells run, with the CRC of the body it names: another one
-    crc = spelled.split(".")[0].split("-")[1]
-    liar = keys.pending_key("h-b", 1, spelled.replace(crc, other[-4:][::-1].hex(), 1))
+    fields = spelled.split(".")
+    fields[1] = _base36(int.from_bytes(other[-4:], "little"))
+    liar = keys.pending_key("h-b", 1, ".".join(fields))
     store.put(liar, other, mode="create")
+    # the key spells run, consistently, over a body of another length
+    another = fa.encode([fa.make("p-22", 0, [fa.Announced(1, keys.data_key(ULID()), 7, ())])], now)
+    assert len(another) != len(body)
+    masked = keys.pending_key("h-c", 1, spelled)
+    store.put(masked, another, mode="create")
     stats = Stats()
     reader = AnnouncementReader(store, stats, clock=lambda: 0.0)
     with caplog.at_level(logging.WARNING):
         anns = reader.read(list(store.list(keys.PENDING_PREFIX)))
-    assert anns == {good: fa.decode(body), liar: fa.decode(other)}
-    assert store.of("announcement").get("get", 0) == 1  # the liar's body, only
+    assert anns == {good: fa.decode(body), liar: fa.decode(other), masked: fa.decode(another)}
+    assert store.of("announcement").get("get", 0) == 2  # the two bodies, only
     assert stats.get("announcements_read_from_key") == 1
-    assert stats.get("announcements_read") == 2
+    assert stats.get("announcements_read") == 3
     assert "h-b" in caplog.text and "CRC mismatch" in caplog.text
+    assert "h-c" in caplog.text and "the body has" in caplog.text
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if not n:
+            return out

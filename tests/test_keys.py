@@ -59,22 +59,34 @@ def test_key_parsers_round_trip_and_accept_only_the_names_writers_make(
 
 
 _OLDER_READER = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
-"""The announcement keys tieredbuf read before the key form: what it still reads now."""
+"""The announcement keys tieredbuf read before the key form."""
 
 
-def test_an_announcement_key_carries_its_key_form_where_an_older_reader_still_reads_it() -> None:
+def test_an_older_reader_never_matches_an_announcement_key_of_this_version() -> None:
+    """An older holder must commit all of a hub's announcements or none: committing a
+    later one past one it skipped would move the writer's watermark over appends never
+    appended.  So every key a hub writes now -- spelled out or not -- is one an older
+    reader does not match; this version still reads the older layout."""
     u = ULID()
-    spelled = f"i1700000000123-0badcafe.7-{u}b4096.p-1.x"
+    spelled = f"i1700000000123-0badcafe.p-1.12345678901234567890.7-{u}b4096"
     k = keys.pending_key(f"h-{u}", 3, spelled)
     assert keys.parse_pending_key(k) == (f"h-{u}", 3)
     assert keys.pending_key_form(k) == spelled
-    assert len(k.rsplit("/", 1)[1]) <= 255  # a local file system's longest name
-    assert _OLDER_READER.match(k)  # its body is read, and committed, by an older holder
     plain = keys.pending_key(f"h-{u}", 3)
+    assert plain.endswith(".3.b")
     assert keys.parse_pending_key(plain) == (f"h-{u}", 3)
     assert keys.pending_key_form(plain) is None
-    for bad in ("x", "i12-0badcafe", f"i1-0badcafe.7-{u}b1.p 1"):
+    for key in (k, plain):
+        assert not _OLDER_READER.match(key)
+        assert len(key.rsplit("/", 1)[1]) <= 255  # a local file system's longest name
+    old = keys.legacy_pending_key("p.with.dots", 12)
+    assert _OLDER_READER.match(old) and keys.parse_pending_key(old) == ("p.with.dots", 12)
+    assert keys.pending_key_form(old) is None
+    for announcer, form in (
+        (f"h-{u}", "x"),  # not a form
+        (f"h-{u}", "i1.p." + "0" * 20),  # would end as an older reader's key does
+        (f"h-{u}", "i" + "1" * keys.pending_room(f"h-{u}", 3)),  # too long for a file name
+        ("h.dot", spelled),  # the announcer ends at the first dot
+    ):
         with pytest.raises(ValueError):
-            keys.pending_key(f"h-{u}", 3, bad)
-    with pytest.raises(ValueError):  # the announcer's end must be the first dot
-        keys.pending_key("h.dot", 3, spelled)
+            keys.pending_key(announcer, 3, form)

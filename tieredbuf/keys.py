@@ -7,7 +7,7 @@ Keys are relative to the buffer URL (the store is rooted there)::
     queue/manifest                          the root, the only object ever overwritten (by CAS)
     queue/groups/<first_seq:020>.<ULID>.<kind>   immutable manifest tree nodes
     queue/subscribers/<name>.<reg ULID>     a named subscriber's progress (CAS by that subscriber)
-    queue/pending/<announcer id>[.<key form>].<n:020>   an announcement (fan-in): a hub's n-th
+    queue/pending/<hub id>.<n>.<form>       an announcement (fan-in): a hub's n-th
     _probe/<ULID>                           conditional-write probe objects (deleted at once)
 """
 
@@ -92,19 +92,41 @@ def parse_progress_key(key: str) -> tuple[str, ULID] | None:
 
 _SAFE_ID_RE = r"[A-Za-z0-9_.:-]{1,200}"
 _PENDING_RE = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
-_KEY_FORM_NAME_RE = re.compile(
-    r"^([A-Za-z0-9_:-]{1,200})\.(i\d{1,19}-[0-9a-f]{8}\.[A-Za-z0-9_.:-]+)$"
+_PENDING_FORM_RE = re.compile(
+    r"^queue/pending/([A-Za-z0-9_:-]{1,200})\.([1-9]\d{0,19})\."
+    r"(b|i[A-Za-z0-9_.:-]{1,250})$"
 )
 
 
-def pending_key(announcer: str, n: int, key_form: str = "") -> str:
-    """Key of an announcer's ``n``-th announcement (a commit hub's holder id; version 1
-    named a writer and the first producer seq it announced): one announcer's list in
-    the order it made them.  An announcer id outside ``[A-Za-z0-9_.:-]`` (at most 200
-    characters) is written as ``~`` and its UTF-8 in hex.  ``key_form``: the
-    announcement spelled out (format/announce.py ``key_form``), between the announcer
-    (then one without a dot) and the number -- where an older reader still finds both
-    ends of the name it knows."""
+def pending_key(announcer: str, n: int, spelled: str = "") -> str:
+    """Key of a commit hub's ``n``-th announcement: ``<announcer>.<n>.<form>``, its
+    form the announcement spelled out (format/announce.py ``key_form``) or ``b`` (read
+    the body).  The form makes the key one an older tieredbuf's reader never matches:
+    it commits none of this hub's announcements, rather than some (it would hold back
+    none behind a damaged one).  The announcer (a hub's ``h-<ULID>``) has no dot."""
+    if not 0 < n < 10**20:
+        raise ValueError(f"announcement number {n} out of range")
+    key = f"{PENDING_PREFIX}{announcer}.{n}.{spelled or 'b'}"
+    if (
+        _PENDING_FORM_RE.match(key) is None
+        or _PENDING_RE.match(key) is not None  # an older reader would read it
+        or len(key) - len(PENDING_PREFIX) > 255
+    ):
+        raise ValueError(f"{announcer!r} and {spelled!r} cannot name an announcement")
+    return key
+
+
+def pending_room(announcer: str, n: int) -> int:
+    """How long the form of ``pending_key(announcer, n, form)`` may be: the key's last
+    part within 255 bytes, a local file system's longest name."""
+    return 255 - len(f"{announcer}.{n}.")
+
+
+def legacy_pending_key(announcer: str, n: int) -> str:
+    """``<announcer id>.<n:020>``: the key tieredbuf gave an announcement before the key
+    form (version 1 named a writer and its first producer seq); still read.  An
+    announcer id outside ``[A-Za-z0-9_.:-]`` (at most 200 characters) was written as
+    ``~`` and its UTF-8 in hex."""
     if not 0 < n < 10**20:
         raise ValueError(f"announcement number {n} out of range")
     name = (
@@ -114,21 +136,17 @@ def pending_key(announcer: str, n: int, key_form: str = "") -> str:
     )
     if not announcer or len(name) > 511:
         raise ValueError(f"announcer id {announcer!r} cannot name an announcement")
-    if key_form:
-        if _KEY_FORM_NAME_RE.match(f"{name}.{key_form}") is None:
-            raise ValueError(f"{key_form!r} after {announcer!r} is not an announcement's key form")
-        name = f"{name}.{key_form}"
     return f"{PENDING_PREFIX}{name}.{n:020d}"
 
 
 def parse_pending_key(key: str) -> tuple[str, int] | None:
-    """(announcer id, n) of an announcement key, or None."""
+    """(announcer id, n) of an announcement key (either layout), or None."""
+    if (m := _PENDING_FORM_RE.match(key)) is not None:
+        return m.group(1), int(m.group(2))
     m = _PENDING_RE.match(key)
     if m is None:
         return None
     name = m.group(1)
-    if (spelled := _KEY_FORM_NAME_RE.match(name)) is not None:
-        name = spelled.group(1)
     if name.startswith("~"):
         try:
             name = bytes.fromhex(name[1:]).decode("utf-8")
@@ -138,10 +156,9 @@ def parse_pending_key(key: str) -> tuple[str, int] | None:
 
 
 def pending_key_form(key: str) -> str | None:
-    """The key form an announcement key carries (``pending_key``), or None."""
-    m = _PENDING_RE.match(key)
-    spelled = None if m is None else _KEY_FORM_NAME_RE.match(m.group(1))
-    return None if spelled is None else spelled.group(2)
+    """The announcement an announcement key spells out (``pending_key``), or None."""
+    m = _PENDING_FORM_RE.match(key)
+    return None if m is None or m.group(3) == "b" else m.group(3)
 
 
 def probe_key(ulid: ULID) -> str:

@@ -9,9 +9,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ulid import ULID
 
-from tieredbuf import keys
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format import announce as fa
 from tieredbuf.format.manifest import MetadataItem
@@ -127,80 +125,3 @@ def test_I7_a_run_count_that_cannot_fit_is_refused_before_allocating() -> None:
     body = bytes(raw[:-4])
     with pytest.raises(CorruptError, match="run count 65535 cannot fit"):
         fa.decode(body + struct.pack("<I", zlib.crc32(body)))
-
-
-# --- the key form: a one-writer announcement spelled out in its key --------------------
-
-_pids = st.from_regex(r"[A-Za-z0-9_.:-]{1,40}", fullmatch=True)
-
-
-@st.composite
-def spellable(draw):  # type: ignore[no-untyped-def]
-    """One writer's appends without metadata, naming data objects: what a key spells."""
-    seqs = sorted(set(draw(st.lists(st.integers(1, 2**64 - 1), min_size=1, max_size=2))))
-    entries = [
-        fa.Announced(
-            s,
-            keys.data_key(ULID.from_bytes(draw(st.binary(min_size=16, max_size=16))), suffix),
-            draw(st.integers(0, 2**64 - 1)),
-            (),
-        )
-        for s, suffix in zip(
-            seqs,
-            draw(st.lists(st.sampled_from(keys.DATA_SUFFIXES), min_size=2, max_size=2)),
-            strict=False,
-        )
-    ]
-    return fa.make(draw(_pids), 0, entries), draw(st.integers(0, 2**63 - 1))
-
-
-@given(spellable())
-def test_a_key_form_reads_back_exactly_what_the_body_holds(case) -> None:  # type: ignore[no-untyped-def]
-    run, created = case
-    body = fa.encode([run], created)
-    text = fa.key_form([run], created, body)
-    if text is None:  # only when it is too long for a key
-        spelled = [f"{e.producer_seq}-{'U' * 26}b{e.size}" for e in run.entries]
-        assert len(f"i{created}-00000000.{'_'.join(spelled)}.{run.producer_id}") > 200
-        return
-    assert len(text) <= fa.KEY_FORM_MAX
-    assert fa.from_key_form(text) == fa.decode(body)
-
-
-def _spelled() -> tuple[fa.Announcement, int, bytes, str]:
-    loc = keys.data_key(ULID.from_timestamp(1_700_000_000))
-    run = fa.make("p-1", 0, [fa.Announced(7, loc, 4096, ()), fa.Announced(9, loc, 1, ())])
-    body = fa.encode([run], 1_700_000_000_123)
-    text = fa.key_form([run], 1_700_000_000_123, body)
-    assert text is not None
-    return run, 1_700_000_000_123, body, text
-
-
-def test_only_one_writers_appends_without_metadata_naming_data_objects_are_spelled() -> None:
-    run, created, _, _ = _spelled()
-    e = run.entries[0]
-    other = fa.make("p-2", 0, [e])
-    with_md = fa.make("p-1", 0, [fa.Announced(1, e.location, 1, (MetadataItem(0, 9, b"m"),))])
-    for runs in (
-        [run, other],  # two writers
-        [with_md],  # metadata
-        [fa.make("p 1", 0, [e])],  # a producer id a key cannot carry
-        [fa.make("p-1", 0, [fa.Announced(1, "data/x.batch", 1, ())])],  # not a data object
-        [fa.make("p" * 200, 0, [e])],  # too long
-    ):
-        assert fa.key_form(runs, created, fa.encode(runs, created)) is None
-
-
-@given(st.integers(0, 10**6), st.sampled_from("0123456789abcdefqbi-_.XYZp"))
-def test_I7_a_key_form_changed_anywhere_is_refused_never_read_as_another_announcement(
-    at: int, ch: str
-) -> None:
-    *_, text = _spelled()
-    i = at % len(text)
-    changed = text[:i] + ch + text[i + 1 :]
-    if changed == text:
-        return
-    with pytest.raises(CorruptError):
-        fa.from_key_form(changed, obj="queue/pending/k")
-    with pytest.raises(CorruptError):
-        fa.from_key_form(text[:i], obj="queue/pending/k")  # cut short

@@ -1,4 +1,5 @@
-"""An announcement ``queue/pending/<announcer id>.<n:020>`` (pure codec).
+"""An announcement ``queue/pending/<hub id>.<n>.<form>`` (pure codec; the form, which
+spells a small one out in its key: format/spelled.py).
 
 A writer whose data objects are uploaded announces them here instead of appending them
 itself; whoever holds the commit lease appends every pending announcement in one CAS of
@@ -26,20 +27,15 @@ count u32, entries, crc32``: one run, its producer id before the clock.
 
 The decoder checks the magic, the version, every length against the bytes that remain
 before it allocates, the order of producer sequences, and the CRC (I7).
-
-The *key form* (:func:`key_form`) spells one writer's appends without metadata out in
-the key as well, with the body's CRC, so the committer reads them from its LIST.
 """
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tieredbuf import keys
 from tieredbuf.errors import CorruptError, UnsupportedVersionError
 from tieredbuf.format._reader import Reader
 from tieredbuf.format.manifest import MetadataItem
@@ -205,68 +201,6 @@ def _decode_entries(r: Reader, run: str) -> tuple[Announced, ...]:
             items.append(MetadataItem(start, when, payload))
         entries.append(Announced(pseq, loc, size, tuple(items)))
     return tuple(entries)
-
-
-# --- the key form ----------------------------------------------------------------------
-
-KEY_FORM_MAX = 200
-"""The longest key form: with a hub's announcer id (28 characters) and its number (20)
-the key's last segment stays within 255 bytes, a local file system's longest name."""
-_KIND = {keys.BATCH_SUFFIX: "b", keys.SEGMENT_SUFFIX: "q"}
-_SUFFIX = {v: k for k, v in _KIND.items()}
-_KEY_FORM_RE = re.compile(
-    r"^i(\d{1,19})-([0-9a-f]{8})\.(\d{1,20}-[0-9A-Z]{26}[bq]\d{1,20}"
-    r"(?:_\d{1,20}-[0-9A-Z]{26}[bq]\d{1,20})*)\.([A-Za-z0-9_.:-]{1,200})$"
-)
-_ENTRY_RE = re.compile(r"^(\d{1,20})-([0-9A-Z]{26})([bq])(\d{1,20})$")
-_SAFE_PID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-
-
-def key_form(runs: Sequence[Announcement], created_ms: int, body: bytes) -> str | None:
-    """The announcement ``body`` (``encode(runs, created_ms)``) spelled out for its key,
-    so the committer takes it from its LIST without a GET -- or None when it does not
-    fit: one writer's run of appends without metadata, its producer id in
-    ``[A-Za-z0-9_.:-]``, at most :data:`KEY_FORM_MAX` characters::
-
-        i<created_ms>-<crc32 of the body:08x>.<entry>[_<entry>...].<producer id>
-        entry = <producer_seq>-<data object ULID><b: .batch | q: .qseg><size>
-
-    The CRC is the body's own: :func:`from_key_form` rebuilds the body from the text and
-    checks it, so the key can only ever say what the body says."""
-    if len(runs) != 1 or created_ms < 0 or not _SAFE_PID_RE.match(runs[0].producer_id):
-        return None
-    spelled = []
-    for e in runs[0].entries:
-        u = keys.parse_data_key(e.location)
-        if e.metadata or u is None:
-            return None
-        suffix = e.location[len(keys.DATA_PREFIX) + 26 :]
-        spelled.append(f"{e.producer_seq}-{u}{_KIND[suffix]}{e.size}")
-    (crc,) = struct.unpack_from("<I", body, len(body) - 4)
-    text = f"i{created_ms}-{crc:08x}.{'_'.join(spelled)}.{runs[0].producer_id}"
-    return text if len(text) <= KEY_FORM_MAX else None
-
-
-def from_key_form(text: str, obj: str | None = None) -> tuple[Announcement, ...]:
-    """The runs a :func:`key_form` spells (exactly what :func:`decode` makes of its
-    body); CorruptError when ``text`` is not one, or its CRC is not its body's (the
-    reader then GETs the body)."""
-    m = _KEY_FORM_RE.match(text)
-    if m is None:
-        raise CorruptError(WHAT, obj, 0, "not an announcement's key form")
-    entries = []
-    for spelled in m.group(3).split("_"):
-        e = _ENTRY_RE.match(spelled)
-        assert e is not None  # the whole form matched
-        loc = f"{keys.DATA_PREFIX}{e.group(2)}{_SUFFIX[e.group(3)]}"
-        entries.append(Announced(int(e.group(1)), loc, int(e.group(4)), ()))
-    try:
-        body = encode([make(m.group(4), 0, entries)], int(m.group(1)))
-    except (ValueError, struct.error) as e:  # out of order, or a number out of range
-        raise CorruptError(WHAT, obj, 0, f"key form: {e}") from e
-    if body[-4:] != struct.pack("<I", int(m.group(2), 16)):
-        raise CorruptError(WHAT, obj, 0, "key form: CRC mismatch")
-    return decode(body, obj)
 
 
 def make(producer_id: str, created_ms: int, entries: Sequence[Announced]) -> Announcement:

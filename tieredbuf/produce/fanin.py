@@ -41,6 +41,7 @@ from datetime import timedelta
 from tieredbuf import errors, keys
 from tieredbuf.config import DEFAULT_GC_GRACE_PERIOD, RetryConfig
 from tieredbuf.format import announce as fa
+from tieredbuf.format.spelled import key_form
 from tieredbuf.produce.announcements import AnnouncementReader, Runs
 from tieredbuf.produce.rhythm import Rhythm, gap
 from tieredbuf.queue import cas
@@ -500,7 +501,8 @@ class CommitHub:
         made = [fa.make(pid, 0, es) for pid, es in runs.items()]
         created = self.wall_ms()
         body = fa.encode(made, created)  # spelled out in its key too where it fits: no GET
-        spelled = fa.key_form(made, created, body) or ""
+        room = keys.pending_room(self.holder, self._announced_n)
+        spelled = key_form(made, created, body, room) or ""
         key = keys.pending_key(self.holder, self._announced_n, spelled)
         with contextlib.suppress(errors.AlreadyExistsError):  # our own earlier attempt, its answer
             self.store.put(key, body, mode="create")  # lost: only this hub writes its keys
