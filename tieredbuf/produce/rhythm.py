@@ -26,10 +26,9 @@ second at a budget of five) would cost every watcher the retries each time, six 
 polls a commit, most of them 304s.  Its commits say how far apart they come: each renews
 its lease by the same length, so two lease expiry times seen in a row are as far apart
 as their commits were (the holder's clock; only differences are used, so clock skew does
-not matter).  The next poll waits until the holder's commits have been coming
-(:attr:`Rhythm.spacing`, :data:`SPACING_SHARE`), then the short retries go on; a poll on
-the holder's beat first was a 304 nearly every time.  A holder on time changes nothing:
-its spacing is the gap.
+not matter).  After the poll on the beat finds nothing, the retry waits until the
+holder's commits have been coming (:attr:`Rhythm.spacing`), then the short retries go on.
+A holder on time changes nothing: its spacing is the gap.
 """
 
 from __future__ import annotations
@@ -47,14 +46,6 @@ second retry cost the cost benchmark's 16 processes on two cores, whose holder's
 commits come late and irregularly, 15 % more requests in all, and bought no latency
 (docs/benchmarks.md)."""
 RETRY_MAX_S = 0.4
-SPACING_SHARE = 0.9
-"""The first poll for a holder's next commit goes this share of its commits' spacing
-after the last one was seen (and no earlier than its beat): a little early, for a
-holder whose commits come irregularly.  On the virtual clock of the rhythm tests, a
-holder committing 0.2-1.3 s apart (the cost benchmark's, on a saturated machine): 1.5
-polls a commit where a poll on the beat first took 2.5, each commit seen 0.05-0.1 s
-later at the median.  1.0 took 0.7-1.0 polls, seeing commits up to a whole commit
-late; 0.8, two."""
 
 
 def gap(interval: float) -> float:
@@ -95,17 +86,16 @@ class Rhythm:
         polled for the expected commit yet: at its time -- or, when that commit came before
         the groups did (nobody waited on it), at the first one after them on the holder's
         beat.  Polled for it and not found: a short retry after the last poll."""
-        # a holder whose commits come late, one after another (a busy machine): look
-        # when its commits have been coming, not on its beat and every 50 ms after it
-        coming = self.seen_at + SPACING_SHARE * self.spacing
         if self.next_poll > self.polled_at:
             period = gap(interval)
             if self.next_poll < since:
                 self.next_poll += -((self.next_poll - since) // period) * period
-            return max(self.next_poll, coming)
+            return self.next_poll
         retry = max(min(interval / 4, RETRY_S), 0.02) * (1 << min(max(self.misses - 1, 0), 3))
         at = self.polled_at + min(retry, max(interval, RETRY_MAX_S))
-        return max(at, coming)
+        # a holder whose commits come late, one after another (a busy machine): after the
+        # poll on its beat, look again when its commits have been coming, not every 50 ms
+        return max(at, self.seen_at + 0.9 * self.spacing)
 
     def polled(self, sent: float, moved: bool, interval: float, stamp: int | None = None) -> None:
         """A poll sent at ``sent`` found the root ``moved`` (or not); ``stamp``: the
