@@ -79,9 +79,10 @@ def test_an_older_reader_never_matches_an_announcement_key_of_this_version() -> 
     for key in (k, plain):
         assert not _OLDER_READER.match(key)
         assert len(key.rsplit("/", 1)[1]) <= 255  # a local file system's longest name
-    old = keys.legacy_pending_key("p.with.dots", 12)
-    assert _OLDER_READER.match(old) and keys.parse_pending_key(old) == ("p.with.dots", 12)
-    assert keys.pending_key_form(old) is None
+    for producer in ("p.with.dots", "svc.1.ingest"):  # the second also fits the newer layout
+        old = keys.legacy_pending_key(producer, 12)
+        assert _OLDER_READER.match(old) and keys.parse_pending_key(old) == (producer, 12)
+        assert keys.pending_key_form(old) is None
     for announcer, form in (
         (f"h-{u}", "x"),  # not a form
         (f"h-{u}", "i1.p." + "0" * 20),  # would end as an older reader's key does

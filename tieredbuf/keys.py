@@ -100,7 +100,7 @@ _PENDING_FORM_RE = re.compile(
 
 def pending_key(announcer: str, n: int, spelled: str = "") -> str:
     """Key of a commit hub's ``n``-th announcement: ``<announcer>.<n>.<form>``, its
-    form the announcement spelled out (format/announce.py ``key_form``) or ``b`` (read
+    form the announcement spelled out (format/spelled.py ``key_form``) or ``b`` (read
     the body).  The form makes the key one an older tieredbuf's reader never matches:
     it commits none of this hub's announcements, rather than some (it would hold back
     none behind a damaged one).  The announcer (a hub's ``h-<ULID>``) has no dot."""
@@ -140,11 +140,13 @@ def legacy_pending_key(announcer: str, n: int) -> str:
 
 
 def parse_pending_key(key: str) -> tuple[str, int] | None:
-    """(announcer id, n) of an announcement key (either layout), or None."""
-    if (m := _PENDING_FORM_RE.match(key)) is not None:
-        return m.group(1), int(m.group(2))
+    """(announcer id, n) of an announcement key (either layout), or None.  The older
+    layout is tried first: ``pending_key`` never makes a key it matches, while an older
+    key whose producer id looks like ``<x>.<digits>.i...`` also matches the newer one."""
     m = _PENDING_RE.match(key)
     if m is None:
+        if (m := _PENDING_FORM_RE.match(key)) is not None:
+            return m.group(1), int(m.group(2))
         return None
     name = m.group(1)
     if name.startswith("~"):
@@ -157,7 +159,7 @@ def parse_pending_key(key: str) -> tuple[str, int] | None:
 
 def pending_key_form(key: str) -> str | None:
     """The announcement an announcement key spells out (``pending_key``), or None."""
-    m = _PENDING_FORM_RE.match(key)
+    m = None if _PENDING_RE.match(key) else _PENDING_FORM_RE.match(key)
     return None if m is None or m.group(3) == "b" else m.group(3)
 
 

@@ -485,3 +485,44 @@ def test_I1_a_create_that_finds_its_key_makes_it_durable_before_answering_alread
     with pytest.raises(errors.AlreadyExistsError):
         create()
     assert fsyncs.calls.count(data_dir) == 2 and not fsyncs.fail
+
+
+def test_I1_every_folder_made_on_the_way_to_the_root_has_a_durable_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``os.makedirs`` made ``a/b/store`` and only ``a/b`` was fsynced: a power cut could
+    take ``a`` with the whole store in it."""
+    fsyncs = _DirFsyncs(set())
+    monkeypatch.setattr(localdir, "fsync_dir", fsyncs)
+    root = tmp_path / "a" / "b" / "store"
+    LocalDirStore(root).put("queue/manifest", b"m")
+    assert [c for c in fsyncs.calls if not c.startswith(str(root))] == [
+        str(tmp_path),
+        str(tmp_path / "a"),
+        str(tmp_path / "a" / "b"),
+    ]
+
+
+@pytest.mark.parametrize(("err", "passed_over"), [(errno.EROFS, True), (errno.EACCES, False)])
+def test_I1_a_refused_fsync_above_a_found_root_is_passed_over_only_where_we_changed_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, passed_over: bool
+) -> None:
+    """A root found there (an earlier process made it, and may have died before the
+    fsync of its parent) has that parent fsynced.  Read-only: nothing there can be ours
+    to make durable.  EACCES on a parent this process may write to: it may have made
+    the root there itself, so the refusal is an error, not a pass."""
+    root = tmp_path / "store"
+    root.mkdir()
+
+    def refuse(path: str) -> None:
+        if str(path) == str(tmp_path):
+            raise OSError(err, os.strerror(err), str(path))
+
+    monkeypatch.setattr(localdir, "fsync_dir", refuse)
+    s = LocalDirStore(root)
+    if passed_over:
+        s.put("queue/manifest", b"m")
+        assert s.get("queue/manifest").data == b"m"
+    else:
+        with pytest.raises(errors.StoreError):
+            s.put("queue/manifest", b"m")

@@ -10,9 +10,15 @@ from __future__ import annotations
 import errno
 import os
 
-UNSYNCABLE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EINVAL})
-"""A directory fsync that fails so says the directory is not one a process could have
-just changed: not ours to open, read-only, or a file system without the call."""
+
+def may_pass_over(e: OSError, parent: str | os.PathLike[str]) -> bool:
+    """Whether a refused fsync of ``parent`` -- the directory holding one this process
+    found there, not one it made -- may be passed over: read-only (EROFS), a file system
+    without the call (EINVAL), or a directory this process could not have added an
+    entry to (EACCES or EPERM, and no write and search permission on it)."""
+    if e.errno in (errno.EROFS, errno.EINVAL):
+        return True
+    return e.errno in (errno.EACCES, errno.EPERM) and not os.access(parent, os.W_OK | os.X_OK)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from tieredbuf.errors import DiskError, DiskFullError, DiskIOError
-from tieredbuf.runtime.fsutil import UNSYNCABLE_ERRNOS
+from tieredbuf.runtime.fsutil import may_pass_over
 
 __all__ = [
     "FileSystem",
@@ -279,7 +279,7 @@ class FileSystem:
         is the parent of ``path`` when it is found already there -- an earlier mkdir
         whose parent fsync failed, or a process killed between the two, leaves a
         directory that lasts only until the power goes.  A parent this process may not
-        fsync (read-only, or not ours to read) did not take a new entry from it."""
+        fsync, and could not have changed (``may_pass_over``), is passed over."""
         found = self.exists(path)
         if found and path in self.durable_dirs:
             return
@@ -293,7 +293,7 @@ class FileSystem:
         try:
             self.fsync_dir(path.parent)
         except OSError as e:
-            if e.errno not in UNSYNCABLE_ERRNOS:
+            if not may_pass_over(e, path.parent):
                 raise
         self.durable_dirs.add(path)
 

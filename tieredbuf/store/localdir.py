@@ -40,6 +40,7 @@ acknowledges a write from the page cache, without fsync.  Here:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -62,7 +63,7 @@ from tieredbuf.errors import (
     PreconditionFailedError,
     StoreError,
 )
-from tieredbuf.runtime.fsutil import UNSYNCABLE_ERRNOS, fsync_dir
+from tieredbuf.runtime.fsutil import fsync_dir, may_pass_over
 from tieredbuf.store._common import check_key, check_prefix, check_range, os_error, prefix_dir
 from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
 
@@ -122,20 +123,29 @@ class LocalDirStore:
         return os.path.join(self._root, *key.split("/"))
 
     def _ensure_root(self) -> None:
-        """The root, with a durable entry (as :meth:`_ensure_dir`); a parent this store
-        may not fsync (read-only, or not ours to read) took no new entry from it."""
+        """The root, with a durable entry (as :meth:`_ensure_dir`): every folder made on
+        the way to it has its parent fsynced; a root found there has its parent fsynced
+        once, unless this process could not have changed that (``may_pass_over``)."""
         if self._root in self._durable_dirs and os.path.isdir(self._root):
             return
         try:
-            if not os.path.isdir(self._root):
-                os.makedirs(self._root, exist_ok=True)
-                fsync_dir(os.path.dirname(self._root))
-            else:
+            missing = []
+            at = self._root
+            while not os.path.isdir(at) and os.path.dirname(at) != at:
+                missing.append(at)
+                at = os.path.dirname(at)
+            for d in reversed(missing):
+                with contextlib.suppress(FileExistsError):  # a racer's: fsynced below too
+                    os.mkdir(d)
+                fsync_dir(os.path.dirname(d))
+            if not missing:
                 try:
                     fsync_dir(os.path.dirname(self._root))
                 except OSError as e:
-                    if e.errno not in UNSYNCABLE_ERRNOS:
+                    if not may_pass_over(e, os.path.dirname(self._root)):
                         raise
+            if not os.path.isdir(self._root):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self._root)
             self._durable_dirs.add(self._root)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a file where a directory must be
