@@ -1,20 +1,23 @@
 """Subscriber and worker processes for the multi-process tests.
 
     python subscriber_proc.py consume URL OPTS NAME OUT DELAY_MS STOP
-    python subscriber_proc.py work URL OPTS NAME DELAY_MS STOP
+    python subscriber_proc.py work URL OPTS NAME DELAY_MS STOP [HOLD_AFTER]
 
 ``consume``: a named subscriber; after each flush that lands it appends the flushed
 sequences to OUT (one per line), so OUT holds what this instance committed.  Exits 0
 once its position reaches the total written to STOP, 3 with "FENCED" when a newer
 instance fenced it.  ``work``: a worker of a shared subscriber; prints "CLAIMED s",
 "PROCESSING s", "APPLIED s..." (acks and rejects its CAS applied) on stdout; rejects
-every sequence with s % 17 == 5.  Exits when nothing is claimable and STOP says done.
+every sequence with s % 17 == 5.  Exits when nothing is claimable and STOP says done;
+with HOLD_AFTER, hangs at its HOLD_AFTER-th PROCESSING line (leases held, the acks
+before it buffered) until it is killed.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -65,10 +68,13 @@ def consume(url: str, opts: dict, name: str, out: Path, delay_ms: int, stop: Pat
         return 3
 
 
-def work(url: str, opts: dict, name: str, delay_ms: int, stop: Path) -> int:  # type: ignore[type-arg]
+def work(
+    url: str, opts: dict, name: str, delay_ms: int, stop: Path, hold_after: int | None = None
+) -> int:  # type: ignore[type-arg]
     buf = tieredbuf.open(url, **opts)
     w = buf.worker(name, lease=timedelta(seconds=2), claim_batch=4)
     w.on_applied = lambda seqs: print("APPLIED", *seqs, flush=True)
+    processed = 0
     while True:
         try:
             b = w.claim()
@@ -85,6 +91,9 @@ def work(url: str, opts: dict, name: str, delay_ms: int, stop: Path) -> int:  # 
             continue
         print("CLAIMED", b.sequence, flush=True)
         print("PROCESSING", b.sequence, flush=True)
+        processed += 1
+        if processed == hold_after:  # hangs holding its leases, its acks buffered,
+            threading.Event().wait()  # until the test kills it
         time.sleep(delay_ms / 1000)  # the work itself
         try:
             if b.sequence % 17 == 5:
@@ -101,7 +110,8 @@ def main() -> int:
         name, out, delay, stop = sys.argv[4], Path(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
         return consume(url, opts, name, out, delay, Path(stop))
     name, delay, stop = sys.argv[4], int(sys.argv[5]), sys.argv[6]
-    return work(url, opts, name, delay, Path(stop))
+    hold_after = int(sys.argv[7]) if len(sys.argv) > 7 else None
+    return work(url, opts, name, delay, Path(stop), hold_after)
 
 
 if __name__ == "__main__":

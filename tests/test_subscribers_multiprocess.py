@@ -203,8 +203,11 @@ def test_I9_four_workers_one_killed_while_holding_leases_every_entry_acked_once(
     total = buf.snapshot().root.next_seq
     stop = tmp_path / "stop"
     # the victim starts alone: with three peers refilling ahead it could find every entry
-    # leased before it held two (the test then waited for it until its deadline)
-    victim = Proc(str(PROC), "work", url, o, "jobs", "20", str(stop))
+    # leased before it held two (the test then waited for it until its deadline).  It
+    # hangs at its second PROCESSING line: killed while it ran free, it sometimes got
+    # its acks' CAS through in the moment before the kill and died before it could
+    # print them (the entries then looked as if nobody had applied them)
+    victim = Proc(str(PROC), "work", url, o, "jobs", "20", str(stop), "2")
     victim.wait_for(
         lambda: sum(x.startswith("PROCESSING") for x in victim.lines) >= 2,
         "the victim to hold leases",
