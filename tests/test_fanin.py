@@ -356,13 +356,13 @@ class DamagedFirstAnnouncement:
 
     def put(self, key: str, data: Any, *, mode: Any = "overwrite") -> str:
         if key.startswith(keys.PENDING_PREFIX) and self.damaged is None:
-            hub, n, form = key.removeprefix(keys.PENDING_PREFIX).split(".", 2)
-            assert form != "b", "the announcement was spelled out in its key"
+            parsed, form = keys.parse_pending_key(key), keys.pending_key_form(key)
+            assert parsed is not None and form, "the announcement was spelled out in its key"
             if self.key_form == "dropped":
-                form = "b"
+                form = ""
             elif self.key_form == "damaged":
                 form = form[:-1] + ("1" if form[-1] != "1" else "2")
-            key = keys.pending_key(hub, int(n), "" if form == "b" else form)
+            key = keys.pending_key(*parsed, form)
             self.damaged = key
             raw = bytearray(data)
             raw[len(raw) // 2] ^= 0xFF
