@@ -5,14 +5,34 @@ was one request per data object when every process has one writer.  So an announ
 of one writer's appends is spelled out in its key as well (its body is written as
 always), and the committer takes it from the LIST.  Layout (docs/format.md)::
 
+    i_<created_ms>.<crc32>.<producer id>.<entry>[_<entry>...]
+    entry = <seq><ULID time><ULID randomness><b: .batch | q: .qseg><size><item>...
+    item  = [-<start index | stride>]<ingestion time>
+
+Form 2 (above, written): ``created_ms`` and the CRC in base 36 (``0-9a-z``, no leading
+zeros), the CRC the body's own (``zlib.crc32``).  Every other number is *self-delimited*,
+so none needs a separator: below 36 one base-36 digit, else ``A``-``M`` (2-14 digits)
+and that many base-36 digits; a signed one is ``Z`` and its magnitude when negative.
+Each is a difference from the one before it in the announcement: the producer sequence
+less the previous entry's, less one (the first: less 0); the ULID's time (ms, signed)
+less the previous entry's (the first: less ``created_ms``), then the ULID's 16
+characters of randomness verbatim; the size less the previous entry's (signed; the
+first: less 0); an item's ingestion time less the previous item's (signed; the first
+item's: less ``created_ms``).  An entry's first item starts at 0 or at the index its
+``-`` gives; each later one at the previous item's start plus the *stride*, which
+starts at 0 and is kept, across entries too, until an item's ``-`` sets it.  A
+writer's ``produce()`` calls of one size at a steady pace cost one to three characters
+an item: one data object of 50 calls, or three of 15, fit.
+
+Form 1 (written by the first version to spell keys; still read)::
+
     i<created_ms>.<crc32>.<producer id>.<entry>[_<entry>...]
-    entry = <producer_seq>-<data object ULID><b: .batch | q: .qseg><size>[-<item>...]
+    entry = <producer_seq>-<data object ULID><b|q><size>[-<item>...]
     item  = <start_index - the previous item's>P<created_ms - ingestion_time_ms>
             (N instead of P: the ingestion time is after created_ms)
 
-Numbers are base 36 (``0-9a-z``) without leading zeros; the CRC is the body's own
-(``zlib.crc32``).  Only an announcement that fits is spelled: one writer, a producer id
-in ``[A-Za-z0-9_.:-]``, data objects named ``data/<ULID>.batch|.qseg``, metadata without
+Only an announcement that fits is spelled: one writer, a producer id in
+``[A-Za-z0-9_.:-]``, data objects named ``data/<ULID>.batch|.qseg``, metadata without
 payloads whose start indexes never decrease -- and the key within a file name's 255
 bytes.  :func:`runs_of` rebuilds the body's bytes from the text and checks their CRC and
 length against the CRC spelled and the object's size as listed, so a key can only say
@@ -30,50 +50,78 @@ from tieredbuf.errors import CorruptError
 from tieredbuf.format.announce import WHAT, Announced, Announcement, decode, encode, make
 from tieredbuf.format.manifest import MetadataItem
 
+FORM_2 = "i_"
+"""What a form-2 key form starts with (form 1 starts ``i`` and a digit or letter)."""
 _KIND = {keys.BATCH_SUFFIX: "b", keys.SEGMENT_SUFFIX: "q"}
 _SUFFIX = {v: k for k, v in _KIND.items()}
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_LONG = "ABCDEFGHIJKLM"  # a self-delimited number of 2..14 base-36 digits
 _NUM_RE = re.compile(r"0|[1-9a-z][0-9a-z]{0,12}")
+_RANDOMNESS_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{16}")
 _OBJECT_RE = re.compile(r"([0-9A-Z]{26})([bq])(.+)")
 _ITEM_RE = re.compile(r"([0-9a-z]+)([PN])([0-9a-z]+)")
 _SAFE_PID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 
 def key_form(runs: Sequence[Announcement], created_ms: int, body: bytes, room: int) -> str | None:
-    """``body`` (``encode(runs, created_ms)``) spelled out in at most ``room``
+    """``body`` (``encode(runs, created_ms)``) spelled out in form 2 in at most ``room``
     characters, or None when it cannot be (see the module doc)."""
     if len(runs) != 1 or created_ms < 0 or not _SAFE_PID_RE.fullmatch(runs[0].producer_id):
         return None
-    spelled = []
-    for e in runs[0].entries:
-        u = keys.parse_data_key(e.location)
-        if u is None:
-            return None
-        kind = _KIND[e.location[len(keys.DATA_PREFIX) + 26 :]]
-        parts = [f"{_b36(e.producer_seq)}-{u}{kind}{_b36(e.size)}"]
-        start = 0
-        for m in e.metadata:
-            if m.payload or m.start_index < start:
-                return None
-            ago = created_ms - m.ingestion_time_ms
-            parts.append(f"{_b36(m.start_index - start)}{'P' if ago >= 0 else 'N'}{_b36(abs(ago))}")
-            start = m.start_index
-        spelled.append("-".join(parts))
+    try:
+        spelled = _spell(runs[0].entries, created_ms)
+    except ValueError:  # a number too large to spell
+        return None
+    if spelled is None:
+        return None
     (crc,) = struct.unpack_from("<I", body, len(body) - 4)
-    text = f"i{_b36(created_ms)}.{_b36(crc)}.{runs[0].producer_id}.{'_'.join(spelled)}"
+    text = f"{FORM_2}{_b36(created_ms)}.{_b36(crc)}.{runs[0].producer_id}.{'_'.join(spelled)}"
     return text if len(text) <= room else None
 
 
+def _spell(entries: Sequence[Announced], created_ms: int) -> list[str] | None:
+    spelled: list[str] = []
+    seq = size = stride = 0
+    ms = when = created_ms
+    for e in entries:
+        u = keys.parse_data_key(e.location)
+        name = e.location[len(keys.DATA_PREFIX) : len(keys.DATA_PREFIX) + 26]
+        if u is None or str(u) != name:
+            return None
+        kind = _KIND[e.location[len(keys.DATA_PREFIX) + 26 :]]
+        parts = [_n(e.producer_seq - seq - 1), _z(u.milliseconds - ms), name[10:], kind]
+        parts.append(_z(e.size - size))
+        seq, ms, size = e.producer_seq, u.milliseconds, e.size
+        start = 0
+        for i, m in enumerate(e.metadata):
+            if m.payload or m.start_index < start:
+                return None
+            if i == 0 and m.start_index:
+                parts.append("-" + _n(m.start_index))
+            elif i and m.start_index - start != stride:
+                stride = m.start_index - start
+                parts.append("-" + _n(stride))
+            parts.append(_z(m.ingestion_time_ms - when))
+            start, when = m.start_index, m.ingestion_time_ms
+        spelled.append("".join(parts))
+    return spelled
+
+
 def runs_of(text: str, size: int, obj: str | None = None) -> tuple[Announcement, ...]:
-    """The runs ``text`` spells, exactly as :func:`decode` makes of a body of ``size``
-    bytes; CorruptError when ``text`` is not a key form, or the body it spells has
-    another CRC or length."""
-    fields = text[1:].split(".") if text.startswith("i") else []
+    """The runs ``text`` (either form) spells, exactly as :func:`decode` makes of a body
+    of ``size`` bytes; CorruptError when ``text`` is not a key form, or the body it spells
+    has another CRC or length."""
+    two = text.startswith(FORM_2)
+    fields = text[len(FORM_2) if two else 1 :].split(".") if text.startswith("i") else []
     if len(fields) < 4:
         raise _bad(obj, "not an announcement's key form")
     created, crc = _num(fields[0], obj), _num(fields[1], obj)
     pid = ".".join(fields[2:-1])
-    entries = [_entry(spelled, created, obj) for spelled in fields[-1].split("_")]
+    if two:
+        entries = _entries(fields[-1], created, obj)
+    else:
+        entries = [_entry(spelled, created, obj) for spelled in fields[-1].split("_")]
     try:
         body = encode([make(pid, 0, entries)], created)
     except (ValueError, struct.error, OverflowError) as e:  # out of order, or out of range
@@ -85,7 +133,74 @@ def runs_of(text: str, size: int, obj: str | None = None) -> tuple[Announcement,
     return decode(body, obj)
 
 
+class _Text:
+    """Form 2's entries, read left to right."""
+
+    def __init__(self, text: str, obj: str | None) -> None:
+        self.text, self.obj, self.pos = text, obj, 0
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def take(self, n: int) -> str:
+        if self.pos + n > len(self.text):
+            raise _bad(self.obj, "key form: cut short")
+        self.pos += n
+        return self.text[self.pos - n : self.pos]
+
+    def n(self) -> int:
+        c = self.take(1)
+        if c in _LONG:
+            digits = self.take(_LONG.index(c) + 2)
+            if digits[0] == "0" or not all(d in _DIGITS for d in digits):
+                raise _bad(self.obj, f"key form: {c + digits!r} is not a number")
+            return int(digits, 36)
+        if c not in _DIGITS:
+            raise _bad(self.obj, f"key form: {c!r} at {self.pos - 1} is not a number")
+        return int(c, 36)
+
+    def z(self) -> int:
+        if self.peek() != "Z":
+            return self.n()
+        self.pos += 1
+        v = self.n()
+        if v == 0:
+            raise _bad(self.obj, "key form: -0")
+        return -v
+
+
+def _entries(spelled: str, created: int, obj: str | None) -> list[Announced]:
+    entries: list[Announced] = []
+    seq = size = stride = 0
+    ms = when = created
+    for part in spelled.split("_"):
+        t = _Text(part, obj)
+        seq += t.n() + 1
+        ms += t.z()
+        randomness, kind = t.take(16), t.take(1)
+        if not 0 <= ms < 1 << 48 or not _RANDOMNESS_RE.fullmatch(randomness) or kind not in _SUFFIX:
+            raise _bad(obj, f"key form: bad entry {part!r}")
+        name = "".join(_CROCKFORD[(ms >> 5 * (9 - i)) & 31] for i in range(10)) + randomness
+        size += t.z()
+        items: list[MetadataItem] = []
+        start = 0
+        while t.peek():
+            if t.peek() == "-":
+                t.pos += 1
+                if items:
+                    stride = t.n()
+                else:
+                    start = t.n()
+            start += stride if items else 0
+            when += t.z()
+            items.append(MetadataItem(start, when, b""))
+        loc = f"{keys.DATA_PREFIX}{name}{_SUFFIX[kind]}"
+        entries.append(Announced(seq, loc, size, tuple(items)))
+    return entries
+
+
 def _entry(spelled: str, created: int, obj: str | None) -> Announced:
+    """A form-1 entry."""
     parts = spelled.split("-")
     m = _OBJECT_RE.fullmatch(parts[1]) if len(parts) > 1 else None
     if m is None:
@@ -101,6 +216,19 @@ def _entry(spelled: str, created: int, obj: str | None) -> Announced:
         items.append(MetadataItem(start, created - (ago if i.group(2) == "P" else -ago), b""))
     loc = f"{keys.DATA_PREFIX}{m.group(1)}{_SUFFIX[m.group(2)]}"
     return Announced(_num(parts[0], obj), loc, _num(m.group(3), obj), tuple(items))
+
+
+def _n(v: int) -> str:
+    """``v`` (0 or more) self-delimited."""
+    s = _b36(v) if v >= 0 else ""
+    if not s or len(s) > len(_LONG) + 1:
+        raise ValueError(f"{v} is too large to spell")
+    return s if len(s) == 1 else _LONG[len(s) - 2] + s
+
+
+def _z(v: int) -> str:
+    """``v`` (signed) self-delimited."""
+    return _n(v) if v >= 0 else "Z" + _n(-v)
 
 
 def _b36(n: int) -> str:
@@ -122,4 +250,4 @@ def _bad(obj: str | None, why: str) -> CorruptError:
     return CorruptError(WHAT, obj, 0, why)
 
 
-__all__ = ["key_form", "runs_of"]
+__all__ = ["FORM_2", "key_form", "runs_of"]
