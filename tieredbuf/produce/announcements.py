@@ -6,7 +6,7 @@ An announcement is a hub's hand-over of its writers' uploaded appends
 (:mod:`tieredbuf.format.announce`); the commit hub holding the lease
 (:mod:`tieredbuf.produce.fanin`) reads every one listed -- from its key, without a GET,
 when the key spells it out (:mod:`tieredbuf.format.spelled`: one writer's appends of
-up to about 20 ``produce()`` calls, the common case).
+up to about 50 ``produce()`` calls, the common case).
 A damaged announcement (I7) cannot be committed, and neither can any later one of its
 announcer: those may carry the same writers' later appends, and a watermark moved past
 the damaged one's appends would cover them -- their writers would be told REMOTE for
