@@ -133,6 +133,7 @@ def test_only_what_a_key_can_say_exactly_is_spelled() -> None:
         [fa.make("p-1", 0, [fa.Announced(1, loc, 1, (MetadataItem(0, 9, b"m"),))])],  # payload
         [fa.make("p 1", 0, [e])],  # a producer id a key cannot carry
         [fa.make("p-1", 0, [fa.Announced(1, "data/x.batch", 1, ())])],  # not a data object
+        [fa.make("p-1", 0, [fa.Announced(1, loc + "\n", 1, ())])],  # a name no key form makes
         [fa.make("p-1", 0, [fa.Announced(1, loc, 1, backwards)])],  # start indexes back
     ):
         assert key_form(runs, 7, fa.encode(runs, 7), 10_000) is None

@@ -89,7 +89,9 @@ def _spell(entries: Sequence[Announced], created_ms: int) -> list[str] | None:
         name = e.location[len(keys.DATA_PREFIX) : len(keys.DATA_PREFIX) + 26]
         if u is None or str(u) != name:
             return None
-        kind = _KIND[e.location[len(keys.DATA_PREFIX) + 26 :]]
+        kind = _KIND.get(e.location[len(keys.DATA_PREFIX) + 26 :])
+        if kind is None:  # a suffix the key pattern let through ("data/<ULID>.batch\n")
+            return None
         parts = [_n(e.producer_seq - seq - 1), _z(u.milliseconds - ms), name[10:], kind]
         parts.append(_z(e.size - size))
         seq, ms, size = e.producer_seq, u.milliseconds, e.size
@@ -142,9 +144,16 @@ class _Text:
     def peek(self) -> str:
         return self.text[self.pos] if self.pos < len(self.text) else ""
 
+    def skip(self, c: str) -> bool:
+        """Step over ``c`` if it comes next."""
+        if self.peek() != c:
+            return False
+        self.pos += 1
+        return True
+
     def take(self, n: int) -> str:
         if self.pos + n > len(self.text):
-            raise _bad(self.obj, "key form: cut short")
+            raise _bad(self.obj, f"key form: entry {self.text!r} cut short")
         self.pos += n
         return self.text[self.pos - n : self.pos]
 
@@ -156,13 +165,15 @@ class _Text:
                 raise _bad(self.obj, f"key form: {c + digits!r} is not a number")
             return int(digits, 36)
         if c not in _DIGITS:
-            raise _bad(self.obj, f"key form: {c!r} at {self.pos - 1} is not a number")
+            raise _bad(
+                self.obj,
+                f"key form: {c!r} at {self.pos - 1} of entry {self.text!r} is not a number",
+            )
         return int(c, 36)
 
     def z(self) -> int:
-        if self.peek() != "Z":
+        if not self.skip("Z"):
             return self.n()
-        self.pos += 1
         v = self.n()
         if v == 0:
             raise _bad(self.obj, "key form: -0")
@@ -185,8 +196,7 @@ def _entries(spelled: str, created: int, obj: str | None) -> list[Announced]:
         items: list[MetadataItem] = []
         start = 0
         while t.peek():
-            if t.peek() == "-":
-                t.pos += 1
+            if t.skip("-"):
                 if items:
                     stride = t.n()
                 else:
