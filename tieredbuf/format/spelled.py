@@ -45,6 +45,8 @@ import re
 import struct
 from collections.abc import Sequence
 
+from ulid import base32
+
 from tieredbuf import keys
 from tieredbuf.errors import CorruptError
 from tieredbuf.format.announce import WHAT, Announced, Announcement, decode, encode, make
@@ -55,10 +57,8 @@ FORM_2 = "i_"
 _KIND = {keys.BATCH_SUFFIX: "b", keys.SEGMENT_SUFFIX: "q"}
 _SUFFIX = {v: k for k, v in _KIND.items()}
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _LONG = "ABCDEFGHIJKLM"  # a self-delimited number of 2..14 base-36 digits
 _NUM_RE = re.compile(r"0|[1-9a-z][0-9a-z]{0,12}")
-_RANDOMNESS_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{16}")
 _OBJECT_RE = re.compile(r"([0-9A-Z]{26})([bq])(.+)")
 _ITEM_RE = re.compile(r"([0-9a-z]+)([PN])([0-9a-z]+)")
 _SAFE_PID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
@@ -189,9 +189,12 @@ def _entries(spelled: str, created: int, obj: str | None) -> list[Announced]:
         seq += t.n() + 1
         ms += t.z()
         randomness, kind = t.take(16), t.take(1)
-        if not 0 <= ms < 1 << 48 or not _RANDOMNESS_RE.fullmatch(randomness) or kind not in _SUFFIX:
+        loc = ""
+        if 0 <= ms < 1 << 48 and kind in _SUFFIX:
+            name = base32.encode_timestamp(ms.to_bytes(6, "big")) + randomness
+            loc = f"{keys.DATA_PREFIX}{name}{_SUFFIX[kind]}"
+        if keys.parse_data_key(loc) is None:  # the ULID's characters are checked there
             raise _bad(obj, f"key form: bad entry {part!r}")
-        name = "".join(_CROCKFORD[(ms >> 5 * (9 - i)) & 31] for i in range(10)) + randomness
         size += t.z()
         items: list[MetadataItem] = []
         start = 0
@@ -204,7 +207,6 @@ def _entries(spelled: str, created: int, obj: str | None) -> list[Announced]:
             start += stride if items else 0
             when += t.z()
             items.append(MetadataItem(start, when, b""))
-        loc = f"{keys.DATA_PREFIX}{name}{_SUFFIX[kind]}"
         entries.append(Announced(seq, loc, size, tuple(items)))
     return entries
 
