@@ -9,8 +9,13 @@ once its position reaches the total written to STOP, 3 with "FENCED" when a newe
 instance fenced it.  ``work``: a worker of a shared subscriber; prints "CLAIMED s",
 "PROCESSING s", "APPLIED s..." (acks and rejects its CAS applied) on stdout; rejects
 every sequence with s % 17 == 5.  Exits when nothing is claimable and STOP says done;
-with HOLD_AFTER, hangs at its HOLD_AFTER-th PROCESSING line (leases held, the acks
-before it buffered) until it is killed.
+with HOLD_AFTER, hangs at its HOLD_AFTER-th PROCESSING line (leases held) until it is
+killed; the acks before it may be buffered, or applied by a refill running ahead on the
+worker's CAS thread, whose APPLIED line the kill can cut off.
+
+Lines are written whole under a lock: ``on_applied`` runs on the CAS thread, and print()
+writes its arguments one by one, so two threads' lines could interleave ("APPLIEDCLAIMED
+20 ...") and a parser would miss what the mangled line said.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ from pathlib import Path
 
 import tieredbuf
 from tieredbuf.errors import FencedError, LeaseExpiredError
+
+_say_lock = threading.Lock()
+
+
+def _say(*parts: object) -> None:
+    line = " ".join(str(x) for x in parts) + "\n"
+    with _say_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def _total(stop: Path) -> int | None:
@@ -39,7 +53,7 @@ def consume(url: str, opts: dict, name: str, out: Path, delay_ms: int, stop: Pat
     pending: list[int] = []
     try:
         c.initialize()
-        print("READY", c.subscription.position, flush=True)
+        _say("READY", c.subscription.position)
         with out.open("a") as f:
             while True:
                 b = c.next_batch()
@@ -64,7 +78,7 @@ def consume(url: str, opts: dict, name: str, out: Path, delay_ms: int, stop: Pat
                     f.flush()
                     pending = []
     except FencedError as e:
-        print("FENCED", e, flush=True)
+        _say("FENCED", e)
         return 3
 
 
@@ -73,13 +87,13 @@ def work(
 ) -> int:  # type: ignore[type-arg]
     buf = tieredbuf.open(url, **opts)
     w = buf.worker(name, lease=timedelta(seconds=2), claim_batch=4)
-    w.on_applied = lambda seqs: print("APPLIED", *seqs, flush=True)
+    w.on_applied = lambda seqs: _say("APPLIED", *seqs)
     processed = 0
     while True:
         try:
             b = w.claim()
         except LeaseExpiredError as e:
-            print("EXPIRED", *e.sequences, flush=True)
+            _say("EXPIRED", *e.sequences)
             continue
         if b is None:
             total = _total(stop)
@@ -89,10 +103,10 @@ def work(
                 return 0
             time.sleep(0.01)  # nothing claimable now (the rest leased to others)
             continue
-        print("CLAIMED", b.sequence, flush=True)
-        print("PROCESSING", b.sequence, flush=True)
+        _say("CLAIMED", b.sequence)
+        _say("PROCESSING", b.sequence)
         processed += 1
-        if processed == hold_after:  # hangs holding its leases, its acks buffered,
+        if processed == hold_after:  # hangs holding its leases (see the docstring)
             threading.Event().wait()  # until the test kills it
         time.sleep(delay_ms / 1000)  # the work itself
         try:
@@ -101,7 +115,7 @@ def work(
             else:
                 w.ack(b.sequence)
         except LeaseExpiredError as e:
-            print("EXPIRED", *e.sequences, flush=True)
+            _say("EXPIRED", *e.sequences)
 
 
 def main() -> int:
