@@ -49,9 +49,15 @@ def test_metrics_endpoint_after_a_run_has_the_key_series(
     def settled(m: dict[str, float]) -> bool:
         """Every record in, every sealed segment exported and appended, the buffer
         gauges caught up (they re-read the manifest at most every 5 s), the WAL gauge
-        mirrored."""
+        mirrored, and the other worker's store requests mirrored with its uploads: a
+        scrape is no snapshot, and can land while that worker's mirror has copied its
+        producer's counters but not yet its buffer's request counters."""
         return (
-            m.get("tieredbuf_producer_records_in_total") == 50
+            m.get("tieredbuf_store_requests_total{kind=data,op=put_conditional}", 0)
+            >= m.get("tieredbuf_uploads_total", 0)
+            and m.get("tieredbuf_store_requests_total{kind=root,op=put_conditional}", 0)
+            >= m.get("tieredbuf_manifest_commits_total", 0)
+            and m.get("tieredbuf_producer_records_in_total") == 50
             and m.get("tieredbuf_stage_sealed_segments") == 0
             and m.get("tieredbuf_segments_sealed_total")
             == m.get("tieredbuf_segments_exported_total")
