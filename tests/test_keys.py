@@ -25,6 +25,31 @@ def test_data_key_round_trips_and_rejects_foreign_names() -> None:
     assert keys.parse_data_key(f"other/{u}.batch") is None
 
 
+def test_a_key_with_a_trailing_newline_is_no_key_of_ours() -> None:
+    """``$`` matches before a final newline: each parser must take the whole key (GC
+    deletes by them; a commit checks its locations with them)."""
+    u = ULID()
+    assert keys.parse_data_key(keys.data_key(u) + "\n") is None
+    assert keys.parse_group_key(keys.group_key(5, u, "group") + "\n") is None
+    assert keys.parse_progress_key(keys.progress_key("jobs", u) + "\n") is None
+    for k in (keys.pending_key("h-1", 3), keys.legacy_pending_key("p-1", 3)):
+        assert keys.parse_pending_key(k) is not None
+        assert keys.parse_pending_key(k + "\n") is None
+    assert keys.pending_key_form(keys.pending_key("h-1", 3, "i_x") + "\n") is None
+    with pytest.raises(ValueError):
+        keys.pending_key("h-1", 3, "i_x\n")
+
+
+def test_numbers_in_keys_are_ascii_digits() -> None:
+    """``\\d`` takes any Unicode digit, and int() reads them: a group or announcement
+    key numbered in Arabic-Indic digits is no key tieredbuf writes."""
+    arabic = "".join(chr(0x660 + int(c)) for c in "00000000000000000005")
+    u = ULID()
+    assert keys.parse_group_key(f"queue/groups/{arabic}.{u}.group") is None
+    assert keys.parse_pending_key(f"queue/pending/p-1.{arabic}") is None
+    assert keys.parse_pending_key(f"queue/pending/h-1.{chr(0x665)}.b") is None
+
+
 def test_group_key_sorts_by_first_sequence() -> None:
     a = keys.group_key(5, ULID(), "group")
     b = keys.group_key(40, ULID(), "kgroup")

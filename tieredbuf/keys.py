@@ -30,10 +30,13 @@ SEGMENT_SUFFIX = ".qseg"
 DATA_SUFFIXES = (BATCH_SUFFIX, SEGMENT_SUFFIX)
 GROUP_KINDS = ("group", "kgroup", "mgroup")
 
+# Key patterns take the whole key (fullmatch: ``$`` also matches before a final newline)
+# and ASCII digits only (``\d`` takes any Unicode digit, and int() reads them): a key
+# they accept is exactly one tieredbuf writes.  GC deletes by them.
 _ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
-_DATA_RE = re.compile(rf"^data/({_ULID_RE})\.(batch|qseg)$")
-_GROUP_RE = re.compile(rf"^queue/groups/(\d{{20}})\.({_ULID_RE})\.(group|kgroup|mgroup)$")
-_PROGRESS_RE = re.compile(rf"^queue/subscribers/([A-Za-z0-9_-]{{1,64}})\.({_ULID_RE})$")
+_DATA_RE = re.compile(rf"data/({_ULID_RE})\.(batch|qseg)")
+_GROUP_RE = re.compile(rf"queue/groups/(\d{{20}})\.({_ULID_RE})\.(group|kgroup|mgroup)", re.ASCII)
+_PROGRESS_RE = re.compile(rf"queue/subscribers/([A-Za-z0-9_-]{{1,64}})\.({_ULID_RE})")
 
 
 def data_key(ulid: ULID, suffix: str = BATCH_SUFFIX) -> str:
@@ -45,7 +48,7 @@ def data_key(ulid: ULID, suffix: str = BATCH_SUFFIX) -> str:
 
 def parse_data_key(key: str) -> ULID | None:
     """The ULID of a data object key, or None when ``key`` is not one (GC skips those)."""
-    m = _DATA_RE.match(key)
+    m = _DATA_RE.fullmatch(key)
     if m is None:
         return None
     try:
@@ -63,7 +66,7 @@ def group_key(first_seq: int, ulid: ULID, kind: str) -> str:
 
 def parse_group_key(key: str) -> tuple[int, ULID, str] | None:
     """(first_seq, ulid, kind) of a group key, or None."""
-    m = _GROUP_RE.match(key)
+    m = _GROUP_RE.fullmatch(key)
     if m is None:
         return None
     try:
@@ -81,7 +84,7 @@ def progress_key(name: str, reg: ULID) -> str:
 
 def parse_progress_key(key: str) -> tuple[str, ULID] | None:
     """(name, registration ULID) of a progress key, or None (GC leaves those alone)."""
-    m = _PROGRESS_RE.match(key)
+    m = _PROGRESS_RE.fullmatch(key)
     if m is None:
         return None
     try:
@@ -91,10 +94,11 @@ def parse_progress_key(key: str) -> tuple[str, ULID] | None:
 
 
 _SAFE_ID_RE = r"[A-Za-z0-9_.:-]{1,200}"
-_PENDING_RE = re.compile(r"^queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})$")
+_PENDING_RE = re.compile(r"queue/pending/(~?[A-Za-z0-9_.:-]{1,510})\.(\d{20})", re.ASCII)
 _PENDING_FORM_RE = re.compile(
-    r"^queue/pending/([A-Za-z0-9_:-]{1,200})\.([1-9]\d{0,19})\."
-    r"(b|i[A-Za-z0-9_.:-]{1,250})$"
+    r"queue/pending/([A-Za-z0-9_:-]{1,200})\.([1-9]\d{0,19})\."
+    r"(b|i[A-Za-z0-9_.:-]{1,250})",
+    re.ASCII,
 )
 
 
@@ -108,8 +112,8 @@ def pending_key(announcer: str, n: int, spelled: str = "") -> str:
         raise ValueError(f"announcement number {n} out of range")
     key = f"{PENDING_PREFIX}{announcer}.{n}.{spelled or 'b'}"
     if (
-        _PENDING_FORM_RE.match(key) is None
-        or _PENDING_RE.match(key) is not None  # an older reader would read it
+        _PENDING_FORM_RE.fullmatch(key) is None
+        or _PENDING_RE.fullmatch(key) is not None  # an older reader would read it
         or len(key) - len(PENDING_PREFIX) > 255
     ):
         raise ValueError(f"{announcer!r} and {spelled!r} cannot name an announcement")
@@ -143,9 +147,9 @@ def parse_pending_key(key: str) -> tuple[str, int] | None:
     """(announcer id, n) of an announcement key (either layout), or None.  The older
     layout is tried first: ``pending_key`` never makes a key it matches, while an older
     key whose producer id looks like ``<x>.<digits>.i...`` also matches the newer one."""
-    m = _PENDING_RE.match(key)
+    m = _PENDING_RE.fullmatch(key)
     if m is None:
-        if (m := _PENDING_FORM_RE.match(key)) is not None:
+        if (m := _PENDING_FORM_RE.fullmatch(key)) is not None:
             return m.group(1), int(m.group(2))
         return None
     name = m.group(1)
@@ -159,7 +163,7 @@ def parse_pending_key(key: str) -> tuple[str, int] | None:
 
 def pending_key_form(key: str) -> str | None:
     """The announcement an announcement key spells out (``pending_key``), or None."""
-    m = None if _PENDING_RE.match(key) else _PENDING_FORM_RE.match(key)
+    m = None if _PENDING_RE.fullmatch(key) else _PENDING_FORM_RE.fullmatch(key)
     return None if m is None or m.group(3) == "b" else m.group(3)
 
 

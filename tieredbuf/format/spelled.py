@@ -89,9 +89,7 @@ def _spell(entries: Sequence[Announced], created_ms: int) -> list[str] | None:
         name = e.location[len(keys.DATA_PREFIX) : len(keys.DATA_PREFIX) + 26]
         if u is None or str(u) != name:
             return None
-        kind = _KIND.get(e.location[len(keys.DATA_PREFIX) + 26 :])
-        if kind is None:  # a suffix the key pattern let through ("data/<ULID>.batch\n")
-            return None
+        kind = _KIND[e.location[len(keys.DATA_PREFIX) + 26 :]]
         parts = [_n(e.producer_seq - seq - 1), _z(u.milliseconds - ms), name[10:], kind]
         parts.append(_z(e.size - size))
         seq, ms, size = e.producer_seq, u.milliseconds, e.size
