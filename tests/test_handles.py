@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteOutcome
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutcome, WriteOutcome
 
 
 def _poll(pred: object, deadline: float = 10.0) -> None:
@@ -41,10 +41,25 @@ def test_waiter_blocked_for_remote_stays_blocked_at_local_and_wakes_at_remote() 
     w.reach(Durability.LOCAL)
     _poll(lambda: w._waiters)  # woken, re-checked, blocked again
     assert out == [] and t.is_alive()
-    outcome = WriteOutcome(7, "data/x.batch", Durability.REMOTE)
+    outcome = RemoteOutcome(7, "data/x.batch")
     w.reach(Durability.REMOTE, outcome)
     t.join(10)
     assert out == [outcome]
+
+
+def test_I10_remote_is_reached_only_with_the_entry_it_names() -> None:
+    """A REMOTE outcome without its sequence (or data object) cannot be made, and a
+    watcher cannot reach REMOTE without one: the promise needs the entry (I10)."""
+    with pytest.raises(ValueError, match="I10"):
+        WriteOutcome(None, "data/x.batch", Durability.REMOTE)
+    with pytest.raises(ValueError, match="I10"):
+        WriteOutcome(3, None, Durability.REMOTE)
+    w = DurabilityWatcher()
+    with pytest.raises(TypeError, match="I10"):
+        w.reach(Durability.REMOTE)
+    with pytest.raises(TypeError, match="I10"):
+        w.reach(Durability.REMOTE, WriteOutcome(3, "data/x.batch", Durability.REMOTE))  # type: ignore[arg-type]
+    assert w.level is None
 
 
 def test_several_waiters_all_wake() -> None:

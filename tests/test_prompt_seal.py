@@ -76,7 +76,7 @@ def test_a_reached_or_failed_write_asks_nothing(tmp_path: Path) -> None:
     calls: list[int] = []
     handles = tieredbuf.produce.handles
     w = handles.DurabilityWatcher(on_remote_wait=lambda: calls.append(1))
-    w.reach(Durability.REMOTE, handles.WriteOutcome(1, "data/x", Durability.REMOTE))
+    w.reach(Durability.REMOTE, handles.RemoteOutcome(1, "data/x"))
     w.wait(Durability.REMOTE, timeout=1)
     w.when(Durability.REMOTE, lambda: None)
     assert calls == []

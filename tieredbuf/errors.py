@@ -249,6 +249,27 @@ class ProducerIdReusedError(TieredBufError):
         self.attempted = attempted
 
 
+class RemoteUnconfirmedError(TieredBufError):
+    """A write cannot be confirmed REMOTE: its writer's watermark in the root covers it,
+    but no entry naming its data object is linked any more (I10: REMOTE only from the
+    write's own entry located in a manifest).  Either it was appended and dequeued before
+    this process saw its entry, or another writer appended under the same producer id.
+    The handle fails with this instead of guessing; the write is not retried (it would
+    be a duplicate in the first case).  Names the writer, its append numbers and the
+    data objects looked for."""
+
+    def __init__(self, producer_id: str, producer_seqs: list[int], locations: list[str]) -> None:
+        super().__init__(
+            f"writer {producer_id!r}: appends {producer_seqs} are covered by its watermark but "
+            f"no linked entry names {', '.join(locations)}: appended and already dequeued, or "
+            "appended by another writer with the same producer id; not confirmed REMOTE and "
+            "not retried"
+        )
+        self.producer_id = producer_id
+        self.producer_seqs = producer_seqs
+        self.locations = locations
+
+
 class BackpressureError(TieredBufError):
     """A bounded buffer is full and the caller asked not to wait (or the wait timed out)."""
 

@@ -29,6 +29,15 @@ BATCH_SUFFIX = ".batch"
 SEGMENT_SUFFIX = ".qseg"
 DATA_SUFFIXES = (BATCH_SUFFIX, SEGMENT_SUFFIX)
 GROUP_KINDS = ("group", "kgroup", "mgroup")
+STREAMS = ("batch", "qseg")
+"""A stage's two ordered flows, records and bundles; each appends to the queue as a writer
+of its own, ``<stage producer id>.<stream>`` (:func:`stream_producer_id`)."""
+
+
+def stream_producer_id(producer_id: str, stream: str) -> str:
+    """The writer id (watermark key) a stage's ``stream`` appends under."""
+    return f"{producer_id}.{stream}"
+
 
 # Key patterns take the whole key (fullmatch: ``$`` also matches before a final newline)
 # and ASCII digits only (``\d`` takes any Unicode digit, and int() reads them): a key

@@ -38,21 +38,43 @@ def announcements(draw):  # type: ignore[no-untyped-def]
         for s in seqs
     ]
     pid = draw(st.text(min_size=1, max_size=60).filter(lambda t: len(t.encode()) <= 255))
-    return fa.make(pid, draw(st.integers(-(2**63), 2**63 - 1)), entries)
+    after = draw(st.integers(0, seqs[0] - 1))
+    return fa.make(pid, draw(st.integers(-(2**63), 2**63 - 1)), entries, after)
 
 
 @given(st.lists(announcements(), min_size=1, max_size=4, unique_by=lambda a: a.producer_id))
 def test_announcements_of_several_writers_round_trip(runs: list[fa.Announcement]) -> None:
     created = runs[0].created_ms
     got = fa.decode(fa.encode(runs, created))
-    assert got == tuple(fa.make(a.producer_id, created, a.entries) for a in runs)
+    assert got == tuple(fa.make(a.producer_id, created, a.entries, a.after) for a in runs)
+
+
+@given(st.lists(announcements(), min_size=1, max_size=4, unique_by=lambda a: a.producer_id))
+def test_a_version_2_announcement_is_still_read_as_following_nothing(
+    runs: list[fa.Announcement],
+) -> None:
+    created = runs[0].created_ms
+    raw = fa.encode_without_after(runs, created)
+    assert struct.unpack_from("<H", raw, 4) == (2,)
+    assert fa.decode(raw) == tuple(fa.make(a.producer_id, created, a.entries) for a in runs)
 
 
 @given(announcements())
 def test_a_version_1_announcement_of_one_writer_is_still_read(a: fa.Announcement) -> None:
     raw = fa.encode_one_run(a)
     assert struct.unpack_from("<H", raw, 4) == (1,)
-    assert fa.decode(raw) == (a,)
+    assert fa.decode(raw) == (fa.make(a.producer_id, a.created_ms, a.entries),)
+
+
+def test_I7_a_run_that_follows_an_append_not_below_its_first_is_refused() -> None:
+    with pytest.raises(ValueError, match="follows"):
+        fa.encode([fa.make("p", 0, [fa.Announced(3, "l", 0, ())], after=3)], 0)
+    raw = bytearray(fa.encode([fa.make("p", 0, [fa.Announced(3, "l", 0, ())], after=2)], 0))
+    at = 4 + 2 + 8 + 2 + 1 + 1  # the run's after
+    raw[at : at + 8] = struct.pack("<Q", 3)
+    body = bytes(raw[:-4])
+    with pytest.raises(CorruptError, match="follows 3, not below its first 3"):
+        fa.decode(body + struct.pack("<I", zlib.crc32(body)), obj="queue/pending/k")
 
 
 def _one() -> bytes:
@@ -61,17 +83,22 @@ def _one() -> bytes:
     )
 
 
+def _runs() -> list[fa.Announcement]:
+    return [
+        fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7, (MetadataItem(0, 9, b"m"),))], 2),
+        fa.make("p-2", 5, [fa.Announced(1, "data/y", 8, ()), fa.Announced(2, "d", 9, ())]),
+    ]
+
+
 def _two() -> bytes:
-    return fa.encode(
-        [
-            fa.make("p-1", 5, [fa.Announced(3, "data/x.batch", 7, (MetadataItem(0, 9, b"m"),))]),
-            fa.make("p-2", 5, [fa.Announced(1, "data/y", 8, ()), fa.Announced(2, "d", 9, ())]),
-        ],
-        5,
-    )
+    return fa.encode_without_after(_runs(), 5)
 
 
-@pytest.mark.parametrize("make", [_one, _two], ids=["version 1", "version 2"])
+def _three() -> bytes:
+    return fa.encode(_runs(), 5)
+
+
+@pytest.mark.parametrize("make", [_one, _two, _three], ids=["version 1", "version 2", "version 3"])
 @given(st.integers(0, 300), st.integers(1, 255))
 def test_I7_every_flipped_byte_or_cut_is_a_corrupt_error_naming_the_object(
     make: Callable[[], bytes], at: int, flip: int

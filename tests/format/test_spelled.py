@@ -14,7 +14,7 @@ from tieredbuf import keys
 from tieredbuf.errors import CorruptError
 from tieredbuf.format import announce as fa
 from tieredbuf.format.manifest import MetadataItem
-from tieredbuf.format.spelled import FORM_2, key_form, runs_of
+from tieredbuf.format.spelled import FORM_2, FORM_3, key_form, runs_of
 
 ROOM = 255 - len(f"h-{ULID()}.12.")  # what a hub's 12th announcement leaves for its form
 
@@ -35,7 +35,8 @@ def spellable(draw):  # type: ignore[no-untyped-def]
         loc = keys.data_key(u, draw(st.sampled_from(keys.DATA_SUFFIXES)))
         entries.append(fa.Announced(s, loc, draw(st.integers(0, 2**64 - 1)), items))
     pid = draw(st.from_regex(r"[A-Za-z0-9_.:-]{1,40}", fullmatch=True))
-    return fa.make(pid, 0, entries), created
+    after = draw(st.one_of(st.just(0), st.just(seqs[0] - 1), st.integers(0, seqs[0] - 1)))
+    return fa.make(pid, 0, entries, after), created
 
 
 @given(spellable(), st.integers(80, keys.pending_room("h-a", 1)))
@@ -46,9 +47,40 @@ def test_a_key_form_reads_back_exactly_what_the_body_holds(case, room: int) -> N
     if text is None:  # only when it does not fit the room
         assert key_form([run], created, body, 10_000) is not None
         return
-    assert len(text) <= room and text.startswith(FORM_2)
+    assert len(text) <= room and text.startswith(FORM_3)
     assert keys.pending_key_form(keys.pending_key("h-a", 1, text)) == text
     assert runs_of(text, len(body)) == fa.decode(body)
+
+
+def _form_two(run: fa.Announcement, created: int) -> tuple[bytes, str]:
+    """``run`` as the second form spelled it: form 3 of the run following nothing, less
+    the ``0`` it spells for that; its body of version 2."""
+    zero = fa.make(run.producer_id, 0, run.entries)
+    text = key_form([zero], created, fa.encode([zero], created), 10_000)
+    assert text is not None
+    head, _, entries = text.rpartition(".")
+    assert entries.startswith("0")
+    body = fa.encode_without_after([zero], created)
+    crc = int.from_bytes(body[-4:], "little")
+    created36, _, rest = head[len(FORM_3) :].partition(".")
+    pid = rest.partition(".")[2]
+    b36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+    crc36 = ""
+    while True:
+        crc, d = divmod(crc, 36)
+        crc36 = b36[d] + crc36
+        if not crc:
+            break
+    return body, f"{FORM_2}{created36}.{crc36}.{pid}.{entries[1:]}"
+
+
+@given(spellable())
+def test_a_key_of_the_second_form_is_still_read_as_following_nothing(case) -> None:  # type: ignore[no-untyped-def]
+    run, created = case
+    body, text = _form_two(run, created)
+    got = runs_of(text, len(body))
+    assert got == fa.decode(body)
+    assert got[0].after == 0
 
 
 def _steady(objects: int, calls: int, created: int = 1_700_000_000_123) -> fa.Announcement:
@@ -118,9 +150,9 @@ def _form_one(run: fa.Announcement, created: int, body: bytes) -> str:
 @given(spellable())
 def test_a_key_of_the_first_form_is_still_read(case) -> None:  # type: ignore[no-untyped-def]
     run, created = case
-    body = fa.encode([run], created)
+    body = fa.encode_without_after([run], created)
     text = _form_one(run, created, body)
-    assert not text.startswith(FORM_2)
+    assert not text.startswith((FORM_2, FORM_3))
     assert runs_of(text, len(body)) == fa.decode(body)
 
 
@@ -148,6 +180,7 @@ def test_I7_a_key_form_changed_anywhere_is_refused_never_read_as_another_announc
 ) -> None:
     body, text = _spelled()
     if first_form:
+        body = fa.encode_without_after(fa.decode(body), 1_700_000_000_123)
         text = _form_one(fa.decode(body)[0], 1_700_000_000_123, body)
     i = at % len(text)
     changed = text[:i] + ch + text[i + 1 :]

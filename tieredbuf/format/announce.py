@@ -4,16 +4,21 @@ spells a small one out in its key: format/spelled.py).
 A writer whose data objects are uploaded announces them here instead of appending them
 itself; whoever holds the commit lease appends every pending announcement in one CAS of
 the root (cross-writer group commit, docs/architecture.md "Fan-in").  An announcement
-holds *runs*: one writer's consecutive appends each, in producer-sequence order.
-Version 2 (what tieredbuf writes: one object per process and turn, however many writers
-it carries) holds one or more runs of distinct writers; version 1 (one run; written by
-tieredbuf before announcements were batched) is still read.  Layout (docs/format.md),
-little-endian::
+holds *runs*: one writer's consecutive appends each, in producer-sequence order, and the
+append the run follows (``after``: the writer's earlier append not yet confirmed in the
+queue, 0 when every earlier one is).  The committer appends a run only once its writer's
+watermark covers ``after`` (I10: a watermark never moves past an append that is not in).
+Version 3 (what tieredbuf writes: one object per process and turn, however many writers
+it carries) holds one or more runs of distinct writers; versions 2 (no ``after``: read
+as 0) and 1 (one run; written before announcements were batched) are still read.
+Layout (docs/format.md), little-endian::
 
-    magic "TBA1", version u16 = 2
+    magic "TBA1", version u16 = 3
     created_ms i64                      the announcer's clock when it announced
     run_count u16 (1-65535), run_count x run:
         producer_id_len u8, producer_id (UTF-8; distinct within the announcement)
+        after u64                       the append this run follows (0: none pending);
+                                        below the run's first producer_seq
         count u32, count x entry:
             producer_seq u64            strictly increasing within the run
             location_len u16, location  the data object's key (data/<ULID>.batch|.qseg)
@@ -22,11 +27,13 @@ little-endian::
                 (start_index u32, ingestion_time_ms i64, payload_len u32, payload)
     crc32 u32                           zlib.crc32 of every byte before it
 
-Version 1 is ``magic, version u16 = 1, producer_id_len u8, producer_id, created_ms i64,
-count u32, entries, crc32``: one run, its producer id before the clock.
+Version 2 is the same without ``after``.  Version 1 is ``magic, version u16 = 1,
+producer_id_len u8, producer_id, created_ms i64, count u32, entries, crc32``: one run,
+its producer id before the clock.
 
 The decoder checks the magic, the version, every length against the bytes that remain
-before it allocates, the order of producer sequences, and the CRC (I7).
+before it allocates, the order of producer sequences (``after`` below the first), and
+the CRC (I7).
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from tieredbuf.format._reader import Reader
 from tieredbuf.format.manifest import MetadataItem
 
 MAGIC = b"TBA1"
-VERSION = 2
+VERSION = 3
+VERSION_NO_AFTER = 2
 VERSION_ONE_RUN = 1
 WHAT = "announcement"
 MAX_ENTRIES = 1 << 16
@@ -67,6 +75,9 @@ class Announcement:
     producer_id: str
     created_ms: int
     entries: tuple[Announced, ...]
+    after: int = 0
+    """The writer's append this run follows, not yet confirmed in the queue when it was
+    announced (0: every earlier append of the writer was)."""
 
     @property
     def first_seq(self) -> int:
@@ -78,14 +89,28 @@ class Announcement:
 
 
 def encode(runs: Sequence[Announcement], created_ms: int) -> bytes:
-    """A version-2 announcement of ``runs`` (distinct writers), stamped ``created_ms``."""
+    """A version-3 announcement of ``runs`` (distinct writers), stamped ``created_ms``."""
+    return _encode_runs(runs, created_ms, VERSION)
+
+
+def encode_without_after(runs: Sequence[Announcement], created_ms: int) -> bytes:
+    """A version-2 announcement (no ``after``): what tieredbuf wrote before version 3;
+    kept to show that it is still read."""
+    return _encode_runs(runs, created_ms, VERSION_NO_AFTER)
+
+
+def _encode_runs(runs: Sequence[Announcement], created_ms: int, version: int) -> bytes:
     if not runs or len(runs) > MAX_RUNS:
         raise ValueError(f"an announcement holds 1..{MAX_RUNS} runs")
     if len({a.producer_id for a in runs}) != len(runs):
         raise ValueError("one run per writer in an announcement")
-    out = [_HEAD.pack(MAGIC, VERSION), struct.pack("<qH", created_ms, len(runs))]
+    out = [_HEAD.pack(MAGIC, version), struct.pack("<qH", created_ms, len(runs))]
     for a in runs:
         out.append(_pid(a.producer_id))
+        if version == VERSION:
+            if a.entries and not 0 <= a.after < a.entries[0].producer_seq:
+                raise ValueError("a run follows an append below its first (after)")
+            out.append(struct.pack("<Q", a.after))
         _encode_entries(out, a.entries)
     return _sealed(out)
 
@@ -138,7 +163,7 @@ def decode(raw: bytes | memoryview, obj: str | None = None) -> tuple[Announcemen
     magic, version = _HEAD.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptError(WHAT, obj, 0, f"bad magic {bytes(magic)!r}")
-    if version not in (VERSION, VERSION_ONE_RUN):
+    if version not in (VERSION, VERSION_NO_AFTER, VERSION_ONE_RUN):
         raise UnsupportedVersionError(WHAT, obj, 4, f"unknown version {version}")
     (crc,) = struct.unpack_from("<I", view, n - 4)
     if zlib.crc32(view[: n - 4]) != crc:
@@ -151,8 +176,10 @@ def decode(raw: bytes | memoryview, obj: str | None = None) -> tuple[Announcemen
     else:
         created = r.i64("created_ms")
         count = r.u16("run count")
-        # each run takes at least 1 + 1 + 4 + 22 bytes: a count that cannot fit is refused
-        if count == 0 or count * 28 > r.remaining():
+        # each run takes at least 1 + 1 (+ 8) + 4 + 22 bytes: a count that cannot fit is
+        # refused
+        least = 28 if version == VERSION_NO_AFTER else 36
+        if count == 0 or count * least > r.remaining():
             raise r.fail(f"run count {count} cannot fit")
         seen: set[str] = set()
         for i in range(count):
@@ -161,10 +188,25 @@ def decode(raw: bytes | memoryview, obj: str | None = None) -> tuple[Announcemen
             if pid in seen:
                 raise CorruptError(WHAT, obj, at, f"a second run of {pid!r}")
             seen.add(pid)
-            runs.append(Announcement(pid, created, _decode_entries(r, f"run {i} ")))
+            after, after_at = (r.u64(f"run {i} after"), r.pos) if version == VERSION else (0, 0)
+            entries = _decode_entries(r, f"run {i} ")
+            if after >= entries[0].producer_seq:
+                raise CorruptError(
+                    WHAT,
+                    obj,
+                    after_at - 8,
+                    f"run {i} follows {after}, not below its first {entries[0].producer_seq}",
+                )
+            runs.append(Announcement(pid, created, entries, after))
     if r.remaining():
         raise r.fail(f"{r.remaining()} bytes after {len(runs)} run(s)")
     return tuple(runs)
+
+
+def version_of(raw: bytes | memoryview) -> int:
+    """The version an announcement that decoded says it is."""
+    (version,) = struct.unpack_from("<H", raw, 4)
+    return int(version)
 
 
 def _read_pid(r: Reader) -> str:
@@ -203,8 +245,10 @@ def _decode_entries(r: Reader, run: str) -> tuple[Announced, ...]:
     return tuple(entries)
 
 
-def make(producer_id: str, created_ms: int, entries: Sequence[Announced]) -> Announcement:
-    return Announcement(producer_id, created_ms, tuple(entries))
+def make(
+    producer_id: str, created_ms: int, entries: Sequence[Announced], after: int = 0
+) -> Announcement:
+    return Announcement(producer_id, created_ms, tuple(entries), after)
 
 
 def _utf8(r: Reader, n: int, field: str) -> str:

@@ -5,16 +5,18 @@ was one request per data object when every process has one writer.  So an announ
 of one writer's appends is spelled out in its key as well (its body is written as
 always), and the committer takes it from the LIST.  Layout (docs/format.md)::
 
-    i_<created_ms>.<crc32>.<producer id>.<entry>[_<entry>...]
+    i3_<created_ms>.<crc32>.<producer id>.<after><entry>[_<entry>...]
     entry = <seq><ULID time><ULID randomness><b: .batch | q: .qseg><size><item>...
     item  = [-<start index | stride>]<ingestion time>
 
-Form 2 (above, written): ``created_ms`` and the CRC in base 36 (``0-9a-z``, no leading
-zeros), the CRC the body's own (``zlib.crc32``).  Every other number is *self-delimited*,
+Form 3 (above, written; it spells a version-3 body, whose run names the append it
+follows): ``created_ms`` and the CRC in base 36 (``0-9a-z``, no leading zeros), the CRC
+the body's own (``zlib.crc32``).  Every other number is *self-delimited*,
 so none needs a separator: below 36 one base-36 digit, else ``A``-``M`` (2-14 digits)
 and that many base-36 digits; a signed one is ``Z`` and its magnitude when negative.
-Each is a difference from the one before it in the announcement: the producer sequence
-less the previous entry's, less one (the first: less 0); the ULID's time (ms, signed)
+``after`` is spelled as it is; each other number is a difference from the one before it
+in the announcement: the producer sequence less the previous entry's, less one (the
+first: less ``after``, less one -- 0 for a writer's next append); the ULID's time (ms, signed)
 less the previous entry's (the first: less ``created_ms``), then the ULID's 16
 characters of randomness verbatim; the size less the previous entry's (signed; the
 first: less 0); an item's ingestion time less the previous item's (signed; the first
@@ -23,6 +25,9 @@ item's: less ``created_ms``).  An entry's first item starts at 0 or at the index
 starts at 0 and is kept, across entries too, until an item's ``-`` sets it.  A
 writer's ``produce()`` calls of one size at a steady pace cost one to three characters
 an item: one data object of 50 calls, or three of 15, fit.
+
+Form 2 (``i_``, written before form 3; still read) is form 3 without ``<after>``, the
+first producer sequence less 0: it spells a version-2 body (no ``after``).
 
 Form 1 (written by the first version to spell keys; still read)::
 
@@ -49,11 +54,22 @@ from ulid import base32
 
 from tieredbuf import keys
 from tieredbuf.errors import CorruptError
-from tieredbuf.format.announce import WHAT, Announced, Announcement, decode, encode, make
+from tieredbuf.format.announce import (
+    WHAT,
+    Announced,
+    Announcement,
+    decode,
+    encode,
+    encode_without_after,
+    make,
+)
 from tieredbuf.format.manifest import MetadataItem
 
+FORM_3 = "i3_"
+"""What a form-3 key form starts with."""
 FORM_2 = "i_"
-"""What a form-2 key form starts with (form 1 starts ``i`` and a digit or letter)."""
+"""What a form-2 key form starts with (form 1 starts ``i`` and a digit or letter, never
+followed by ``_``: its first field is a number)."""
 _KIND = {keys.BATCH_SUFFIX: "b", keys.SEGMENT_SUFFIX: "q"}
 _SUFFIX = {v: k for k, v in _KIND.items()}
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -65,24 +81,26 @@ _SAFE_PID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 
 def key_form(runs: Sequence[Announcement], created_ms: int, body: bytes, room: int) -> str | None:
-    """``body`` (``encode(runs, created_ms)``) spelled out in form 2 in at most ``room``
+    """``body`` (``encode(runs, created_ms)``) spelled out in form 3 in at most ``room``
     characters, or None when it cannot be (see the module doc)."""
     if len(runs) != 1 or created_ms < 0 or not _SAFE_PID_RE.fullmatch(runs[0].producer_id):
         return None
+    run = runs[0]
     try:
-        spelled = _spell(runs[0].entries, created_ms)
+        spelled = _spell(run.entries, created_ms, run.after)
+        after = _n(run.after)
     except ValueError:  # a number too large to spell
         return None
     if spelled is None:
         return None
     (crc,) = struct.unpack_from("<I", body, len(body) - 4)
-    text = f"{FORM_2}{_b36(created_ms)}.{_b36(crc)}.{runs[0].producer_id}.{'_'.join(spelled)}"
+    text = f"{FORM_3}{_b36(created_ms)}.{_b36(crc)}.{run.producer_id}.{after}{'_'.join(spelled)}"
     return text if len(text) <= room else None
 
 
-def _spell(entries: Sequence[Announced], created_ms: int) -> list[str] | None:
+def _spell(entries: Sequence[Announced], created_ms: int, after: int) -> list[str] | None:
     spelled: list[str] = []
-    seq = size = stride = 0
+    seq, size, stride = after, 0, 0
     ms = when = created_ms
     for e in entries:
         u = keys.parse_data_key(e.location)
@@ -112,18 +130,24 @@ def runs_of(text: str, size: int, obj: str | None = None) -> tuple[Announcement,
     """The runs ``text`` (either form) spells, exactly as :func:`decode` makes of a body
     of ``size`` bytes; CorruptError when ``text`` is not a key form, or the body it spells
     has another CRC or length."""
-    two = text.startswith(FORM_2)
-    fields = text[len(FORM_2) if two else 1 :].split(".") if text.startswith("i") else []
+    form = next((f for f in (FORM_3, FORM_2) if text.startswith(f)), "i")
+    fields = text[len(form) :].split(".") if text.startswith("i") else []
     if len(fields) < 4:
         raise _bad(obj, "not an announcement's key form")
     created, crc = _num(fields[0], obj), _num(fields[1], obj)
     pid = ".".join(fields[2:-1])
-    if two:
-        entries = _entries(fields[-1], created, obj)
+    after = 0
+    if form == FORM_3:
+        t = _Text(fields[-1], obj)
+        after = t.n()
+        entries = _entries(fields[-1][t.pos :], created, obj, after)
+    elif form == FORM_2:
+        entries = _entries(fields[-1], created, obj, 0)
     else:
         entries = [_entry(spelled, created, obj) for spelled in fields[-1].split("_")]
     try:
-        body = encode([make(pid, 0, entries)], created)
+        run = [make(pid, 0, entries, after)]
+        body = encode(run, created) if form == FORM_3 else encode_without_after(run, created)
     except (ValueError, struct.error, OverflowError) as e:  # out of order, or out of range
         raise _bad(obj, f"key form: {e}") from e
     if body[-4:] != struct.pack("<I", crc & 0xFFFFFFFF) or crc >> 32:
@@ -178,9 +202,9 @@ class _Text:
         return -v
 
 
-def _entries(spelled: str, created: int, obj: str | None) -> list[Announced]:
+def _entries(spelled: str, created: int, obj: str | None, after: int) -> list[Announced]:
     entries: list[Announced] = []
-    seq = size = stride = 0
+    seq, size, stride = after, 0, 0
     ms = when = created
     for part in spelled.split("_"):
         t = _Text(part, obj)
@@ -260,4 +284,4 @@ def _bad(obj: str | None, why: str) -> CorruptError:
     return CorruptError(WHAT, obj, 0, why)
 
 
-__all__ = ["FORM_2", "key_form", "runs_of"]
+__all__ = ["FORM_2", "FORM_3", "key_form", "runs_of"]

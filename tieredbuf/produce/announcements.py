@@ -1,16 +1,21 @@
 """The committer's reader of ``queue/pending/``: each announcement read once, cached
-until it is gone, none committed past a damaged one of the same announcer, and the
-committed ones deleted together, at most once a second.
+until it is gone, and the committed (or never committable) ones deleted together, at
+most once a second.
 
 An announcement is a hub's hand-over of its writers' uploaded appends
 (:mod:`tieredbuf.format.announce`); the commit hub holding the lease
 (:mod:`tieredbuf.produce.fanin`) reads every one listed -- from its key, without a GET,
 when the key spells it out (:mod:`tieredbuf.format.spelled`: one writer's appends of
 up to about 50 ``produce()`` calls, the common case).
-A damaged announcement (I7) cannot be committed, and neither can any later one of its
-announcer: those may carry the same writers' later appends, and a watermark moved past
-the damaged one's appends would cover them -- their writers would be told REMOTE for
-records never appended.  So the announcer's writers wait (and time out, loudly) instead.
+A damaged announcement (I7) cannot be committed.  Its writers' later appends do not go
+in past it: each run names the append it follows, and the commit's chain rule
+(:mod:`tieredbuf.queue.commit`) holds a run back until that one is in; the writers'
+hub announces the damaged one's groups again (:mod:`tieredbuf.produce.watch_turn`).  A
+damaged announcement is deleted once it has been listed for :data:`DAMAGED_KEEP_S` (at
+once by the hub that wrote it: it commits its own groups from memory).
+Announcements of an older tieredbuf (forms 1 and 2, body version 2) name no append they
+follow: none of those is committed past a damaged announcement of the same announcer,
+and that damaged one is kept while any of them is listed.
 
 A committed announcement (the watermarks cover it) is deleted with the others of the
 last second in one request, not one request a commit: its LISTs skip it meanwhile (it
@@ -29,13 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 from tieredbuf import errors, keys
 from tieredbuf.format import announce as fa
 from tieredbuf.format.manifest import Watermark
-from tieredbuf.format.spelled import runs_of
+from tieredbuf.format.spelled import FORM_3, runs_of
 from tieredbuf.queue.commit import age_ms
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import ObjectMeta, Store
 
 log = logging.getLogger(__name__)
 
+DAMAGED_KEEP_S = 60.0
+"""A damaged announcement is deleted once listed this long (its writers' hub announces
+their groups again within a few commits)."""
 PARALLEL = 32
 """Announcements read at once (8 fell behind at S3's round trips)."""
 SWEEP_EVERY_S = 1.0
@@ -50,13 +58,21 @@ class AnnouncementReader:
     """Reads what a LIST of ``queue/pending/`` found, for one commit hub."""
 
     def __init__(
-        self, store: Store, stats: Stats, clock: Callable[[], float] = time.monotonic
+        self,
+        store: Store,
+        stats: Stats,
+        clock: Callable[[], float] = time.monotonic,
+        own: str | None = None,
     ) -> None:
         self.store = store
         self.stats = stats
         self.clock = clock
-        self._cache: dict[str, tuple[object, Runs | None]] = {}  # key: (version, runs)
-        """None: damaged (read again only once its version changes)."""
+        self.own = own
+        """This hub's announcer id: its own announcements it commits from memory, so a
+        damaged one of its own is deleted at once."""
+        self._cache: dict[str, tuple[object, Runs | None, bool, float]] = {}
+        """key: (version as listed, runs, legacy, first listed); runs None: damaged (read
+        again only once its version changes); legacy: an older tieredbuf's (no ``after``)."""
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="tb-fanin")
         self._committed: dict[str, None] = {}  # covered, not deleted yet (in order)
         self._swept = clock()
@@ -64,36 +80,58 @@ class AnnouncementReader:
 
     def read(self, listed: list[ObjectMeta]) -> dict[str, Runs]:
         """The announcements listed that may be committed, by key (each version GET once;
-        none of an announcer after a damaged one of its own, none committed already)."""
+        none committed already; no older tieredbuf's after a damaged one of its
+        announcer).  A damaged one listed for :data:`DAMAGED_KEEP_S` is retired."""
         live = {m.key: (m.etag, m.size, m.last_modified) for m in listed}
-        for k in [k for k, (v, _) in self._cache.items() if live.get(k) != v]:
+        for k in [k for k, c in self._cache.items() if live.get(k) != c[0]]:
             del self._cache[k]
         self._committed = {k: None for k in self._committed if k in self._cache}
+        now = self.clock()
         new = []
         for k in live:
             if k in self._cache or not keys.parse_pending_key(k):
                 continue
             if (spelled := self._spelled(k, live[k][1])) is not None:
-                self._cache[k] = (live[k], spelled)
+                self._cache[k] = (live[k], spelled[0], spelled[1], now)
             else:
                 new.append(k)
         if new:
-            for k, (found, runs) in zip(new, self._pool.map(self._get, new), strict=True):
+            for k, (found, runs, legacy) in zip(new, self._pool.map(self._get, new), strict=True):
                 if found:
-                    self._cache[k] = (live[k], runs)
+                    self._cache[k] = (live[k], runs, legacy, now)
         damaged: dict[str, int] = {}
-        for k, (_, runs) in self._cache.items():
+        for k, (_, runs, _, _) in self._cache.items():
             if runs is None and (parsed := keys.parse_pending_key(k)) is not None:
                 damaged[parsed[0]] = min(parsed[1], damaged.get(parsed[0], parsed[1]))
         out = {}
-        for k, (_, runs) in self._cache.items():
+        legacy_after: set[str] = set()
+        for k, (_, runs, legacy, _) in self._cache.items():
             parsed = keys.parse_pending_key(k)
             if runs is None or parsed is None or k in self._committed:
                 continue
-            if parsed[0] in damaged and parsed[1] > damaged[parsed[0]]:
+            if legacy and parsed[0] in damaged and parsed[1] > damaged[parsed[0]]:
                 self.stats.incr("announcements_held_back")
+                legacy_after.add(parsed[0])
                 continue
             out[k] = runs
+        for k, (_, runs, _, seen) in self._cache.items():
+            parsed = keys.parse_pending_key(k)
+            own = parsed is not None and parsed[0] == self.own
+            if (
+                runs is None
+                and parsed is not None
+                and parsed[0] not in legacy_after
+                and (own or now - seen >= DAMAGED_KEEP_S)
+                and k not in self._committed
+            ):
+                self._committed[k] = None
+                self.stats.incr("announcements_damaged_deleted")
+                log.warning(
+                    "%s: a damaged announcement listed for %.0f s; deleted (its "
+                    "writers' hub announces their groups again)",
+                    k,
+                    now - seen,
+                )
         return out
 
     def retire(
@@ -105,10 +143,10 @@ class AnnouncementReader:
     ) -> dict[str, Runs]:
         """The announcements whose every run ``watermarks`` (a root as written) cover, or
         names a data object older than ``expired_after_ms`` (the whole grace period: GC
-        may have deleted that, and a live writer would have uploaded it again and
-        re-announced by half the grace period -- its writer died, and never got an ack
-        for it), are skipped from now on and deleted by the next :meth:`sweep` that is
-        due; returns the others."""
+        may have deleted that, so it can never be committed; a live writer uploads its
+        data again well before, :mod:`tieredbuf.produce.refresh`, and no writer is told
+        REMOTE without its own entry, I10), are skipped from now on and deleted by the
+        next :meth:`sweep` that is due; returns the others."""
         rest = {}
         for k, runs in anns.items():
             expired = []
@@ -124,8 +162,9 @@ class AnnouncementReader:
                 if expired:
                     self.stats.incr("announcements_expired")
                     log.warning(
-                        "%s: an announcement of %s outlived the GC grace period "
-                        "unrefreshed (its writer is gone); deleted",
+                        "%s: an announcement of %s names data older than the GC grace period "
+                        "(GC may have deleted it): it can never be committed; deleted (a live "
+                        "writer has uploaded its data again and announced it again)",
                         k,
                         ", ".join(expired),
                     )
@@ -165,10 +204,10 @@ class AnnouncementReader:
                 self._committed.pop(k, None)
                 self._cache.pop(k, None)
 
-    def _spelled(self, key: str, size: int) -> Runs | None:
-        """The runs ``key`` spells out (its key form: no GET), or None: it has none, or
-        one whose CRC or length (``size``, as listed) is not its body's (then the body
-        is read)."""
+    def _spelled(self, key: str, size: int) -> tuple[Runs, bool] | None:
+        """The runs ``key`` spells out (its key form: no GET) and whether an older
+        tieredbuf spelled them (no ``after``), or None: it has none, or one whose CRC or
+        length (``size``, as listed) is not its body's (then the body is read)."""
         text = keys.pending_key_form(key)
         if text is None:
             return None
@@ -179,24 +218,25 @@ class AnnouncementReader:
             return None
         self.stats.incr("announcements_read")
         self.stats.incr("announcements_read_from_key")
-        return runs
+        return runs, not text.startswith(FORM_3)
 
-    def _get(self, key: str) -> tuple[bool, Runs | None]:
-        """(False, None) when gone (committed and deleted since); else its runs, None when
-        damaged."""
+    def _get(self, key: str) -> tuple[bool, Runs | None, bool]:
+        """(False, None, False) when gone (committed and deleted since); else its runs
+        (None when damaged) and whether an older tieredbuf wrote it (no ``after``)."""
         try:
             raw = self.store.get(key).data
         except errors.ObjectNotFoundError:
-            return False, None
+            return False, None, False
         self.stats.incr("announcements_read")
         try:
-            return True, fa.decode(raw, obj=key)
+            runs = fa.decode(raw, obj=key)
         except errors.CorruptError as e:
             log.error(
-                "the announcement %s is damaged (%s): neither it nor any later announcement of "
-                "its announcer is committed; their writers wait and time out",
+                "the announcement %s is damaged (%s): it is never committed, nor anything of "
+                "its writers past it; their hub announces them again",
                 key,
                 e,
             )
             self.stats.incr("announcements_corrupt")
-            return True, None
+            return True, None, False
+        return True, runs, fa.version_of(raw) < fa.VERSION

@@ -43,7 +43,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -56,8 +55,11 @@ from tieredbuf.config import (
     RetryConfig,
 )
 from tieredbuf.errors import (
+    CorruptError,
     FlushTimeoutError,
     PermanentStoreError,
+    ProducerIdReusedError,
+    RemoteUnconfirmedError,
     StageBufferMismatchError,
     StagedDataLossError,
 )
@@ -77,14 +79,12 @@ from tieredbuf.store.base import manifest_writes_per_s as store_budget
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("batch", "qseg")
+STREAMS = keys.STREAMS
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 """A hard link's errnos that say the store cannot take links from this stage at all."""
 POLL_INTERVAL = 0.01
 """How often the exporter looks for newly sealed segments when idle (seconds)."""
-FAILURE_RETRY = RetryConfig(
-    initial_backoff=timedelta(seconds=1), max_backoff=timedelta(seconds=60)
-)
+FAILURE_RETRY = RetryConfig(initial_backoff=timedelta(seconds=1), max_backoff=timedelta(seconds=60))
 """Retries after a permanent store error: slow, capped (someone has to fix something)."""
 
 
@@ -101,11 +101,12 @@ def describe_stage(stage: Stage) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Exported:
-    """A segment that reached the queue: its per-core sequence runs and where it went."""
+    """A segment that reached the queue: its per-core sequence runs and the entry found
+    for it in the manifest (I10)."""
 
     stream: str
     sequences: tuple[tuple[int, int], ...]
-    sequence: int | None
+    sequence: int
     location: str
 
 
@@ -127,6 +128,8 @@ class Exporter:
         on_lost: Callable[[str, StagedDataLossError], None] | None = None,
         manifest_writes_per_s: float | None = None,
         before_export: Callable[[], None] | None = None,
+        on_unconfirmed: Callable[[str, tuple[tuple[int, int], ...], RemoteUnconfirmedError], None]
+        | None = None,
     ) -> None:
         """``on_error(e)`` is called when a permanent error stops exports and
         ``on_error(None)`` when they work again; ``on_lost(stream, e)`` when a sealed
@@ -135,7 +138,8 @@ class Exporter:
         0: unpaced; None: the store's, :func:`tieredbuf.store.base.manifest_writes_per_s`).
         ``before_export()`` before new segments are uploaded (it checks the stage belongs
         to this buffer: StageBufferMismatchError stops exports like a permanent store
-        error)."""
+        error).  ``on_unconfirmed(stream, sequences, e)`` when a segment's append cannot
+        be confirmed REMOTE (:meth:`_committed`)."""
         self.stage = stage
         stage.expect_reader()  # it reads each segment soon after its seal
         self.retry = retry or RetryConfig()
@@ -146,12 +150,17 @@ class Exporter:
         self._stop = threading.Event()
         forks.stop_at_exit(self._stop)
         self._publishers = {
-            stream: Publisher(store, f"{stage.producer_id}.{stream}", retry=self.retry,
-                            stop=self._stop, stats=self.stats, retry_log=self.retry_log)
+            stream: Publisher(
+                store,
+                keys.stream_producer_id(stage.producer_id, stream),
+                retry=self.retry,
+                stop=self._stop,
+                stats=self.stats,
+                retry_log=self.retry_log,
+            )
             for stream in STREAMS
         }
-        self._rate = (store_budget(store) if manifest_writes_per_s is None
-                      else manifest_writes_per_s)
+        self._rate = store_budget(store) if manifest_writes_per_s is None else manifest_writes_per_s
         self._hub = hub_for(store, queue)
         self._hub_token = self._hub.attach(self._rate, gc_grace_period)
         self._uploads: dict[str, _Upload] = {}
@@ -165,6 +174,7 @@ class Exporter:
         self._on_exported = on_exported
         self._on_error = on_error
         self._on_lost = on_lost
+        self._on_unconfirmed = on_unconfirmed
         self._before_export = before_export
         self._last_transient: BaseException | None = None
         self._pool = started_pool(max_uploads_in_flight, "tb-export")
@@ -172,6 +182,9 @@ class Exporter:
         self._cond = threading.Condition()
         self._idle = True
         self._error: BaseException | None = None
+        self._resubmit_at = 0.0
+        """Segments the hub failed go to it again from then on (backed off)."""
+        self._hub_failures = 0
         self._thread = threading.Thread(target=self._run, name="tb-exporter", daemon=True)
         self._thread.start()
 
@@ -187,8 +200,9 @@ class Exporter:
         self._wake.set()
         with self._cond:
             ok = self._cond.wait_for(
-                lambda: self._error is not None
-                or (self._idle and not self.stage.sealed_segments()),
+                lambda: (
+                    self._error is not None or (self._idle and not self.stage.sealed_segments())
+                ),
                 timeout,
             )
         if self._error is not None:
@@ -242,7 +256,7 @@ class Exporter:
         while not self._stop.is_set():
             try:
                 worked, wait = self._export_ready()
-            except (PermanentStoreError, StageBufferMismatchError) as e:
+            except (PermanentStoreError, StageBufferMismatchError, ProducerIdReusedError) as e:
                 if self._stop.is_set():
                     return
                 self.stats.incr("export_permanent_failures")
@@ -270,8 +284,8 @@ class Exporter:
                 self.retry_log.recovered("export (permanent store error)")
             attempt = 0
             self._last_transient = None
-            if self._error is not None:
-                self._recover()  # exported (or nothing is left to export)
+            if self._error is not None and not self.stage.sealed_segments():
+                self._recover()  # nothing is left to export (an export clears it too)
             if not worked:
                 with self._cond:
                     self._idle = True
@@ -280,12 +294,19 @@ class Exporter:
                 self._wake.wait(wait)
             self._wake.clear()
 
-    def _fail(self, e: PermanentStoreError | StageBufferMismatchError) -> None:
+    def _fail(
+        self,
+        e: PermanentStoreError | StageBufferMismatchError | ProducerIdReusedError | CorruptError,
+    ) -> None:
         first = self._error is None
         if first:
             e.add_note(f"Nothing is lost: {describe_stage(self.stage)}.")
-            log.error("export stopped by a permanent store error (the data stays staged; "
-                      "retrying slowly): %s", e, extra={"tb_raised": True})
+            log.error(
+                "export stopped by a permanent store error (the data stays staged; "
+                "retrying slowly): %s",
+                e,
+                extra={"tb_raised": True},
+            )
         with self._cond:
             self._error = e
             self._cond.notify_all()
@@ -306,8 +327,9 @@ class Exporter:
         sealed = self.stage.sealed_segments()
         if self._uploads:  # a segment drop_oldest deleted: its object is GC's orphan
             live = {s.ulid for s in sealed}
-            for ulid in [u for u, up in self._uploads.items()
-                         if u not in live and up.future.done()]:
+            for ulid in [
+                u for u, up in self._uploads.items() if u not in live and up.future.done()
+            ]:
                 del self._uploads[ulid]
         if not sealed and not self._uploads:
             return False, POLL_INTERVAL
@@ -337,7 +359,7 @@ class Exporter:
                     with self._cond:
                         del self._uploads[up.segment.ulid]  # uploaded again next pass
                     up.future.result()
-            if ready:
+            if ready and time.monotonic() >= self._resubmit_at:
                 self._submit(stream, ready)
         return True, POLL_INTERVAL
 
@@ -383,8 +405,14 @@ class Exporter:
                     self._on_lost(seg.stream, StagedDataLossError(str(dest), seg.sequences, why))
                 continue
             suffix = keys.SEGMENT_SUFFIX if seg.stream == "qseg" else keys.BATCH_SUFFIX
-            p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
-                        reload=functools.partial(_read_verified, self.stage, seg), link=link)
+            p = Pending(
+                body,
+                suffix,
+                seg.items,
+                seg.last_sequence + 1,
+                reload=functools.partial(_read_verified, self.stage, seg),
+                link=link,
+            )
             p.size = seg.size
             fut = self._pool.submit(self._upload, seg.stream, p)
             with self._cond:
@@ -406,41 +434,89 @@ class Exporter:
         with self._cond:
             for up in ready:
                 up.submitted = True
-        entries = [Announced(u.pending.producer_seq, u.pending.location, u.pending.size,
-                             u.pending.metadata) for u in ready]
+        entries = [
+            Announced(
+                u.pending.producer_seq, u.pending.location, u.pending.size, u.pending.metadata
+            )
+            for u in ready
+        ]
         self.stats.incr("groups_handed_over")
-        self._hub.submit(self._publishers[stream].producer_id, entries,
-                         functools.partial(self._committed, stream, ready),
-                         functools.partial(self._reupload, stream, ready))
+        self._hub.submit(
+            self._publishers[stream].producer_id,
+            entries,
+            functools.partial(self._committed, stream, ready),
+            functools.partial(self._reupload, stream, ready),
+        )
 
-    def _committed(self, stream: str, ready: list[_Upload], seqs: list[int | None] | None,
-                   err: BaseException | None) -> None:
-        """On the hub's thread: the segments are in the queue; release them."""
+    def _committed(
+        self,
+        stream: str,
+        ready: list[_Upload],
+        seqs: list[tuple[int, str]] | None,
+        err: BaseException | None,
+    ) -> None:
+        """On the hub's thread: the segments' entries were found in the queue; release
+        them.  A segment whose append cannot be confirmed (its writer's watermark covers
+        it, its entry is unlinked already: RemoteUnconfirmedError) is released too -- the
+        manifest holds it past its watermark, and exporting it again would append it
+        twice -- and its waiters fail with that error."""
+        if isinstance(err, RemoteUnconfirmedError):
+            log.error(
+                "export of %d segment(s) not confirmed REMOTE (released; their waiters "
+                "are told): %s",
+                len(ready),
+                err,
+            )
+            for up in ready:
+                self.stats.incr("segments_unconfirmed")
+                if self._on_unconfirmed is not None:
+                    self._on_unconfirmed(stream, up.segment.sequences, err)
+                self._release(up)
+            self._wake.set()
+            return
         if err is not None or seqs is None:
+            permanent = isinstance(err, PermanentStoreError | CorruptError)
+            delay = backoff_delay(
+                self.failure_retry if permanent else self.retry, self._hub_failures
+            )
+            self._hub_failures += 1
             with self._cond:
+                self._resubmit_at = time.monotonic() + delay
                 for up in ready:
-                    up.submitted = False  # handed to the hub again once exports work
-            if isinstance(err, PermanentStoreError | StageBufferMismatchError):
+                    up.submitted = False  # handed to the hub again, backed off
+            if isinstance(err, PermanentStoreError | CorruptError):
                 self._fail(err)
             else:
                 log.error("export of %d segment(s) failed: %s", len(ready), err)
             self._wake.set()
             return
-        for up, seq in zip(ready, seqs, strict=True):
+        self._hub_failures = 0
+        if self._error is not None:
+            self._recover()  # an export landed: exports work again
+        for up, (seq, location) in zip(ready, seqs, strict=True):
             self.stats.incr("segments_exported")
             self.stats.incr("bytes_exported", up.pending.size)
             if self._on_exported is not None:  # first: a flush() sees the stage empty once
-                self._on_exported(Exported(stream, up.segment.sequences, seq,  # released,
-                                           up.pending.location))  # and its handles say REMOTE
-            self.stage.release(up.segment)
-            with self._cond:  # only now: a pass that finds no upload of a segment finds
-                self._uploads.pop(up.segment.ulid, None)  # it released, not sealed
-        with self._cond:
-            self._cond.notify_all()
+                self._on_exported(
+                    Exported(
+                        stream,
+                        up.segment.sequences,
+                        seq,  # released,
+                        location,
+                    )
+                )  # and its handles say REMOTE
+            self._release(up)
         self._wake.set()
 
-    def _reupload(self, stream: str, ready: list[_Upload],
-                  entries: Sequence[Announced]) -> list[Announced]:
+    def _release(self, up: _Upload) -> None:
+        self.stage.release(up.segment)
+        with self._cond:  # only now: a pass that finds no upload of a segment finds it
+            self._uploads.pop(up.segment.ulid, None)  # released, not sealed
+            self._cond.notify_all()
+
+    def _reupload(
+        self, stream: str, ready: list[_Upload], entries: Sequence[Announced]
+    ) -> list[Announced]:
         """The GC grace rule (on the hub's thread): upload these segments again under
         fresh keys; their bytes are read back from the stage."""
         by_seq = {u.pending.producer_seq: u.pending for u in ready}
@@ -475,99 +551,3 @@ def _read_verified(stage: Stage, seg: SealedSegment) -> bytes:
     if why is not None:
         raise StagedDataLossError(str(seg.path), seg.sequences, why)
     return body
-
-
-class ExportTracker:
-    """Maps per-core sequences to their REMOTE outcome, whichever arrives first.
-
-    A LOCAL ack (the stage's future) and the export of the segment holding that
-    sequence race: a segment can be sealed and exported before the WAL fsync that
-    acks its entries returns.  Both sides meet here under one lock.
-
-    While exports are stopped by a permanent store error (:meth:`fail`), every waiter
-    is told so at once -- including ones that start waiting then -- but stays
-    registered: its segment is still staged, and reaches REMOTE once exports work.
-    """
-
-    def __init__(self, remember: int = 1024) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[
-            tuple[str, int],
-            tuple[Callable[[Exported], None], Callable[[BaseException], None] | None],
-        ] = {}
-        self._recent: dict[str, deque[Exported]] = {k: deque(maxlen=remember) for k in STREAMS}
-        self._through: dict[str, int] = dict.fromkeys(STREAMS, -1)
-        self._error: BaseException | None = None
-        self._lost: dict[str, deque[StagedDataLossError]] = {
-            k: deque(maxlen=remember) for k in STREAMS
-        }
-
-    def exported(self, ex: Exported) -> None:
-        fire: list[Callable[[Exported], None]] = []
-        with self._lock:
-            self._recent[ex.stream].append(ex)
-            self._through[ex.stream] = max(self._through[ex.stream], ex.sequences[-1][1])
-            for lo, hi in ex.sequences:
-                if hi - lo + 1 <= len(self._waiting):
-                    for s in range(lo, hi + 1):
-                        pair = self._waiting.pop((ex.stream, s), None)
-                        if pair is not None:
-                            fire.append(pair[0])
-                else:
-                    for key in [k for k in self._waiting if k[0] == ex.stream and lo <= k[1] <= hi]:
-                        fire.append(self._waiting.pop(key)[0])
-        for fn in fire:
-            fn(ex)
-
-    def lost(self, stream: str, error: StagedDataLossError) -> None:
-        """The segment holding ``error.sequences`` was quarantined: fail their waiters."""
-        with self._lock:
-            self._lost[stream].append(error)
-            hit = [k for k in self._waiting
-                   if k[0] == stream and any(lo <= k[1] <= hi for lo, hi in error.sequences)]
-            fns = [f for k in hit if (f := self._waiting.pop(k)[1]) is not None]
-        for f in fns:
-            f(error)
-
-    def fail(self, error: BaseException | None) -> None:
-        """Exports stopped on ``error`` (tell every waiter), or work again (None)."""
-        with self._lock:
-            self._error = error
-            failed = [f for _, f in self._waiting.values() if f is not None] if error else []
-        for f in failed:
-            assert error is not None
-            f(error)
-
-    def exported_through(self, stream: str) -> int:
-        """The highest sequence of ``stream`` exported so far (-1: none)."""
-        return self._through[stream]
-
-    def wait_for(
-        self, stream: str, seq: int, cb: Callable[[Exported], None],
-        on_fail: Callable[[BaseException], None] | None = None,
-    ) -> None:
-        """Call ``cb`` when ``seq`` is exported (at once if it already is); ``on_fail``
-        when exports are stopped by a permanent store error (at once if they are)."""
-        with self._lock:
-            losts = self._lost[stream]  # almost always empty: no generator per call then
-            lost = next((e for e in losts if any(lo <= seq <= hi for lo, hi in e.sequences)),
-                        None) if losts else None
-            if lost is not None:
-                error: BaseException | None = lost
-            elif seq > self._through[stream]:
-                self._waiting[(stream, seq)] = (cb, on_fail)
-                error = self._error
-                if error is None or on_fail is None:
-                    return
-            else:
-                error = None
-                hit = next(
-                    (e for e in self._recent[stream]
-                     if any(lo <= seq <= hi for lo, hi in e.sequences)),
-                    None,
-                )
-        if error is not None:
-            assert on_fail is not None
-            on_fail(error)
-            return
-        cb(hit or Exported(stream, ((seq, seq),), None, ""))

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Literal, overload
 
 
 class Durability(IntEnum):
@@ -16,18 +17,41 @@ class Durability(IntEnum):
     """fdatasync has returned for the bytes in the producer's WAL (staged producers).
     A stateless producer has no local copy: LOCAL is reached together with REMOTE."""
     REMOTE = 2
-    """The data object is in the store and its entry is in the queue manifest."""
+    """The data object is in the store and its entry is in the queue manifest: the entry
+    was found there, at a sequence the outcome names (I10)."""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
-    """Where a produce() call's records ended up (set once REMOTE)."""
+    """How far a produce() call's records got; once REMOTE, where they are (a
+    :class:`RemoteOutcome`: never without its sequence)."""
 
     sequence: int | None
-    """Manifest sequence of the entry holding the records (None if unknown after a restart)."""
+    """Manifest sequence of the entry holding the records (None before REMOTE)."""
     location: str | None
-    """Object key of the data object."""
+    """Object key of the data object (None before REMOTE)."""
     durability: Durability
+
+    def __post_init__(self) -> None:
+        if self.durability >= Durability.REMOTE and (
+            not isinstance(self.sequence, int) or not self.location
+        ):
+            raise ValueError(
+                "a REMOTE outcome names the entry found in the manifest: its sequence and "
+                f"its data object (I10); got sequence={self.sequence!r}, "
+                f"location={self.location!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOutcome(WriteOutcome):
+    """REMOTE: the entry holding the records, as found in a manifest (I10)."""
+
+    sequence: int
+    """Manifest sequence of the entry holding the records."""
+    location: str
+    """Object key of the data object that entry names."""
+    durability: Durability = Durability.REMOTE
 
 
 class DurabilityWatcher:
@@ -51,7 +75,7 @@ class DurabilityWatcher:
         self._lock = threading.Lock()
         self._waiters: list[threading.Lock] | None = None
         self._level = 0
-        self._outcome: WriteOutcome | None = None
+        self._outcome: RemoteOutcome | None = None
         self._error: BaseException | None = None
         self._callbacks: list[tuple[int, Callable[[], None]]] | None = None
         self._on_remote_wait = on_remote_wait
@@ -71,7 +95,10 @@ class DurabilityWatcher:
             fn()
 
     # producer side
-    def reach(self, level: Durability, outcome: WriteOutcome | None = None) -> None:
+    def reach(self, level: Durability, outcome: RemoteOutcome | None = None) -> None:
+        """``level`` is reached; REMOTE only with the outcome naming its entry (I10)."""
+        if level >= Durability.REMOTE and not isinstance(outcome, RemoteOutcome):
+            raise TypeError("REMOTE is reached only with the entry found in the manifest (I10)")
         with self._lock:
             if level > self._level:
                 self._level = int(level)
@@ -133,7 +160,7 @@ class DurabilityWatcher:
         with self._lock:
             return Durability(self._level) if self._level else None
 
-    def result(self) -> WriteOutcome | None:
+    def result(self) -> RemoteOutcome | None:
         """None while not yet REMOTE; the outcome once it is; raises the failure if it failed.
 
         A level reached wins over a failure reported earlier: a staged write whose REMOTE
@@ -144,6 +171,14 @@ class DurabilityWatcher:
             if self._error is not None:
                 raise self._error
             return None
+
+    @overload
+    def wait(
+        self, durability: Literal[Durability.REMOTE] = ..., timeout: float | None = None
+    ) -> RemoteOutcome: ...
+
+    @overload
+    def wait(self, durability: Durability, timeout: float | None = None) -> WriteOutcome: ...
 
     def wait(
         self, durability: Durability = Durability.REMOTE, timeout: float | None = None
@@ -156,7 +191,7 @@ class DurabilityWatcher:
         while True:
             with self._lock:
                 if self._level >= durability:  # reached: a later failure (REMOTE) does not matter
-                    return self._outcome or WriteOutcome(None, None, Durability(self._level))
+                    return self._outcome or WriteOutcome(None, None, Durability.LOCAL)
                 if self._error is not None:
                     raise self._error
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -184,10 +219,20 @@ class WriteHandle:
     def __init__(self, watcher: DurabilityWatcher | None = None) -> None:
         self.watcher = watcher or DurabilityWatcher()
 
+    @overload
+    def wait(
+        self, durability: Literal[Durability.REMOTE] = ..., timeout: float | None = None
+    ) -> RemoteOutcome: ...
+
+    @overload
+    def wait(self, durability: Durability, timeout: float | None = None) -> WriteOutcome: ...
+
     def wait(
         self, durability: Durability = Durability.REMOTE, timeout: float | None = None
     ) -> WriteOutcome:
+        """Block until ``durability`` is reached (REMOTE: its outcome names the entry found
+        in the manifest); raises TimeoutError or the write's failure."""
         return self.watcher.wait(durability, timeout)
 
-    def result(self) -> WriteOutcome | None:
+    def result(self) -> RemoteOutcome | None:
         return self.watcher.result()

@@ -28,12 +28,17 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import MAX_UPLOADS_IN_FLIGHT, ProducerConfig
-from tieredbuf.errors import BackpressureError, ClosedError, FlushTimeoutError
+from tieredbuf.errors import (
+    BackpressureError,
+    ClosedError,
+    FlushTimeoutError,
+    RemoteUnconfirmedError,
+)
 from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.produce.fanin import hub_for
-from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutcome, WriteHandle
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
@@ -379,28 +384,37 @@ class Producer:
     def _committed(
         self,
         group: list[tuple[Pending, Future[None], _OpenBatch]],
-        seqs: list[int | None] | None,
+        seqs: list[tuple[int, str]] | None,
         err: BaseException | None,
     ) -> None:
-        """On the hub's thread: the group is in the queue (or failed for good)."""
+        """On the hub's thread: the group's entries were found in the queue (each one's
+        sequence and data object), or it failed.  A write that cannot be confirmed fails
+        its own handles only; any other failure stops the producer."""
         with self._cond:
             self._committing -= 1
             for p, _, _ in group:
                 self._submitted.pop(p.producer_seq, None)
             self._cond.notify_all()
+        if isinstance(err, RemoteUnconfirmedError):
+            for _, _, b in group:
+                for w in b.watchers:
+                    w.fail(err)
+            self._release(group)
+            return
         if err is not None or seqs is None:
             self._die(err or RuntimeError("commit failed"), [b for _, _, b in group])
             return
-        released_inputs = released_bytes = 0
-        for (p, _, b), seq in zip(group, seqs, strict=True):
-            outcome = WriteOutcome(seq, p.location, Durability.REMOTE)
+        for (_, _, b), (seq, location) in zip(group, seqs, strict=True):
+            outcome = RemoteOutcome(seq, location)
             for w in b.watchers:
                 w.reach(Durability.REMOTE, outcome)
-            released_inputs += len(b.watchers)
-            released_bytes += b.size
+        self._release(group)
+
+    def _release(self, group: list[tuple[Pending, Future[None], _OpenBatch]]) -> None:
+        """The group's batches no longer count against the backpressure budget."""
         with self._cond:
-            self._buffered_inputs -= released_inputs
-            self._buffered_bytes -= released_bytes
+            self._buffered_inputs -= sum(len(b.watchers) for _, _, b in group)
+            self._buffered_bytes -= sum(b.size for _, _, b in group)
             self._cond.notify_all()
 
     def _reupload(self, entries: Sequence[Announced]) -> list[Announced]:

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tieredbuf import keys
-from tieredbuf.errors import StageBufferMismatchError
+from tieredbuf.errors import ProducerIdReusedError, StageBufferMismatchError
 from tieredbuf.stage import filesystem
 
 if TYPE_CHECKING:
-    from tieredbuf.queue.manifest_queue import ManifestQueue
+    from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
     from tieredbuf.stage.filesystem import FileSystem
     from tieredbuf.stage.stage import Stage
 
@@ -96,6 +96,10 @@ class StageBinding:
     def __init__(self, stage: Stage, queue: ManifestQueue) -> None:
         self.stage, self.queue = stage, queue
         self.url = canonical_url(queue.store.url)
+        self.opened_at = stage.next_sequence
+        """The stage's next sequence when it was opened: nothing above it was exported
+        before this process's first export, which the check precedes."""
+        self._id_checked = False
         self._strict = False
         """The stage held records bound to a buffer before this open: ids must match."""
         self._absent = False  # the last read found no root
@@ -136,8 +140,10 @@ class StageBinding:
             raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
 
     def before_export(self) -> None:
-        """Raise StageBufferMismatchError if the buffer is not the stage's own; store
-        errors propagate (the exporter retries)."""
+        """Raise StageBufferMismatchError if the buffer is not the stage's own, and
+        ProducerIdReusedError if its producer id has appended what this stage never
+        staged (:func:`check_producer_id`); store errors propagate (the exporter
+        retries)."""
         if self._verified or (self._absent and not self.queue.knows_root):
             return  # verified, or no root when last read and none known since
         with self._lock:
@@ -145,8 +151,13 @@ class StageBinding:
                 return
             # the root as this process last read or wrote it, once it has an id (ids
             # never change; exports before the buffer's first commit each read it)
-            known = self.queue.latest_snapshot().buffer_id if self.queue.knows_root else None
-            cur = known if known is not None else self.queue.read().buffer_id
+            snap = self.queue.latest_snapshot() if self.queue.knows_root else None
+            if snap is None or snap.buffer_id is None:
+                snap = self.queue.read()
+            cur = snap.buffer_id
+            if not self._id_checked:  # before this process exported anything
+                check_producer_id(self.stage, snap, self.opened_at)
+                self._id_checked = True
             recorded = read_binding(self.stage.path, self.stage.fs) or {
                 "buffer_id": None,
                 "url": self.url,
@@ -155,10 +166,35 @@ class StageBinding:
                 raise self._mismatch(recorded, {"buffer_id": cur, "url": self.url})
             if cur is None:  # no root yet: this export creates it; the id is recorded once
                 self._absent = True  # this process knows the root (its hub reads it)
-                return
+                return  # (and no watermark existed before our first export)
             if recorded.get("buffer_id") != cur:
                 _write(self.stage, {**recorded, "buffer_id": cur})
             self._verified = True
+
+
+def check_producer_id(stage: Stage, snap: Snapshot, ceiling: int) -> None:
+    """Each stream of a stage appends as ``<producer id>.<stream>`` with its segments' last
+    per-core sequence + 1 as the append number, and the stage never gives a sequence out
+    twice.  Before this process exports anything, a watermark past ``ceiling`` (the
+    stage's next sequence when it was opened) was written by another stage with the same
+    producer id (a wiped stage opened with an explicit id): taking this stage's appends
+    for ones that landed already would drop them and ack them (I10).  Raises
+    ProducerIdReusedError instead; the records stay staged."""
+    for stream in keys.STREAMS:
+        pid = keys.stream_producer_id(stage.producer_id, stream)
+        wm = snap.view.watermarks.get(pid)
+        if wm is not None and wm.producer_seq > ceiling:
+            raise ProducerIdReusedError(
+                pid,
+                wm.producer_seq,
+                ceiling,
+                f"producer id {stage.producer_id!r} has appended through number "
+                f"{wm.producer_seq} to this buffer, past anything stage {stage.path} has "
+                f"staged (its next sequence is {ceiling}): another stage used this id. "
+                "Nothing is exported; the records stay staged. Open the stage under a new "
+                f"producer id (rename {stage.path} to {stage.path.parent}/<new id>) and "
+                "drain it",
+            )
 
 
 def bind(stage: Stage, queue: ManifestQueue) -> StageBinding:

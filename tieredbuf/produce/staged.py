@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tieredbuf import keys
 from tieredbuf.config import (
@@ -28,8 +28,15 @@ from tieredbuf.config import (
     WalConfig,
 )
 from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
-from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter, ExportTracker
-from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle, WriteOutcome
+from tieredbuf.produce.export_tracker import ExportTracker
+from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter
+from tieredbuf.produce.handles import (
+    Durability,
+    DurabilityWatcher,
+    RemoteOutcome,
+    WriteHandle,
+    WriteOutcome,
+)
 from tieredbuf.produce.producer import as_records
 from tieredbuf.produce.prompt_seal import PromptSealer
 from tieredbuf.produce.stage_binding import StageBinding, bind
@@ -118,6 +125,7 @@ class StagedProducer:
                 on_exported=self._tracker.exported,
                 on_error=self._tracker.fail,
                 on_lost=self._tracker.lost,
+                on_unconfirmed=self._tracker.unconfirmed,
                 failure_retry=exp.get("failure_retry", FAILURE_RETRY),
                 manifest_writes_per_s=exp.get(
                     "manifest_writes_per_s", defaults.manifest_writes_per_s
@@ -162,9 +170,7 @@ class StagedProducer:
         """Push the write's LOCAL ack and then its export into ``w`` as they happen."""
 
         def remote(ex: Exported) -> None:
-            w.reach(
-                Durability.REMOTE, WriteOutcome(ex.sequence, ex.location or None, Durability.REMOTE)
-            )
+            w.reach(Durability.REMOTE, RemoteOutcome(ex.sequence, ex.location))
 
         def local(f: Future[StageAck]) -> None:
             err = f.exception()
@@ -254,6 +260,14 @@ class _StagedWatcher(DurabilityWatcher):
         if producer is not None:
             producer._follow(self, self._kind, self._fut)
 
+    @overload
+    def wait(
+        self, durability: Literal[Durability.REMOTE] = ..., timeout: float | None = None
+    ) -> RemoteOutcome: ...
+
+    @overload
+    def wait(self, durability: Durability, timeout: float | None = None) -> WriteOutcome: ...
+
     def wait(
         self, durability: Durability = Durability.REMOTE, timeout: float | None = None
     ) -> WriteOutcome:
@@ -279,7 +293,7 @@ class _StagedWatcher(DurabilityWatcher):
         self._wire()
         return super().level
 
-    def result(self) -> WriteOutcome | None:
+    def result(self) -> RemoteOutcome | None:
         self._wire()
         return super().result()
 

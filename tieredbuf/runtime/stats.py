@@ -18,6 +18,11 @@ class Stats:
         with self._lock:
             self.counts[name] = self.counts.get(name, 0) + n
 
+    def set(self, name: str, value: int) -> None:
+        """A gauge: the latest value, not a count."""
+        with self._lock:
+            self.counts[name] = value
+
     def get(self, name: str) -> int:
         with self._lock:
             return self.counts.get(name, 0)

@@ -219,6 +219,13 @@ class Stage:
         with self._state.lock:
             return self._state.disk_bytes()
 
+    @property
+    def next_sequence(self) -> int:
+        """The per-core sequence the next append gets: every lower one this stage has
+        given out (across restarts; never reused)."""
+        with self._state.lock:
+            return self._state.next_seq
+
     def disk_fault(self) -> DiskError | None:
         """The disk error the stage is living with right now (appends refused or
         failing, a cursor or a delete not done), or None: what readiness reports."""
