@@ -56,7 +56,7 @@ from tieredbuf.errors import (
 from tieredbuf.store.base import GetResult, IfMatch, Store
 
 _WRONG_ETAG = '"00000000000000000000000000000000"'
-P1, P2, P3, P4 = b"probe-1", b"probe-2", b"probe-3", b"probe-4"
+_P1, _P2, _P3, _P4 = b"probe-1", b"probe-2", b"probe-3", b"probe-4"
 ATTEMPTS = 3
 """How often a step is tried while the store answers 409 with the object unchanged."""
 _HINT = (
@@ -76,7 +76,7 @@ def probe_conditional_writes(store: Store, where: str) -> None:
     try:
         etag = _create(store, key, where)
         try:
-            store.put(key, P2, mode="create")
+            store.put(key, _P2, mode="create")
         except ConflictError:
             pass  # refused, as it must be (412, or a 409 conflict)
         else:
@@ -84,7 +84,7 @@ def probe_conditional_writes(store: Store, where: str) -> None:
                 f"{where} ignores If-None-Match: * (create-if-absent overwrote {key!r}); {_HINT}"
             )
         try:
-            store.put(key, P3, mode=IfMatch(_WRONG_ETAG))
+            store.put(key, _P3, mode=IfMatch(_WRONG_ETAG))
         except (ConflictError, ObjectNotFoundError):
             pass  # refused: 412 (or 404 on some servers; a 409 conflict)
         else:
@@ -116,13 +116,13 @@ def _create(store: Store, key: str, where: str) -> str:
     read back: probe-1 there is the probe's own create, landed with its response lost."""
     for _ in range(ATTEMPTS):
         try:
-            return store.put(key, P1, mode="create")
+            return store.put(key, _P1, mode="create")
         except ConflictError as e:
             found = _read_back(store, key)
             if found is None:
                 last: ConflictError = e  # a 409, or a refusal of nothing: try again
                 continue
-            if found.data == P1:
+            if found.data == _P1:
                 return found.etag  # the retry met the probe's own landed create
             raise _foreign(key, where, found) from e
     raise TransientStoreError(
@@ -136,29 +136,29 @@ def _replace(store: Store, key: str, etag: str, where: str) -> None:
     back: probe-4 there is the probe's own write, landed with its response lost."""
     for _ in range(ATTEMPTS):
         try:
-            store.put(key, P4, mode=IfMatch(etag))
+            store.put(key, _P4, mode=IfMatch(etag))
             return
         except ConflictError as e:
             found = _read_back(store, key)
-            if found is not None and found.data == P4:
+            if found is not None and found.data == _P4:
                 return  # the retry met the probe's own landed write
             if found is None:
                 raise TransientStoreError(
                     f"the conditional-write probe's object {key!r} vanished from {where} "
                     f"while the probe ran ({e}): try again"
                 ) from e
-            if found.data in (P2, P3):
+            if found.data in (_P2, _P3):
                 raise ConditionalWritesUnsupportedError(
                     f"{where} applied a conditional write it refused ({key!r} holds "
                     f"{found.data.decode()}); {_HINT}"
                 ) from e
-            if found.data != P1:
+            if found.data != _P1:
                 raise _foreign(key, where, found) from e
             if found.etag != etag:
                 raise ConditionalWritesUnsupportedError(
-                    f"{where} answered the PUT of {key!r} with etag {etag!r} but serves the "
-                    f"same object with etag {found.etag!r}: its etags are not usable as "
-                    f"version tokens; {_HINT}"
+                    f"{where} gave etag {etag!r} for {key!r} but serves the same, unchanged "
+                    f"object with etag {found.etag!r}: its etags are not usable as version "
+                    f"tokens; {_HINT}"
                 ) from e
             if isinstance(e, PreconditionFailedError):
                 raise ConditionalWritesUnsupportedError(
