@@ -9,6 +9,8 @@ moto (or SeaweedFS) and, per request:
 * with ``lose_responses`` (a probability), forwards a write and then drops the
   connection instead of answering: the write landed, its response was lost, and the
   client retries it (I2: a retry must recognise its own landed write);
+* with ``lose_if`` (a function of the method, the path with its query and the
+  headers), does the same to exactly the writes it picks: a deterministic lost response;
 * with ``fail_writes`` (a probability), answers a write ``503 SlowDown`` without
   forwarding it (a transient refusal);
 * with ``key_write_window_s``, refuses a PUT or POST to a key within that many seconds
@@ -32,7 +34,8 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -68,6 +71,7 @@ class LatencyProxy:
         lose_responses: float = 0.0,
         fail_writes: float = 0.0,
         key_write_window_s: float = 0.0,
+        lose_if: Callable[[str, str, Message], bool] | None = None,
         seed: int | None = None,
     ) -> None:
         u = urlsplit(upstream)
@@ -77,6 +81,7 @@ class LatencyProxy:
         self.lose_responses = lose_responses
         self.fail_writes = fail_writes
         self.key_write_window_s = key_write_window_s
+        self.lose_if = lose_if
         self._accepted: dict[str, float] = {}
         """Per key (path): when the server last accepted a write to it (monotonic)."""
         self._key_locks: dict[str, threading.Lock] = {}
@@ -125,6 +130,12 @@ class LatencyProxy:
         with self._lock:
             return self.rng.random() < p
 
+    def _picked(self, method: str, path: str, headers: Message) -> bool:
+        if self.lose_if is None:
+            return False
+        with self._lock:  # one decision at a time: a picker may count what it picked
+            return self.lose_if(method, path, headers)
+
     def forward(self, h: BaseHTTPRequestHandler) -> None:
         if (
             self.key_write_window_s > 0
@@ -168,7 +179,9 @@ class LatencyProxy:
             conn.close()
         if limited_key is not None and resp.status < 300:
             self._accepted[limited_key] = time.monotonic()
-        if method in _WRITES and self._chance(self.lose_responses):
+        if method in _WRITES and (
+            self._chance(self.lose_responses) or self._picked(method, h.path, h.headers)
+        ):
             with self._lock:
                 self.counts["lost"] += 1
             h.close_connection = True  # the write landed; its answer never comes

@@ -44,6 +44,13 @@ _RESET = obx.GenericError(
     '104, kind: ConnectionReset, message: "Connection reset by peer" }'
 )
 
+_DELETE_DENIED = obx.GenericError(
+    "Generic S3 error: DeleteObjects request failed for key p/x: Access Denied (code: "
+    'AccessDenied)\n\nDebug source:\nGeneric {\n    store: "S3",\n    source: DeleteFailed {'
+    '\n        path: "p/x",\n        code: "AccessDenied",\n        message: "Access '
+    'Denied",\n    },\n}'
+)
+
 
 @pytest.mark.parametrize(
     ("exc", "write", "expected"),
@@ -86,6 +93,8 @@ _RESET = obx.GenericError(
         (_generic(403, "AuthenticationFailed", "GET"), False, errors.CredentialsError),
         (_generic(403, "AuthorizationPermissionMismatch"), True, errors.AccessDeniedError),
         (_generic(400, "InvalidArgument"), True, errors.PermanentStoreError),
+        # one key of a DeleteObjects refused (200 with a per-key error): as obstore words it
+        (_DELETE_DENIED, True, errors.AccessDeniedError),
         (obx.InvalidPathError("bad path"), True, errors.InvalidKeyError),
         (
             obx.GenericError(

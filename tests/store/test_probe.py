@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import S3Endpoint
+from tests.conftest import AzureEndpoint, S3Endpoint
 from tests.faults import CountingStore
 from tests.store.conftest import make_store
 from tieredbuf import errors
 from tieredbuf.store import GetResult, IfMatch, ObjectMeta, PutMode, Store, open_store
 from tieredbuf.store.objstore import ObjStore
-from tieredbuf.store.probe import PROBES, ProbeCache, probe_conditional_writes
+from tieredbuf.store.probe import ATTEMPTS, PROBES, ProbeCache, probe_conditional_writes
 
 
 class IgnoresModes:
@@ -143,3 +143,178 @@ def test_probe_false_skips_the_probe(s3_endpoint: S3Endpoint) -> None:
 
 def test_store_protocol_is_satisfied_by_the_stand_in() -> None:
     assert isinstance(IgnoresModes(), Store)
+
+
+# --- lost responses: the probe must recognise its own landed writes (I2) ---------------
+
+_ZERO_ETAG = '"00000000000000000000000000000000"'
+PROBE_WRITES = {
+    # which of the probe's requests has its response lost after the server applied it
+    "create": ("PUT", 1),  # probe-1, If-None-Match: * (lands)
+    "create-again": ("PUT", 2),  # probe-2, If-None-Match: * (refused 412)
+    "wrong-if-match": ("PUT", 3),  # probe-3, If-Match: a wrong etag (refused 412)
+    "if-match": ("PUT", 4),  # probe-4, If-Match: the current etag (lands)
+    "delete": ("POST", 1),  # the DeleteObjects that removes the probe object
+}
+
+
+class LoseOne:
+    """Picks the ``nth`` ``method`` request to a ``_probe/`` key (or, for POST, S3's
+    DeleteObjects) for the proxy to lose, and only that one: the
+    client's retry then meets the write the server applied."""
+
+    def __init__(self, method: str, nth: int) -> None:
+        self.method, self.nth = method, nth
+        self.seen = 0
+        self.picked: list[str] = []
+
+    def __call__(self, method: str, path: str, headers: Any) -> bool:
+        if method != self.method:
+            return False
+        if method == "PUT" and "/_probe/" not in path:
+            return False
+        if method == "POST" and "delete" not in path and "comp=batch" not in path:
+            return False  # neither S3's DeleteObjects nor an Azure Blob Batch
+        self.seen += 1
+        if self.seen != self.nth:
+            return False
+        self.picked.append(f"{method} {path} If-Match={headers.get('If-Match')}")
+        return True
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("client", ["obstore", "botocore"])
+@pytest.mark.parametrize("lost", list(PROBE_WRITES))
+def test_I2_probe_recognises_its_own_write_whose_response_was_lost(
+    s3_endpoint: S3Endpoint, lost: str, client: str
+) -> None:
+    """Invariant I2 for the probe itself: through a proxy that lets the server apply one
+    probe write and then drops its response, the client retries; a retried create meets
+    its own object (AlreadyExistsError), a retried If-Match meets the etag it made
+    (PreconditionFailedError).  The probe reads the object back, finds its own body and
+    passes: one lost response never makes a working store look broken (on real S3 it
+    would refuse, fatally, every producer of the process).  obstore and botocore (the
+    client of a forked child) both retry a write whose response was lost."""
+    from tests.latency_proxy import LatencyProxy
+    from tieredbuf.store.botostore import BotoS3Store
+
+    bucket = s3_endpoint.new_bucket()
+    pick = LoseOne(*PROBE_WRITES[lost])
+    with LatencyProxy(s3_endpoint.endpoint, {}, lose_if=pick) as proxy:
+        opts: dict[str, Any] = {
+            **s3_endpoint.options(),
+            "endpoint": proxy.endpoint,
+            "max_retries": 2,
+            "retry_timeout": 10,
+        }
+        s = open_store(f"s3://{bucket}/p", **opts)
+        assert isinstance(s, ObjStore) and s.s3 is not None
+        store: Store = (
+            ObjStore(s.obstore, s.url) if client == "obstore" else BotoS3Store(s.s3, s.url)
+        )
+        probe_conditional_writes(store, f"S3 endpoint {proxy.endpoint}")
+        assert proxy.counts["lost"] == 1, pick.picked  # the fault fired, exactly once
+        assert list(store.list("_probe/")) == []  # and the probe object is gone
+
+
+@pytest.mark.azure
+@pytest.mark.parametrize(
+    "lost", [("create", "PUT", 1), ("if-match", "PUT", 4), ("delete", "POST", 1)], ids=str
+)
+def test_I2_probe_recognises_its_own_write_whose_response_was_lost_on_azure(
+    azurite_endpoint: AzureEndpoint, lost: tuple[str, str, int]
+) -> None:
+    """The same on Azure Blob (Azurite): a create retried onto its own blob answers 409
+    BlobAlreadyExists, an If-Match retried onto its own write 412 ConditionNotMet."""
+    from tests.latency_proxy import LatencyProxy
+
+    container = azurite_endpoint.new_container()
+    pick = LoseOne(lost[1], lost[2])
+    with LatencyProxy(azurite_endpoint.endpoint, {}, lose_if=pick) as proxy:
+        opts: dict[str, Any] = {
+            **azurite_endpoint.options(),
+            "endpoint": f"{proxy.endpoint}/{azurite_endpoint.account_name}",
+            "retry_timeout": 10,
+        }
+        s = open_store(f"az://{container}/p", **opts)
+        assert isinstance(s, ObjStore)
+        store = ObjStore(s.obstore, s.url)
+        probe_conditional_writes(store, f"Azure Blob endpoint {proxy.endpoint}")
+        assert proxy.counts["lost"] == 1, (pick.picked, proxy.counts)
+        assert list(store.list("_probe/")) == []
+
+
+class RefusesIfMatch(IgnoresModes):
+    """A store that enforces create-if-absent and answers every If-Match with ``error``;
+    with ``apply`` it writes first (a refusal that nevertheless landed)."""
+
+    def __init__(self, error: type[errors.ConflictError], apply: bool = False) -> None:
+        super().__init__(honour_create=True)
+        self.error, self.apply = error, apply
+        self.if_match = 0
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        if not isinstance(mode, IfMatch):
+            return super().put(key, data, mode=mode)
+        self.if_match += 1
+        if self.apply:
+            self._inner.put(key, data)
+        raise self.error(key)
+
+
+def test_probe_concludes_from_a_refusal_no_lost_response_explains() -> None:
+    """A 412 on If-Match with the etag the store itself gave out, the object read back
+    unchanged (probe-1 under that etag): the write did not land, so the store is judged
+    unable -- once, without retrying a verdict."""
+    fake = RefusesIfMatch(errors.PreconditionFailedError)
+    with pytest.raises(
+        errors.ConditionalWritesUnsupportedError, match=r"no lost response explains"
+    ):
+        probe_conditional_writes(fake, "S3 endpoint http://fake:9000")
+    assert fake.if_match == 2  # the wrong etag (step 3), then the right one (step 4) once
+    assert list(fake.list("")) == []
+
+
+def test_probe_takes_a_conflict_with_the_object_unchanged_for_no_verdict() -> None:
+    """A 409 (S3's ConditionalRequestConflict: another conditional write in flight, e.g.
+    the probe's own first attempt) proves nothing about the store: the probe tries
+    again and then fails as transient, never as ConditionalWritesUnsupportedError."""
+    fake = RefusesIfMatch(errors.AlreadyExistsError)
+    with pytest.raises(errors.TransientStoreError, match=r"conflict") as info:
+        probe_conditional_writes(fake, "S3 endpoint http://fake:9000")
+    assert not isinstance(info.value, errors.PermanentStoreError)
+    assert fake.if_match == 1 + ATTEMPTS
+
+
+def test_probe_recognises_a_landed_if_match_reported_as_refused() -> None:
+    """The Store-level picture of a lost response: the If-Match with the right etag
+    lands and the caller sees PreconditionFailedError.  The probe reads probe-4 back
+    and passes."""
+
+    class LandsThenRefuses(RefusesIfMatch):
+        def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+            if isinstance(mode, IfMatch) and mode.etag == '"00000000000000000000000000000000"':
+                raise errors.PreconditionFailedError(key)  # step 3: a plain refusal
+            return super().put(key, data, mode=mode)
+
+    landed = LandsThenRefuses(errors.PreconditionFailedError, apply=True)
+    probe_conditional_writes(landed, "S3 endpoint http://fake:9000")
+    assert landed.if_match == 1 and list(landed.list("")) == []
+
+
+def test_probe_rejects_a_store_that_applies_a_write_it_refused() -> None:
+    """A store that answers the wrong-etag PUT 412 but writes it, and refuses the right
+    etag afterwards (its etag moved): the object read back holds probe-3."""
+
+    class AppliesWrongEtag(RefusesIfMatch):
+        def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+            if isinstance(mode, IfMatch) and mode.etag != '"00000000000000000000000000000000"':
+                self.if_match += 1
+                raise errors.PreconditionFailedError(key)  # step 4: the etag moved
+            return super().put(key, data, mode=mode)
+
+    fake = AppliesWrongEtag(errors.PreconditionFailedError, apply=True)
+    with pytest.raises(
+        errors.ConditionalWritesUnsupportedError, match=r"applied a conditional write it refused"
+    ):
+        probe_conditional_writes(fake, "S3 endpoint http://fake:9000")

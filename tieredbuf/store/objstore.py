@@ -100,6 +100,9 @@ class Remote:
 
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _CODE_RE = re.compile(r"<Code>([^<]{1,100})</Code>")
+_DELETE_CODE_RE = re.compile(r"DeleteObjects request failed for key .{0,1024}\(code: (\w{1,100})\)")
+"""A DeleteObjects answers 200 with a per-key error (AccessDenied on a key the policy
+does not cover): obstore words its code so, not as XML."""
 _MESSAGE_RE = re.compile(r"<Message>([^<]{1,300})</Message>")
 _KIND_RE = re.compile(r"HttpError \{\s*kind: (\w+)")
 _OS_MESSAGE_RE = re.compile(r'message: "([^"]{1,200})"')
@@ -127,7 +130,7 @@ def obstore_facts(e: BaseException) -> Facts:
     error code and the transport error kind only in its message text."""
     text = str(e)
     status = _STATUS_RE.search(text)
-    code = _CODE_RE.search(text)
+    code = _CODE_RE.search(text) or _DELETE_CODE_RE.search(text)
     message = _MESSAGE_RE.search(text)
     kind = _KIND_RE.search(text)
     os_message = _OS_MESSAGE_RE.search(text)
