@@ -8,7 +8,7 @@
 | `staged.py` | the staged producer: the local tier (WAL, segments) in front of the exporter |
 | `stage_binding.py` | a stage belongs to one buffer (`buffer.json`) |
 | `exporter.py` | uploads sealed segments and appends them; releases them from the stage |
-| `export_tracker.py` | a staged write's REMOTE outcome, whether its LOCAL ack or its export comes first |
+| `export_tracker.py` | a staged write's REMOTE outcome, its LOCAL ack or export first |
 | `prompt_seal.py` | a wait for REMOTE asks for an early seal |
 | `fanin.py` | the commit hub: one commit per interval for every writer of a buffer (fan-in) |
 | `hub_state.py` | what the hub's parts share: the waiting groups, the root as last seen, timings |
@@ -16,7 +16,7 @@
 | `commit_turn.py` | the holder's turn: LIST, read announcements, one CAS for every writer |
 | `watch_turn.py` | a watcher's turn: announce, poll the root, announce again, measure clock skew |
 | `settle.py` | the one place a write becomes REMOTE: its own entry found in a manifest (I10) |
-| `refresh.py` | the GC grace rule as a writer keeps it: upload waiting data again before it is stale |
+| `refresh.py` | the GC grace rule as a writer keeps it: upload aging data again |
 | `announcements.py` | the committer's reader of other processes' announcements |
 | `rhythm.py` | when a watcher polls for the holder's next commit (pure) |
 | `api.py` | the `RecordProducer` protocol both producers meet |
