@@ -1,7 +1,8 @@
 """I10 under torture: a promise is made only from evidence, whatever happens to the writers.
 
 Several producer processes -- stateless and staged -- write to one buffer while a chaos
-loop SIGKILLs them (and starts them again: a staged one on its own stage), SIGSTOPs them
+loop SIGKILLs or closes them (and starts them again: a staged one on its own stage; a closing
+holder hands its lease over), SIGSTOPs them
 past half the GC grace period, holds some of their uploads back past it (brownouts),
 damages some of their announcements, and runs their clocks apart; GC runs all along at
 a short grace, and a consumer reads, acks and dequeues everything as it comes (so GC
@@ -79,6 +80,7 @@ class Proc:
 class Totals:
     started: int = 0
     kills: int = 0
+    closes: int = 0
     stops: int = 0
     skewed: int = 0
     brownouts: int = 0
@@ -108,9 +110,9 @@ def _start(
         stage,
         str(skew_ms),
         str(rng.randrange(1 << 30)),
-        "0.02",
+        "0.02",  # brownouts: one data upload in 50 held past half the grace period
         str(grace_s * 0.55),
-        "0.05",
+        "0.1",  # one announcement in 10 damaged
     ]
     popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     p = Proc(name, mode, stage, skew_ms, popen)
@@ -181,7 +183,7 @@ def run_torture(root: Path, seed: int, seconds: float, grace_s: float) -> Totals
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:
-            time.sleep(rng.uniform(0.5, 2.5))  # the chaos's own pace, not synchronisation
+            time.sleep(rng.uniform(1.0, 3.0))  # the chaos's own pace, not synchronisation
             for slot, until in list(stopped.items()):
                 if time.monotonic() >= until:
                     procs[slot].popen.send_signal(signal.SIGCONT)
@@ -189,16 +191,21 @@ def run_torture(root: Path, seed: int, seconds: float, grace_s: float) -> Totals
             slot, mode = rng.choice(writers)
             if slot in stopped:
                 continue
-            if rng.random() < 0.25:  # SIGSTOP past half the grace period
+            event = rng.random()
+            if event < 0.25:  # SIGSTOP past half the grace period
                 procs[slot].popen.send_signal(signal.SIGSTOP)
                 stopped[slot] = time.monotonic() + grace_s * rng.uniform(0.55, 0.7)
                 t.stops += 1
-            else:  # SIGKILL, and a new process (a staged one on the same stage)
-                old = procs[slot]
-                old.popen.send_signal(signal.SIGKILL)
-                old.popen.wait(timeout=30)
+            elif event < 0.8:  # SIGKILL, or a clean close (a holder hands its lease over),
+                old = procs[slot]  # then a new process (a staged one on the same stage)
+                if event < 0.55:
+                    old.popen.send_signal(signal.SIGKILL)
+                    t.kills += 1
+                else:
+                    old.popen.send_signal(signal.SIGTERM)
+                    t.closes += 1
+                old.popen.wait(timeout=180)
                 done.append(old)
-                t.kills += 1
                 start(slot, mode)
     finally:
         for slot in list(stopped):
@@ -262,7 +269,11 @@ def check(
                 t.remote += 1
                 if seq == "None":
                     t.no_sequence += 1
-                    problems.append(f"I10: {rec} REMOTE with no sequence")
+                    lost = rec not in where
+                    t.lost += lost
+                    problems.append(
+                        f"I10: {rec} REMOTE with no sequence{', in no entry' if lost else ''}"
+                    )
                     continue
                 at = where.get(rec)
                 if not at:

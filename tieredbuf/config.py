@@ -95,8 +95,6 @@ class ProducerConfig:
     object older than half the grace period is re-uploaded under a new ULID before it
     is enqueued, so GC can never have deleted it."""
     retry: RetryConfig = field(default_factory=RetryConfig)
-    watermark_ttl: timedelta = timedelta(days=1)
-    """How long the manifest remembers this producer's append watermark (I2)."""
     manifest_writes_per_s: float | None = None
     """The buffer's commit budget: the writer holding the commit lease appends what every
     writer has uploaded at most this often (tieredbuf/produce/fanin.py), so a write waits
@@ -121,9 +119,6 @@ class ProducerConfig:
             except ValueError as e:
                 raise ConfigError(f"unknown batch_compression {self.batch_compression!r}") from e
         _non_negative_td("gc_grace_period", self.gc_grace_period)
-        _non_negative_td("watermark_ttl", self.watermark_ttl)
-        if self.watermark_ttl <= self.gc_grace_period:
-            raise ConfigError("watermark_ttl must exceed gc_grace_period")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,4 +4,5 @@
 |---|---|
 | `gc.py` | garbage collection of unreferenced objects (`tieredbuf gc`, from cron) |
 | `metrics.py` | Prometheus metrics of producers, consumers, buffers and GC passes |
+| `series.py` | every exported series, by the stats key it comes from (pure data) |
 """

@@ -11,7 +11,8 @@ from tieredbuf.produce.handles import WriteHandle
 class RecordProducer(Protocol):
     """``buf.producer()`` (stateless) and ``buf.producer(staging_dir=...)`` (staged) both:
     ``produce`` a call's records, ``flush`` what is pending, ``close`` (flush and stop),
-    and a ``with`` block that closes."""
+    a ``with`` block that closes, and ``commit_health`` (what keeps its writes from their
+    commits now, or None)."""
 
     def produce(
         self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
@@ -20,6 +21,8 @@ class RecordProducer(Protocol):
     def flush(self, timeout: float | None = None) -> None: ...
 
     def close(self, timeout: float | None = None) -> None: ...
+
+    def commit_health(self) -> str | None: ...
 
     def __enter__(self) -> RecordProducer: ...
 

@@ -218,6 +218,10 @@ class Exporter:
         """Seconds until the buffer's next commit may take what is uploaded now (0: now)."""
         return self._hub.next_commit_in()
 
+    def commit_health(self) -> str | None:
+        """What keeps exports from their commits now (the fan-in hub's health), or None."""
+        return self._hub.health()
+
     def wake(self) -> None:
         """Look at the stage now (a segment was just sealed for a REMOTE waiter)."""
         self._wake.set()

@@ -133,6 +133,11 @@ class Producer:
 
     # --- public API ----------------------------------------------------------
 
+    def commit_health(self) -> str | None:
+        """What keeps this producer's writes from their commits now (a committer whose
+        clock is too far ahead, docs/architecture.md "Clocks"), or None."""
+        return self._hub.health()
+
     def produce(
         self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
     ) -> WriteHandle:

@@ -151,6 +151,11 @@ class StagedProducer:
             "quarantined_segments": len(self.stage.quarantined()),
         }
 
+    def commit_health(self) -> str | None:
+        """What keeps this producer's exports from their commits now (a committer whose
+        clock is too far ahead, docs/architecture.md "Clocks"), or None."""
+        return self.exporter.commit_health()
+
     def disk_fault(self) -> DiskError | None:
         """The stage's current disk error (None while its disk works): readiness."""
         return self.stage.disk_fault()

@@ -2,8 +2,9 @@
 
     POST /v1/produce?durability=local|remote   body: ndjson | u32-prefixed records | Arrow stream
     GET  /healthz      200 while the producer works; 500 with the reason while a permanent
-                       store error stops its exports (credentials, access, bucket) or a
-                       corrupt staged segment is quarantined
+                       store error stops its exports (credentials, access, bucket), a
+                       corrupt staged segment is quarantined, or the buffer's committer
+                       has a clock too far ahead (docs/architecture.md, "Clocks")
     GET  /readyz       200 while accepting writes; 503 while starting, draining, or while
                        the stage's disk is failing (DiskFullError / DiskIOError)
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
@@ -272,6 +273,12 @@ async def healthz(request: web.Request) -> web.Response:
         if details:
             body["stage"] = str(p.stage.path)
         return web.json_response(body, status=500)
+    stalled = p.commit_health() if p is not None else None
+    if stalled is not None:  # a committer's clock too far off: REMOTE writes wait
+        return web.json_response(
+            {"error": f"commits stalled: {stalled}", "status": 500, "worker": state.index},
+            status=500,
+        )
     bad = p.stage.quarantined() if p is not None else []
     if bad:
         where = (
