@@ -29,7 +29,9 @@ usage or configuration (a wrong URL or scheme, missing credentials, no buffer at
 that is read, a file given as the URL, no stage in the directory, a stage that belongs
 to another buffer, a port in use, a missing input file, input that is not one record per
 line); 3 the store or the data failed (credentials rejected, access denied, missing
-bucket, still unreachable at --timeout, corrupt, fenced); 130 interrupted (Ctrl-C).
+bucket, still unreachable at --timeout, corrupt, fenced, the output could not be
+written); 130 interrupted (Ctrl-C); 141 the output's reader went away (``| head``: a quiet
+stop, as ``cat`` makes, after acking only what was written).
 Every failure is one line on stderr, never a traceback.
 """
 
@@ -50,7 +52,9 @@ from tieredbuf.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_PIPE,
     EXIT_USAGE,
+    GuardedOutput,
     Progress,
     cli_terms,
     fmt_duration,
@@ -68,7 +72,13 @@ from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
 from tieredbuf.cli.work import add_parser as add_work
 from tieredbuf.cli.work import split_command
-from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
+from tieredbuf.errors import (
+    BufferNotFoundError,
+    ConfigError,
+    OutputClosedError,
+    OutputError,
+    TieredBufError,
+)
 from tieredbuf.runtime.redact import redact
 
 
@@ -151,7 +161,8 @@ EPILOG = (
     "Exit codes: 0 success; 1 partial failure; 2 bad usage or configuration (a wrong URL, "
     "missing credentials, no buffer at a URL that is read); 3 the store or the data failed "
     "(credentials rejected, a missing bucket, still unreachable at --timeout, corrupt, "
-    "fenced); 130 interrupted.  S3 settings come from the flags, the AWS_* environment or "
+    "fenced, output that cannot be written); 130 interrupted; 141 the output's reader went "
+    "away (| head: only what was written is acked).  S3 settings come from the flags, the AWS_* environment or "
     "a profile in ~/.aws (AWS_PROFILE).  Every failure is one line on stderr."
 )
 
@@ -521,9 +532,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     def say(text: str) -> None:
         print(redact(cli_terms(_gave_up(text, args), flags)), file=sys.stderr)
 
+    stdout = GuardedOutput(out or sys.stdout)
     try:
-        code: int = args.fn(args, out or sys.stdout)
+        code: int = args.fn(args, typing.cast(TextIO, stdout))
+        stdout.flush()  # here, where a failure is reported, not at the interpreter's exit
         return code
+    except OutputClosedError:  # `| head`: a quiet exit, as cat's
+        stdout.silence()
+        return EXIT_PIPE
+    except OutputError as e:
+        stdout.silence()
+        say(f"tieredbuf: {one_line(e)}")
+        return EXIT_FAILED
     except ConfigError as e:
         say(f"tieredbuf: configuration error: {one_line(e)}")
         return EXIT_USAGE

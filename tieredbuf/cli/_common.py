@@ -4,21 +4,26 @@ the progress line, the S3 options and how a command opens its buffer."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, TextIO
 
 import tieredbuf
 from tieredbuf.config import S3_OPTION_ENV
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import ConfigError, OutputClosedError, OutputError, TieredBufError
 from tieredbuf.store.azure import is_azure_url
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
+EXIT_PIPE = 128 + 13
+"""A reader closed the output pipe: the exit status of ``cat`` killed by SIGPIPE."""
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -85,6 +90,88 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class GuardedOutput:
+    """A command's standard output, where a write either goes through whole or raises.
+
+    Python's text layer drops the rest of a large write that the pipe took only in part
+    (its reader closed mid-write: ``write()`` returns a short count and the text layer
+    ignores it), so a command would ack records that never reached the pipe.  Here the
+    bytes go to the binary layer in a loop that checks each count.  A closed pipe
+    raises :class:`OutputClosedError`, any other failure (a full disk) :class:`OutputError`
+    naming the output."""
+
+    def __init__(self, stream: TextIO, name: str = "standard output") -> None:
+        self.stream, self.name = stream, name
+        binary = getattr(stream, "buffer", None)
+        self._bin: Any = binary if hasattr(binary, "write") else None
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._errors = getattr(stream, "errors", None) or "strict"
+        self._lines = bool(getattr(stream, "line_buffering", False))
+        if self._bin is not None:
+            with self._guard():
+                stream.flush()  # whatever was printed before goes first
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError as e:
+            raise OutputClosedError(f"{self.name} was closed by its reader") from e
+        except OSError as e:
+            if isinstance(e, TieredBufError):
+                raise
+            raise OutputError(f"cannot write to {self.name}: {e.strerror or e}") from e
+
+    def write(self, text: str) -> int:
+        with self._guard():
+            if self._bin is None:
+                self.stream.write(text)
+                return len(text)
+            view = memoryview(text.encode(self._encoding, self._errors))
+            while view:
+                n = self._bin.write(view)
+                if not n:  # the pipe takes nothing more: its reader is gone
+                    raise BrokenPipeError(errno.EPIPE, "short write")
+                view = view[n:]
+            if self._lines and "\n" in text:
+                self._bin.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._guard():
+            (self._bin or self.stream).flush()
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    def silence(self) -> None:
+        """After a failure: point the real stdout at /dev/null, so the interpreter's own
+        flush at exit does not fail again (``Exception ignored ... BrokenPipeError``)."""
+        if self.stream is not sys.__stdout__:
+            return  # a stream a caller handed in (tests) is theirs
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+
+@contextlib.contextmanager
+def writing(path: object) -> Iterator[None]:
+    """An ``--out`` file or folder: an OSError while making or writing it becomes one
+    :class:`OutputError` naming it (a full disk, a folder nobody may write)."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TieredBufError):
+            raise
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def parse_duration(text: str) -> timedelta:
