@@ -62,7 +62,10 @@ class RetryConfig:
     whose store keeps failing transiently (unreachable, timeouts, 5xx) raises the last
     error after retrying this long (logging it at WARNING once per interval meanwhile);
     None: retry until it works.  Background loops -- a producer's appends, the local
-    tier's exporter -- retry until closed or stopped (their ``close(timeout=...)``)."""
+    tier's exporter -- retry until closed or stopped; a ``close()`` or ``flush()``
+    without ``timeout`` gives up once the store has failed with nothing getting through
+    for this long (a stateless producer then drops what it holds, a staged one keeps it
+    staged), and one with ``timeout`` waits that long."""
 
     def __post_init__(self) -> None:
         _non_negative_td("initial_backoff", self.initial_backoff)

@@ -152,18 +152,20 @@ class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 
 DESCRIPTION = (
-    "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, a "
-    "local directory).  A buffer is a URL: s3://bucket/prefix, file://./dir or a directory. "
-    " Run 'tieredbuf COMMAND --help' for a command's options; options and positionals may "
-    "come in any order."
+    "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, "
+    "Cloudflare R2, Azure Blob, a local directory).  A buffer is a URL: s3://bucket/prefix, "
+    "az://container/prefix, file://./dir or a directory.  Run 'tieredbuf COMMAND --help' "
+    "for a command's options; options and positionals may come in any order."
 )
 EPILOG = (
     "Exit codes: 0 success; 1 partial failure; 2 bad usage or configuration (a wrong URL, "
     "missing credentials, no buffer at a URL that is read); 3 the store or the data failed "
     "(credentials rejected, a missing bucket, still unreachable at --timeout, corrupt, "
     "fenced, output that cannot be written); 130 interrupted; 141 the output's reader went "
-    "away (| head: only what was written is acked).  S3 settings come from the flags, the AWS_* environment or "
-    "a profile in ~/.aws (AWS_PROFILE).  Every failure is one line on stderr."
+    "away (| head: only what was written is acked).  S3 settings (keys, region, "
+    "endpoint_url, services sections) come from the flags, the AWS_* environment or a "
+    "profile in ~/.aws (AWS_PROFILE), as the aws CLI reads them; Azure settings from the "
+    "flags and the AZURE_STORAGE_* environment.  Every failure is one line on stderr."
 )
 
 

@@ -186,8 +186,8 @@ def parse_duration(text: str) -> timedelta:
 
 def store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "store options (default: the standard AWS_* / AZURE_* environment; credentials only "
-        "from there)"
+        "store options (default: the AWS_* environment or a ~/.aws profile for s3://, the "
+        "AZURE_STORAGE_* environment for az://; credentials come only from those)"
     )
     g.add_argument(
         "--endpoint",
