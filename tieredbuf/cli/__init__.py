@@ -398,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="on SIGTERM: time to seal and export the stage",
     )
+    sv.add_argument(
+        "--store-check-interval",
+        type=parse_duration,
+        default=timedelta(seconds=30),
+        metavar="DURATION",
+        help="while /readyz is asked, check the store (one LIST) at most this often: a "
+        "missing bucket or rejected credentials make /readyz 503 (default 30s)",
+    )
     g4 = sv.add_argument_group("connections (see docs/operations.md: limits and timeouts)")
     g4.add_argument(
         "--header-timeout",
