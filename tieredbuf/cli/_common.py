@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 import tieredbuf
-from tieredbuf.config import S3_OPTION_ENV
+from tieredbuf.config import AZURE_OPTION_ENV, S3_OPTION_ENV
 from tieredbuf.errors import ConfigError, OutputClosedError, OutputError, TieredBufError
 from tieredbuf.store.azure import is_azure_url
 
@@ -263,7 +263,7 @@ def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
     """A buffer that must exist: a mistyped URL is BufferNotFoundError (exit 2), never
     an empty buffer read (or created) in its place."""
     buf = open_buffer(args)
-    require_buffer(buf)
+    require_buffer(buf, offer_create=False)
     return buf
 
 
@@ -334,7 +334,7 @@ def cli_terms(text: str, flags: frozenset[str] | set[str]) -> str:
         name, value = m.group(1), m.group(2)
         if name in flags and value in (None, "True", "true"):
             return "--" + name.replace("_", "-")
-        env = S3_OPTION_ENV.get(name)
+        env = S3_OPTION_ENV.get(name) or AZURE_OPTION_ENV.get(name)
         if env is not None:
             return env[0] + ("" if value is None else f"={value.lower()}")
         return m.group(0)
@@ -356,15 +356,16 @@ def plural(n: int, word: str) -> str:
     return word + ("es" if word.endswith(("s", "ch", "sh", "x")) else "s")
 
 
-def require_buffer(buf: tieredbuf.Buffer, *, create: bool = False) -> None:
+def require_buffer(
+    buf: tieredbuf.Buffer, *, create: bool = False, offer_create: bool = True
+) -> None:
     """A reader never creates a buffer: a URL with none is BufferNotFoundError (exit 2),
-    unless ``create`` (an explicit ``--create``)."""
+    unless ``create`` (an explicit ``--create``; ``offer_create``: the command has it)."""
     if buf.exists():
         return
     if not create:
-        raise tieredbuf.BufferNotFoundError(
-            buf.url, "a reader never creates one; --create makes an empty one"
-        )
+        how = "--create makes an empty one" if offer_create else "tieredbuf produce makes one"
+        raise tieredbuf.BufferNotFoundError(buf.url, f"a reader never creates one; {how}")
     make = getattr(buf, "create", None)
     if make is not None:
         make()
