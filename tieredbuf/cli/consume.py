@@ -601,7 +601,10 @@ def add_parser(sub: Any) -> None:
         "--json",
         action="store_true",
         help="records as JSON: sequence, index, ingestion_time_ms, metadata, value "
-        "(bundles are always JSON rows)",
+        "(value_base64 for bytes that are not UTF-8; bundles are always JSON rows).  "
+        "Plain output is one line per record and not byte-faithful: bytes that are not "
+        "UTF-8 print as \\xNN escapes and a record holding a newline prints as two "
+        "lines; use --json (or --out DIR) for the exact bytes",
     )
     co.add_argument(
         "--out",
