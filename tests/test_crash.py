@@ -99,7 +99,8 @@ def test_I1_drain_takes_over_the_stage_of_a_killed_producer(
     acked = _run_and_kill(url, stage, run=0, acks_before_kill=20)
     (pid,) = [d.name for d in stage.iterdir() if d.is_dir()]
     assert cli_main(["drain", str(stage), url]) == 0  # e.g. on another machine
-    assert f"{pid}: replayed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{pid}: drained" in out and "replayed" in out, out
     assert not list((stage / pid / "segments").glob("*.batch")), "the stage is empty"
     buf = tieredbuf.open(url)
     c = buf.consumer()

@@ -14,7 +14,7 @@ from tieredbuf.consume.worker import Worker
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.format.registry import check_name
-from tieredbuf.keys import MANIFEST_KEY
+from tieredbuf.keys import MANIFEST_KEY, QUEUE_PREFIX
 from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.producer import Producer
 from tieredbuf.produce.staged import StagedProducer, drain
@@ -137,6 +137,20 @@ class Buffer:
         except ObjectNotFoundError:
             return False
         return True
+
+    def check_store(self) -> None:
+        """Check that this buffer's store works now: one LIST under ``queue/`` (a missing
+        buffer is fine).  Raises the permanent error that would stop every export --
+        BucketNotFoundError, CredentialsError, AccessDeniedError: a HEAD answers a
+        missing bucket and a wrong key without a body, a LIST names them -- or a
+        transient StoreError (unreachable, 5xx)."""
+        listing = self.store.list(QUEUE_PREFIX)
+        try:
+            next(iter(listing), None)
+        finally:
+            close = getattr(listing, "close", None)
+            if close is not None:
+                close()
 
     def create(self) -> bool:
         """Create an empty buffer here if there is none (producers also create it on their

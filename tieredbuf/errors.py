@@ -279,6 +279,16 @@ class FlushTimeoutError(TieredBufError, TimeoutError):
     and where it is (a stage directory, or memory for a stateless producer)."""
 
 
+class OutputError(TieredBufError):
+    """A command's output (stdout, ``--out``) could not be written: a full disk, a path
+    nobody can create.  What was not written was not acknowledged (I10)."""
+
+
+class OutputClosedError(OutputError):
+    """The reader of a command's output went away (a closed pipe, as ``| head`` does):
+    the command stops quietly, as ``cat`` does, having acked only what was written."""
+
+
 class ForkedError(TieredBufError):
     """An object that owns threads was created before ``fork()`` and used in the child,
     where its threads do not exist.  Create it after the fork."""

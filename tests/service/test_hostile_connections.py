@@ -351,7 +351,8 @@ def test_unauthenticated_healthz_names_no_stage_path(tmp_path: Path, serve: Serv
 def test_unauthenticated_healthz_names_no_store_endpoint(
     tmp_path: Path, serve: Serve, s3_endpoint: S3Endpoint
 ) -> None:
-    bucket = f"tb-missing-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    # serve refuses to start against a missing bucket: it goes missing once serving
+    bucket = s3_endpoint.new_bucket()
     env = {
         "AWS_ACCESS_KEY_ID": s3_endpoint.access_key_id,
         "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_access_key,
@@ -369,6 +370,7 @@ def test_unauthenticated_healthz_names_no_store_endpoint(
         env=env,
         token=TOKEN,
     )
+    s3_endpoint.boto3_client().delete_bucket(Bucket=bucket)
     assert srv.post(ndjson([{"a": 1}]), NDJSON, "remote", timeout=60).status == 500
     _until(lambda: srv.request("GET", "/healthz").status == 500, "exports stopped")
     anyone = srv.request("GET", "/healthz", auth=False)

@@ -29,7 +29,9 @@ usage or configuration (a wrong URL or scheme, missing credentials, no buffer at
 that is read, a file given as the URL, no stage in the directory, a stage that belongs
 to another buffer, a port in use, a missing input file, input that is not one record per
 line); 3 the store or the data failed (credentials rejected, access denied, missing
-bucket, still unreachable at --timeout, corrupt, fenced); 130 interrupted (Ctrl-C).
+bucket, still unreachable at --timeout, corrupt, fenced, the output could not be
+written); 130 interrupted (Ctrl-C); 141 the output's reader went away (``| head``: a quiet
+stop, as ``cat`` makes, after acking only what was written).
 Every failure is one line on stderr, never a traceback.
 """
 
@@ -50,7 +52,9 @@ from tieredbuf.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_PIPE,
     EXIT_USAGE,
+    GuardedOutput,
     Progress,
     cli_terms,
     fmt_duration,
@@ -68,7 +72,13 @@ from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
 from tieredbuf.cli.work import add_parser as add_work
 from tieredbuf.cli.work import split_command
-from tieredbuf.errors import BufferNotFoundError, ConfigError, TieredBufError
+from tieredbuf.errors import (
+    BufferNotFoundError,
+    ConfigError,
+    OutputClosedError,
+    OutputError,
+    TieredBufError,
+)
 from tieredbuf.runtime.redact import redact
 
 
@@ -142,17 +152,20 @@ class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 
 DESCRIPTION = (
-    "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, a "
-    "local directory).  A buffer is a URL: s3://bucket/prefix, file://./dir or a directory. "
-    " Run 'tieredbuf COMMAND --help' for a command's options; options and positionals may "
-    "come in any order."
+    "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, "
+    "Cloudflare R2, Azure Blob, a local directory).  A buffer is a URL: s3://bucket/prefix, "
+    "az://container/prefix, file://./dir or a directory.  Run 'tieredbuf COMMAND --help' "
+    "for a command's options; options and positionals may come in any order."
 )
 EPILOG = (
     "Exit codes: 0 success; 1 partial failure; 2 bad usage or configuration (a wrong URL, "
     "missing credentials, no buffer at a URL that is read); 3 the store or the data failed "
     "(credentials rejected, a missing bucket, still unreachable at --timeout, corrupt, "
-    "fenced); 130 interrupted.  S3 settings come from the flags, the AWS_* environment or "
-    "a profile in ~/.aws (AWS_PROFILE).  Every failure is one line on stderr."
+    "fenced, output that cannot be written); 130 interrupted; 141 the output's reader went "
+    "away (| head: only what was written is acked).  S3 settings (keys, region, "
+    "endpoint_url, services sections) come from the flags, the AWS_* environment or a "
+    "profile in ~/.aws (AWS_PROFILE), as the aws CLI reads them; Azure settings from the "
+    "flags and the AZURE_STORAGE_* environment.  Every failure is one line on stderr."
 )
 
 
@@ -385,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="on SIGTERM: time to seal and export the stage",
     )
+    sv.add_argument(
+        "--store-check-interval",
+        type=parse_duration,
+        default=timedelta(seconds=30),
+        metavar="DURATION",
+        help="while /readyz is asked, check the store (one LIST) at most this often: a "
+        "missing bucket or rejected credentials make /readyz 503 (default 30s)",
+    )
     g4 = sv.add_argument_group("connections (see docs/operations.md: limits and timeouts)")
     g4.add_argument(
         "--header-timeout",
@@ -521,9 +542,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     def say(text: str) -> None:
         print(redact(cli_terms(_gave_up(text, args), flags)), file=sys.stderr)
 
+    stdout = GuardedOutput(out or sys.stdout)
     try:
-        code: int = args.fn(args, out or sys.stdout)
+        code: int = args.fn(args, typing.cast(TextIO, stdout))
+        stdout.flush()  # here, where a failure is reported, not at the interpreter's exit
         return code
+    except OutputClosedError:  # `| head`: a quiet exit, as cat's
+        stdout.silence()
+        return EXIT_PIPE
+    except OutputError as e:
+        stdout.silence()
+        say(f"tieredbuf: {one_line(e)}")
+        return EXIT_FAILED
     except ConfigError as e:
         say(f"tieredbuf: configuration error: {one_line(e)}")
         return EXIT_USAGE

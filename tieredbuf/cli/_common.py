@@ -4,21 +4,26 @@ the progress line, the S3 options and how a command opens its buffer."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, TextIO
 
 import tieredbuf
-from tieredbuf.config import S3_OPTION_ENV
-from tieredbuf.errors import ConfigError
+from tieredbuf.config import AZURE_OPTION_ENV, S3_OPTION_ENV
+from tieredbuf.errors import ConfigError, OutputClosedError, OutputError, TieredBufError
 from tieredbuf.store.azure import is_azure_url
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
+EXIT_PIPE = 128 + 13
+"""A reader closed the output pipe: the exit status of ``cat`` killed by SIGPIPE."""
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -87,6 +92,88 @@ class Progress:
         self.close()
 
 
+class GuardedOutput:
+    """A command's standard output, where a write either goes through whole or raises.
+
+    Python's text layer drops the rest of a large write that the pipe took only in part
+    (its reader closed mid-write: ``write()`` returns a short count and the text layer
+    ignores it), so a command would ack records that never reached the pipe.  Here the
+    bytes go to the binary layer in a loop that checks each count.  A closed pipe
+    raises :class:`OutputClosedError`, any other failure (a full disk) :class:`OutputError`
+    naming the output."""
+
+    def __init__(self, stream: TextIO, name: str = "standard output") -> None:
+        self.stream, self.name = stream, name
+        binary = getattr(stream, "buffer", None)
+        self._bin: Any = binary if hasattr(binary, "write") else None
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._errors = getattr(stream, "errors", None) or "strict"
+        self._lines = bool(getattr(stream, "line_buffering", False))
+        if self._bin is not None:
+            with self._guard():
+                stream.flush()  # whatever was printed before goes first
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError as e:
+            raise OutputClosedError(f"{self.name} was closed by its reader") from e
+        except OSError as e:
+            if isinstance(e, TieredBufError):
+                raise
+            raise OutputError(f"cannot write to {self.name}: {e.strerror or e}") from e
+
+    def write(self, text: str) -> int:
+        with self._guard():
+            if self._bin is None:
+                self.stream.write(text)
+                return len(text)
+            view = memoryview(text.encode(self._encoding, self._errors))
+            while view:
+                n = self._bin.write(view)
+                if not n:  # the pipe takes nothing more: its reader is gone
+                    raise BrokenPipeError(errno.EPIPE, "short write")
+                view = view[n:]
+            if self._lines and "\n" in text:
+                self._bin.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._guard():
+            (self._bin or self.stream).flush()
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    def silence(self) -> None:
+        """After a failure: point the real stdout at /dev/null, so the interpreter's own
+        flush at exit does not fail again (``Exception ignored ... BrokenPipeError``)."""
+        if self.stream is not sys.__stdout__:
+            return  # a stream a caller handed in (tests) is theirs
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+
+@contextlib.contextmanager
+def writing(path: object) -> Iterator[None]:
+    """An ``--out`` file or folder: an OSError while making or writing it becomes one
+    :class:`OutputError` naming it (a full disk, a folder nobody may write)."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TieredBufError):
+            raise
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from e
+
+
 def parse_duration(text: str) -> timedelta:
     """``500ms``, ``30s``, ``10m``, ``2h``, ``1d``."""
     if text.strip() == "0":  # zero needs no unit
@@ -99,8 +186,8 @@ def parse_duration(text: str) -> timedelta:
 
 def store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "store options (default: the standard AWS_* / AZURE_* environment; credentials only "
-        "from there)"
+        "store options (default: the AWS_* environment or a ~/.aws profile for s3://, the "
+        "AZURE_STORAGE_* environment for az://; credentials come only from those)"
     )
     g.add_argument(
         "--endpoint",
@@ -176,7 +263,7 @@ def open_existing(args: argparse.Namespace) -> tieredbuf.Buffer:
     """A buffer that must exist: a mistyped URL is BufferNotFoundError (exit 2), never
     an empty buffer read (or created) in its place."""
     buf = open_buffer(args)
-    require_buffer(buf)
+    require_buffer(buf, offer_create=False)
     return buf
 
 
@@ -247,7 +334,7 @@ def cli_terms(text: str, flags: frozenset[str] | set[str]) -> str:
         name, value = m.group(1), m.group(2)
         if name in flags and value in (None, "True", "true"):
             return "--" + name.replace("_", "-")
-        env = S3_OPTION_ENV.get(name)
+        env = S3_OPTION_ENV.get(name) or AZURE_OPTION_ENV.get(name)
         if env is not None:
             return env[0] + ("" if value is None else f"={value.lower()}")
         return m.group(0)
@@ -269,15 +356,16 @@ def plural(n: int, word: str) -> str:
     return word + ("es" if word.endswith(("s", "ch", "sh", "x")) else "s")
 
 
-def require_buffer(buf: tieredbuf.Buffer, *, create: bool = False) -> None:
+def require_buffer(
+    buf: tieredbuf.Buffer, *, create: bool = False, offer_create: bool = True
+) -> None:
     """A reader never creates a buffer: a URL with none is BufferNotFoundError (exit 2),
-    unless ``create`` (an explicit ``--create``)."""
+    unless ``create`` (an explicit ``--create``; ``offer_create``: the command has it)."""
     if buf.exists():
         return
     if not create:
-        raise tieredbuf.BufferNotFoundError(
-            buf.url, "a reader never creates one; --create makes an empty one"
-        )
+        how = "--create makes an empty one" if offer_create else "tieredbuf produce makes one"
+        raise tieredbuf.BufferNotFoundError(buf.url, f"a reader never creates one; {how}")
     make = getattr(buf, "create", None)
     if make is not None:
         make()

@@ -168,8 +168,12 @@ def _gc_output(args: argparse.Namespace, report: Any, seconds: float, out: TextI
     if args.metrics_file or args.pushgateway:
         try:
             _write_gc_metrics(args, report, seconds)
-        except OSError as e:  # URLError too: the summary still prints, exit 1
-            metrics_failed = f"metrics not written: {one_line(e)}"
+        except (OSError, ValueError) as e:  # URLError, a bad HOST:PORT: summary, exit 1
+            reason = getattr(e, "reason", None)  # URLError wraps the socket's error
+            cause = reason if isinstance(reason, BaseException) else e
+            where = f" to {args.pushgateway}" if args.pushgateway else ""
+            text = getattr(cause, "strerror", None) or one_line(cause)
+            metrics_failed = f"metrics not written{where}: {text}"
     if args.json:
         d = report.as_dict()
         d["deleted_keys"] = d["deleted_keys"][:1000]

@@ -46,9 +46,10 @@ from tieredbuf.cli._common import (
     plural,
     require_buffer,
     store_args,
+    writing,
 )
 from tieredbuf.consume.consumer import ConsumedBatch
-from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.errors import ConfigError, OutputClosedError, OutputError, TieredBufError
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.runtime.fsutil import fsync_dir
 from tieredbuf.runtime.signals import SignalEvent, Stop
@@ -172,7 +173,8 @@ class StdoutSink:
         self.out.flush()
 
     def abort(self) -> None:
-        self.out.flush()
+        with contextlib.suppress(OutputError):  # what was written goes out; nothing more
+            self.out.flush()
 
 
 class DirSink:
@@ -180,19 +182,25 @@ class DirSink:
 
     def __init__(self, outdir: Path) -> None:
         self.dir = outdir
-        outdir.mkdir(parents=True, exist_ok=True)
+        with writing(outdir):
+            outdir.mkdir(parents=True, exist_ok=True)
 
     def write(self, b: ConsumedBatch) -> int:
         suffix = keys.SEGMENT_SUFFIX if is_bundles(b) else keys.BATCH_SUFFIX
         path = self.dir / f"{b.sequence:020d}{suffix}"
-        with open(path, "wb") as f:
-            f.write(b.data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with writing(path), open(path, "wb") as f:
+                f.write(b.data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OutputError:
+            path.unlink(missing_ok=True)  # no object cut short under its name
+            raise
         return 0 if is_bundles(b) else len(b.entries)
 
     def commit(self) -> None:
-        fsync_dir(self.dir)
+        with writing(self.dir):
+            fsync_dir(self.dir)
 
     def close(self) -> None:
         pass
@@ -217,7 +225,8 @@ class ArrowFileSink:
     def __init__(self, path: Path, parquet: bool) -> None:
         self.path, self.parquet = path, parquet
         self._writers: dict[Path, tuple[Any, pa.Schema, str]] = {}
-        path.parent.mkdir(parents=True, exist_ok=True)
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
 
     def _target(self, slot: int) -> Path:
         if slot <= 0:
@@ -235,12 +244,13 @@ class ArrowFileSink:
         what = "records" if slot < 0 else f"slot-{slot} bundles"
         got = self._writers.get(target)
         if got is None:
-            if self.parquet:
-                import pyarrow.parquet as pq
+            with writing(target):
+                if self.parquet:
+                    import pyarrow.parquet as pq
 
-                w: Any = pq.ParquetWriter(self._partial(target), batch.schema)
-            else:
-                w = pa.ipc.new_file(self._partial(target), batch.schema)
+                    w: Any = pq.ParquetWriter(self._partial(target), batch.schema)
+                else:
+                    w = pa.ipc.new_file(self._partial(target), batch.schema)
             got = self._writers[target] = (w, batch.schema, what)
         w, schema, holds = got
         if holds != what:
@@ -254,7 +264,8 @@ class ArrowFileSink:
                 f" the schema ({', '.join(schema.names)}) of {target}; write to a directory"
                 " (--out DIR) instead"
             )
-        w.write_batch(batch)
+        with writing(target):
+            w.write_batch(batch)
 
     def write(self, b: ConsumedBatch) -> int:
         import pyarrow as pa
@@ -288,13 +299,15 @@ class ArrowFileSink:
         """Close every file, fsync it, rename it to its name and fsync the folder: the rows
         are durable and every file under its final name is complete."""
         for target, (w, _, _) in self._writers.items():
-            w.close()
             partial = self._partial(target)
-            with open(partial, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(partial, target)
+            with writing(target):
+                w.close()
+                with open(partial, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(partial, target)
         if self._writers:
-            fsync_dir(self.path.parent)
+            with writing(self.path.parent):
+                fsync_dir(self.path.parent)
         self._writers.clear()
 
     def close(self) -> None:
@@ -326,6 +339,13 @@ def make_sink(args: argparse.Namespace, out: TextIO) -> Sink:
                 "is complete only when closed): use --out DIR, or --no-ack"
             )
         return ArrowFileSink(path, parquet=suffix in PARQUET_SUFFIXES)
+    if suffix and not path.is_dir():
+        raise ConfigError(
+            f"--out {args.out}: {suffix} is not an output format; give a directory (one "
+            f"file per data object), FILE.arrow ({', '.join(ARROW_SUFFIXES)}) or "
+            f"FILE.parquet ({', '.join(PARQUET_SUFFIXES)}); for text, redirect stdout "
+            "(--json for one JSON object per record)"
+        )
     return DirSink(path)
 
 
@@ -444,6 +464,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     acked: int | None = None
     stop = SignalEvent()  # set by the Ctrl-C handler: a threading.Event may deadlock there
     forced = False
+    failed: OutputError | None = None
     # records go to stdout: a progress line there would mix with them
     with (
         stop,
@@ -457,6 +478,9 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                     if follow:
                         continue
                     break
+                # an entry is acked only once all of it reached the output (I10): stdout
+                # took every byte (a pipe closed halfway fails here), or its file is
+                # fsynced; an Arrow or Parquet file is acked once closed, at the end
                 records += sink.write(b)
                 batches += 1
                 bar.update(1, f"seq {b.sequence}")
@@ -470,11 +494,20 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                         acked, unacked = unacked[-1], []
         except KeyboardInterrupt:  # a second Ctrl-C
             forced = True
+        except OutputError as e:  # a closed pipe, a full disk: what was written stays acked
+            failed = e
         except BaseException:
             sink.abort()  # nothing unacked is left under a name a reader would open
             raise
         interrupted = forced or stop.is_set()
-        sink.close()
+        if failed is None:
+            try:
+                sink.close()
+            except OutputError as e:
+                failed = e
+        if failed is not None:
+            sink.abort()
+            unacked = []  # not all of it reached the output
         if consumer is not None:
             for s in unacked:  # written and closed (a file sink's rows are durable now)
                 consumer.ack(s)
@@ -486,12 +519,18 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
         if args.no_ack
         else ("nothing acked" if acked is None else f"acked through sequence {acked}")
     )
-    head = "interrupted: " if interrupted else ""
-    print(
-        f"{head}consumed {batches} {plural(batches, 'batch')}, "
-        f"{records} {plural(records, 'record')}; {what}",
-        file=sys.stderr,
+    summary = (
+        f"consumed {batches} {plural(batches, 'batch')}, {records} {plural(records, 'record')}"
     )
+    if failed is not None and not isinstance(failed, OutputClosedError):
+        raise OutputError(f"{failed}; {summary}; {what}") from failed  # one line, exit 3
+    if isinstance(failed, OutputClosedError):
+        head = "output closed: "  # then the quiet exit of a closed pipe (141, as cat's)
+    else:
+        head = "interrupted: " if interrupted else ""
+    print(f"{head}{summary}; {what}", file=sys.stderr)
+    if failed is not None:
+        raise failed
     if forced or (interrupted and not args.follow):
         return 130
     return 0
@@ -562,7 +601,10 @@ def add_parser(sub: Any) -> None:
         "--json",
         action="store_true",
         help="records as JSON: sequence, index, ingestion_time_ms, metadata, value "
-        "(bundles are always JSON rows)",
+        "(value_base64 for bytes that are not UTF-8; bundles are always JSON rows).  "
+        "Plain output is one line per record and not byte-faithful: bytes that are not "
+        "UTF-8 print as \\xNN escapes and a record holding a newline prints as two "
+        "lines; use --json (or --out DIR) for the exact bytes",
     )
     co.add_argument(
         "--out",

@@ -336,7 +336,7 @@ def _stage_roots(root: Path) -> list[Path]:
 
 
 def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
-    from tieredbuf.errors import StageBufferMismatchError, StageLockedError
+    from tieredbuf.errors import DiskFullError, StageBufferMismatchError, StageLockedError
     from tieredbuf.produce.stage_binding import canonical_url, describe, read_binding
     from tieredbuf.produce.staged import stage_producer_ids
 
@@ -360,11 +360,7 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
     timeout = args.timeout.total_seconds() if args.timeout is not None else None
     busy = lost = wrong = 0
     for root, pid in stages:
-        print(
-            f"{pid}: draining {root / pid} ({describe(read_binding(root / pid))}) "
-            f"into {canonical_url(buf.url)}",
-            file=out,
-        )
+        what = f"{root / pid} ({describe(read_binding(root / pid))})"
         with Progress(f"drain {root.name}/{pid}: segments") as bar:
 
             def progress(ex: Any, bar: Progress = bar) -> None:
@@ -380,10 +376,20 @@ def cmd_drain(args: argparse.Namespace, out: TextIO) -> int:
                 print(f"tieredbuf: {pid}: {one_line(e)}", file=sys.stderr)
                 wrong += 1
                 continue
+            except DiskFullError as e:  # recovery and sealing write: the disk needs room
+                raise DiskFullError(
+                    f"{pid}: the stage's disk is full ({one_line(e)}); nothing was lost or "
+                    f"changed: free space there, or copy the stage to a disk with room and "
+                    f"drain the copy (from any machine): cp -a {root} /other/disk/ && "
+                    f"tieredbuf drain /other/disk/{root.name} {args.url}",
+                    e.errno,
+                    e.path,
+                ) from e
         replayed, segs = stats.get("replayed_entries", 0), stats.get("segments_exported", 0)
         nbytes = stats.get("bytes_exported", 0)
         print(
-            f"{pid}: replayed {replayed} WAL {plural(replayed, 'entry')}, exported {segs} "
+            f"{pid}: drained {what} into {canonical_url(buf.url)}: "
+            f"replayed {replayed} WAL {plural(replayed, 'entry')}, exported {segs} "
             f"{plural(segs, 'segment')} ({nbytes} {plural(nbytes, 'byte')}); stage empty",
             file=out,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any, TextIO
 
@@ -10,7 +11,9 @@ import tieredbuf
 from tieredbuf.cli._common import (
     store_opts,
 )
-from tieredbuf.errors import ConfigError
+from tieredbuf.errors import ConfigError, PermanentStoreError, StoreError
+
+log = logging.getLogger(__name__)
 
 
 def _abspath(path: str | None) -> str | None:
@@ -47,7 +50,13 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         v = getattr(args, opt)
         if v is not None:
             producer[key] = v
-    tieredbuf.open(args.url, **store).close()  # a bad URL or option fails here, exit 2
+    with tieredbuf.open(args.url, **store) as buf:  # a bad URL or option fails here, exit 2
+        try:  # a store that can never work (bucket, credentials) is exit 3 before binding
+            buf.check_store()
+        except PermanentStoreError:
+            raise
+        except StoreError as e:  # unreachable now: the stage holds writes until it works
+            log.warning("the store does not answer yet (serving; writes stay staged): %s", e)
     config = ServiceConfig(
         url=args.url,
         staging_dir=args.staging,
@@ -66,6 +75,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         remote_timeout_s=args.remote_timeout.total_seconds(),
         shutdown_timeout_s=args.shutdown_timeout.total_seconds(),
         drain_timeout_s=args.drain_timeout.total_seconds(),
+        store_check_s=args.store_check_interval.total_seconds(),
         token_file=_abspath(args.token_file),
         protect_metrics=args.protect_metrics,
         protect_health=args.protect_health,

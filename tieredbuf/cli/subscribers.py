@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 import tieredbuf
+from tieredbuf.cli._common import plural
 from tieredbuf.errors import ConfigError
 
 EXIT_OK, EXIT_PARTIAL = 0, 1
@@ -76,7 +77,8 @@ def cmd_subscribers(
             w = s.work
             out.write(
                 f"{s.name}: {w['leased']} leased, {w['claimable_again']} to redeliver, "
-                f"claim cursor {w['claim_cursor']}, {w['workers']} workers, "
+                f"claim cursor {w['claim_cursor']}, "
+                f"{w['workers']} {plural(w['workers'], 'worker')}, "
                 f"{w['rejected_total']} rejected\n"
             )
         for rej in s.rejected[-20:]:

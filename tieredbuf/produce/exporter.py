@@ -69,7 +69,7 @@ from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.pools import started_pool
-from tieredbuf.runtime.retry import RetryLog, backoff_delay
+from tieredbuf.runtime.retry import RetryLog, StallWatch, backoff_delay
 from tieredbuf.runtime.stats import Stats, ewma
 from tieredbuf.stage.sealed_segment import SealedSegment
 from tieredbuf.stage.segment_check import verify
@@ -194,24 +194,42 @@ class Exporter:
         """Wait until every sealed segment of the stage is exported and released.
 
         Raises the permanent store error that stopped exports (the data stays staged),
-        or FlushTimeoutError saying what is still staged and where.
+        or FlushTimeoutError saying what is still staged and where: when ``timeout`` runs
+        out, or without one once the store has failed with nothing exported for
+        ``retry.give_up_after`` (30 s by default; None: wait until it works).
         """
         self._guard.check()
         self._wake.set()
+        limit = self.retry.give_up_after
+        watch = StallWatch(
+            None if timeout is not None or limit is None else limit.total_seconds(),
+            progress=lambda: self.stats.get("segments_exported"),
+            failures=lambda: (
+                self.stats.get("store_transient_retries") + self._hub.stats.get("hub_retries")
+            ),
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: (
-                    self._error is not None or (self._idle and not self.stage.sealed_segments())
-                ),
-                timeout,
-            )
+            while not (
+                ok := self._error is not None or (self._idle and not self.stage.sealed_segments())
+            ):
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or watch.stalled():
+                    break
+                self._cond.wait(watch.next_check() if left is None else min(left, 1.0))
         if self._error is not None:
             raise self._error
         if not ok:
             last = self.last_transient_error
             why = f" (last error: {last})" if last is not None else ""
+            within = (
+                f"within {timeout} s"
+                if timeout is not None
+                else f"while the store kept failing for {watch.limit:g} s with nothing "
+                "exported (RetryConfig.give_up_after; pass timeout= to wait longer)"
+            )
             raise FlushTimeoutError(
-                f"the stage was not exported within {timeout} s{why}: {describe_stage(self.stage)}"
+                f"the stage was not exported {within}{why}: {describe_stage(self.stage)}"
             )
 
     def next_append_in(self) -> float:

@@ -42,6 +42,7 @@ from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutco
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
+from tieredbuf.runtime.retry import StallWatch
 from tieredbuf.runtime.stats import Stats, ewma
 from tieredbuf.store.base import Store, manifest_writes_per_s
 
@@ -54,6 +55,15 @@ _LEAD_S = 0.005
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _out_of_time(deadline: float | None, watch: StallWatch) -> bool:
+    return (deadline is not None and time.monotonic() >= deadline) or watch.stalled()
+
+
+def _slice(deadline: float | None, watch: StallWatch) -> float:
+    left = _left(deadline)
+    return watch.next_check() if left is None else min(left, watch.next_check())
 
 
 @dataclass
@@ -110,6 +120,8 @@ class Producer:
         self._open = _OpenBatch()
         self._buffered_inputs = 0
         self._buffered_bytes = 0
+        self._released = 0
+        """produce() calls that became REMOTE so far (progress, for a close's deadline)."""
         self._next_pseq = 1
         self._closing = False
         self._closed = False
@@ -195,19 +207,22 @@ class Producer:
 
         Raises the store error that stopped the producer (a permanent one: credentials,
         access, bucket), or FlushTimeoutError saying what is not REMOTE yet (the
-        producer keeps retrying it)."""
+        producer keeps retrying it) when ``timeout`` runs out -- or, without one, once the
+        store has failed with nothing getting through for ``retry.give_up_after``."""
         self._guard.check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        watch = self._watch(timeout)
         with self._cond:
             self._flush_now = True
             self._cond.notify_all()
-            ok = self._cond.wait_for(
-                lambda: self._buffered_inputs == 0 or self._error is not None, timeout
+            ok = self._wait_for(
+                lambda: self._buffered_inputs == 0 or self._error is not None, deadline, watch
             )
             if self._error is not None:
                 raise self._error
             if not ok:
                 raise FlushTimeoutError(
-                    f"flush() ran out of time after {timeout} s: {self._pending()} not REMOTE "
+                    f"flush() {self._gave_up(timeout)}: {self._pending()} not REMOTE "
                     f"yet, held in this process's memory and still retried{self._why()}"
                 )
 
@@ -220,9 +235,12 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Flush everything, wait until it is in the queue, stop the threads.
 
-        With ``timeout``: when it runs out, what is not REMOTE is dropped -- a stateless
-        producer holds it in memory only -- its handles fail, and FlushTimeoutError says
-        how much.  Raises the store error that stopped the producer, if one did."""
+        It gives up when ``timeout`` runs out or, without one, once the store has failed
+        with nothing getting through for ``retry.give_up_after`` (30 s by default, as a
+        direct call; None: wait until it works).  What is not REMOTE then is dropped -- a
+        stateless producer holds it in memory only -- its handles fail, and
+        FlushTimeoutError says how much.  Raises the store error that stopped the
+        producer, if one did."""
         self._guard.check()
         with self._cond:
             if self._closed:
@@ -230,17 +248,19 @@ class Producer:
             self._closing = True
             self._cond.notify_all()
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._flusher.join(_left(deadline))
-        self._appender.join(_left(deadline))
+        watch = self._watch(timeout)
+        for thread in (self._flusher, self._appender):
+            while thread.is_alive() and not _out_of_time(deadline, watch):
+                thread.join(_slice(deadline, watch))
         with self._cond:  # and what the hub still has of ours
-            self._cond.wait_for(
-                lambda: self._committing == 0 or self._error is not None, _left(deadline)
+            self._wait_for(
+                lambda: self._committing == 0 or self._error is not None, deadline, watch
             )
             stuck = self._appender.is_alive() or self._committing > 0
         if stuck:
             with self._cond:
                 err = FlushTimeoutError(
-                    f"close() ran out of time after {timeout} s: {self._pending()} not REMOTE; "
+                    f"close() {self._gave_up(timeout)}: {self._pending()} not REMOTE; "
                     f"a stateless producer holds them in memory only, so they are dropped "
                     f"and their handles fail (an append already in flight may still land: "
                     f"its handle says so){self._why()}"
@@ -260,6 +280,38 @@ class Producer:
             self._closed = True
         if self._error is not None:
             raise self._error
+
+    def _watch(self, timeout: float | None) -> StallWatch:
+        """A wait's own deadline when the caller gave none: the store failed and nothing
+        got through for ``retry.give_up_after`` (uploads, and the hub's commits)."""
+        limit = self.config.retry.give_up_after
+        return StallWatch(
+            None if timeout is not None or limit is None else limit.total_seconds(),
+            progress=lambda: self._released + self.stats.get("objects_uploaded"),
+            failures=lambda: (
+                self.stats.get("upload_retries")
+                + self.stats.get("store_permanent_errors")
+                + self._hub.stats.get("hub_retries")
+            ),
+        )
+
+    def _wait_for(self, ready: Any, deadline: float | None, watch: StallWatch) -> bool:
+        """Under the lock: wait until ``ready()``, the deadline, or a stalled store."""
+        while not ready():
+            if _out_of_time(deadline, watch):
+                return False
+            self._cond.wait(_slice(deadline, watch))
+        return True
+
+    def _gave_up(self, timeout: float | None) -> str:
+        if timeout is not None:
+            return f"ran out of time after {timeout} s"
+        limit = self.config.retry.give_up_after
+        secs = 0.0 if limit is None else limit.total_seconds()
+        return (
+            f"gave up: the store kept failing for {secs:g} s with nothing getting through "
+            "(RetryConfig.give_up_after; pass timeout= to wait longer)"
+        )
 
     def _pending(self) -> str:
         """Under the lock: what is not REMOTE yet, in words."""
@@ -418,7 +470,9 @@ class Producer:
     def _release(self, group: list[tuple[Pending, Future[None], _OpenBatch]]) -> None:
         """The group's batches no longer count against the backpressure budget."""
         with self._cond:
-            self._buffered_inputs -= sum(len(b.watchers) for _, _, b in group)
+            released_inputs = sum(len(b.watchers) for _, _, b in group)
+            self._released += released_inputs
+            self._buffered_inputs -= released_inputs
             self._buffered_bytes -= sum(b.size for _, _, b in group)
             self._cond.notify_all()
 

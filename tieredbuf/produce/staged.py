@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -27,7 +28,7 @@ from tieredbuf.config import (
     StageConfig,
     WalConfig,
 )
-from tieredbuf.errors import ClosedError, ConfigError, DiskError, TieredBufError
+from tieredbuf.errors import ClosedError, ConfigError, DiskError, DiskFullError, TieredBufError
 from tieredbuf.produce.export_tracker import ExportTracker
 from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter
 from tieredbuf.produce.handles import (
@@ -210,8 +211,27 @@ class StagedProducer:
         Raises the permanent store error that stops exports, or FlushTimeoutError naming
         what is still staged and where; either way the data stays staged (LOCAL)."""
         self._guard.check()
-        self.stage.seal_all()
+        self._seal_all(timeout)
         self.exporter.drain(timeout)
+
+    def _seal_all(self, timeout: float | None) -> None:
+        """Seal what is open; on a full disk, wait for the exporter to free space (up to
+        ``timeout``, else the retry's ``give_up_after``), as an append at a cap does."""
+        limit = self.exporter.retry.give_up_after
+        wait = timeout if timeout is not None else (limit.total_seconds() if limit else None)
+        deadline = None if wait is None else time.monotonic() + wait
+        pause = threading.Event()
+        delay = 0.01
+        while True:
+            try:
+                self.stage.seal_all()
+                return
+            except DiskFullError:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+            self.exporter.wake()
+            pause.wait(delay)  # a retry's backoff while the exporter releases segments
+            delay = min(delay * 2, 1.0)
 
     def close(self, timeout: float | None = None) -> None:
         """Seal, export and wait until the stage is empty; then release it.
@@ -226,7 +246,7 @@ class StagedProducer:
             self._closed = True
         try:
             self._prompt.close()
-            self.stage.seal_all()
+            self._seal_all(timeout)
             self.exporter.drain(timeout)
             record_buffer_id(self.binding)
         finally:

@@ -148,3 +148,43 @@ class RetryLog:
             self._quiet.pop(subject, None)
         if n:
             self._log.warning("%s succeeded after %d failed attempts", subject, n)
+
+
+class StallWatch:
+    """When a wait on background work (a producer's close, an exporter's drain) gives
+    up by itself: ``limit`` seconds after the store's first failure (``failures()``
+    grew) with nothing getting through (``progress()`` stood still) since -- the
+    ``RetryConfig.give_up_after`` of a direct call, applied to the whole wait.  Progress
+    stops the clock, so a long export that keeps moving is never cut short, and a
+    healthy store that is only slow never starts it.  ``limit`` None: never."""
+
+    def __init__(
+        self,
+        limit: float | None,
+        progress: Callable[[], int],
+        failures: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit = limit
+        self._progress, self._failures, self._clock = progress, failures, clock
+        self._seen = progress()
+        self._failed = failures()
+        self._since: float | None = None
+        """When the store first failed since the last progress (None: it has not)."""
+
+    def stalled(self) -> bool:
+        """True ``limit`` seconds after a failure with nothing moving since."""
+        if self.limit is None:
+            return False
+        now, moved, failed = self._clock(), self._progress(), self._failures()
+        if moved != self._seen:
+            self._seen, self._failed, self._since = moved, failed, None
+            return False
+        if failed != self._failed and self._since is None:
+            self._since = now
+        self._failed = failed
+        return self._since is not None and now - self._since >= self.limit
+
+    def next_check(self) -> float:
+        """Seconds to wait before asking again (a fraction of the limit, at most 1 s)."""
+        return 1.0 if self.limit is None else max(0.05, min(1.0, self.limit / 10))

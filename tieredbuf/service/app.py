@@ -2,11 +2,17 @@
 
     POST /v1/produce?durability=local|remote   body: ndjson | u32-prefixed records | Arrow stream
     GET  /healthz      200 while the producer works; 500 with the reason while a permanent
-                       store error stops its exports (credentials, access, bucket), a
-                       corrupt staged segment is quarantined, or the buffer's committer
-                       has a clock too far ahead (docs/architecture.md, "Clocks")
-    GET  /readyz       200 while accepting writes; 503 while starting, draining, or while
-                       the stage's disk is failing (DiskFullError / DiskIOError)
+                       store error stops its exports or fails its store check
+                       (credentials, access, bucket), a corrupt staged segment is
+                       quarantined, or the buffer's committer has a clock too far ahead
+                       (docs/architecture.md, "Clocks")
+    GET  /readyz       200 while accepting writes that can be exported; 503 while starting,
+                       draining, while the stage's disk is failing (DiskFullError /
+                       DiskIOError), or while the store fails permanently
+
+The store check: one LIST under queue/ when the worker starts, then at most every
+``store_check_s`` while /readyz is asked (a service nobody asks makes no request); an
+export that works or fails permanently is evidence too.
     GET  /metrics      Prometheus exposition (every worker's series, multiprocess mode)
 
 With tokens configured, every route but ServiceConfig.open_paths needs
@@ -45,7 +51,14 @@ from prometheus_client import (
 )
 
 import tieredbuf
-from tieredbuf.errors import BackpressureError, ClosedError, DiskError, TieredBufError
+from tieredbuf.errors import (
+    BackpressureError,
+    ClosedError,
+    DiskError,
+    PermanentStoreError,
+    StoreError,
+    TieredBufError,
+)
 from tieredbuf.ops import metrics
 from tieredbuf.produce.handles import Durability, WriteHandle
 from tieredbuf.runtime.redact import redact
@@ -88,6 +101,46 @@ class WorkerState:
     mirror: metrics.Mirror | None = None
     registry: CollectorRegistry | None = None
     tokens: TokenSet | None = None
+    store_fault: BaseException | None = None
+    """The permanent store error the last store check met (None: it worked)."""
+    store_checked: float = -1e9
+    """When (monotonic) the last store check started."""
+    checking: bool = False
+
+    def store_error(self) -> BaseException | None:
+        """What stops exports now: the exporter's permanent error, else the check's."""
+        p = self.producer
+        err = p.exporter.error if p is not None else None
+        return err if err is not None else self.store_fault
+
+    def check_store(self) -> None:
+        """One store check (a LIST under ``queue/``: :meth:`Buffer.check_store`), on the pool."""
+        try:
+            self.buffer.check_store()
+        except PermanentStoreError as e:
+            if self.store_fault is None:
+                log.error("worker %d: store check failed: %s", self.index, e)
+            self.store_fault = e
+        except StoreError as e:  # unreachable, 5xx: staging is for this; not a verdict
+            log.warning("worker %d: store check: %s", self.index, e)
+        else:
+            if self.store_fault is not None:
+                log.warning("worker %d: store check works again", self.index)
+            self.store_fault = None
+        finally:
+            self.checking = False
+
+    def maybe_check_store(self) -> None:
+        """Start a check on the pool if the last is older than ``store_check_s``."""
+        now = time.monotonic()
+        if (
+            self.checking
+            or self.buffer is None
+            or now - self.store_checked < (self.config.store_check_s)
+        ):
+            return
+        self.checking, self.store_checked = True, now
+        self.pool.submit(self.check_store)
 
 
 STATE = web.AppKey("state", WorkerState)
@@ -263,9 +316,10 @@ async def healthz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     details = _details(request)
     p = state.producer
-    if p is not None and p.exporter.error is not None:
+    stopped = state.store_error()
+    if p is not None and stopped is not None:
         body: dict[str, Any] = {
-            "error": f"exports stopped: {_describe(p.exporter.error, details)}",
+            "error": f"exports stopped: {_describe(stopped, details)}",
             "status": 500,
             "staged_segments": len(p.stage.sealed_segments()),
             "worker": state.index,
@@ -301,11 +355,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.ready and not state.draining:
+        state.maybe_check_store()  # answers from what is known; the check runs beside
     fault = state.producer.disk_fault() if state.producer is not None else None
-    if state.ready and not state.draining and fault is None:
+    stopped = state.store_error()
+    if state.ready and not state.draining and fault is None and stopped is None:
         return web.json_response({"status": "ready", "worker": state.index})
     if fault is not None:  # the stage's disk is failing: writes fail until it recovers
         return _json_error(503, f"stage disk failing: {_describe(fault, _details(request))}")
+    if stopped is not None:  # writes would be staged but never exported
+        return _json_error(503, f"store failing: {_describe(stopped, _details(request))}")
     return _json_error(503, "draining" if state.draining else "starting")
 
 
@@ -362,6 +421,8 @@ async def _producer_ctx(app: web.Application) -> Any:
                 state.registry.register(c)
 
     await loop.run_in_executor(state.pool, open_producer)
+    state.store_checked = time.monotonic()
+    await loop.run_in_executor(state.pool, state.check_store)  # before the first "ready"
     state.ready = True
     log.info(
         "worker %d ready: producer %s, stage %s",

@@ -48,6 +48,11 @@ class ServiceConfig:
     """On SIGTERM: how long in-flight requests may take to finish."""
     drain_timeout_s: float = 300.0
     """On SIGTERM: how long sealing and exporting the stage may take (the rest stays staged)."""
+    store_check_s: float = 30.0
+    """A worker checks its store (one LIST under queue/) at start and then, while /readyz
+    is asked, at most this often: a permanent store error (a missing bucket, rejected
+    credentials, no permission) makes /readyz 503 and /healthz 500 until a check or an
+    export works again.  A service nobody asks makes no request (idle is free)."""
     threads: int = 16
     """Threads per worker for parsing and staging (blocking work off the event loop)."""
     token_file: str | None = None
@@ -79,7 +84,7 @@ class ServiceConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
-        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s", "store_check_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 (no connection may be held forever)")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -11,7 +11,9 @@ and on SIGTERM/SIGINT passes SIGTERM to every worker and waits until
 each has sealed and exported its stage.
 
 Metrics: prometheus_client's multiprocess mode.  ``PROMETHEUS_MULTIPROC_DIR`` (default
-``<staging>/.prometheus``, emptied at start) holds each worker's values; any worker's
+a fresh temporary folder, removed at exit; never on the stage's disk, where a full disk
+would kill a worker touching its mmapped values with SIGBUS; emptied at start) holds
+each worker's values; any worker's
 ``/metrics`` answers for all of them.  A dead worker's gauges are dropped, its
 counters kept, so totals never go backwards.
 """
@@ -27,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,7 +78,9 @@ class _Worker:
 
 def _metrics_dir(config: ServiceConfig) -> Path:
     env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    path = Path(env) if env else Path(config.staging_dir) / ".prometheus"
+    if not env:
+        return Path(tempfile.mkdtemp(prefix="tieredbuf-metrics-"))
+    path = Path(env)
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
@@ -294,5 +299,7 @@ def serve(config: ServiceConfig, out: TextIO | None = None, tokens: TokenSet | N
         code = 130
     stop.close()
     forced.close()
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        shutil.rmtree(mdir, ignore_errors=True)
     print(f"tieredbuf serve: stopped (exit {code})", file=out, flush=True)
     return code

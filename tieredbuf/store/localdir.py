@@ -153,6 +153,12 @@ class LocalDirStore:
                     f"cannot create store directory {self._root}: it (or a folder above it) "
                     f"is a file, not a directory"
                 ) from e
+            if e.errno in (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM):
+                # after makedirs made the parents, ENOENT is a file system that takes no
+                # folder there (/proc, /sys): no retry changes that, nor a read-only one
+                raise PermanentStoreError(
+                    f"cannot create store directory {self._root}: {e.strerror}"
+                ) from e
             raise os_error(e, f"cannot create store directory {self._root}") from e
 
     @contextmanager
