@@ -96,6 +96,8 @@ class Totals:
     duplicates: int = 0
     wrong_place: int = 0
     in_manifest: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    """Writes that failed (never acknowledged), by error."""
 
 
 def _start(
@@ -180,6 +182,7 @@ def run_torture(root: Path, seed: int, seconds: float, grace_s: float) -> Totals
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     stopped: dict[str, float] = {}
+    closing: dict[str, Proc] = {}  # slot -> a process closing (SIGTERM): replaced once gone
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:
@@ -188,25 +191,30 @@ def run_torture(root: Path, seed: int, seconds: float, grace_s: float) -> Totals
                 if time.monotonic() >= until:
                     procs[slot].popen.send_signal(signal.SIGCONT)
                     del stopped[slot]
+            for slot, old in list(closing.items()):
+                if old.popen.poll() is not None:  # closed: a new process takes its place
+                    done.append(old)
+                    del closing[slot]
+                    start(slot, dict(writers)[slot])
             slot, mode = rng.choice(writers)
-            if slot in stopped:
+            if slot in stopped or slot in closing:
                 continue
             event = rng.random()
-            if event < 0.25:  # SIGSTOP past half the grace period
+            if event < 0.45:  # SIGSTOP past half the grace period
                 procs[slot].popen.send_signal(signal.SIGSTOP)
                 stopped[slot] = time.monotonic() + grace_s * rng.uniform(0.55, 0.7)
                 t.stops += 1
-            elif event < 0.8:  # SIGKILL, or a clean close (a holder hands its lease over),
-                old = procs[slot]  # then a new process (a staged one on the same stage)
-                if event < 0.55:
-                    old.popen.send_signal(signal.SIGKILL)
-                    t.kills += 1
-                else:
-                    old.popen.send_signal(signal.SIGTERM)
-                    t.closes += 1
-                old.popen.wait(timeout=180)
+            elif event < 0.75:  # SIGKILL, and a new process (a staged one on its stage)
+                old = procs[slot]
+                old.popen.send_signal(signal.SIGKILL)
+                old.popen.wait(timeout=30)
                 done.append(old)
+                t.kills += 1
                 start(slot, mode)
+            elif event < 0.9:  # a clean close: a holder hands its lease over
+                procs[slot].popen.send_signal(signal.SIGTERM)
+                closing[slot] = procs[slot]
+                t.closes += 1
     finally:
         for slot in list(stopped):
             procs[slot].popen.send_signal(signal.SIGCONT)
@@ -221,7 +229,7 @@ def run_torture(root: Path, seed: int, seconds: float, grace_s: float) -> Totals
         gc_stop.set()
         gc_thread.join(timeout=60)
         reader.join(timeout=60)
-    done.extend(procs.values())
+    done.extend(p for p in procs.values() if p not in done)
     for p in done:
         p.finish()
     # what a killed staged producer left is exported by a drain, as an operator would
@@ -284,6 +292,8 @@ def check(
                     problems.append(f"I10: {rec} REMOTE at {seq} {loc}, the manifest has {at}")
             elif kind == "FAIL":
                 t.failed += 1
+                why = rest.split(" ")[1]
+                t.failures[why] = t.failures.get(why, 0) + 1
             elif kind == "BROWNOUT":
                 t.brownouts += 1
             elif kind == "DAMAGED":
@@ -308,7 +318,7 @@ def test_I10_every_promise_holds_under_kills_stops_brownouts_damage_skew_and_gc(
     tmp_path: Path,
 ) -> None:
     seed = int(os.environ.get("TIEREDBUF_TORTURE_SEED", "20261128"))
-    t = run_torture(tmp_path, seed, seconds=60, grace_s=20)
+    t = run_torture(tmp_path, seed, seconds=90, grace_s=20)
     print(json.dumps(t.__dict__))
     assert t.kills >= 3 and t.stops >= 1, t  # the chaos happened
     assert t.remote > 100 and t.local > 50, t  # and writes were acknowledged through it
