@@ -12,12 +12,15 @@ from tieredbuf.consume.consumer import Consumer, fetch_object
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.consume.worker import Worker
 from tieredbuf.errors import ConfigError, ObjectNotFoundError
+from tieredbuf.format import idem
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.format.registry import check_name
 from tieredbuf.keys import MANIFEST_KEY, QUEUE_PREFIX
 from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.producer import Producer
 from tieredbuf.produce.staged import StagedProducer, drain
+from tieredbuf.queue import dedupe
+from tieredbuf.queue.dedupe import Found
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
 from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, remove
 from tieredbuf.queue.subscribers import listing as subscriber_listing
@@ -163,6 +166,14 @@ class Buffer:
 
     def entries(self) -> list[ManifestEntry]:
         return self.snapshot().entries()
+
+    def find_keyed(self, key: str) -> Found | None:
+        """The entry holding a produce() call made with idempotency ``key``, among the
+        linked entries since the key's time (one root read; :mod:`tieredbuf.queue.dedupe`),
+        or None."""
+        d = idem.digest(key)
+        got = dedupe.find(self.snapshot(), {d: idem.key_ms(key)}, self.queue.clock_ms())
+        return got.get(d)
 
     def lookup_sequence(self, seq: int, *, on_lost: OnLost = "raise") -> Position:
         """Find entry ``seq`` (one GET per tree level; see :mod:`tieredbuf.consume.reader`)."""

@@ -53,6 +53,7 @@ from tieredbuf.errors import (
     MissingObjectError,
     NotInitializedError,
 )
+from tieredbuf.format import idem
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
@@ -82,12 +83,23 @@ WINDOW = 1024
 
 @dataclass(frozen=True, slots=True)
 class ConsumedBatch:
-    """One queue entry and its data (RFC 0001's ConsumedBatch)."""
+    """One queue entry and its data (RFC 0001's ConsumedBatch).  ``metadata`` holds each
+    produce() call's payload as the call gave it: a call made with an idempotency key
+    carries the key's tag in front of it in the manifest (:mod:`tieredbuf.format.idem`),
+    taken off here."""
 
     sequence: int
     location: str
     metadata: tuple[MetadataItem, ...]
     data: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if any(m.payload.startswith(idem.MAGIC) for m in self.metadata):
+            own = tuple(
+                MetadataItem(m.start_index, m.ingestion_time_ms, idem.own(m.payload))
+                for m in self.metadata
+            )
+            object.__setattr__(self, "metadata", own)
 
     @property
     def entries(self) -> list[bytes]:

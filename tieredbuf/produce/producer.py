@@ -34,6 +34,7 @@ from tieredbuf.errors import (
     FlushTimeoutError,
     RemoteUnconfirmedError,
 )
+from tieredbuf.format import idem
 from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
@@ -73,6 +74,19 @@ class _OpenBatch:
     watchers: list[DurabilityWatcher] = field(default_factory=list)
     size: int = 0
     opened: float = 0.0
+
+
+def keyed_metadata(
+    records: list[bytes], metadata: bytes, key: str | None, fingerprint: bytes | None
+) -> bytes:
+    """A call's metadata payload, with its idempotency key's tag in front when it has one
+    (:mod:`tieredbuf.format.idem`; the fingerprint, unless given, of its records and
+    metadata)."""
+    if key is None:
+        if fingerprint is not None:
+            raise ValueError("a fingerprint goes with an idempotency key")
+        return metadata
+    return idem.tag(key, fingerprint or idem.fingerprint(records, metadata), metadata)
 
 
 def as_records(entries: object) -> list[bytes]:
@@ -151,15 +165,23 @@ class Producer:
         return self._hub.health()
 
     def produce(
-        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+        self,
+        entries: object,
+        metadata: bytes = b"",
+        *,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: bytes | None = None,
     ) -> WriteHandle:
         """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
 
         Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
-        waiting longer.
+        waiting longer.  ``idempotency_key`` travels with the call into the queue (its
+        tag in the metadata item, :mod:`tieredbuf.format.idem`), where a retry of the
+        call can be told from a new one (the service's ``Idempotency-Key``).
         """
         records = as_records(entries)
-        meta = bytes(metadata)
+        meta = keyed_metadata(records, bytes(metadata), idempotency_key, fingerprint)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16
         cfg = self.config
         handle = WriteHandle()
