@@ -1,5 +1,5 @@
-"""Prove that an object store (S3 endpoint, Azure Blob account) honours conditional
-writes before trusting it.
+"""Prove that an object store (S3 endpoint, Azure Blob account, GCS bucket) honours
+conditional writes before trusting it.
 
 Some S3-compatible servers accept ``If-None-Match: *`` and ``If-Match`` and then
 ignore them.  On such a server every CAS "succeeds", two producers overwrite each
@@ -27,23 +27,25 @@ from tieredbuf.errors import (
 )
 from tieredbuf.store.base import IfMatch, Store
 
-_WRONG_ETAG = '"00000000000000000000000000000000"'
-
 
 def probe_conditional_writes(store: Store, where: str) -> None:
     """Raise ConditionalWritesUnsupportedError unless ``store`` enforces both preconditions.
 
-    ``where`` names the endpoint in the error message.  The probe object is deleted
-    afterwards (best effort; GC ignores ``_probe/`` keys anyway).
+    Four conditional PUTs of one probe object: create (must succeed), create again (must
+    be refused), replace with the version token the first returned (must succeed), and
+    replace with that now stale token (must be refused).  A stale token is what a lost
+    CAS race presents, and it works on every store whatever its tokens look like (S3 and
+    Azure ETags, GCS generations).  ``where`` names the endpoint in the error message.
+    The probe object is deleted afterwards (best effort; GC ignores ``_probe/`` keys).
     """
     key = keys.probe_key(ULID())
     try:
         try:
-            etag = store.put(key, b"probe-1", mode="create")
+            first = store.put(key, b"probe-1", mode="create")
         except ConflictError:
-            # obstore retried a create whose first response was lost and met its own
+            # the client retried a create whose first response was lost and met its own
             # write; the object is ours.  Read its version back.
-            etag = store.get(key).etag
+            first = store.get(key).etag
         try:
             store.put(key, b"probe-2", mode="create")
         except AlreadyExistsError:
@@ -52,11 +54,18 @@ def probe_conditional_writes(store: Store, where: str) -> None:
             raise ConditionalWritesUnsupportedError(
                 f"{where} ignores If-None-Match: * (create-if-absent overwrote {key!r}); "
                 "tieredbuf needs a store that enforces conditional writes (AWS S3, MinIO, "
-                "SeaweedFS, recent Ceph RGW, Azure Blob) -- pass probe=False only if you "
-                "know better"
+                "SeaweedFS, recent Ceph RGW, Azure Blob, GCS) -- pass probe=False only if "
+                "you know better"
             )
         try:
-            store.put(key, b"probe-3", mode=IfMatch(_WRONG_ETAG))
+            store.put(key, b"probe-3", mode=IfMatch(first))
+        except ConflictError as e:
+            raise ConditionalWritesUnsupportedError(
+                f"{where} refused If-Match with the object's current etag {first!r} on "
+                f"{key!r}: its etags are not usable as version tokens"
+            ) from e
+        try:
+            store.put(key, b"probe-4", mode=IfMatch(first))
         except (PreconditionFailedError, ObjectNotFoundError):
             pass
         except AlreadyExistsError:
@@ -64,17 +73,10 @@ def probe_conditional_writes(store: Store, where: str) -> None:
             pass
         else:
             raise ConditionalWritesUnsupportedError(
-                f"{where} ignores If-Match (a PUT with a wrong etag replaced {key!r}); "
+                f"{where} ignores If-Match (a PUT with a stale etag replaced {key!r}); "
                 "tieredbuf needs a store that enforces conditional writes -- pass probe=False "
                 "only if you know better"
             )
-        try:
-            store.put(key, b"probe-4", mode=IfMatch(etag))
-        except ConflictError as e:
-            raise ConditionalWritesUnsupportedError(
-                f"{where} refused If-Match with the object's current etag {etag!r} on {key!r}: "
-                "its etags are not usable as version tokens"
-            ) from e
     finally:
         store.delete_many([key])
 
