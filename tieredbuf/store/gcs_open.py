@@ -3,10 +3,13 @@
 Credentials, resolved before any request (one line for each misconfiguration):
 
 * ``anonymous=True``: none (a public bucket, an emulator);
-* ``credentials_file=`` / ``GOOGLE_APPLICATION_CREDENTIALS``: a service-account key (or
-  any credentials file google-auth reads: an external-account or authorized-user file);
-* an emulator (``endpoint=`` or ``STORAGE_EMULATOR_HOST``, as google-cloud-storage and
-  gcsfs honour it): anonymous unless a credentials file is given or ``anonymous=False``;
+* ``credentials_file=``: a service-account key or an authorized-user file;
+* ``GOOGLE_APPLICATION_CREDENTIALS``: any credentials file google-auth reads (a
+  service-account key, workload identity federation's external-account file, ...);
+* ``STORAGE_EMULATOR_HOST`` (as google-cloud-storage and gcsfs honour it): anonymous
+  unless ``credentials_file=`` is given;
+* ``endpoint=``: the credentials configured (a file, GOOGLE_APPLICATION_CREDENTIALS), else
+  anonymous -- never the ambient ones;
 * otherwise Application Default Credentials: ``gcloud auth application-default login``,
   or the service account attached to a GCE VM, GKE pod (workload identity), Cloud Run
   or Dataproc node.
@@ -18,6 +21,7 @@ local users do not need.  This module imports it only for a ``gs://`` URL.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -71,9 +75,12 @@ def _emulator_endpoint(value: str) -> str:
     return value if "://" in value else f"http://{value}"
 
 
-def _credentials(url: str, path: str | None, anonymous_opt: Any, endpoint: str | None) -> Any:
+def _credentials(
+    url: str, path: str | None, anonymous_opt: Any, endpoint: str | None, from_emulator_env: bool
+) -> Any:
     """The credentials object for the store, or a one-line error.  ``path``: the
-    credentials_file option (None: GOOGLE_APPLICATION_CREDENTIALS, then ADC)."""
+    credentials_file option (None: GOOGLE_APPLICATION_CREDENTIALS, then ADC);
+    ``from_emulator_env``: ``endpoint`` is STORAGE_EMULATOR_HOST's."""
     import google.auth
     from google.auth import exceptions as ax
     from google.auth.credentials import AnonymousCredentials
@@ -82,38 +89,73 @@ def _credentials(url: str, path: str | None, anonymous_opt: Any, endpoint: str |
         anonymous = as_bool("anonymous", anonymous_opt)
         if anonymous and path is not None:
             raise ConfigError(f"{url}: anonymous=True and credentials_file given: choose one")
+    elif from_emulator_env:
+        # as google-cloud-storage does with STORAGE_EMULATOR_HOST: no credentials unless
+        # given a file (GOOGLE_APPLICATION_CREDENTIALS is not used)
+        anonymous = path is None
     else:
-        # an emulator takes no credentials unless given a file, as google-cloud-storage
-        # does with STORAGE_EMULATOR_HOST (GOOGLE_APPLICATION_CREDENTIALS is not used)
-        anonymous = endpoint is not None and path is None
+        # another endpoint gets the credentials configured for it, never the ambient ones
+        # (gcloud's login, the metadata server): none configured, none sent
+        anonymous = endpoint is not None and path is None and not os.environ.get(CREDENTIALS_ENV)
     if anonymous:
         return AnonymousCredentials()  # type: ignore[no-untyped-call]
-    source = f"credentials_file={path}"
-    if path is None and os.environ.get(CREDENTIALS_ENV):
-        path = os.environ[CREDENTIALS_ENV]
-        source = f"{CREDENTIALS_ENV}={path}"
     if path is not None:
-        if not os.path.isfile(path):
-            raise MissingCredentialsError(
-                f"no Google Cloud credentials for {url}: {source} is not a file"
-            )
-        try:
-            creds, _ = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
-                path, scopes=list(SCOPES)
-            )
-        except (ax.DefaultCredentialsError, ValueError, OSError) as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise MissingCredentialsError(
-                f"{source} for {url} is not a credentials file google-auth can use: {why}"
-            ) from None
-        return creds
+        return _from_file(url, path)
+    env = os.environ.get(CREDENTIALS_ENV)
+    if env and not os.path.isfile(env):
+        raise MissingCredentialsError(
+            f"no Google Cloud credentials for {url}: {CREDENTIALS_ENV}={env} is not a file"
+        )
     try:
+        # Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS (any credentials
+        # file google-auth reads), gcloud's login, the attached service account
         creds, _ = google.auth.default(scopes=list(SCOPES))
-    except ax.DefaultCredentialsError:
+    except ax.DefaultCredentialsError as e:
+        if env:
+            raise MissingCredentialsError(
+                f"{CREDENTIALS_ENV}={env} for {url} is not a credentials file google-auth "
+                f"can use: {_first_line(e)}"
+            ) from None
         raise MissingCredentialsError(
             f"no Google Cloud credentials for {url}: {_ADC_HELP}"
         ) from None
     return creds
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _from_file(url: str, path: str) -> Any:
+    """A service-account key or an authorized-user file (gcloud's), by its type: the
+    loaders google-auth recommends for a file named in configuration."""
+    source = f"credentials_file={path}"
+    if not os.path.isfile(path):
+        raise MissingCredentialsError(
+            f"no Google Cloud credentials for {url}: {source} is not a file"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+        kind = info.get("type") if isinstance(info, dict) else None
+        if kind == "service_account":
+            from google.oauth2 import service_account
+
+            return service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+        if kind == "authorized_user":
+            from google.oauth2 import credentials
+
+            return credentials.Credentials.from_authorized_user_info(info, scopes=list(SCOPES))
+        why = (
+            f"type {kind!r}: credentials_file takes a service-account key or an "
+            f"authorized-user file (other kinds through {CREDENTIALS_ENV})"
+        )
+    except (ValueError, OSError) as e:
+        why = _first_line(e)
+    raise MissingCredentialsError(
+        f"{source} for {url} is not a credentials file google-auth can use: {why}"
+    )
 
 
 def open_gcs(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store:
@@ -135,7 +177,8 @@ def open_gcs(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
         ) from None
     opts = dict(options)
     endpoint: Any = opts.get("endpoint")
-    if endpoint is None and os.environ.get(EMULATOR_ENV):
+    from_emulator_env = endpoint is None and bool(os.environ.get(EMULATOR_ENV))
+    if from_emulator_env:
         endpoint = _emulator_endpoint(os.environ[EMULATOR_ENV])
     if endpoint is not None:
         if not isinstance(endpoint, str):
@@ -146,7 +189,11 @@ def open_gcs(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     if file is not None and not isinstance(file, str | os.PathLike):
         raise ConfigError(f"option credentials_file must be a path, got {file!r}")
     credentials = _credentials(
-        url, os.fspath(file) if file is not None else None, opts.get("anonymous"), endpoint
+        url,
+        os.fspath(file) if file is not None else None,
+        opts.get("anonymous"),
+        endpoint,
+        from_emulator_env,
     )
     max_retries = opts.get("max_retries", 3)
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
