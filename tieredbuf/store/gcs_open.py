@@ -142,11 +142,15 @@ def _from_file(url: str, path: str) -> Any:
         if kind == "service_account":
             from google.oauth2 import service_account
 
-            return service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+            return service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]
+                info, scopes=list(SCOPES)
+            )
         if kind == "authorized_user":
             from google.oauth2 import credentials
 
-            return credentials.Credentials.from_authorized_user_info(info, scopes=list(SCOPES))
+            return credentials.Credentials.from_authorized_user_info(  # type: ignore[no-untyped-call]
+                info, scopes=list(SCOPES)
+            )
         why = (
             f"type {kind!r}: credentials_file takes a service-account key or an "
             f"authorized-user file (other kinds through {CREDENTIALS_ENV})"
