@@ -196,6 +196,7 @@ _STORE_DISPLAY = (
     "timeout",
     "connectTimeout",
     "retryTimeout",
+    "credentialsFile",
 )
 
 

@@ -58,7 +58,6 @@ from tieredbuf.errors import (
     OutcomeUnknownError,
     PreconditionFailedError,
     StoreError,
-    StoreUnreachableError,
     ThrottledError,
     TransientStoreError,
 )
@@ -166,9 +165,8 @@ def retry_delay(error: Exception, attempt: int, elapsed: float, s: GCSSettings) 
     to give up: only requests that were not sent, timed out, were reset or got a 5xx are
     retried (never a 429: the caller waits a second), at most ``max_retries`` times
     within ``retry_timeout``."""
-    if isinstance(error, ThrottledError) or not isinstance(
-        error, StoreUnreachableError | OutcomeUnknownError | TransientStoreError
-    ):
+    # TransientStoreError: not sent (StoreUnreachableError), outcome unknown, 5xx, reset
+    if isinstance(error, ThrottledError) or not isinstance(error, TransientStoreError):
         return None
     if attempt >= s.max_retries:
         return None
