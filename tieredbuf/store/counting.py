@@ -27,8 +27,9 @@ also counted in :attr:`RequestCounts.conflicts`.  The S3 backend reports the few
 requests it sends on its own (the once-per-process conditional-write probe, the
 once-per-store LIST that tells a missing bucket from a missing object, the
 one-by-one deletes after a failed bulk delete, the full GET after a server refused
-a range) through the same counter; so does the GCS backend (the initiating POST of a
-resumable upload, for an object over 8 MiB).  Not counted: retries inside the S3 client
+a range) through the same counter; so does the GCS backend (its probe and bucket
+check).  A GCS resumable upload (an object over 8 MiB: two HTTP requests) is counted as
+the one Class A operation GCS bills for it.  Not counted: retries inside the S3 client
 (obstore retries a request that timed out or got a 5xx up to ``max_retries`` times;
 those surface as transient-error counters when they finally fail).
 """

@@ -19,7 +19,9 @@ The contract in GCS terms (checked against fake-gcs-server 1.54, tests/store/):
   emulator, so it would be untested; deletes are free on GCS), 8 at a time.
 
 An object over 8 MiB goes up as the client's resumable upload: an initiating POST
-(carrying the precondition) and a PUT with the bytes, both counted.  fake-gcs-server
+(carrying the precondition) and a PUT with the bytes, which GCS bills as one Class A
+operation ("a completed resumable upload is considered one Class A operation"), so it
+is counted as one.  fake-gcs-server
 does not enforce preconditions on resumable uploads, so the tests' CAS runs on small
 objects; only fresh ULID-named data objects are that large, and the root manifest
 (the only object ever replaced) stays far below it (invariant I6).
@@ -79,7 +81,7 @@ from tieredbuf.store.probe import PROBES
 GOOGLE_ENDPOINT = "https://storage.googleapis.com"
 MULTIPART_LIMIT = 8 << 20
 """Bodies up to this size go up in one request (the client's multipart upload); larger
-ones as a resumable upload (two requests)."""
+ones as a resumable upload (two requests, billed as one operation)."""
 LIST_PAGE = 1000
 DELETE_THREADS = 8
 _BUCKET_GONE_RE = re.compile(r"bucket does not exist", re.IGNORECASE)
@@ -263,8 +265,8 @@ class GCSStore:
         return f"GCSStore({self._url!r})"
 
     def attach_meter(self, counts: RequestCounts) -> None:
-        """Count the requests this store sends on its own (the probe, the bucket check,
-        the second request of a resumable upload) in ``counts``."""
+        """Count the requests this store sends on its own (the probe, the bucket check)
+        in ``counts``."""
         self._meter = counts
 
     def _extra(self, op: str, key: str) -> None:
@@ -462,8 +464,6 @@ class GCSStore:
             raise ValueError(f"unknown put mode {mode!r}")
         self._ensure_probed(mode)
         body = bytes(data)
-        if len(body) > MULTIPART_LIMIT:
-            self._extra("put" if match is None else "put_conditional", key)
 
         def upload() -> int | None:
             blob = self._conn.bucket().blob(self._name(key))
