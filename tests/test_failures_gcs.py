@@ -170,3 +170,26 @@ def test_cli_without_gcs_credentials_says_where_to_put_them_and_exits_2(tmp_path
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 2, (out, err)
     assert err.count("\n") == 1 and "no Google Cloud credentials" in err, err
+
+
+@pytest.mark.slow
+def test_I2_lost_answers_and_503s_on_gcs_land_every_record_once_in_order(
+    gcs_endpoint: GCSEndpoint,
+) -> None:
+    """Through a proxy that forwards a write and drops its answer (a quarter of them) or
+    refuses it with 503 (a tenth): the store retries, a conditional write that landed
+    comes back as a conflict, and the queue recognises its own write (I2) -- every
+    record once, in order (I3)."""
+    from tests.latency_proxy import LatencyProxy
+
+    url = f"gs://{gcs_endpoint.new_bucket()}/b"
+    tieredbuf.open(url, **gcs_endpoint.options()).create()  # the probe, without chaos
+    with LatencyProxy(
+        gcs_endpoint.endpoint, {}, lose_responses=0.25, fail_writes=0.1, seed=7
+    ) as chaos:
+        opts = {"endpoint": chaos.endpoint, "max_retries": 5, "timeout": 10}
+        with tieredbuf.open(url, **opts).producer(manifest_writes_per_s=0) as p:
+            for i in range(30):
+                p.produce([f"r{i}".encode()]).wait(Durability.REMOTE, timeout=60)
+        assert chaos.counts["lost"] >= 5 and chaos.counts["refused"] >= 2, chaos.counts
+    assert _records(url, **gcs_endpoint.options()) == [f"r{i}".encode() for i in range(30)]

@@ -91,6 +91,30 @@ def test_probe_rejects_a_server_that_ignores_if_match() -> None:
     assert list(fake.list("")) == []
 
 
+class LosesTheFirstReplaceAnswer(IgnoresModes):
+    """A conforming store (memory) whose first replace-if-match lands and then reports a
+    conflict: a client that retried it after its answer was lost and met its own write
+    (invariant I2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        etag = self._inner.put(key, data, mode=mode)
+        if isinstance(mode, IfMatch) and self.lost == 0:
+            self.lost += 1
+            raise errors.PreconditionFailedError(key)
+        return etag
+
+
+def test_I2_the_probe_takes_its_own_landed_replace_for_success_not_a_refusal() -> None:
+    fake = LosesTheFirstReplaceAnswer()
+    probe_conditional_writes(fake, "GCS endpoint http://fake (bucket 'b')")
+    assert fake.lost == 1
+    assert list(fake.list("")) == []
+
+
 def test_probe_failures_are_not_cached_and_successes_are() -> None:
     cache = ProbeCache()
     with pytest.raises(errors.ConditionalWritesUnsupportedError):
@@ -100,7 +124,7 @@ def test_probe_failures_are_not_cached_and_successes_are() -> None:
     cache.ensure(("http://good", "b"), good, "good")
     cache.ensure(("http://good", "b"), good, "good")
     assert cache.passed(("http://good", "b"))
-    assert good.counts["put"] == 4  # probed once: create, create, wrong If-Match, right If-Match
+    assert good.counts["put"] == 4  # probed once: create, create, If-Match, stale If-Match
 
 
 @pytest.mark.s3
