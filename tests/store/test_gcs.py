@@ -76,8 +76,9 @@ def _url(ep: GCSEndpoint) -> str:
         ("gs://bucket/p", {"endpoint": "127.0.0.1:4443"}, "http:// or https://"),
         ("gs://bucket/p", {"endpoint": "http://u:pw@h"}, "must not carry credentials"),
         ("gs://bucket/p", {"anonymous": "maybe"}, "anonymous must be a bool"),
-        ("gs://bucket/p", {"anonymous": True, "max_retries": -1}, "max_retries"),
-        ("gs://bucket/p", {"anonymous": True, "timeout": 0}, "timeout must be positive"),
+        ("gs://bucket/p", {"max_retries": -1}, "max_retries"),  # before credentials
+        ("gs://bucket/p", {"timeout": 0}, "timeout must be positive"),
+        ("gs://bucket/p", {"probe": "sometimes"}, "probe must be a bool"),
         ("gs://bucket/p", {"anonymous": True, "credentials_file": "/x.json"}, "choose one"),
     ],
 )

@@ -192,13 +192,6 @@ def open_gcs(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
     file: Any = opts.get("credentials_file")
     if file is not None and not isinstance(file, str | os.PathLike):
         raise ConfigError(f"option credentials_file must be a path, got {file!r}")
-    credentials = _credentials(
-        url,
-        os.fspath(file) if file is not None else None,
-        opts.get("anonymous"),
-        endpoint,
-        from_emulator_env,
-    )
     max_retries = opts.get("max_retries", 3)
     if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
         raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}")
@@ -207,15 +200,26 @@ def open_gcs(url: str, bucket: str, path: str, options: dict[str, Any]) -> Store
         value = opts.get(name)
         return default if value is None else as_duration(name, value).total_seconds()
 
+    timeouts = {
+        "connect_timeout": seconds("connect_timeout", 5.0),
+        "timeout": seconds("timeout", 60.0),
+        "retry_timeout": seconds("retry_timeout", 30.0),
+    }
+    probe = as_bool("probe", opts.get("probe", True))
+    # last: finding Application Default Credentials may ask the metadata server
+    credentials = _credentials(
+        url,
+        os.fspath(file) if file is not None else None,
+        opts.get("anonymous"),
+        endpoint,
+        from_emulator_env,
+    )
     settings = GCSSettings(
         bucket=bucket,
         prefix=prefix,
         endpoint=endpoint,
         credentials=credentials,
-        connect_timeout=seconds("connect_timeout", 5.0),
-        timeout=seconds("timeout", 60.0),
         max_retries=max_retries,
-        retry_timeout=seconds("retry_timeout", 30.0),
+        **timeouts,
     )
-    probe = as_bool("probe", opts.get("probe", True))
     return GCSStore(settings, url, probe=probe)
