@@ -503,3 +503,18 @@ def test_a_child_process_writes_remote_and_reads_after_the_parent_used_gcs(
     ]
     producer.produce([b"parent after"]).wait(Durability.REMOTE, timeout=30)
     producer.close()
+
+
+def test_a_listing_longer_than_a_page_is_read_page_by_page(
+    gcs_endpoint: GCSEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tieredbuf.store import gcs
+
+    s = MeteredStore(open_store(_url(gcs_endpoint), **gcs_endpoint.options()))
+    names = {f"l/{i:03d}" for i in range(23)}
+    for n in names:
+        s.put(n, b"v")
+    s.put("m/other", b"v")
+    monkeypatch.setattr(gcs, "LIST_PAGE", 5)  # GCS pages up to 1000 keys
+    assert {m.key for m in s.list("l/")} == names
+    assert {m.key for m in s.list("")} == names | {"m/other"}
