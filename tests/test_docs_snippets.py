@@ -13,7 +13,8 @@ The rules (also in docs/getting-started.md, "How the docs are tested"):
   page starts one, else the test run's moto server, with the buckets the page names
   created empty and its keys in ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
   ``AWS_REGION`` (what a reader has after getting-started's "A local S3") -- the
-  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, and
+  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so does a GCS
+  emulator's ``127.0.0.1:4443`` / ``-port 4443``, and
   ``start_http_server(9100)`` listens on any free port.  ``s3://`` URLs, options and
   commands are left as written.  ``HOME`` is the scratch directory (no ``~/.aws`` of
   the machine's).
@@ -193,6 +194,7 @@ def ci_part(b: Block) -> str:
 class Ports:
     s3: int
     service: int
+    gcs: int
 
 
 def substitute(code: str, ports: Ports) -> str:
@@ -201,6 +203,8 @@ def substitute(code: str, ports: Ports) -> str:
     code = re.sub(r"moto_server -p 9000\b", f"moto_server -p {ports.s3}", code)
     code = re.sub(r"(127\.0\.0\.1|localhost):8080\b", f"127.0.0.1:{ports.service}", code)
     code = re.sub(r"--port 8080\b", f"--port {ports.service}", code)
+    code = re.sub(r"(127\.0\.0\.1|localhost):4443\b", f"127.0.0.1:{ports.gcs}", code)
+    code = re.sub(r"-port 4443\b", f"-port {ports.gcs}", code)
     code = code.replace("start_http_server(9100)", "start_http_server(0)")
     code = ACTIVATE.sub("", code)
     return code.replace(".venv/bin/", "")
@@ -221,9 +225,16 @@ def fresh_buckets(ep: S3Endpoint, names: set[str]) -> None:
 def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spark: bool) -> str:
     own_s3 = any("moto_server" in b.code for b in blocks)
     ports = Ports(
-        s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]), service=free_port()
+        s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]),
+        service=free_port(),
+        gcs=free_port(),
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AWS_")
+        and k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
+    }
     env.update(
         HOME=str(work),
         SPARK_LOCAL_IP="127.0.0.1",

@@ -14,7 +14,8 @@ sends.  An operation is one of
 ``put_conditional`` PUT with If-None-Match: * (create) or If-Match (CAS)
 ``copy``            server-side copy (S3 CopyObject; priced as a PUT), by the new key's kind
 ``list``            LIST, one per page of up to 1000 keys (S3's page size), at least one
-``delete``          DeleteObjects, one per batch of up to 1000 keys
+``delete``          DeleteObjects, one per batch of up to 1000 keys (a store with no
+                    batch delete, GCS, says so with ``delete_batch = 1``: one per key)
 ==================  ===================================================================
 
 and the kind is :func:`tieredbuf.keys.key_kind` of the key (for a LIST, of the
@@ -26,7 +27,9 @@ also counted in :attr:`RequestCounts.conflicts`.  The S3 backend reports the few
 requests it sends on its own (the once-per-process conditional-write probe, the
 once-per-store LIST that tells a missing bucket from a missing object, the
 one-by-one deletes after a failed bulk delete, the full GET after a server refused
-a range) through the same counter.  Not counted: retries inside the S3 client
+a range) through the same counter; so does the GCS backend (its probe and bucket
+check).  A GCS resumable upload (an object over 8 MiB: two HTTP requests) is counted as
+the one Class A operation GCS bills for it.  Not counted: retries inside the S3 client
 (obstore retries a request that timed out or got a 5xx up to ``max_retries`` times;
 those surface as transient-error counters when they finally fail).
 """
@@ -236,7 +239,8 @@ class MeteredStore:
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         # one DeleteObjects per batch, counted under its first key's kind (GC deletes
         # data objects and tree nodes in separate batches)
-        for i in range(0, len(keys), DELETE_BATCH):
+        batch = getattr(self._inner, "delete_batch", DELETE_BATCH)
+        for i in range(0, len(keys), batch):
             self.counts.add("delete", keys[i])
         return self._inner.delete_many(keys)
 
