@@ -44,7 +44,7 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import DEFAULT_IDLE_POLL_MAX, ConsumerConfig
-from tieredbuf.consume.fetch import ReadAhead, fetch_object
+from tieredbuf.consume.fetch import ReadAhead
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -64,7 +64,7 @@ from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
-__all__ = ["ConsumedBatch", "Consumer", "fetch_object"]
+__all__ = ["ConsumedBatch", "Consumer"]
 
 if TYPE_CHECKING:
     import pyarrow as pa

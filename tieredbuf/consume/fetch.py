@@ -1,30 +1,44 @@
-"""Data objects for readers: one GET, or parallel ranged GETs for large ones, read ahead.
+"""Data objects for readers: one GET, or parallel ranged GETs for large ones, read ahead,
+and every object checked against what the manifest recorded before it is handed out.
 
-A reader at S3's round trips (20-30 ms a GET) that fetched one object after another
-would read about 40 entries a second whatever the bandwidth: :class:`ReadAhead` keeps
-the next entries' GETs in flight on a thread pool, bounded by a number of entries and
-by bytes (the sizes the manifest tree records for each entry), so draining a backlog
-costs one round trip per ``entries`` objects and large entries do not pile up in
-memory.  Read-ahead is what keeps several GET streams busy: one stream is limited by
-its connection (S3: about 90 MB/s).  When the byte budget holds fewer than
-:data:`STREAMS` objects of an entry's size (or read-ahead is off), that object is
-fetched as :data:`RANGE_PART`-byte ranges in parallel instead, as S3's performance
-guide recommends, with one HEAD beside them: a size that does not match what the tree
-recorded is read again with one plain GET (never trusted to cut the object short).
+**Checked, in one place.**  Every reader -- a consumer, a named subscriber, a worker, the
+Spark source, the CLI, ``Buffer.read_object`` -- gets data objects from here, and
+:func:`check_object` runs on each before its bytes leave: the size the manifest tree
+recorded for the entry (when it recorded one) must be the size found, and a ``.qseg``
+object's CRC32 must match.  Anything else is :class:`DamagedObjectError` (a
+``CorruptError``) naming the object, the recorded and the found size: a replaced, cut,
+extended or changed object is never served, not even with a warning (I10).  A zstd
+``.batch`` carries zstd's content checksum, checked when its records are decoded, before
+any is returned.
+
+**Read ahead, within a budget.**  A reader at S3's round trips (20-30 ms a GET) that
+fetched one object after another would read about 40 entries a second whatever the
+bandwidth: :class:`ReadAhead` keeps the next entries' GETs in flight on a thread pool,
+bounded by a number of entries and by bytes (the sizes the manifest tree records for each
+entry).  An object is started ahead only when it fits in what the budget has left: what
+read-ahead holds never passes ``max_bytes``, and an object larger than the whole budget is
+fetched only when the reader asks for it.  Read-ahead is what keeps several GET streams
+busy: one stream is limited by its connection (S3: about 90 MB/s).  When the byte budget
+holds fewer than :data:`STREAMS` objects of an entry's size (or read-ahead is off), that
+object is fetched as :data:`RANGE_PART`-byte ranges in parallel instead, as S3's
+performance guide recommends, with one HEAD beside them; the parts are written into one
+buffer of the object's size as they arrive (no second copy of the object), and a HEAD that
+disagrees with the recorded size fails the read.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from tieredbuf.errors import MissingObjectError, ObjectNotFoundError
+from tieredbuf import keys
+from tieredbuf.errors import DamagedObjectError, MissingObjectError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry
+from tieredbuf.format.segment import check_crc
+from tieredbuf.runtime.buffers import finish, fresh_bytes
 from tieredbuf.store.base import Store
-
-log = logging.getLogger(__name__)
 
 RANGE_PART = 8 << 20
 """Bytes per ranged GET of a large object (S3's guide: 8-16 MB)."""
@@ -33,7 +47,7 @@ STREAMS = 4
 this many, else ranged parts of each (objects of at least two parts)."""
 
 
-def _missing(entry: ManifestEntry, e: ObjectNotFoundError) -> MissingObjectError:
+def _missing(entry: ManifestEntry) -> MissingObjectError:
     return MissingObjectError(
         f"data object {entry.location} of sequence {entry.sequence} is missing from the "
         "store (deleted by hand, or by GC after a grace-period violation)",
@@ -42,12 +56,40 @@ def _missing(entry: ManifestEntry, e: ObjectNotFoundError) -> MissingObjectError
     )
 
 
-def fetch_object(store: Store, entry: ManifestEntry) -> bytes:
-    """GET an entry's data object; a missing one is data loss, never a silent skip."""
+def size_mismatch(entry: ManifestEntry, recorded: int, found: int) -> DamagedObjectError:
+    """The error for an object of another size than the manifest recorded."""
+    how = "cut short" if found < recorded else "extended"
+    return DamagedObjectError(
+        entry.location,
+        entry.sequence,
+        min(recorded, found),
+        f"the object is {found} bytes, the manifest recorded {recorded} ({how}, or replaced "
+        "behind the buffer's back): not served",
+        recorded,
+        found,
+    )
+
+
+def check_object(entry: ManifestEntry, size: int, data: bytes | memoryview) -> None:
+    """Raise unless ``data`` is the object the manifest recorded for ``entry``: its
+    recorded ``size`` (0: none recorded, e.g. an entry an RFC 0001 writer appended) and,
+    for a ``.qseg``, the CRC32 in its trailer (CorruptError)."""
+    found = len(data)
+    if size and found != size:
+        raise size_mismatch(entry, size, found)
+    if entry.location.endswith(keys.SEGMENT_SUFFIX):
+        check_crc(data, entry.location)
+
+
+def fetch_object(store: Store, entry: ManifestEntry, size: int) -> bytes:
+    """GET an entry's data object and check it (:func:`check_object`) against ``size``,
+    the size the manifest recorded; a missing one is data loss, never a silent skip."""
     try:
-        return store.get(entry.location).data
+        data = store.get(entry.location).data
     except ObjectNotFoundError as e:
-        raise _missing(entry, e) from e
+        raise _missing(entry) from e
+    check_object(entry, size, data)
+    return data
 
 
 def _ranges(size: int, part: int) -> list[tuple[int, int]]:
@@ -56,12 +98,15 @@ def _ranges(size: int, part: int) -> list[tuple[int, int]]:
 
 @dataclass(slots=True)
 class _Pending:
-    """One object being fetched: a single GET, or its ranged parts and a HEAD."""
+    """One object being fetched: a single GET, or ranged parts written into ``out``
+    (through ``view``) and a HEAD."""
 
     entry: ManifestEntry
     size: int
-    parts: list[Future[bytes]]
+    parts: list[Future[Any]]
     head: Future[int] | None = None
+    out: bytes | bytearray | None = field(default=None, repr=False)
+    view: memoryview | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
         for f in self.parts:
@@ -69,34 +114,37 @@ class _Pending:
         if self.head is not None:
             self.head.cancel()
 
-    def result(self, store: Store) -> bytes:
+    def result(self) -> bytes:
         try:
             if self.head is None:
-                return self.parts[0].result()
-            actual = self.head.result()
-            if actual == self.size:
-                chunks = [f.result() for f in self.parts]
-                if sum(len(c) for c in chunks) == actual:
-                    return b"".join(chunks)
+                got: bytes = self.parts[0].result()
+                return got
+            found = self.head.result()
+            if found != self.size:
+                self.cancel()
+                raise size_mismatch(self.entry, self.size, found)
+            for f in self.parts:
+                f.result()
         except ObjectNotFoundError as e:
-            raise _missing(self.entry, e) from e
-        self.cancel()
-        log.warning(
-            "data object %s is %d bytes, the manifest recorded %d: read whole",
-            self.entry.location,
-            actual,
-            self.size,
-        )
-        return fetch_object(store, self.entry)
+            self.cancel()
+            raise _missing(self.entry) from e
+        except BaseException:
+            self.cancel()
+            raise
+        assert self.out is not None and self.view is not None
+        data = finish(self.out, self.view)
+        self.out = self.view = None
+        check_object(self.entry, self.size, data)
+        return data
 
 
 class ReadAhead:
     """Fetches entries' data ahead of a reader, in its order, on ``pool``.
 
     At most ``entries`` objects are in flight or fetched and not yet taken, and another is
-    started only while those hold less than ``max_bytes`` (by recorded sizes; 0 for an
-    unknown size): at most ``max_bytes`` plus one object.  Not thread-safe: one reader
-    thread calls it.
+    started only when, with it, they hold at most ``max_bytes`` (by recorded sizes; 0 for
+    an unknown size).  So read-ahead holds at most ``max_bytes``, beside the object being
+    served.  Not thread-safe: one reader thread calls it.
     """
 
     def __init__(
@@ -121,17 +169,25 @@ class ReadAhead:
     def ranged(self, size: int) -> bool:
         """True when an object of ``size`` bytes is fetched in ranged parts: it has at least
         two, and read-ahead cannot keep ``streams`` whole objects of its size in flight."""
-        whole = -(-self.max_bytes // size) if size else self.entries  # under the budget
+        whole = self.max_bytes // size if size else self.entries  # within the budget
         return size >= 2 * self.part and min(self.entries, whole) < self.streams
 
     def _start(self, entry: ManifestEntry, size: int) -> _Pending:
-        loc = entry.location
         if not self.ranged(size):
-            return _Pending(entry, size, [self.pool.submit(fetch_object, self.store, entry)])
-        get_range: Callable[[str, int, int], bytes] = self.store.get_range
-        parts = [self.pool.submit(get_range, loc, a, b) for a, b in _ranges(size, self.part)]
-        head = self.pool.submit(lambda: self.store.head(loc).size)
-        return _Pending(entry, size, parts, head)
+            return _Pending(entry, size, [self.pool.submit(fetch_object, self.store, entry, size)])
+        out, view = fresh_bytes(size)
+        loc, store = entry.location, self.store
+        held = (out, view)  # a running part keeps ``out`` alive while it writes into it
+
+        def part(a: int, b: int) -> None:
+            got = store.get_range(loc, a, b)
+            if len(got) != b - a:  # the object ends early: the HEAD says by how much
+                raise size_mismatch(entry, size, a + len(got))
+            held[1][a:b] = got
+
+        parts = [self.pool.submit(part, a, b) for a, b in _ranges(size, self.part)]
+        head = self.pool.submit(lambda: store.head(loc).size)
+        return _Pending(entry, size, parts, head, out, view)
 
     def want(self, upcoming: Iterable[tuple[ManifestEntry, int]]) -> None:
         """Start fetching ``upcoming`` (the reader's next entries with their sizes, in
@@ -141,19 +197,20 @@ class ReadAhead:
                 return
             if entry.sequence in self._pending:
                 continue
-            if self._pending and self._bytes >= self.max_bytes:
+            if self._bytes + size > self.max_bytes:
                 return
             self._pending[entry.sequence] = self._start(entry, size)
             self._bytes += size
 
     def take(self, entry: ManifestEntry, size: int) -> bytes:
-        """``entry``'s data: fetched ahead, or now (ranged when large)."""
+        """``entry``'s data, checked (:func:`check_object`): fetched ahead, or now (ranged
+        when large)."""
         p = self._pending.pop(entry.sequence, None)
         if p is None:
             p = self._start(entry, size)
         else:
             self._bytes -= p.size
-        return p.result(self.store)
+        return p.result()
 
     def cancel(self) -> None:
         """Drop everything fetched ahead (the reader moved elsewhere)."""
@@ -171,6 +228,6 @@ class ReadAhead:
     def __contains__(self, sequence: int) -> bool:
         return sequence in self._pending
 
-    def pending(self) -> list[Future[bytes]]:
+    def pending(self) -> list[Future[Any]]:
         """Every fetch in flight (tests wait on them)."""
         return [f for p in self._pending.values() for f in p.parts]
