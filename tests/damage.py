@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 from tieredbuf import keys
 from tieredbuf.config import Compression
 from tieredbuf.format.batch import FOOTER_SIZE, decode_batch, encode_batch
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store, copy_range
 
 Damage = Literal["replaced", "truncated", "extended", "flipped"]
 DAMAGES: tuple[Damage, ...] = ("replaced", "truncated", "extended", "flipped")
@@ -155,6 +155,14 @@ class DamagingStore:
     def get_range(self, key: str, start: int, end: int) -> bytes:
         bad = self._bytes(key)
         return self._inner.get_range(key, start, end) if bad is None else bad[start:end]
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+        bad = self._bytes(key)
+        if bad is None:
+            return copy_range(self._inner, key, start, out)
+        got = bad[start : start + len(out)]
+        out[: len(got)] = got
+        return len(bad)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         bad = self._bytes(key)

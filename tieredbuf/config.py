@@ -135,10 +135,12 @@ class ConsumerConfig:
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
     read_ahead_bytes: int = 128 << 20
-    """Read-ahead starts another data object only while those fetched ahead and not yet
-    returned hold less than this (by the sizes the manifest records): at most this plus
-    one object.  Large entries of which fewer than 4 would be in flight are each fetched
-    in parallel 8 MiB ranged GETs instead."""
+    """Read-ahead starts another data object only when, with it, those fetched ahead and
+    not yet returned hold at most this (by the sizes the manifest records; an entry with
+    no recorded size counts 0): a reader holds at most this plus the object it is
+    serving, and an object larger than this is fetched only when asked for.  Large
+    entries of which fewer than 4 fit are each fetched in parallel 8 MiB ranged GETs,
+    read straight into one buffer of the object's size."""
     check_every: int = 100
     """Between the checks that this instance is still its subscriber's current one (the
     root footer's epoch; a named subscriber's progress object), at most this many entries

@@ -14,6 +14,7 @@ from tests.endpoint import S3Endpoint
 from tests.latency_proxy import LatencyProxy
 from tieredbuf import errors
 from tieredbuf.store import IfMatch, ObjStore, Store, open_store
+from tieredbuf.store.base import ReadsInto
 from tieredbuf.store.botostore import BotoS3Store
 
 
@@ -49,6 +50,35 @@ def test_ranged_get_is_half_open_and_clipped(store: Store) -> None:
     assert store.get_range("r", 25, 30) == b""
     with pytest.raises(ValueError):
         store.get_range("r", 5, 2)
+
+
+def test_read_into_fills_the_callers_buffer_and_says_the_objects_size(store: Store) -> None:
+    """ReadsInto (every backend has it): a range read straight into a buffer, and the
+    object's size from that one response -- clipped like get_range where the object ends
+    early, so a reader of parts can tell an object of another size without a HEAD."""
+    assert isinstance(store, ReadsInto)
+    store.put("ri", b"0123456789")
+    out = bytearray(b"." * 6)
+    view = memoryview(out)
+    assert store.read_into("ri", 2, view[1:4]) == 10
+    assert out == b".234.."
+    assert store.read_into("ri", 7, view) == 10  # the object ends first: 3 bytes written
+    assert out == b"7894.."
+    assert store.read_into("ri", 10, view) == 10  # nothing there, the size still known
+    assert store.read_into("ri", 25, view[:2]) == 10
+    assert store.read_into("ri", 0, view[:0]) == 10
+    store.put("ri-empty", b"")
+    assert store.read_into("ri-empty", 0, view) == 0
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.read_into("ri-missing", 0, view)
+
+
+def test_read_into_a_large_range_is_whole(store: Store) -> None:
+    body = os.urandom(3 << 20)
+    store.put_multipart("ri-big", [body[: 1 << 20], body[1 << 20 :]], mode="create")
+    out = bytearray(len(body) - 100)
+    assert store.read_into("ri-big", 100, memoryview(out)) == len(body)
+    assert bytes(out) == body[100:]
 
 
 def test_suffix_get(store: Store) -> None:

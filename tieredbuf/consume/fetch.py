@@ -21,9 +21,10 @@ fetched only when the reader asks for it.  Read-ahead is what keeps several GET 
 busy: one stream is limited by its connection (S3: about 90 MB/s).  When the byte budget
 holds fewer than :data:`STREAMS` objects of an entry's size (or read-ahead is off), that
 object is fetched as :data:`RANGE_PART`-byte ranges in parallel instead, as S3's
-performance guide recommends, with one HEAD beside them; the parts are written into one
-buffer of the object's size as they arrive (no second copy of the object), and a HEAD that
-disagrees with the recorded size fails the read.
+performance guide recommends.  The parts are read straight into one buffer of the
+object's size (``ReadsInto``: no copy of a part is held on the way), and each part's
+response says the object's size (a store that cannot tell is asked with one HEAD): a
+size other than the recorded one fails the read.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tieredbuf.errors import DamagedObjectError, MissingObjectError, ObjectNotFo
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.segment import check_crc
 from tieredbuf.runtime.buffers import finish, fresh_bytes
-from tieredbuf.store.base import Store
+from tieredbuf.store.base import ReadsInto, Store, copy_range
 
 RANGE_PART = 8 << 20
 """Bytes per ranged GET of a large object (S3's guide: 8-16 MB)."""
@@ -98,9 +99,11 @@ def _ranges(size: int, part: int) -> list[tuple[int, int]]:
 
 @dataclass(slots=True)
 class _Pending:
-    """One object being fetched: a single GET, or ranged parts written into ``out``
-    (through ``view``) and a HEAD."""
+    """One object being fetched: a single GET, or ranged parts read into ``out`` (through
+    ``view``), each returning the object's size as its response said (None: the store
+    cannot tell, and ``head`` asks)."""
 
+    store: Store
     entry: ManifestEntry
     size: int
     parts: list[Future[Any]]
@@ -116,22 +119,24 @@ class _Pending:
 
     def result(self) -> bytes:
         try:
-            if self.head is None:
+            if self.out is None:
                 got: bytes = self.parts[0].result()
                 return got
-            found = self.head.result()
-            if found != self.size:
-                self.cancel()
-                raise size_mismatch(self.entry, self.size, found)
-            for f in self.parts:
-                f.result()
+            found = {f.result() for f in self.parts} - {None}
+            if self.head is not None:
+                found.add(self.head.result())
+            if not found:  # a wrapper over a store that cannot tell: ask
+                found.add(self.store.head(self.entry.location).size)
+            for n in found:
+                if n != self.size:
+                    raise size_mismatch(self.entry, self.size, n)
         except ObjectNotFoundError as e:
             self.cancel()
             raise _missing(self.entry) from e
         except BaseException:
             self.cancel()
             raise
-        assert self.out is not None and self.view is not None
+        assert self.view is not None
         data = finish(self.out, self.view)
         self.out = self.view = None
         check_object(self.entry, self.size, data)
@@ -174,20 +179,20 @@ class ReadAhead:
 
     def _start(self, entry: ManifestEntry, size: int) -> _Pending:
         if not self.ranged(size):
-            return _Pending(entry, size, [self.pool.submit(fetch_object, self.store, entry, size)])
+            get = self.pool.submit(fetch_object, self.store, entry, size)
+            return _Pending(self.store, entry, size, [get])
         out, view = fresh_bytes(size)
         loc, store = entry.location, self.store
         held = (out, view)  # a running part keeps ``out`` alive while it writes into it
 
-        def part(a: int, b: int) -> None:
-            got = store.get_range(loc, a, b)
-            if len(got) != b - a:  # the object ends early: the HEAD says by how much
-                raise size_mismatch(entry, size, a + len(got))
-            held[1][a:b] = got
+        def part(a: int, b: int) -> int | None:
+            return copy_range(store, loc, a, held[1][a:b])
 
         parts = [self.pool.submit(part, a, b) for a, b in _ranges(size, self.part)]
-        head = self.pool.submit(lambda: store.head(loc).size)
-        return _Pending(entry, size, parts, head, out, view)
+        head = None
+        if not isinstance(store, ReadsInto):  # the parts will not tell the object's size
+            head = self.pool.submit(lambda: store.head(loc).size)
+        return _Pending(store, entry, size, parts, head, out, view)
 
     def want(self, upcoming: Iterable[tuple[ManifestEntry, int]]) -> None:
         """Start fetching ``upcoming`` (the reader's next entries with their sizes, in

@@ -151,6 +151,33 @@ def manifest_writes_per_s(store: object) -> float:
 
 
 @runtime_checkable
+class ReadsInto(Protocol):
+    """A store that reads a range of an object straight into the caller's buffer: a
+    reader assembling a large object from parallel ranged GETs then holds the object
+    once, with no copy of each part on the way (local directory: ``preadv``; obstore and
+    botocore: the response body streamed in small chunks).  Not part of :class:`Store`:
+    a store without it is read with ``get_range``."""
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+        """Write bytes ``[start, start + len(out))`` of ``key`` into ``out`` and return the
+        object's size in bytes, as the response that carried them said (None: this
+        store cannot tell; a HEAD can).  When the object ends before ``start +
+        len(out)``, only the bytes it has are written: the caller compares the size.
+        ObjectNotFoundError when absent."""
+        ...
+
+
+def copy_range(store: Store, key: str, start: int, out: memoryview) -> int | None:
+    """:meth:`ReadsInto.read_into` on any store: through it where the store has it, else a
+    ranged GET copied into ``out`` (the size unknown: None)."""
+    if isinstance(store, ReadsInto):
+        return store.read_into(key, start, out)
+    got = store.get_range(key, start, start + len(out))
+    out[: len(got)] = got
+    return None
+
+
+@runtime_checkable
 class LinkingStore(Protocol):
     """A store that can take an object as a hard link of a local file (the local
     directory store): the local tier's exporter then hands over a sealed segment

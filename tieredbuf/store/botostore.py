@@ -28,6 +28,7 @@ from tieredbuf.errors import (
     StoreError,
 )
 from tieredbuf.runtime import forks
+from tieredbuf.runtime.buffers import finish, fresh_bytes
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range
@@ -94,6 +95,25 @@ def _error_code(e: BaseException) -> str | None:
     resp = getattr(e, "response", None)
     code = resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
     return str(code) if code is not None else None
+
+
+_READ_AT = 1 << 20
+
+
+def _body(r: Any) -> bytes:
+    """A GET's whole body; a large one read straight into a ``bytes`` of its declared
+    length (reading it whole first and copying would hold it twice)."""
+    size = int(r.get("ContentLength") or 0)
+    if size < _READ_AT:
+        data: bytes = r["Body"].read()
+        return data
+    out, view = fresh_bytes(size)
+    at = 0
+    while at < size and (n := r["Body"].readinto(view[at:])):
+        at += n
+    if at != size or r["Body"].read(1):
+        raise StoreError(f"the store declared {size} bytes and sent another length")
+    return finish(out, view)
 
 
 class BotoS3Store:
@@ -176,7 +196,7 @@ class BotoS3Store:
         check_key(key)
         try:
             r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key))
-            data = r["Body"].read()
+            data = _body(r)
         except Exception as e:
             raise self._error(e, key, write=False) from redacted(e)
         etag = r.get("ETag")
@@ -219,6 +239,33 @@ class BotoS3Store:
             return b""
         data, partial = self._ranged(key, f"bytes={start}-{end - 1}")
         return data if partial else data[start:end]
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+        """One ranged GET read into ``out`` in chunks (see ReadsInto); the object's size
+        from its Content-Range (a server that ignores the range sends it whole)."""
+        check_key(key)
+        if start < 0:
+            raise ValueError(f"invalid range start {start}")
+        if not len(out):
+            return self.head(key).size
+        header = f"bytes={start}-{start + len(out) - 1}"
+        try:
+            r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key), Range=header)
+            body = r["Body"]
+            if "ContentRange" not in r:  # the whole object: keep the asked-for range
+                data = body.read()
+                got = data[start : start + len(out)]
+                out[: len(got)] = got
+                return len(data)
+            size = int(str(r["ContentRange"]).rsplit("/", 1)[1])
+            at = 0
+            while at < len(out) and (n := body.readinto(out[at:])) and n > 0:
+                at += n
+            return size
+        except Exception as e:
+            if self._status(e) == 416:
+                return self.head(key).size
+            raise self._error(e, key, write=False) from redacted(e)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)

@@ -8,7 +8,8 @@ sends.  An operation is one of
 ``get``             GET of a whole object, and a conditional GET (``get_if_changed``,
                     If-None-Match) whether it answered 304 or the object: S3 bills both
                     as a GET
-``get_range``       ranged GET (``get_range``, and ``get_suffix``: the 22-byte footer)
+``get_range``       ranged GET (``get_range``, ``read_into``, and ``get_suffix``: the
+                    22-byte footer)
 ``head``            HEAD
 ``put``             unconditional PUT (a multipart upload: initiate + parts + complete)
 ``put_conditional`` PUT with If-None-Match: * (create) or If-Match (CAS)
@@ -41,7 +42,7 @@ from typing import Any
 
 from tieredbuf.errors import ConflictError
 from tieredbuf.keys import KINDS, key_kind
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store, copy_range
 
 OPS = ("get", "get_range", "head", "put", "put_conditional", "copy", "list", "delete")
 """Every operation a request is counted under."""
@@ -174,6 +175,10 @@ class MeteredStore:
         # an empty range is a HEAD (it must still report a missing key)
         self.counts.add("head" if end == start else "get_range", key)
         return self._inner.get_range(key, start, end)
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+        self.counts.add("head" if not len(out) else "get_range", key)
+        return copy_range(self._inner, key, start, out)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         self.counts.add("head" if length == 0 else "get_range", key)
