@@ -32,8 +32,9 @@ MAX_UPLOADS_IN_FLIGHT = 4
 """The GC grace period a buffer gets when its root's buffer section is first written
 (``Buffer.set_gc_grace_period`` changes it), and the fallback for a root without one."""
 DEFAULT_IDLE_POLL_MAX = timedelta(seconds=2.5)
-"""A consumer's longest pause between footer reads while idle: 0.4 requests/s, so any
-10 s holds at most 5 (``ConsumerConfig.idle_poll_max``)."""
+"""A consumer's longest pause between footer reads while idle (``ConsumerConfig
+.idle_poll_max``): 0.4 requests/s once reached; the backoff from 0.1 s up to it makes
+8 footer reads in the first 10 s of an idle spell, then 4 per 10 s."""
 
 
 def _positive(name: str, value: int | float) -> None:
