@@ -18,10 +18,17 @@ from tieredbuf.errors import ConfigError
 
 
 class Compression(IntEnum):
-    """Data batch ``compression_type`` (RFC 0001)."""
+    """Data batch ``compression_type`` (RFC 0001).  Config fields also take the names
+    ``"none"`` and ``"zstd"``."""
 
     NONE = 0
     ZSTD = 1
+
+    @classmethod
+    def _missing_(cls, value: object) -> Compression | None:
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        return None
 
 
 DEFAULT_GC_GRACE_PERIOD = timedelta(minutes=10)
