@@ -43,9 +43,9 @@ from tieredbuf.errors import (
     TransientStoreError,
 )
 from tieredbuf.runtime import forks
-from tieredbuf.runtime.buffers import finish, fresh_bytes
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
+from tieredbuf.store import obsbody
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import (
     DEFAULT_MANIFEST_WRITES_PER_S,
@@ -78,10 +78,6 @@ DEFAULT_TIMEOUT = timedelta(seconds=60)
 """Whole-request timeout; a 64 MiB segment PUT must fit in it."""
 
 DEFAULT_CHUNK_SIZE = 8 << 20
-STREAM_CHUNK = 256 << 10
-"""A streamed response body is copied into place this many bytes at a time (at least)."""
-STREAM_AT = 1 << 20
-"""A GET body at least this large is streamed into place (:func:`_body`)."""
 _SUFFIX_ATTEMPTS = 5
 
 
@@ -178,26 +174,6 @@ def _not_partial(e: Exception) -> bool:
     """The server answered a range request with the whole object (moto does for an empty
     object): obstore refuses the body, so the caller falls back to a full GET."""
     return isinstance(e, obx.GenericError) and bool(_NOT_PARTIAL_RE.search(str(e)))
-
-
-def _body(r: Any, key: str) -> bytes:
-    """A GET's whole body as bytes.  A large one is streamed into a ``bytes`` of the size
-    the response declared (:func:`tieredbuf.runtime.buffers.fresh_bytes`): collecting it
-    first and copying it out would hold the object twice."""
-    size = int(r.meta["size"])
-    if size < STREAM_AT:
-        return bytes(r.bytes())
-    out, view = fresh_bytes(size)
-    at = 0
-    for chunk in r.stream(min_chunk_size=STREAM_CHUNK):
-        n = len(chunk)
-        if at + n > size:
-            raise StoreError(f"{key}: the store sent more than the {size} bytes it declared")
-        view[at : at + n] = chunk
-        at += n
-    if at != size:
-        raise StoreError(f"{key}: the store sent {at} of the {size} bytes it declared")
-    return finish(out, view)
 
 
 def map_error(
@@ -357,7 +333,7 @@ class ObjStore:
             return alt.get(key)
         try:
             r = obs.get(self._inner, key)
-            data = _body(r, key)
+            data = obsbody.whole(r, key)
             etag = r.meta["e_tag"]
         except StoreError:
             raise
@@ -405,9 +381,9 @@ class ObjStore:
             raise self._error(e, key, write=False) from redacted(e)
 
     def read_into(self, key: str, start: int, out: memoryview) -> int | None:
-        """One ranged GET whose body is streamed into ``out`` in chunks of at most
-        :data:`STREAM_CHUNK` (see ReadsInto): the response is never held whole beside
-        ``out``.  Returns the object's size from the response (Content-Range)."""
+        """One ranged GET whose body is streamed into ``out`` (see ReadsInto and
+        :mod:`tieredbuf.store.obsbody`): the response is never held whole beside ``out``.
+        Returns the object's size from the response (Content-Range)."""
         check_key(key)
         alt = self._alt()
         if alt is not None:
@@ -420,13 +396,7 @@ class ObjStore:
         try:
             r = obs.get(self._inner, key, options={"range": (start, start + len(out))})
             size = int(r.meta["size"])
-            at = 0
-            for chunk in r.stream(min_chunk_size=STREAM_CHUNK):
-                n = len(chunk)
-                if at + n > len(out):
-                    raise StoreError(f"{key}: the store sent more than the range asked for")
-                out[at : at + n] = chunk
-                at += n
+            obsbody.into(r, out, key)
         except StoreError:
             raise
         except Exception as e:
