@@ -34,7 +34,15 @@ from urllib.parse import urlparse
 from tieredbuf import keys
 from tieredbuf.config import Compression
 from tieredbuf.format.batch import FOOTER_SIZE, decode_batch, encode_batch
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store, copy_range
+from tieredbuf.store.base import (
+    GetResult,
+    ObjectMeta,
+    PutMode,
+    Store,
+    Stored,
+    copy_range,
+    put_with_checksum,
+)
 
 Damage = Literal["replaced", "truncated", "extended", "flipped"]
 DAMAGES: tuple[Damage, ...] = ("replaced", "truncated", "extended", "flipped")
@@ -145,24 +153,25 @@ class DamagingStore:
     def get(self, key: str) -> GetResult:
         bad = self._bytes(key)
         got = self._inner.get(key)
-        return got if bad is None else GetResult(bad, got.etag)
+        return got if bad is None else GetResult(bad, got.etag, got.crc32)
 
     def get_if_changed(self, key: str, etag: str) -> GetResult | None:
         bad = self._bytes(key)
         got = self._inner.get_if_changed(key, etag)
-        return got if bad is None or got is None else GetResult(bad, got.etag)
+        return got if bad is None or got is None else GetResult(bad, got.etag, got.crc32)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         bad = self._bytes(key)
         return self._inner.get_range(key, start, end) if bad is None else bad[start:end]
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
         bad = self._bytes(key)
         if bad is None:
             return copy_range(self._inner, key, start, out)
         got = bad[start : start + len(out)]
         out[: len(got)] = got
-        return len(bad)
+        kept = self._inner.get(key).crc32  # what the store keeps beside it is unchanged
+        return Stored(len(bad), kept)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         bad = self._bytes(key)
@@ -179,6 +188,11 @@ class DamagingStore:
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         return self._inner.put(key, data, mode=mode)
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        return put_with_checksum(self._inner, key, data, crc32, mode=mode)
 
     def put_multipart(
         self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"

@@ -33,6 +33,7 @@ from tieredbuf.store.base import (
     ObjectMeta,
     PutMode,
     Store,
+    Stored,
     copy_range,
 )
 from tieredbuf.store.errmap import Facts, classify
@@ -182,7 +183,7 @@ class FaultInjectingStore:
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._run("get_range", key, lambda: self._inner.get_range(key, start, end))
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
         # a ranged GET: faults armed on "get_range" fire on it too
         return self._run("get_range", key, lambda: copy_range(self._inner, key, start, out))
 
@@ -289,7 +290,7 @@ class KeyRateLimitedStore:
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._inner.get_range(key, start, end)
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
         return copy_range(self._inner, key, start, out)
 
     def get_suffix(self, key: str, length: int) -> bytes:
@@ -401,12 +402,12 @@ class CountingStore:
         self._count_bytes(read=len(b))
         return b
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
         self._count("get_range", key)  # one ranged GET, read into the caller's buffer
-        size = copy_range(self._inner, key, start, out)
-        known = len(out) if size is None else max(0, min(len(out), size - start))
+        said = copy_range(self._inner, key, start, out)
+        known = len(out) if said is None else max(0, min(len(out), said.size - start))
         self._count_bytes(read=known)
-        return size
+        return said
 
     def get_suffix(self, key: str, length: int) -> bytes:
         self._count("get_suffix", key)

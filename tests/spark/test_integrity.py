@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
+import tieredbuf
 from tests.damage import Damage
 from tests.test_integrity import CASES, make_damaged
 from tieredbuf.config import Compression
@@ -99,3 +100,27 @@ def test_I10_spark_queries_fail_on_a_damaged_object_or_skip_it_when_told(
         run(tmp_path / "ck1")
     rows = run(tmp_path / "ck2", failOnDataLoss="false").collect()
     assert sorted({r.sequence for r in rows}) == [0, 2]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_I10_the_spark_sink_keeps_a_crc32_beside_every_batch(
+    spark: Any, compression: str, tmp_path: Path
+) -> None:
+    from tests.test_integrity import rfc0001_records
+    from tieredbuf.format.crc import crc32
+
+    url = f"file://{tmp_path}/buf"
+    rows = [(b"value %d" % i, b"m") for i in range(50)]
+    df = spark.createDataFrame(rows, "value binary, metadata binary").repartition(2)
+    df.write.format("tieredbuf").options(createBuffer="true", compression=compression).mode(
+        "append"
+    ).save(url)
+    buf = tieredbuf.open(url)
+    got: list[bytes] = []
+    for e in buf.entries():
+        obj = buf.store.get(e.location)
+        assert obj.crc32 == crc32(obj.data, 0)
+        got += rfc0001_records(obj.data)
+    assert sorted(got) == sorted(v for v, _ in rows)

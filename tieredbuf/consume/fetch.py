@@ -36,10 +36,11 @@ from typing import Any
 
 from tieredbuf import keys
 from tieredbuf.errors import DamagedObjectError, MissingObjectError, ObjectNotFoundError
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.segment import check_crc
 from tieredbuf.runtime.buffers import finish, fresh_bytes
-from tieredbuf.store.base import ReadsInto, Store, copy_range
+from tieredbuf.store.base import Store, Stored, copy_range, reads_into
 
 RANGE_PART = 8 << 20
 """Bytes per ranged GET of a large object (S3's guide: 8-16 MB)."""
@@ -71,26 +72,40 @@ def size_mismatch(entry: ManifestEntry, recorded: int, found: int) -> DamagedObj
     )
 
 
-def check_object(entry: ManifestEntry, size: int, data: bytes | memoryview) -> None:
+def check_object(
+    entry: ManifestEntry, size: int, data: bytes | memoryview, kept: int | None = None
+) -> None:
     """Raise unless ``data`` is the object the manifest recorded for ``entry``: its
-    recorded ``size`` (0: none recorded, e.g. an entry an RFC 0001 writer appended) and,
-    for a ``.qseg``, the CRC32 in its trailer (CorruptError)."""
+    recorded ``size`` (0: none recorded, e.g. an entry an RFC 0001 writer appended); the
+    CRC32 its writer ``kept`` beside it in the store's metadata, if any (a ``.batch``:
+    ``KeepsChecksums``); for a ``.qseg``, the CRC32 in its trailer (CorruptError)."""
     found = len(data)
     if size and found != size:
         raise size_mismatch(entry, size, found)
+    if kept is not None and (actual := crc32(data, 0)) != kept:
+        raise DamagedObjectError(
+            entry.location,
+            entry.sequence,
+            0,
+            f"its CRC32 is {actual:08x}, its writer kept {kept:08x} beside it (changed "
+            "behind the buffer's back): not served",
+            size or found,
+            found,
+        )
     if entry.location.endswith(keys.SEGMENT_SUFFIX):
         check_crc(data, entry.location)
 
 
 def fetch_object(store: Store, entry: ManifestEntry, size: int) -> bytes:
     """GET an entry's data object and check it (:func:`check_object`) against ``size``,
-    the size the manifest recorded; a missing one is data loss, never a silent skip."""
+    the size the manifest recorded, and the checksum kept beside it; a missing one is
+    data loss, never a silent skip."""
     try:
-        data = store.get(entry.location).data
+        got = store.get(entry.location)
     except ObjectNotFoundError as e:
         raise _missing(entry) from e
-    check_object(entry, size, data)
-    return data
+    check_object(entry, size, got.data, got.crc32)
+    return got.data
 
 
 def _ranges(size: int, part: int) -> list[tuple[int, int]]:
@@ -100,8 +115,8 @@ def _ranges(size: int, part: int) -> list[tuple[int, int]]:
 @dataclass(slots=True)
 class _Pending:
     """One object being fetched: a single GET, or ranged parts read into ``out`` (through
-    ``view``), each returning the object's size as its response said (None: the store
-    cannot tell, and ``head`` asks)."""
+    ``view``), each returning what its response said of the object (size, checksum;
+    None: the store cannot tell, and ``head`` asks the size)."""
 
     store: Store
     entry: ManifestEntry
@@ -122,14 +137,24 @@ class _Pending:
             if self.out is None:
                 got: bytes = self.parts[0].result()
                 return got
-            found = {f.result() for f in self.parts} - {None}
+            said: list[Stored] = [s for f in self.parts if (s := f.result()) is not None]
             if self.head is not None:
-                found.add(self.head.result())
-            if not found:  # a wrapper over a store that cannot tell: ask
-                found.add(self.store.head(self.entry.location).size)
-            for n in found:
+                said.append(Stored(self.head.result()))
+            if not said:  # a wrapper over a store that cannot tell: ask
+                said.append(Stored(self.store.head(self.entry.location).size))
+            for n in {s.size for s in said}:
                 if n != self.size:
                     raise size_mismatch(self.entry, self.size, n)
+            kept = {s.crc32 for s in said}
+            if len(kept) > 1:  # parts of two versions of the object
+                raise DamagedObjectError(
+                    self.entry.location,
+                    self.entry.sequence,
+                    0,
+                    "its ranged parts came with different checksums (replaced while read)",
+                    self.size,
+                    self.size,
+                )
         except ObjectNotFoundError as e:
             self.cancel()
             raise _missing(self.entry) from e
@@ -139,7 +164,7 @@ class _Pending:
         assert self.view is not None
         data = finish(self.out, self.view)
         self.out = self.view = None
-        check_object(self.entry, self.size, data)
+        check_object(self.entry, self.size, data, kept.pop())
         return data
 
 
@@ -185,12 +210,12 @@ class ReadAhead:
         loc, store = entry.location, self.store
         held = (out, view)  # a running part keeps ``out`` alive while it writes into it
 
-        def part(a: int, b: int) -> int | None:
+        def part(a: int, b: int) -> Stored | None:
             return copy_range(store, loc, a, held[1][a:b])
 
         parts = [self.pool.submit(part, a, b) for a, b in _ranges(size, self.part)]
         head = None
-        if not isinstance(store, ReadsInto):  # the parts will not tell the object's size
+        if not reads_into(store):  # the parts will not tell the object's size
             head = self.pool.submit(lambda: store.head(loc).size)
         return _Pending(store, entry, size, parts, head, out, view)
 

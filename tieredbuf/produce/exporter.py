@@ -383,7 +383,7 @@ class Exporter:
                     self._on_lost(seg.stream, StagedDataLossError(str(dest), seg.sequences, why))
                 continue
             suffix = keys.SEGMENT_SUFFIX if seg.stream == "qseg" else keys.BATCH_SUFFIX
-            p = Pending(body, suffix, seg.items, seg.last_sequence + 1,
+            p = Pending(body, suffix, seg.items, seg.last_sequence + 1, crc32=seg.crc32,
                         reload=functools.partial(_read_verified, self.stage, seg), link=link)
             p.size = seg.size
             fut = self._pool.submit(self._upload, seg.stream, p)

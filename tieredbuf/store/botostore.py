@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from tieredbuf import keys
 from tieredbuf.errors import (
     AlreadyExistsError,
     ObjectNotFoundError,
@@ -32,7 +33,13 @@ from tieredbuf.runtime.buffers import finish, fresh_bytes
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range
-from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+from tieredbuf.store.base import (
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    PutMode,
+    Stored,
+)
 from tieredbuf.store.errmap import Facts, classify, is_metadata_uri
 
 
@@ -98,6 +105,11 @@ def _error_code(e: BaseException) -> str | None:
 
 
 _READ_AT = 1 << 20
+
+
+def _checksum(r: Any) -> int | None:
+    """The CRC32 a data object's writer kept in its user metadata (KeepsChecksums)."""
+    return keys.parse_crc32((r.get("Metadata") or {}).get(keys.CHECKSUM_METADATA))
 
 
 def _body(r: Any) -> bytes:
@@ -202,7 +214,7 @@ class BotoS3Store:
         etag = r.get("ETag")
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
-        return GetResult(data=data, etag=etag)
+        return GetResult(data, etag, _checksum(r))
 
     def get_if_changed(self, key: str, etag: str) -> GetResult | None:
         check_key(key)
@@ -240,14 +252,14 @@ class BotoS3Store:
         data, partial = self._ranged(key, f"bytes={start}-{end - 1}")
         return data if partial else data[start:end]
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int | None:
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
         """One ranged GET read into ``out`` in chunks (see ReadsInto); the object's size
         from its Content-Range (a server that ignores the range sends it whole)."""
         check_key(key)
         if start < 0:
             raise ValueError(f"invalid range start {start}")
         if not len(out):
-            return self.head(key).size
+            return Stored(self.head(key).size)
         header = f"bytes={start}-{start + len(out) - 1}"
         try:
             r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key), Range=header)
@@ -256,15 +268,15 @@ class BotoS3Store:
                 data = body.read()
                 got = data[start : start + len(out)]
                 out[: len(got)] = got
-                return len(data)
+                return Stored(len(data), _checksum(r))
             size = int(str(r["ContentRange"]).rsplit("/", 1)[1])
             at = 0
             while at < len(out) and (n := body.readinto(out[at:])) and n > 0:
                 at += n
-            return size
+            return Stored(size, _checksum(r))
         except Exception as e:
             if self._status(e) == 416:
-                return self.head(key).size
+                return Stored(self.head(key).size)
             raise self._error(e, key, write=False) from redacted(e)
 
     def get_suffix(self, key: str, length: int) -> bytes:
@@ -308,8 +320,19 @@ class BotoS3Store:
     # --- writes -----------------------------------------------------------------
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._put_one(key, data, mode, None)
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """:meth:`put` with ``crc32`` in the object's user metadata (KeepsChecksums)."""
+        return self._put_one(key, data, mode, crc32)
+
+    def _put_one(self, key: str, data: bytes | memoryview, mode: PutMode, crc32: int | None) -> str:
         check_key(key)
         kw: dict[str, Any] = {}
+        if crc32 is not None:
+            kw["Metadata"] = {keys.CHECKSUM_METADATA: keys.format_crc32(crc32)}
         if isinstance(mode, IfMatch):
             kw["IfMatch"] = mode.etag
         elif mode == "create":

@@ -1,4 +1,5 @@
-"""obstore response bodies streamed into place (:mod:`tieredbuf.store.objstore`).
+"""obstore response bodies streamed into place, and the checksum kept beside an object
+(:mod:`tieredbuf.store.objstore`).
 
 A GET's body collected by obstore (``GetResult.bytes()``) and then copied into a Python
 ``bytes`` is held twice for a moment: for a 64 MiB object, 128 MiB.  A body of at least
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tieredbuf import keys
 from tieredbuf.errors import StoreError
 from tieredbuf.runtime.buffers import finish, fresh_bytes
 
@@ -43,3 +45,9 @@ def into(r: Any, out: memoryview, key: str) -> int:
         out[at : at + n] = chunk
         at += n
     return at
+
+
+def checksum(r: Any) -> int | None:
+    """The CRC32 a data object's writer kept in its metadata (``KeepsChecksums``)."""
+    value = r.attributes.get(keys.CHECKSUM_METADATA)
+    return keys.parse_crc32(value) if isinstance(value, str) else None
