@@ -13,6 +13,10 @@ already succeeded and meeting its own write (invariant I2, docs/invariants.md); 
 about one write per second to one key: a second write to a key within the window is
 refused with HTTP 429 SlowDown (classified as the real clients' 429 is: a transient
 error, refused and not applied).
+
+Damaged objects (replaced, truncated, extended, a byte flipped; invariant I10) are
+``tests/damage.py``'s ``DamagingStore``: a torture harness wraps its store in it and
+damages what it chooses.
 """
 
 from __future__ import annotations

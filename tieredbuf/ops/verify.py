@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from ulid import ULID
@@ -175,7 +175,14 @@ def unreferenced(
             g = keys.parse_group_key(key)
             u = None if g is None else g[1]
         if u is not None and now_ms - u.milliseconds > grace_ms:
-            yield Finding("unreferenced", kind, key, detail=f"ULID time {u.milliseconds}")
+            age = timedelta(seconds=(now_ms - u.milliseconds) // 1000)
+            when = datetime.fromtimestamp(u.milliseconds / 1000, UTC).isoformat(timespec="seconds")
+            yield Finding(
+                "unreferenced",
+                kind,
+                key,
+                detail=f"written {when} ({age} ago), nothing links it, past the grace period",
+            )
 
 
 def verify(
@@ -269,6 +276,9 @@ def verify(
                 yield m.key
 
     report.findings += unreferenced(listing(), linked, now, report.grace_ms)
+    report.findings.sort(
+        key=lambda f: (f.problem == "unreferenced", -1 if f.sequence is None else f.sequence)
+    )
     report.seconds = time.monotonic() - t0
     if counts is not None and before is not None:
         report.requests = {
