@@ -4,12 +4,13 @@ and every object checked against what the manifest recorded before it is handed 
 **Checked, in one place.**  Every reader -- a consumer, a named subscriber, a worker, the
 Spark source, the CLI, ``Buffer.read_object`` -- gets data objects from here, and
 :func:`check_object` runs on each before its bytes leave: the size the manifest tree
-recorded for the entry (when it recorded one) must be the size found, and a ``.qseg``
-object's CRC32 must match.  Anything else is :class:`DamagedObjectError` (a
-``CorruptError``) naming the object, the recorded and the found size: a replaced, cut,
-extended or changed object is never served, not even with a warning (I10).  A zstd
-``.batch`` carries zstd's content checksum, checked when its records are decoded, before
-any is returned.
+recorded for the entry (when it recorded one) must be the size found, the CRC32 its
+writer kept beside a ``.batch`` in the store's metadata (``KeepsChecksums``, when the
+store gave one back) must match its bytes, and so must a ``.qseg`` object's trailer
+CRC32.  Anything else is :class:`DamagedObjectError` (a ``CorruptError``) naming the
+object and what was recorded and found: a replaced, cut, extended or changed object is
+never served, not even with a warning (I10).  A zstd ``.batch`` also carries zstd's
+content checksum, checked when its records are decoded, before any is returned.
 
 **Read ahead, within a budget.**  A reader at S3's round trips (20-30 ms a GET) that
 fetched one object after another would read about 40 entries a second whatever the

@@ -273,11 +273,13 @@ class BotoS3Store:
             at = 0
             while at < len(out) and (n := body.readinto(out[at:])) and n > 0:
                 at += n
-            return Stored(size, _checksum(r))
         except Exception as e:
             if self._status(e) == 416:
                 return Stored(self.head(key).size)
             raise self._error(e, key, write=False) from redacted(e)
+        if at < min(len(out), size - start):
+            raise StoreError(f"{key}: the response ended before its range did")
+        return Stored(size, _checksum(r))
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)

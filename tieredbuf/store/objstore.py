@@ -399,7 +399,8 @@ class ObjStore:
         try:
             r = obs.get(self._inner, key, options={"range": (start, start + len(out))})
             size = int(r.meta["size"])
-            obsbody.into(r, out, key)
+            if obsbody.into(r, out, key) < min(len(out), size - start):
+                raise StoreError(f"{key}: the response ended before its range did")
         except StoreError:
             raise
         except Exception as e:
