@@ -239,7 +239,8 @@ def test_retention_lost_entries_raise_or_are_skipped_and_counted() -> None:
     strict, skipper = _worker(buf, name="strict"), _worker(buf, name="skip", on_lost="skip")
     strict.initialize()
     skipper.initialize()
-    buf.set_retention(max_bytes=len(encode_batch([b"r0"])))
+    one = encode_batch([b"r0"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=len(one))  # one object of fill()'s: the newest is kept
     fill(buf, 3)
     with pytest.raises(DataLossError, match=r"0\.\.1"):
         strict.claim()
@@ -414,7 +415,8 @@ def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_move
     first = w.claim()
     assert first is not None and first.sequence == 0  # 1..11 leased too
     w.ack(0)
-    buf.set_retention(max_bytes=2 * len(encode_batch([b"r10"])))  # keeps 10 and 11
+    one = encode_batch([b"r10"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=2 * len(one))  # keeps 10 and 11
     linked = {e.location for e in buf.snapshot().iter_from(10)}
     gone = [m.key for m in buf.store.list(keys.DATA_PREFIX) if m.key not in linked]
     assert not buf.store.delete_many(gone)  # what GC does past the grace period

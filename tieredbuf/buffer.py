@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any, overload
 
 from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
-from tieredbuf.consume.consumer import Consumer, fetch_object
+from tieredbuf.consume.consumer import Consumer
+from tieredbuf.consume.fetch import fetch_object
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.consume.worker import Worker
-from tieredbuf.errors import ConfigError, ObjectNotFoundError
+from tieredbuf.errors import ConfigError, DataLossError, ObjectNotFoundError
 from tieredbuf.format import idem
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.format.registry import check_name
@@ -237,9 +238,27 @@ class Buffer:
         """The root's retention policy (one read; None: never set, no retention)."""
         return self.snapshot().retention
 
-    def read_object(self, entry: ManifestEntry) -> bytes:
-        """The data object an entry points at (DataLossError when it is missing)."""
-        return fetch_object(self.store, entry)
+    def read_object(self, entry: ManifestEntry, size: int | None = None) -> bytes:
+        """The data object an entry points at, checked against what the manifest recorded
+        (``size``: the recorded size, as ``reader().poll_sized()`` gives it; None looks it
+        up, one root read).  A missing object is DataLossError; one of another size, or a
+        ``.qseg`` failing its CRC, is CorruptError (DamagedObjectError): never served."""
+        if size is None:
+            size = self.recorded_size(entry)
+        return fetch_object(self.store, entry, size)
+
+    def recorded_size(self, entry: ManifestEntry) -> int:
+        """The size the manifest recorded for ``entry``'s data object (0: none recorded);
+        DataLossError when the manifest no longer links it (one root read, and one GET per
+        tree level below it)."""
+        for e, size in self.snapshot().iter_sized_from(entry.sequence):
+            if e.sequence == entry.sequence and e.location == entry.location:
+                return size
+            break
+        raise DataLossError(
+            f"sequence {entry.sequence} ({entry.location}) is not linked by the manifest of "
+            f"{self.url} (dequeued, or unlinked by retention): no size recorded to check"
+        )
 
     def close(self) -> None:
         self.store.close()

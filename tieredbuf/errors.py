@@ -313,6 +313,25 @@ class UnsupportedVersionError(CorruptError):
     """The bytes carry a format version this build does not know."""
 
 
+class DamagedObjectError(CorruptError):
+    """A data object is not what the manifest recorded: another size, or a checksum that
+    does not match (replaced, cut short, extended or changed behind the buffer's back).
+    No record of it is served and nothing is acked past it (invariant I10).
+
+    ``recorded`` and ``found`` are the sizes (equal when only the checksum differs);
+    ``offset`` is where the two objects start to differ as far as is known: the shorter
+    size for a size mismatch, 0 for a checksum."""
+
+    def __init__(
+        self, location: str, sequence: int, offset: int, detail: str, recorded: int, found: int
+    ) -> None:
+        super().__init__("data object", location, offset, f"sequence {sequence}: {detail}")
+        self.location = location
+        self.sequence = sequence
+        self.recorded = recorded
+        self.found = found
+
+
 # --- local tier ------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
                                          unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
+    tieredbuf verify URL [--from SEQ] [--json]   read every live object and check it:
+                                         missing, damaged, unreferenced (exit 3 on any)
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
@@ -70,6 +72,7 @@ from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd
 from tieredbuf.cli.queue import add_parsers as add_queue
 from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
+from tieredbuf.cli.verify import add_parser as add_verify
 from tieredbuf.cli.work import add_parser as add_work
 from tieredbuf.cli.work import split_command
 from tieredbuf.errors import (
@@ -249,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeout_arg(sub.choices["consume"], "the store keeps failing an ack")
     add_work(sub)
     add_queue(sub)
+    add_verify(sub)
     timeout_arg(sub.choices["retention"])
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")

@@ -37,6 +37,7 @@ from tieredbuf.errors import (
 from tieredbuf.format import idem
 from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.produce.fanin import hub_for
 from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutcome, WriteHandle
@@ -413,7 +414,7 @@ class Producer:
                 pseq = self._next_pseq
                 self._next_pseq += 1
             body = encode_batch(batch.records, self.config.batch_compression)
-            p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq)
+            p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq, crc32=crc32(body, 0))
             fut = self._pool.submit(self._upload, p)
             with self._cond:
                 self._inflight.append((p, fut, batch))

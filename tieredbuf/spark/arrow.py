@@ -39,6 +39,9 @@ class ObjectRef:
     sequence: int
     location: str
     metadata: tuple[MetadataItem, ...]
+    size: int = 0
+    """The object's size as the manifest recorded it (0: none recorded): the executor
+    refuses an object of another size (DamagedObjectError)."""
 
 
 def records_schema() -> pa.Schema:

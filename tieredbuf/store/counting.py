@@ -8,7 +8,8 @@ sends.  An operation is one of
 ``get``             GET of a whole object, and a conditional GET (``get_if_changed``,
                     If-None-Match) whether it answered 304 or the object: S3 bills both
                     as a GET
-``get_range``       ranged GET (``get_range``, and ``get_suffix``: the 22-byte footer)
+``get_range``       ranged GET (``get_range``, ``read_into``, and ``get_suffix``: the
+                    22-byte footer)
 ``head``            HEAD
 ``put``             unconditional PUT (a multipart upload: initiate + parts + complete)
 ``put_conditional`` PUT with If-None-Match: * (create) or If-Match (CAS)
@@ -44,7 +45,15 @@ from typing import Any
 
 from tieredbuf.errors import ConflictError
 from tieredbuf.keys import KINDS, key_kind
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+from tieredbuf.store.base import (
+    GetResult,
+    ObjectMeta,
+    PutMode,
+    Store,
+    Stored,
+    copy_range,
+    put_with_checksum,
+)
 
 OPS = ("get", "get_range", "head", "put", "put_conditional", "copy", "list", "delete")
 """Every operation a request is counted under."""
@@ -178,6 +187,10 @@ class MeteredStore:
         self.counts.add("head" if end == start else "get_range", key)
         return self._inner.get_range(key, start, end)
 
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        self.counts.add("head" if not len(out) else "get_range", key)
+        return copy_range(self._inner, key, start, out)
+
     def get_suffix(self, key: str, length: int) -> bytes:
         self.counts.add("head" if length == 0 else "get_range", key)
         return self._inner.get_suffix(key, length)
@@ -212,7 +225,16 @@ class MeteredStore:
         n = 2 + max(1, math.ceil(size / MULTIPART_CHUNK))
         return self._put(key, mode, n, lambda: self._inner.put_multipart(key, body, mode=mode))
 
-    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """A PUT keeping ``crc32`` beside the object where the inner store can
+        (KeepsChecksums), else a plain one."""
+        return self._put(
+            key, mode, 1, lambda: put_with_checksum(self._inner, key, data, crc32, mode=mode)
+        )
+
+    def put_link(self, key: str, link: Callable[[str], None], *, crc32: int | None = None) -> None:
         """A local-directory store's object as a hard link (LocalDirStore.put_link): one
         create-if-absent PUT.  Only for an inner store that has it (LinkingStore)."""
         put_link = getattr(self._inner, "put_link", None)
@@ -220,7 +242,10 @@ class MeteredStore:
             raise TypeError(f"{self._inner!r} cannot take an object as a hard link")
 
         def call() -> str:
-            put_link(key, link)
+            if crc32 is None:
+                put_link(key, link)
+            else:
+                put_link(key, link, crc32=crc32)
             return ""
 
         self._put(key, "create", 1, call)
