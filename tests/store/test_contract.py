@@ -52,11 +52,29 @@ def test_ranged_get_is_half_open_and_clipped(store: Store) -> None:
         store.get_range("r", 5, 2)
 
 
-def test_read_into_fills_the_callers_buffer_and_says_the_objects_size(store: Store) -> None:
-    """ReadsInto (every backend has it): a range read straight into a buffer, and the
-    object's size from that one response -- clipped like get_range where the object ends
-    early, so a reader of parts can tell an object of another size without a HEAD."""
+GCS_READS = (
+    "google-cloud-storage's downloads give neither the object's size nor its custom "
+    "metadata with the bytes: a ranged read is get_range plus the HEAD a large object's "
+    "reader sends anyway, and the checksum is GCS's own CRC32C, which the client checks on "
+    "every download (docs/format.md, Checksums)"
+)
+
+
+def _reads_into(store: Store, backend: str) -> None:
+    if backend.startswith("fake-gcs"):
+        if backend == "fake-gcs":  # (a metered store forwards to what it wraps)
+            assert not isinstance(store, ReadsInto) and not isinstance(store, KeepsChecksums)
+        pytest.skip(GCS_READS)
     assert isinstance(store, ReadsInto)
+
+
+def test_read_into_fills_the_callers_buffer_and_says_the_objects_size(
+    store: Store, backend: str
+) -> None:
+    """ReadsInto (every backend has it but GCS): a range read straight into a buffer, and
+    the object's size from that one response -- clipped like get_range where the object
+    ends early, so a reader of parts can tell an object of another size without a HEAD."""
+    _reads_into(store, backend)
     store.put("ri", b"0123456789")
     out = bytearray(b"." * 6)
     view = memoryview(out)
@@ -73,7 +91,8 @@ def test_read_into_fills_the_callers_buffer_and_says_the_objects_size(store: Sto
         store.read_into("ri-missing", 0, view)
 
 
-def test_read_into_a_large_range_is_whole(store: Store) -> None:
+def test_read_into_a_large_range_is_whole(store: Store, backend: str) -> None:
+    _reads_into(store, backend)
     body = os.urandom(3 << 20)
     store.put_multipart("ri-big", [body[: 1 << 20], body[1 << 20 :]], mode="create")
     out = bytearray(len(body) - 100)
@@ -84,9 +103,10 @@ def test_read_into_a_large_range_is_whole(store: Store) -> None:
 def test_a_checksum_kept_beside_an_object_comes_back_with_every_read(
     store: Store, backend: str
 ) -> None:
-    """KeepsChecksums (every backend; a local directory without user xattrs keeps none):
-    the CRC32 a writer gave comes back with a GET, a ranged read and after a copy; a
-    plain PUT over the object (``aws s3 cp``) leaves none; the bytes are the bytes."""
+    """KeepsChecksums (every backend but GCS; a local directory without user xattrs keeps
+    none): the CRC32 a writer gave comes back with a GET, a ranged read and after a copy;
+    a plain PUT over the object (``aws s3 cp``) leaves none; the bytes are the bytes."""
+    _reads_into(store, backend)
     assert isinstance(store, KeepsChecksums)
     kept = backend != "localdir-noxattr"
     body = b"0123456789"
