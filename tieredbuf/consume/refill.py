@@ -62,6 +62,8 @@ class Refilled:
     seconds: float
     error: TieredBufError | None = None
     """A failure after the CAS landed: the worker raises it once it took the rest in."""
+    unloaded: list[Lease] = dataclasses.field(default_factory=list)
+    """Leased, but their entries could not be loaded: never handed out (released)."""
 
 
 class Refiller:
@@ -136,6 +138,10 @@ class Refiller:
             return 1
         recent = sum(1 for w in p.workers if now_ms - w.seen_ms < self.limits.lease_ms)
         return max(1, recent)
+
+    def known_tail(self) -> int:
+        """The root's ``next_sequence`` as this worker last read it (0: never read)."""
+        return 0 if self._snap is None else self._snap.root.next_seq
 
     def read_root(self) -> Snapshot:
         """A fresh root (also the next refill's)."""
@@ -218,7 +224,7 @@ class Refiller:
         except TieredBufError as e:
             out.error = e
             if not out.entries:
-                out.new = []  # leased, but not handed out: they lapse and are redelivered
+                out.new, out.unloaded = [], new  # never handed out: released, uncharged
         out.seconds = time.monotonic() - t0
         return out
 

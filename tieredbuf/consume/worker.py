@@ -1,29 +1,33 @@
 """A worker of a shared work queue: several workers, one subscriber, any order.
 
     w = buf.worker("jobs", lease=timedelta(seconds=30))
-    while (b := w.claim()) is not None:
+    while (b := w.claim(timeout=10)) is not None:   # long-polls up to 10 s when idle
         process(b)              # at-least-once: a lapsed lease is redelivered to another worker
-        w.ack(b.sequence)       # or w.defer(seq) (hand it back now), w.reject(seq, reason=b"...")
+        w.ack(b.sequence)       # or w.defer(seq) (redelivered after a delay), w.reject(seq, ...)
     w.close()                   # applies what is buffered, hands back what it still holds
 
 Every change is one CAS of the subscriber's progress object (:mod:`tieredbuf.queue.shared`
 decides; :mod:`tieredbuf.consume.refill` runs it): a refill applies this worker's
-buffered acks and rejects and leases the next claimable entries (lowest first) under a
-fresh operation token, which is also how a retry after an unknown outcome finds its own
-write.  Acks and rejects are buffered until the next refill, ``flush()``, ``close()``,
-or at once when a buffered ack's lease is about to lapse; ``defer`` is applied at once.
+buffered operations and leases the next claimable entries (lowest first) under a fresh
+operation token, which is also how a retry after an unknown outcome finds its own
+write.  Acks, rejects and the word that claim() returned an entry (``out``: the only
+thing that charges a delivery) are buffered until the next refill, ``flush()``,
+``close()``, or at once when an entry's lease is about to lapse; ``defer`` and
+``extend`` are applied at once.  An entry whose history is unknown (a worker went
+silent holding it: ``SUSPECT``) or whose lease entered its margin during the data GET
+is *marked* first -- one CAS that charges the delivery and renews the lease -- and only
+then returned.  A data GET that fails leaves the entry first in line: the next claim()
+tries it again (as a consumer retries its cursor); close() hands it back uncharged.
 
 **Refilling ahead.**  At S3's round trips a refill takes 60-100 ms, more when several
 workers contend for the progress object.  So a worker starts its next refill in the
 background when its leased entries are about to run out (when no more are left than it
 hands out during one refill), and ``claim()`` waits for a CAS only when it has none
 left at all.  A refill leases ``claim_batch`` entries, or more when its refills are slow
-against the caller's processing speed: about twice a refill's worth, at most
-``max_claim_batch``, and never more than the worker processes in half a lease, counting
-what it already holds.  Leases are still honoured: an entry whose lease would lapse
-(within a quarter of the lease, at most 5 s) before claim() returns it is handed back
-uncharged, never handed out.  ``refill_ahead=False`` refills only when claim() finds
-nothing left (``tieredbuf work``: a lease covers one command).
+against the caller's processing speed (:mod:`tieredbuf.consume.pace`).  Leases are honoured: an
+entry within its margin of lapsing (a quarter of the lease, at most 5 s) is never handed
+out.  ``refill_ahead=False`` refills only when claim() finds nothing left (``tieredbuf
+work``: a lease covers one command).
 
 Every entry is acked exactly once; processing is at-least-once.  An ack whose lease
 lapsed *and* was claimed again by another worker is refused: the call that applies it
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections import deque
@@ -46,6 +49,8 @@ from datetime import timedelta
 from ulid import ULID
 
 from tieredbuf.config import WorkerConfig
+from tieredbuf.consume import pace
+from tieredbuf.consume.claimwait import ClaimWait
 from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.consume.fetch import ReadAhead
 from tieredbuf.consume.refill import Refilled, Refiller
@@ -57,7 +62,7 @@ from tieredbuf.errors import (
     MissingObjectError,
 )
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.progress import MAX_REASON, Lease
+from tieredbuf.format.progress import MAX_REASON, SUSPECT, Lease, Progress
 from tieredbuf.queue import shared
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.subscription import NamedSubscription
@@ -66,6 +71,7 @@ from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
+_MS = timedelta(milliseconds=1)
 
 
 def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
@@ -76,11 +82,18 @@ def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
 class _Held:
     token: bytes
     expires_ms: int
+    suspect: bool = False
+    """Its history is unknown: mark it (a CAS) before claim() returns it."""
     handed_out: bool = False
+    said: bool = False
+    """An ``out`` or ``mark`` op for it is buffered or applied."""
+    marking: bool = False
+    """Its mark is buffered and has not landed yet: claim() must not return it."""
 
 
 class Worker:
-    """One worker of the shared subscriber ``subscriber``; use from one thread."""
+    """One worker of the shared subscriber ``subscriber``; use from one thread (but
+    :meth:`wake` from any)."""
 
     def __init__(
         self,
@@ -98,15 +111,17 @@ class Worker:
             subscriber,
             shared=True,
             owner=f"w-{ULID.from_bytes(self.worker_id)}",
-            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1),
+            publish_interval_ms=self.config.publish_interval // _MS,
         )
         self.subscriber = subscriber
         self.stats = Stats()
         self._limits = shared.Limits(
-            lease_ms=self.config.lease // timedelta(milliseconds=1),
+            lease_ms=self.config.lease // _MS,
             claim_n=self.config.claim_batch,
             max_span=self.config.max_span,
             max_deliveries=self.config.max_deliveries,
+            backoff_ms=self.config.redelivery_delay // _MS,
+            backoff_max_ms=self.config.redelivery_delay_max // _MS,
         )
         self._margin_ms = min(self._limits.lease_ms // 4, 5000)
         self._refiller = Refiller(
@@ -119,11 +134,21 @@ class Worker:
             clock_ms=self.clock_ms,
             on_landed=self._landed,
         )
+        self._wait = ClaimWait(
+            queue.read_footer,
+            self.subscription.reload,
+            self.clock_ms,
+            max_s=self.config.idle_poll_max.total_seconds(),
+        )
         self._held: dict[int, _Held] = {}
-        self._ready: deque[int] = deque()
+        self._ready: deque[tuple[int, bytes]] = deque()
+        """(sequence, token) in hand-out order; an item whose token is no longer held is stale."""
         self._ops: list[shared.Op] = []
-        self._expiries: dict[bytes, int] = {}
+        self._op_due: dict[int, int] = {}
+        """The lease expiry of each sequence with a buffered op (when it must be applied)."""
         self._entries: dict[int, tuple[ManifestEntry, int]] = {}
+        self._got: dict[int, ConsumedBatch] = {}
+        """Data fetched for an entry whose hand-out waits for its mark (a CAS that failed)."""
         self._refill_s: float | None = None
         self._item_s: float | None = None
         self._handed_at: float | None = None
@@ -138,11 +163,18 @@ class Worker:
         self._ahead = ReadAhead(
             store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
         )
+        self._tried_ms = 0
+        self._lapsed: set[int] = set()
+        """Sequences re-leased by this worker while the caller still had them."""
+        """When claim() last found nothing to lease (the progress object then was fresh)."""
         self._initialized = False
         self._closed = False
         self.on_applied: Callable[[list[int]], None] | None = None
         """Called right after each CAS landed with the sequences whose acks and rejects it
         applied (on the worker's CAS thread when the CAS was a refill running ahead)."""
+        self.on_mark: Callable[[int], None] | None = None
+        """Called with a sequence just before the CAS that marks it (charges its delivery
+        before claim() returns it): a test's record of a hand-out under way."""
 
     def clock_ms(self) -> int:
         """The wall clock leases are judged by (the subscription's)."""
@@ -158,10 +190,12 @@ class Worker:
         self._initialized = True
 
     def close(self) -> None:
-        """Apply buffered acks/rejects and hand back every entry still held (defer), so
-        other workers can take them at once."""
+        """Apply buffered operations and hand back every entry still held: one returned
+        by claim() and not resolved is deferred (claimable at once, its delivery counted),
+        one never returned is released (uncharged)."""
         if self._closed:
             return
+        self._wait.wake()
         try:
             if self._initialized:
                 late: BaseException | None = None
@@ -169,9 +203,11 @@ class Worker:
                     self._settle(wait=True)  # what a refill running ahead leased is held too
                 except (LeaseExpiredError, DataLossError) as e:
                     late = e
-                for seq, h in self._held.items():  # returned by claim(): a delivery
-                    action: shared.Action = "defer" if h.handed_out else "release"
-                    self._ops.append(shared.Op(action, seq, h.token))
+                for seq, h in self._held.items():
+                    if h.handed_out:
+                        self._ops.append(shared.Op("defer", seq, h.token, ms=0))
+                    else:
+                        self._ops.append(shared.Op("release", seq, h.token))
                 self._held.clear()
                 if self._ops:
                     self._apply(0)
@@ -183,6 +219,11 @@ class Worker:
             self._ahead.cancel()
             self._cas_thread.shutdown(wait=True)
             self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """End a ``claim(timeout=...)`` wait now (from any thread; it returns None): the
+        caller is stopping.  Later waits end at once too."""
+        self._wait.wake()
 
     def __enter__(self) -> Worker:
         return self
@@ -201,31 +242,77 @@ class Worker:
 
     # --- claiming --------------------------------------------------------------------
 
-    def claim(self) -> ConsumedBatch | None:
+    def claim(self, timeout: float | None = None) -> ConsumedBatch | None:
         """The next entry leased to this worker, with its data; None when nothing is
-        claimable now (everything is done, or leased to live workers)."""
+        claimable (everything is done, leased to live workers, or waiting for its
+        redelivery delay).
+
+        ``timeout`` (seconds): wait up to this long for an entry (a long poll,
+        :mod:`tieredbuf.consume.claimwait`): an idle worker reads the root's 22-byte footer
+        with a backoff up to ``idle_poll_max`` (3 s) and its progress object every 15 s,
+        wakes when a lease lapses or a delay ends, and so sends at most 0.4 requests/s.
+        The backoff carries over from call to call.  Without a timeout, no wait."""
         self._ensure()
         if self._handed_at is not None:  # the caller's processing time of the last one
             self._item_s = _ewma(self._item_s, time.monotonic() - self._handed_at)
             self._handed_at = None
         self._settle(wait=False)
         self._flush_if_lapsing()
+        deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
         while True:
-            now = self.clock_ms()
+            if deadline is None or not self._wait.idle or self._has_ready():
+                b = self._claim_now()
+                if b is not None or deadline is None:
+                    if b is not None:
+                        self._wait.reset()
+                    return b
+            self._check_open()
+            if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
+                return None
+
+    def _has_ready(self) -> bool:
+        return any(self._is_current(s, t) for s, t in self._ready)
+
+    def _ready_n(self) -> int:
+        return sum(1 for s, t in self._ready if self._is_current(s, t))
+
+    def _is_current(self, seq: int, token: bytes) -> bool:
+        h = self._held.get(seq)
+        return h is not None and h.token == token and not h.handed_out
+
+    def _due(self) -> int | None:
+        """When an entry becomes claimable by time alone (a lease lapsing, a redelivery
+        delay ending) after this worker last found nothing: from the progress object as
+        last seen, no request."""
+        p = self.subscription.progress
+        return None if p is None else shared.next_due(p, self._tried_ms)
+
+    def _open(self, p: Progress) -> bool:
+        """Whether a progress object just read shows something this worker could claim."""
+        now = self.clock_ms()
+        return any(shared.claimable(x, now) for x in p.leases) or (
+            p.claim_cursor < self._refiller.known_tail()
+            and p.claim_cursor < p.position + self._limits.max_span
+        )
+
+    def _claim_now(self) -> ConsumedBatch | None:
+        while True:
             while self._ready:
-                seq = self._ready.popleft()
+                seq, token = self._ready[0]
                 h = self._held.get(seq)
-                if h is None:
+                if h is None or h.token != token or h.handed_out:
+                    self._ready.popleft()  # resolved, released or re-leased: stale
                     continue
-                if h.expires_ms - self._margin_ms <= now:
+                if not h.said and h.expires_ms - self._margin_ms <= self.clock_ms():
+                    self._ready.popleft()
                     self._release(seq, h)
                     continue
-                try:
-                    batch = self._batch(seq)
-                except MissingObjectError as e:
-                    self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
+                batch = self._hand_out(seq, h)
+                if batch is None:
                     continue
+                self._ready.popleft()
                 h.handed_out = True
+                self._lapsed.discard(seq)
                 self.stats.incr("claimed")
                 self._refill_ahead()
                 self._handed_at = time.monotonic()
@@ -234,63 +321,88 @@ class Worker:
                 self._settle(wait=True)  # ran dry before the refill ahead landed
                 continue
             if not self._apply(self._claim_n()):
+                self._tried_ms = self.clock_ms()
                 return None
+
+    def _hand_out(self, seq: int, h: _Held) -> ConsumedBatch | None:
+        """``seq``'s data, once the progress object may count its delivery: an ``out``
+        op buffered, or -- for a suspect entry, or one whose lease entered its margin
+        during the GET -- a mark landed first.  None: it is no longer this worker's.
+        A failed GET or CAS raises with ``seq`` still first in line (data kept)."""
+        batch = self._got.get(seq)
+        if batch is None:
+            try:
+                batch = self._batch(seq)
+            except MissingObjectError as e:
+                self._ready.popleft()
+                self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
+                return None
+            self._got[seq] = batch
+        if not h.said:
+            inside = h.expires_ms - self._margin_ms <= self.clock_ms()
+            action: shared.Action = "mark" if h.suspect or inside else "out"
+            ms = self._limits.lease_ms if action == "mark" else None
+            self._buffer(shared.Op(action, seq, h.token, ms=ms), h)
+            h.said, h.marking = True, action == "mark"
+        if h.marking:
+            if self.on_mark is not None:
+                self.on_mark(seq)
+            self.stats.incr("marked")
+            self._apply(0)  # on an error the mark stays buffered: the next CAS retries it
+            if self._held.get(seq) is not h:
+                self._got.pop(seq, None)
+                return None  # refused: the lease lapsed and another worker took it
+        self._got.pop(seq, None)
+        return batch
 
     def _release(self, seq: int, h: _Held, why: str = "lapsed_before_use") -> None:
         """Hand back a lease whose entry claim() never returned (one about to lapse before
         its turn, by default) with the next CAS: no delivery is charged."""
         del self._held[seq]
         self._entries.pop(seq, None)
+        self._got.pop(seq, None)
         self._ahead.drop(seq)
         self._ops.append(shared.Op("release", seq, h.token))
         self.stats.incr(why)
 
     def _release_lapsing(self) -> None:
         now = self.clock_ms()
-        for seq in self._ready:
+        for seq, token in list(self._ready):
             h = self._held.get(seq)
-            if h is not None and not h.handed_out and h.expires_ms - self._margin_ms <= now:
+            if (
+                h is not None
+                and h.token == token
+                and not h.handed_out
+                and not h.said
+                and h.expires_ms - self._margin_ms <= now
+            ):
                 self._release(seq, h)
 
     def _claim_n(self) -> int:
-        """How many to lease in the next refill: ``claim_batch``, or more when a refill takes
-        long against this worker's processing speed (contention on the progress object, S3's
-        round trips): about twice the refill time's worth of entries, at most
-        ``max_claim_batch``, never more than it processes in half a lease, counting the
-        entries it already holds (so none lapses before its turn), and never more than a
-        third of its share of ``max_span`` among the workers at work (each holds about
-        three batches of the span: acked but not yet applied, ready, and the refill's), so
-        that the span does not fill and stall them all."""
-        base = self.config.claim_batch
-        if self._refill_s is None or not self._item_s:
-            return base
-        cap = self.config.max_claim_batch or 8 * base
-        want = math.ceil(2 * self._refill_s / self._item_s)
-        safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s) - len(self._ready)
-        share = self.config.max_span // (3 * self._refiller.workers(self.clock_ms()))
-        return max(1, min(max(base, want), cap, safe, share))
-
-    def _low_water(self) -> int | None:
-        """Entries left when the next refill starts ahead: what this worker hands out during
-        one refill, times a random 1-2 (workers that run alike would otherwise refill at
-        the same moments and conflict on the progress object; None until both are
-        measured: no refill ahead yet)."""
-        if self._refill_s is None or self._item_s is None:
-            return None
-        return max(1, math.ceil(self._refill_s / max(self._item_s, 1e-6) * self._spread))
+        """How many to lease in the next refill (:func:`tieredbuf.consume.pace.claim_n`)."""
+        return pace.claim_n(
+            base=self.config.claim_batch,
+            cap=self.config.max_claim_batch or 8 * self.config.claim_batch,
+            refill_s=self._refill_s,
+            item_s=self._item_s,
+            lease_s=self._limits.lease_ms / 1000,
+            ready=self._ready_n(),
+            max_span=self.config.max_span,
+            workers=self._refiller.workers(self.clock_ms()),
+        )
 
     def _refill_ahead(self) -> None:
         """Start the next refill in the background if the leased entries are about to run
         out and more are known to be claimable (one at a time).  At the known tail, or
         after a refill that got fewer than it asked for (``max_span``, or everything else
         leased), claim() refills only when it runs dry: no CAS after CAS finding nothing."""
-        low = self._low_water()
+        low = pace.low_water(self._refill_s, self._item_s, self._spread)
         if (
             self._pending is not None
             or not self.config.refill_ahead
             or low is None
             or self._short
-            or len(self._ready) > low
+            or self._ready_n() > low
             or not self._refiller.more_known(self.clock_ms())
         ):
             return
@@ -312,8 +424,9 @@ class Worker:
         self._absorb(fut.result(), n)
 
     def _batch(self, seq: int) -> ConsumedBatch:
-        entry, size = self._entries.pop(seq)
-        data = self._ahead.take(entry, size)
+        entry, size = self._entries[seq]
+        data = self._ahead.take(entry, size)  # may raise: the entry stays known
+        del self._entries[seq]
         self._schedule_prefetch()
         return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
 
@@ -336,47 +449,93 @@ class Worker:
             )
 
     def _schedule_prefetch(self) -> None:
-        self._ahead.want(self._entries[s] for s in self._ready if s in self._entries)
+        self._ahead.want(
+            self._entries[s]
+            for s, t in self._ready
+            if s in self._entries and self._is_current(s, t) and s not in self._got
+        )
 
     # --- resolving -------------------------------------------------------------------
 
     def _take(self, seq: int) -> _Held:
         self._ensure()
         h = self._held.get(seq)
+        if (h is None or not h.handed_out) and seq in self._lapsed:
+            self._lapsed.discard(seq)
+            raise LeaseExpiredError(self.subscriber, [seq])
         if h is None or not h.handed_out:
             raise AckOrderError(f"sequence {seq} is not leased to this worker (or was resolved)")
         return h
+
+    def _buffer(self, op: shared.Op, h: _Held) -> None:
+        self._ops.append(op)
+        self._op_due[op.seq] = h.expires_ms
 
     def ack(self, sequence: int) -> None:
         """``sequence`` is processed (any order).  Buffered; see the module docstring."""
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("ack", sequence, h.token))
+        self._buffer(shared.Op("ack", sequence, h.token), h)
         self.stats.incr("acks")
         self._flush_if_lapsing()
 
     def reject(self, sequence: int, reason: bytes = b"") -> None:
-        """``sequence`` failed for good: recorded as rejected (listed by ``tieredbuf
-        subscribers``), never redelivered.  Buffered like an ack."""
+        """``sequence`` failed for good: a dead letter, listed by ``tieredbuf subscribers``
+        with its reason, never redelivered unless redriven (``Buffer.redrive``); its entry
+        stays in the buffer until then.  Buffered like an ack."""
         if len(reason) > MAX_REASON:
             raise ValueError(f"reject reason of {len(reason)} bytes: at most {MAX_REASON}")
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("reject", sequence, h.token, bytes(reason)))
+        self._buffer(shared.Op("reject", sequence, h.token, bytes(reason)), h)
         self.stats.incr("rejects")
         self._flush_if_lapsing()
 
-    def defer(self, sequence: int) -> None:
-        """Hand ``sequence`` back now (one CAS, with whatever is buffered): claimable at once
-        by any worker, this one included."""
+    def defer(self, sequence: int, delay: timedelta | None = None) -> None:
+        """Hand ``sequence`` back now (one CAS, with whatever is buffered): claimable again,
+        by any worker, after ``delay`` -- by default the redelivery delay, growing with its
+        deliveries (``redelivery_delay`` doubled per delivery, at most
+        ``redelivery_delay_max``); ``timedelta(0)``: at once."""
+        if delay is not None and delay < timedelta(0):
+            raise ValueError(f"delay must be >= 0, got {delay!r}")
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("defer", sequence, h.token))
+        ms = None if delay is None else delay // _MS
+        self._buffer(shared.Op("defer", sequence, h.token, ms=ms), h)
         self.stats.incr("defers")
         self._apply(0)
 
+    def extend(self, sequence: int, by: timedelta) -> None:
+        """Keep ``sequence`` (returned by claim(), not yet resolved) for ``by`` from now
+        (SQS's ChangeMessageVisibility): one CAS, with whatever is buffered.  Fenced like an
+        ack: if its lease lapsed and another worker took it, LeaseExpiredError and it is no
+        longer this worker's."""
+        if by <= timedelta(0):
+            raise ValueError(f"extend by a positive duration, got {by!r}")
+        h = self._take(sequence)
+        self._buffer(shared.Op("extend", sequence, h.token, ms=by // _MS), h)
+        self.stats.incr("extends")
+        self._apply(0)
+
+    def expires_ms(self, sequence: int) -> int:
+        """When the lease on ``sequence`` (held by this worker) lapses, by :meth:`clock_ms`."""
+        h = self._held.get(sequence)
+        if h is None:
+            raise AckOrderError(f"sequence {sequence} is not leased to this worker")
+        return h.expires_ms
+
+    def waiting_s(self) -> float | None:
+        """Seconds until the first entry in its redelivery delay becomes claimable again
+        (from the last progress object this worker saw: no request); None if none waits."""
+        p = self.subscription.progress
+        if p is None:
+            return None
+        now = self.clock_ms()
+        due = [x.expires_ms for x in p.leases if x.back and x.expires_ms > now]
+        return (min(due) - now) / 1000 if due else None
+
     def flush(self) -> None:
-        """Apply every buffered ack and reject now and publish the subscriber's position."""
+        """Apply every buffered operation now and publish the subscriber's position."""
         self._ensure()
         self._settle(wait=True)
         if self._ops:
@@ -387,12 +546,9 @@ class Worker:
         if not self._ops:
             return
         now = self.clock_ms()
-        soonest = min((self._expiry(op) for op in self._ops), default=None)
-        if soonest is not None and soonest - self._margin_ms <= now:
+        soonest = min(self._op_due.get(op.seq, 1 << 62) for op in self._ops)
+        if soonest - self._margin_ms <= now:
             self._apply(0)
-
-    def _expiry(self, op: shared.Op) -> int:
-        return self._expiries.get(op.token, 1 << 62)
 
     # --- the one CAS -----------------------------------------------------------------
 
@@ -410,13 +566,18 @@ class Worker:
         """Take in what a refill did (on the caller's thread): its first ``n_ops`` buffered
         ops are applied; its leases are queued; then what it found is raised."""
         applied = got.applied
-        self._ops = self._ops[n_ops:]
+        done_ops, self._ops = self._ops[:n_ops], self._ops[n_ops:]
+        waiting = {op.seq for op in self._ops}
+        self._op_due = {s: d for s, d in self._op_due.items() if s in waiting}
         self.stats.incr("cas" if got.wrote else "idle_polls")
         if got.new:
             self._refill_s = _ewma(self._refill_s, got.seconds)
         self._short = len(got.new) < got.asked
+        self._renewed(done_ops, applied)
         self._entries.update(got.entries)
         self._lease(got.new)
+        for x in got.unloaded:  # leased, but their entries could not be loaded
+            self._ops.append(shared.Op("release", x.seq, x.token))
         if applied.auto_rejected:
             self.stats.incr("auto_rejected", len(applied.auto_rejected))
             log.warning(
@@ -440,6 +601,28 @@ class Worker:
             raise got.error
         return bool(got.new)
 
+    def _renewed(self, ops: Sequence[shared.Op], applied: shared.Applied) -> None:
+        """Marks and extends that landed renew the holder's lease (its expiry as written);
+        refused ones mean the entry is another worker's now."""
+        refused = set(applied.expired) | set(applied.refused_marks)
+        now_held = {x.seq: x for x in applied.progress.leases}
+        for op in ops:
+            if op.action not in ("mark", "extend"):
+                continue
+            h = self._held.get(op.seq)
+            if h is None or h.token != op.token:
+                continue
+            x = now_held.get(op.seq)
+            if op.seq in refused or x is None or x.token != op.token:
+                del self._held[op.seq]
+                self._entries.pop(op.seq, None)
+                self._got.pop(op.seq, None)
+                self.stats.incr("lost_lease_before_use" if op.action == "mark" else "lost_lease")
+                continue
+            h.expires_ms = x.expires_ms
+            if op.action == "mark":
+                h.marking = False
+
     def _landed(self, ops: Sequence[shared.Op], applied: shared.Applied) -> None:
         """A CAS landed (on the thread that ran it): tell ``on_applied`` at once."""
         if self.on_applied is not None and ops:
@@ -450,11 +633,14 @@ class Worker:
 
     def _lease(self, leases: list[Lease]) -> None:
         for x in leases:
-            self._held[x.seq] = _Held(x.token, x.expires_ms)
-            self._expiries[x.token] = x.expires_ms
-            self._ready.append(x.seq)
-        live = {h.token for h in self._held.values()} | {op.token for op in self._ops}
-        self._expiries = {t: e for t, e in self._expiries.items() if t in live}
+            h = self._held.get(x.seq)
+            if h is not None and h.handed_out:
+                # its lease lapsed while the caller still had it, and this worker's own
+                # refill took it again: redelivered (to the caller too); the late ack of the
+                # first hand-out is refused
+                self._lapsed.add(x.seq)
+            self._held[x.seq] = _Held(x.token, x.expires_ms, suspect=bool(x.flags & SUSPECT))
+            self._ready.append((x.seq, x.token))
         self._schedule_prefetch()
 
     @property
