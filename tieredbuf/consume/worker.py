@@ -259,8 +259,9 @@ class Worker:
         self._settle(wait=False)
         self._flush_if_lapsing()
         deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
+        attempt = deadline is None or not self._wait.idle or self._has_ready()
         while True:
-            if deadline is None or not self._wait.idle or self._has_ready():
+            if attempt:
                 b = self._claim_now()
                 if b is not None or deadline is None:
                     if b is not None:
@@ -269,6 +270,7 @@ class Worker:
             self._check_open()
             if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
                 return None
+            attempt = True  # something may be claimable now
 
     def _has_ready(self) -> bool:
         return any(self._is_current(s, t) for s, t in self._ready)
