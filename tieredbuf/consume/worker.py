@@ -268,6 +268,7 @@ class Worker:
                         self._wait.reset()
                     return b
             self._check_open()
+            assert deadline is not None
             if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
                 return None
             attempt = True  # something may be claimable now
