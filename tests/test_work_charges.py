@@ -231,11 +231,11 @@ def test_claim_never_hands_out_an_entry_inside_its_lease_margin_after_a_slow_get
         if b is None:
             break
         handed += 1
+        _wait_refill(w)  # the refill ahead updates the progress object too: not meanwhile
         (lease,) = [x for x in w.subscription.reload().leases if x.seq == b.sequence]
         left = lease.expires_ms - clock.t
         assert left >= margin_ms, f"sequence {b.sequence} handed out with {left} ms left"
         w.ack(b.sequence)
-        _wait_refill(w)
     assert handed == 6
 
 
@@ -252,7 +252,7 @@ def test_claim_never_queues_a_sequence_twice_under_a_refill_ahead() -> None:
             break
         seq = b.sequence
         assert seq not in expiry or clock.t >= expiry[seq], f"{seq} handed out twice"
+        _wait_refill(w)
         (lease,) = [x for x in w.subscription.reload().leases if x.seq == seq]
         expiry[seq] = lease.expires_ms
-        _wait_refill(w)
     assert expiry, "nothing was handed out"

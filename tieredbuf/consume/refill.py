@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from ulid import ULID
 
 from tieredbuf.errors import DataLossError, ObjectNotFoundError, TieredBufError
+from tieredbuf.format import progress as fp
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import Lease, Progress
 from tieredbuf.queue import cas, shared
@@ -164,6 +165,8 @@ class Refiller:
             if attempt or not roots:
                 roots.append(self._root(p, claim_n))
             snap = roots[-1]
+            if any(op.seq >= p.claim_cursor for op in ops):
+                raise cas.Replan("worker_stale_progress")  # a copy older than our leases
             token = ULID().bytes  # each attempt its own: a retry knows which one landed
             applied = shared.apply(
                 p,
@@ -218,7 +221,7 @@ class Refiller:
         try:
             if new:
                 out.entries = self._load_entries(got.root, [x.seq for x in new])
-            sub.written = got.applied.progress.position
+            sub.written = fp.needed(got.applied.progress)  # kept dead letters hold it
             sub.observe(got.root)
             sub.maybe_publish()
         except TieredBufError as e:
