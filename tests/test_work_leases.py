@@ -355,3 +355,45 @@ def test_wake_ends_a_claim_wait_from_another_thread() -> None:
     threading.Timer(0.2, w.wake).start()
     assert w.claim(timeout=600) is None  # returns on wake, not after 10 minutes
     w.close()
+
+
+# --- what a work queue's acks do to other readers -------------------------------------------
+
+
+def _drain_queue(buf: tieredbuf.Buffer) -> None:
+    w = _worker(buf)
+    for b in iter(w.claim, None):
+        w.ack(b.sequence)
+    w.close()
+
+
+def _default_reads(buf: tieredbuf.Buffer) -> list[int]:
+    from tests.subscriber_util import drain
+
+    c = buf.consumer()
+    c.initialize()
+    return drain(c)
+
+
+def test_I9_the_default_consumer_is_protected_from_work_queue_acks_once_it_exists() -> None:
+    """docs/subscribers.md: a work queue's acks release an entry for that queue only;
+    the default consumer, registered by its first initialize(), still reads them all."""
+    buf = tieredbuf.open("memory://")
+    fill(buf, 3)
+    buf.consumer().initialize()  # it exists: registered, reading nothing yet
+    _drain_queue(buf)
+    assert _default_reads(buf) == [0, 1, 2]
+
+
+def test_a_reader_registering_after_the_acks_starts_at_the_earliest_entry_still_held() -> None:
+    """Like a new Kafka consumer group with auto.offset.reset=earliest -- except that
+    without a retention policy the buffer kept only what a registered subscriber needed."""
+    buf = tieredbuf.open("memory://")
+    fill(buf, 3)
+    _drain_queue(buf)
+    assert _default_reads(buf) == []
+    kept = tieredbuf.open("memory://")
+    fill(kept, 3)
+    kept.set_retention(max_age=timedelta(days=7))  # acked history stays until retention
+    _drain_queue(kept)
+    assert _default_reads(kept) == [0, 1, 2]

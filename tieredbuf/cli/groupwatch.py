@@ -34,8 +34,13 @@ def main(argv: list[str]) -> int:
     runner, cmd = int(argv[0]), argv[2:]
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _noted)  # a handler, not SIG_IGN: exec resets it for the command
+    timed_wait = hasattr(signal, "sigtimedwait")  # Linux: woken by SIGCHLD, not a poll
+    if timed_wait:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
     pid = os.fork()
     if pid == 0:
+        if timed_wait:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])  # exec keeps masks
         try:
             os.execvp(cmd[0], cmd)
         except OSError as e:
@@ -51,7 +56,10 @@ def main(argv: list[str]) -> int:
             break
         if os.getppid() != runner:  # the runner is gone: take the whole group with it
             os.killpg(0, signal.SIGKILL)
-        time.sleep(POLL_S)
+        if timed_wait:
+            signal.sigtimedwait([signal.SIGCHLD], POLL_S)
+        else:
+            time.sleep(POLL_S)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)

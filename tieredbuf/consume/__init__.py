@@ -5,6 +5,8 @@
 | `consumer.py` | the fenced consumer of one subscriber (default or named), `ConsumedBatch` |
 | `worker.py` | a worker of a shared work queue: claim / ack / defer / reject under leases |
 | `refill.py` | a worker's refill: the progress CAS that applies its resolutions and leases more |
+| `pace.py` | how many entries a refill leases and when the next starts ahead (pure) |
+| `claimwait.py` | the long poll of an idle `claim(timeout=...)`: footer, progress, due times |
 | `fetch.py` | data objects: one GET or parallel ranged GETs, read ahead by entries and bytes |
 | `reader.py` | readers that never fence: a tree walk from a position, and a continuous tail |
 """
