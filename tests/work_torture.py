@@ -14,10 +14,12 @@ until the loop has made its kills, then the queue must drain.  Checked afterward
   both acked and rejected, and every sequence is one or the other;
 * **no rejection without max_deliveries real claim() returns** (I10): each dead letter
   was returned by claim() -- an ``R`` line -- at least ``max_deliveries`` times, and its
-  recorded delivery count is at most that.  One allowance: a worker killed between
-  writing a mark (its ``M`` line) and returning the entry, its log's last line, may be
-  charged that delivery (as SQS counts a receive whose response was lost);
-* **nothing handed out inside its margin**: no ``V`` line.
+  recorded delivery count is at most that.  One allowance: a worker killed, or stopped
+  past its lease, between writing a mark (its ``M`` line) and returning the entry (the
+  chaos loop writes ``K`` / ``S`` into the worker's log when it strikes) may be charged
+  that delivery, as SQS counts a receive whose response was lost;
+* **nothing handed out inside its margin**: no ``V`` line, unless the worker was stopped
+  between its previous return and it (a stall between the check and the return).
 
 Run by the slow suite (tests/test_work_torture.py) with a fixed seed; run longer by
 hand::
@@ -121,7 +123,6 @@ class _Workers:
         self.done = tmp / "done"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
-        self.killed: set[int] = set()
         self.n = 0
 
     def start(self, slot: int | None = None) -> None:
@@ -150,12 +151,18 @@ class _Workers:
         else:
             self.procs[slot] = p
 
+    def _note(self, p: subprocess.Popen[bytes], event: str) -> None:
+        """Append a chaos event to the worker's own log, in order with its lines (it is
+        stopped or dead while this is written)."""
+        with self._log_of(p).open("a") as f:
+            f.write(event + "\n")
+
     def kill_one(self) -> None:
         slot = self.rng.randrange(len(self.procs))
         p = self.procs[slot]
         p.kill()
         p.wait()
-        self.killed.add(self.logs.index(self._log_of(p)))
+        self._note(p, "K")
         self.start(slot)
 
     def _log_of(self, p: subprocess.Popen[bytes]) -> Path:
@@ -164,6 +171,7 @@ class _Workers:
     def stop_one(self, pause_s: float) -> None:
         p = self.procs[self.rng.randrange(len(self.procs))]
         p.send_signal(signal.SIGSTOP)
+        self._note(p, "S")
         time.sleep(pause_s)  # the stall itself
         p.send_signal(signal.SIGCONT)
 
@@ -258,26 +266,37 @@ def _check(
     acked: Counter[int] = Counter()
     marked_at_death: Counter[int] = Counter()
     faulted: set[str] = set()  # data keys whose GET an injected fault failed
-    for i, log in enumerate(workers.logs):
+    for log in workers.logs:
         lines = log.read_text().splitlines() if log.exists() else []
+        marked: int | None = None  # a mark not yet followed by its return
+        chaos = False  # a kill or stall since the last return (or mark)
+        claim_chaos = False  # a stall during the claim() that returned the last entry
         for line in lines:
             kind, _, rest = line.partition(" ")
-            if kind == "R":
-                returns[int(rest)] += 1
-            elif kind == "A":
-                acked.update(int(x) for x in rest.split())
+            if kind in ("K", "S"):
+                chaos = True
+            elif kind == "R":
+                seq = int(rest)
+                returns[seq] += 1
+                if marked is not None and marked != seq and chaos:
+                    marked_at_death[marked] += 1  # stalled past its lease after the mark
+                claim_chaos = chaos or (marked == seq and claim_chaos)
+                marked, chaos = None, False
             elif kind == "M":
                 rep.marks += 1
+                claim_chaos = chaos
+                marked, chaos = int(rest), False
+            elif kind == "A":
+                acked.update(int(x) for x in rest.split())
             elif kind == "G":
                 rep.get_faults += 1
                 faulted.add(rest)
             elif kind == "E":
                 rep.expired_acks += len(rest.split())
-            elif kind == "V":
+            elif kind == "V" and not (chaos or claim_chaos):
                 rep.fail("handed out inside its margin", line)
-        last = lines[-1].split() if lines else []
-        if i in workers.killed and last[:1] == ["M"]:
-            marked_at_death[int(last[1])] += 1  # killed between its mark and claim()'s return
+        if marked is not None and chaos:
+            marked_at_death[marked] += 1  # killed (or stalled) between its mark and return
     rep.returns = sum(returns.values())
     if any(c != 0 for c in codes):
         rep.fail("the queue drains", f"worker exit codes {codes}")

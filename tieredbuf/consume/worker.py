@@ -72,6 +72,8 @@ from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
 _MS = timedelta(milliseconds=1)
+MARKS_PER_HAND_OUT = 3
+"""Marks (CASes renewing a lease) one hand-out may take before the entry is handed back."""
 
 
 def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
@@ -341,13 +343,17 @@ class Worker:
                 self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
                 return None
             self._got[seq] = batch
-        if not h.said:
+        for _ in range(MARKS_PER_HAND_OUT + 1):
             inside = h.expires_ms - self._margin_ms <= self.clock_ms()
-            action: shared.Action = "mark" if h.suspect or inside else "out"
-            ms = self._limits.lease_ms if action == "mark" else None
-            self._buffer(shared.Op(action, seq, h.token, ms=ms), h)
-            h.said, h.marking = True, action == "mark"
-        if h.marking:
+            if not h.said or (inside and not h.marking):
+                # a mark when its history is unknown, or to renew a lease the GET (or a
+                # slow mark) took into its margin; else the word rides the next CAS
+                action: shared.Action = "mark" if h.suspect or inside or h.said else "out"
+                ms = self._limits.lease_ms if action == "mark" else None
+                self._buffer(shared.Op(action, seq, h.token, ms=ms), h)
+                h.said, h.marking = True, action == "mark"
+            if not h.marking:
+                break
             if self.on_mark is not None:
                 self.on_mark(seq)
             self.stats.incr("marked")
@@ -355,6 +361,10 @@ class Worker:
             if self._held.get(seq) is not h:
                 self._got.pop(seq, None)
                 return None  # refused: the lease lapsed and another worker took it
+        else:  # every mark took the lease into its margin again: the store is too slow
+            self._ready.popleft()
+            self._release(seq, h, "marks_too_slow")
+            return None
         self._got.pop(seq, None)
         return batch
 
