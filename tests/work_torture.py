@@ -73,6 +73,10 @@ class Report:
     drain_s: float = 0.0
     never_returned_after_get_fault: int = 0
     never_returned_otherwise: int = 0
+    marks_cut_off: int = 0
+    """Marks not followed by their return because the worker was killed or stopped."""
+    stalled_hand_outs: int = 0
+    """Hand-outs past the margin excused by a stop between the check and the return."""
     violations: dict[str, list[str]] = field(default_factory=dict)
 
     def fail(self, invariant: str, detail: str) -> None:
@@ -293,11 +297,14 @@ def _check(
                 faulted.add(rest)
             elif kind == "E":
                 rep.expired_acks += len(rest.split())
-            elif kind == "V" and not (chaos or claim_chaos):
+            elif kind == "V" and (chaos or claim_chaos):
+                rep.stalled_hand_outs += 1
+            elif kind == "V":
                 rep.fail("handed out inside its margin", line)
         if marked is not None and chaos:
             marked_at_death[marked] += 1  # killed (or stalled) between its mark and return
     rep.returns = sum(returns.values())
+    rep.marks_cut_off = sum(marked_at_death.values())
     if any(c != 0 for c in codes):
         rep.fail("the queue drains", f"worker exit codes {codes}")
     snap = buf.snapshot()
