@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, random, sys, threading, time
 import tieredbuf
-url, opts, direct, idle_s, rounds = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+from datetime import timedelta
+url, opts, direct = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+idle_s, rounds = float(sys.argv[4]), int(sys.argv[5])
 buf = tieredbuf.open(url, **opts)       # through the proxy
 feed = tieredbuf.open(url, **direct)    # straight to moto
 w = buf.worker("jobs", claim_batch=1)
@@ -84,7 +86,7 @@ for i in range(rounds if long_poll else 0):
     while got is None:
         got = other.claim(timeout=30)
     wait = rng.uniform(0, 6)
-    t = threading.Timer(wait, lambda g=got: other.defer(g.sequence, delay=__import__("datetime").timedelta(0)))
+    t = threading.Timer(wait, lambda g=got: other.defer(g.sequence, delay=timedelta(0)))
     t0 = time.monotonic()
     t.start()
     b = claim(120)
@@ -92,12 +94,15 @@ for i in range(rounds if long_poll else 0):
     handed.append(time.monotonic() - (t0 + wait))
     w.ack(b.sequence)
     w.flush()
-print(json.dumps({"event": "done", "new_entry_s": seen, "handed_back_s": handed, "long_poll": long_poll}), flush=True)
+done = {"event": "done", "new_entry_s": seen, "handed_back_s": handed}
+print(json.dumps(done), flush=True)
 w.close(); other.close()
 """
 
 
-def run(code: str, tree: str | None, ep: Any, proxy: Any, args: argparse.Namespace) -> dict[str, Any]:
+def run(
+    code: str, tree: str | None, ep: Any, proxy: Any, args: argparse.Namespace
+) -> dict[str, Any]:
     url = f"s3://{ep.new_bucket()}/idle"
     direct = ep.options()
     feed_env = dict(os.environ)
@@ -157,8 +162,8 @@ def main() -> None:
             f"{hb.get('p50', float('nan')):.2f} / {hb.get('max', float('nan')):.2f}",
         ])  # fmt: skip
     print_table(
-        ["code", f"requests in {args.idle:.0f} s idle", "per s", "new entry seen after s (p50 / max)",
-         "handed back seen after s (p50 / max)"],
+        ["code", f"requests in {args.idle:.0f} s idle", "per s",
+         "new entry seen after s (p50 / max)", "handed back seen after s (p50 / max)"],
         rows,
     )  # fmt: skip
     print(f"-> {write_json('worker_idle', results)}")

@@ -189,12 +189,16 @@ class Worker:
         the tail with ``start="latest"``).  No buffer at the URL: BufferNotFoundError."""
         self._check_open()
         self.subscription.register(start)
+        if self.subscription.registered_root is not None:
+            self._refiller.adopt(self.subscription.registered_root)
         self._initialized = True
 
     def close(self) -> None:
         """Apply buffered operations and hand back every entry still held: one returned
         by claim() and not resolved is deferred (claimable at once, its delivery counted),
-        one never returned is released (uncharged)."""
+        one never returned is released (uncharged).  The queue's position is published
+        into the root when this worker is its publisher (the lowest id among the workers
+        seen within a lease: see :meth:`Refiller.publisher`); ``flush()`` always does."""
         if self._closed:
             return
         self._wait.wake()
@@ -213,7 +217,8 @@ class Worker:
                 self._held.clear()
                 if self._ops:
                     self._apply(0)
-                self.subscription.maybe_publish(force=True)
+                if self._refiller.publisher(self.clock_ms()):
+                    self.subscription.maybe_publish(force=True)
                 if late is not None:
                     raise late
         finally:
@@ -421,7 +426,8 @@ class Worker:
             return
         self._release_lapsing()
         ops = list(self._ops)
-        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n())
+        patience = self._ready_n() * (self._item_s or 0.0)  # till it runs dry
+        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n(), patience)
         self._pending = (fut, len(ops))
         self._spread = 1 + self._rng.random()
         self.stats.incr("refills_ahead")
