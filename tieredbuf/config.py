@@ -210,10 +210,12 @@ class WorkerConfig:
     on_lost: str = "raise"
     """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
     check_interval: timedelta = timedelta(seconds=1)
-    """A refill re-reads the root at least this often (new entries, retention), besides
-    when its claim reaches the end of the entries it knows (a 22-byte footer GET says
-    whether the tail moved)."""
+    """A refill whose claim reaches past the tail it knows reads the root's 22-byte
+    footer (new entries?), or the whole root when its view is older than this.  A refill
+    inside the known backlog reads no root."""
     publish_interval: timedelta = timedelta(seconds=1)
+    """The queue's publisher (one of its workers) copies its position into the root at
+    most this often while it holds the head back."""
     redelivery_delay: timedelta = timedelta(seconds=1)
     """A deferred entry is claimable again this long after its first delivery, twice as
     long after its second, and so on (SQS's visibility timeout on a failed receive);
