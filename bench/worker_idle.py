@@ -25,6 +25,7 @@ import random
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ while time.monotonic() < end:
 print(json.dumps({"event": "idle_end"}), flush=True)
 rng = random.Random(1)
 seen = []
-p = feed.producer(flush_interval=0)
+p = feed.producer(flush_interval=timedelta(0))
 for i in range(rounds if long_poll else 0):
     wait = rng.uniform(0, 6)
     t = threading.Timer(wait, lambda: p.produce([b"new"]).wait(timeout=30))
@@ -80,7 +81,7 @@ p.close()
 handed = []
 other = feed.worker("jobs", claim_batch=1)
 for i in range(rounds if long_poll else 0):
-    p2 = feed.producer(flush_interval=0)
+    p2 = feed.producer(flush_interval=timedelta(0))
     p2.produce([b"back"]).wait(timeout=30); p2.close()
     got = other.claim(timeout=30)
     while got is None:
@@ -110,7 +111,8 @@ def run(
         feed_env["PYTHONPATH"] = tree
     import tieredbuf
 
-    tieredbuf.open(url, **direct).producer(flush_interval=0).produce([b"x"]).wait(timeout=30)
+    with tieredbuf.open(url, **direct).producer(flush_interval=timedelta(0)) as first:
+        first.produce([b"x"]).wait(timeout=30)
     opts = {**direct, "endpoint": proxy.endpoint}
     p = subprocess.Popen(
         [sys.executable, "-c", CHILD, url, json.dumps(opts), json.dumps(direct),

@@ -37,11 +37,9 @@ nothing -- the other worker's ack counts.  Workers never bump the subscriber's e
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -53,6 +51,7 @@ from tieredbuf.consume import pace
 from tieredbuf.consume.claimwait import ClaimWait
 from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.consume.fetch import ReadAhead
+from tieredbuf.consume.holdings import Held, Holdings
 from tieredbuf.consume.refill import Refilled, Refiller
 from tieredbuf.errors import (
     AckOrderError,
@@ -62,7 +61,7 @@ from tieredbuf.errors import (
     MissingObjectError,
 )
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.progress import MAX_REASON, SUSPECT, Lease, Progress
+from tieredbuf.format.progress import MAX_REASON, Progress
 from tieredbuf.queue import shared
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.subscription import NamedSubscription
@@ -78,19 +77,6 @@ MARKS_PER_HAND_OUT = 3
 
 def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
     return x if old is None else old + alpha * (x - old)
-
-
-@dataclasses.dataclass(slots=True)
-class _Held:
-    token: bytes
-    expires_ms: int
-    suspect: bool = False
-    """Its history is unknown: mark it (a CAS) before claim() returns it."""
-    handed_out: bool = False
-    said: bool = False
-    """An ``out`` or ``mark`` op for it is buffered or applied."""
-    marking: bool = False
-    """Its mark is buffered and has not landed yet: claim() must not return it."""
 
 
 class Worker:
@@ -142,12 +128,8 @@ class Worker:
             self.clock_ms,
             max_s=self.config.idle_poll_max.total_seconds(),
         )
-        self._held: dict[int, _Held] = {}
-        self._ready: deque[tuple[int, bytes]] = deque()
-        """(sequence, token) in hand-out order; an item whose token is no longer held is stale."""
-        self._ops: list[shared.Op] = []
-        self._op_due: dict[int, int] = {}
-        """The lease expiry of each sequence with a buffered op (when it must be applied)."""
+        self._h = Holdings()
+        self._held = self._h.held  # the same dict (tests read it)
         self._entries: dict[int, tuple[ManifestEntry, int]] = {}
         self._got: dict[int, ConsumedBatch] = {}
         """Data fetched for an entry whose hand-out waits for its mark (a CAS that failed)."""
@@ -155,7 +137,7 @@ class Worker:
         self._item_s: float | None = None
         self._handed_at: float | None = None
         self._pending: tuple[Future[Refilled], int] | None = None
-        """A refill running ahead, and how many of ``_ops`` it applies."""
+        """A refill running ahead, and how many of the buffered ops it applies."""
         self._short = False
         """The last refill got fewer entries than it asked for: none ahead until dry."""
         self._rng = random.Random(self.worker_id)
@@ -166,8 +148,6 @@ class Worker:
             store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
         )
         self._tried_ms = 0
-        self._lapsed: set[int] = set()
-        """Sequences re-leased by this worker while the caller still had them."""
         """When claim() last found nothing to lease (the progress object then was fresh)."""
         self._initialized = False
         self._closed = False
@@ -211,11 +191,11 @@ class Worker:
                     late = e
                 for seq, h in self._held.items():
                     if h.handed_out:
-                        self._ops.append(shared.Op("defer", seq, h.token, ms=0))
+                        self._h.buffer(shared.Op("defer", seq, h.token, ms=0), h.expires_ms)
                     else:
-                        self._ops.append(shared.Op("release", seq, h.token))
+                        self._h.buffer(shared.Op("release", seq, h.token), h.expires_ms)
                 self._held.clear()
-                if self._ops:
+                if self._h.ops:
                     self._apply(0)
                 if self._refiller.publisher(self.clock_ms()):
                     self.subscription.maybe_publish(force=True)
@@ -266,7 +246,7 @@ class Worker:
         self._settle(wait=False)
         self._flush_if_lapsing()
         deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
-        attempt = deadline is None or not self._wait.idle or self._has_ready()
+        attempt = deadline is None or not self._wait.idle or self._h.has_ready()
         while True:
             if attempt:
                 b = self._claim_now()
@@ -279,16 +259,6 @@ class Worker:
             if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
                 return None
             attempt = True  # something may be claimable now
-
-    def _has_ready(self) -> bool:
-        return any(self._is_current(s, t) for s, t in self._ready)
-
-    def _ready_n(self) -> int:
-        return sum(1 for s, t in self._ready if self._is_current(s, t))
-
-    def _is_current(self, seq: int, token: bytes) -> bool:
-        h = self._held.get(seq)
-        return h is not None and h.token == token and not h.handed_out
 
     def _due(self) -> int | None:
         """When an entry becomes claimable by time alone (a lease lapsing, a redelivery
@@ -307,22 +277,17 @@ class Worker:
 
     def _claim_now(self) -> ConsumedBatch | None:
         while True:
-            while self._ready:
-                seq, token = self._ready[0]
-                h = self._held.get(seq)
-                if h is None or h.token != token or h.handed_out:
-                    self._ready.popleft()  # resolved, released or re-leased: stale
-                    continue
+            while (front := self._h.front()) is not None:
+                seq, h = front
                 if not h.said and h.expires_ms - self._margin_ms <= self.clock_ms():
-                    self._ready.popleft()
                     self._release(seq, h)
                     continue
                 batch = self._hand_out(seq, h)
                 if batch is None:
                     continue
-                self._ready.popleft()
+                self._h.ready.popleft()
                 h.handed_out = True
-                self._lapsed.discard(seq)
+                self._h.lapsed.discard(seq)
                 self.stats.incr("claimed")
                 self._refill_ahead()
                 self._handed_at = time.monotonic()
@@ -334,7 +299,7 @@ class Worker:
                 self._tried_ms = self.clock_ms()
                 return None
 
-    def _hand_out(self, seq: int, h: _Held) -> ConsumedBatch | None:
+    def _hand_out(self, seq: int, h: Held) -> ConsumedBatch | None:
         """``seq``'s data, once the progress object may count its delivery: an ``out``
         op buffered, or -- for a suspect entry, or one whose lease entered its margin
         during the GET -- a mark landed first.  None: it is no longer this worker's.
@@ -344,7 +309,7 @@ class Worker:
             try:
                 batch = self._batch(seq)
             except MissingObjectError as e:
-                self._ready.popleft()
+                self._h.ready.popleft()
                 self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
                 return None
             self._got[seq] = batch
@@ -355,7 +320,7 @@ class Worker:
                 # slow mark) took into its margin; else the word rides the next CAS
                 action: shared.Action = "mark" if h.suspect or inside or h.said else "out"
                 ms = self._limits.lease_ms if action == "mark" else None
-                self._buffer(shared.Op(action, seq, h.token, ms=ms), h)
+                self._h.buffer(shared.Op(action, seq, h.token, ms=ms), h.expires_ms)
                 h.said, h.marking = True, action == "mark"
             if not h.marking:
                 break
@@ -367,34 +332,27 @@ class Worker:
                 self._got.pop(seq, None)
                 return None  # refused: the lease lapsed and another worker took it
         else:  # every mark took the lease into its margin again: the store is too slow
-            self._ready.popleft()
             self._release(seq, h, "marks_too_slow")
             return None
         self._got.pop(seq, None)
         return batch
 
-    def _release(self, seq: int, h: _Held, why: str = "lapsed_before_use") -> None:
+    def _release(self, seq: int, h: Held, why: str = "lapsed_before_use") -> None:
         """Hand back a lease whose entry claim() never returned (one about to lapse before
         its turn, by default) with the next CAS: no delivery is charged."""
         del self._held[seq]
+        self._forget(seq)
+        self._h.buffer(shared.Op("release", seq, h.token), h.expires_ms)
+        self.stats.incr(why)
+
+    def _forget(self, seq: int) -> None:
         self._entries.pop(seq, None)
         self._got.pop(seq, None)
         self._ahead.drop(seq)
-        self._ops.append(shared.Op("release", seq, h.token))
-        self.stats.incr(why)
 
     def _release_lapsing(self) -> None:
-        now = self.clock_ms()
-        for seq, token in list(self._ready):
-            h = self._held.get(seq)
-            if (
-                h is not None
-                and h.token == token
-                and not h.handed_out
-                and not h.said
-                and h.expires_ms - self._margin_ms <= now
-            ):
-                self._release(seq, h)
+        for seq in self._h.lapsing(self.clock_ms(), self._margin_ms):
+            self._release(seq, self._held[seq])
 
     def _claim_n(self) -> int:
         """How many to lease in the next refill (:func:`tieredbuf.consume.pace.claim_n`)."""
@@ -404,7 +362,7 @@ class Worker:
             refill_s=self._refill_s,
             item_s=self._item_s,
             lease_s=self._limits.lease_ms / 1000,
-            ready=self._ready_n(),
+            ready=self._h.ready_n(),
             max_span=self.config.max_span,
             workers=self._refiller.workers(self.clock_ms()),
         )
@@ -420,13 +378,13 @@ class Worker:
             or not self.config.refill_ahead
             or low is None
             or self._short
-            or self._ready_n() > low
+            or self._h.ready_n() > low
             or not self._refiller.more_known(self.clock_ms())
         ):
             return
         self._release_lapsing()
-        ops = list(self._ops)
-        patience = self._ready_n() * (self._item_s or 0.0)  # till it runs dry
+        ops = list(self._h.ops)
+        patience = self._h.ready_n() * (self._item_s or 0.0)  # till it runs dry
         fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n(), patience)
         self._pending = (fut, len(ops))
         self._spread = 1 + self._rng.random()
@@ -470,31 +428,27 @@ class Worker:
     def _schedule_prefetch(self) -> None:
         self._ahead.want(
             self._entries[s]
-            for s, t in self._ready
-            if s in self._entries and self._is_current(s, t) and s not in self._got
+            for s, t in self._h.ready
+            if s in self._entries and self._h.current(s, t) and s not in self._got
         )
 
     # --- resolving -------------------------------------------------------------------
 
-    def _take(self, seq: int) -> _Held:
+    def _take(self, seq: int) -> Held:
         self._ensure()
         h = self._held.get(seq)
-        if (h is None or not h.handed_out) and seq in self._lapsed:
-            self._lapsed.discard(seq)
+        if (h is None or not h.handed_out) and seq in self._h.lapsed:
+            self._h.lapsed.discard(seq)
             raise LeaseExpiredError(self.subscriber, [seq])
         if h is None or not h.handed_out:
             raise AckOrderError(f"sequence {seq} is not leased to this worker (or was resolved)")
         return h
 
-    def _buffer(self, op: shared.Op, h: _Held) -> None:
-        self._ops.append(op)
-        self._op_due[op.seq] = h.expires_ms
-
     def ack(self, sequence: int) -> None:
         """``sequence`` is processed (any order).  Buffered; see the module docstring."""
         h = self._take(sequence)
         del self._held[sequence]
-        self._buffer(shared.Op("ack", sequence, h.token), h)
+        self._h.buffer(shared.Op("ack", sequence, h.token), h.expires_ms)
         self.stats.incr("acks")
         self._flush_if_lapsing()
 
@@ -506,7 +460,7 @@ class Worker:
             raise ValueError(f"reject reason of {len(reason)} bytes: at most {MAX_REASON}")
         h = self._take(sequence)
         del self._held[sequence]
-        self._buffer(shared.Op("reject", sequence, h.token, bytes(reason)), h)
+        self._h.buffer(shared.Op("reject", sequence, h.token, bytes(reason)), h.expires_ms)
         self.stats.incr("rejects")
         self._flush_if_lapsing()
 
@@ -520,7 +474,7 @@ class Worker:
         h = self._take(sequence)
         del self._held[sequence]
         ms = None if delay is None else delay // _MS
-        self._buffer(shared.Op("defer", sequence, h.token, ms=ms), h)
+        self._h.buffer(shared.Op("defer", sequence, h.token, ms=ms), h.expires_ms)
         self.stats.incr("defers")
         self._apply(0)
 
@@ -532,7 +486,7 @@ class Worker:
         if by <= timedelta(0):
             raise ValueError(f"extend by a positive duration, got {by!r}")
         h = self._take(sequence)
-        self._buffer(shared.Op("extend", sequence, h.token, ms=by // _MS), h)
+        self._h.buffer(shared.Op("extend", sequence, h.token, ms=by // _MS), h.expires_ms)
         self.stats.incr("extends")
         self._apply(0)
 
@@ -557,16 +511,13 @@ class Worker:
         """Apply every buffered operation now and publish the subscriber's position."""
         self._ensure()
         self._settle(wait=True)
-        if self._ops:
+        if self._h.ops:
             self._apply(0)
         self.subscription.maybe_publish(force=True)
 
     def _flush_if_lapsing(self) -> None:
-        if not self._ops:
-            return
-        now = self.clock_ms()
-        soonest = min(self._op_due.get(op.seq, 1 << 62) for op in self._ops)
-        if soonest - self._margin_ms <= now:
+        soonest = self._h.soonest_due()
+        if soonest is not None and soonest - self._margin_ms <= self.clock_ms():
             self._apply(0)
 
     # --- the one CAS -----------------------------------------------------------------
@@ -578,25 +529,26 @@ class Worker:
         queued for the next claim())."""
         self._settle(wait=True)
         self._release_lapsing()
-        ops = list(self._ops)
+        ops = list(self._h.ops)
         return self._absorb(self._refiller.run(ops, claim_n), len(ops))
 
     def _absorb(self, got: Refilled, n_ops: int) -> bool:
         """Take in what a refill did (on the caller's thread): its first ``n_ops`` buffered
         ops are applied; its leases are queued; then what it found is raised."""
         applied = got.applied
-        done_ops, self._ops = self._ops[:n_ops], self._ops[n_ops:]
-        waiting = {op.seq for op in self._ops}
-        self._op_due = {s: d for s, d in self._op_due.items() if s in waiting}
+        done_ops = self._h.applied(n_ops)
         self.stats.incr("cas" if got.wrote else "idle_polls")
         if got.new:
             self._refill_s = _ewma(self._refill_s, got.seconds)
         self._short = len(got.new) < got.asked
-        self._renewed(done_ops, applied)
+        for seq, why in self._h.renewed(done_ops, applied):
+            self._forget(seq)
+            self.stats.incr(why)
         self._entries.update(got.entries)
-        self._lease(got.new)
+        self._h.lease(got.new)
+        self._schedule_prefetch()
         for x in got.unloaded:  # leased, but their entries could not be loaded
-            self._ops.append(shared.Op("release", x.seq, x.token))
+            self._h.buffer(shared.Op("release", x.seq, x.token), x.expires_ms)
         if applied.auto_rejected:
             self.stats.incr("auto_rejected", len(applied.auto_rejected))
             log.warning(
@@ -620,28 +572,6 @@ class Worker:
             raise got.error
         return bool(got.new)
 
-    def _renewed(self, ops: Sequence[shared.Op], applied: shared.Applied) -> None:
-        """Marks and extends that landed renew the holder's lease (its expiry as written);
-        refused ones mean the entry is another worker's now."""
-        refused = set(applied.expired) | set(applied.refused_marks)
-        now_held = {x.seq: x for x in applied.progress.leases}
-        for op in ops:
-            if op.action not in ("mark", "extend"):
-                continue
-            h = self._held.get(op.seq)
-            if h is None or h.token != op.token:
-                continue
-            x = now_held.get(op.seq)
-            if op.seq in refused or x is None or x.token != op.token:
-                del self._held[op.seq]
-                self._entries.pop(op.seq, None)
-                self._got.pop(op.seq, None)
-                self.stats.incr("lost_lease_before_use" if op.action == "mark" else "lost_lease")
-                continue
-            h.expires_ms = x.expires_ms
-            if op.action == "mark":
-                h.marking = False
-
     def _landed(self, ops: Sequence[shared.Op], applied: shared.Applied) -> None:
         """A CAS landed (on the thread that ran it): tell ``on_applied`` at once."""
         if self.on_applied is not None and ops:
@@ -649,18 +579,6 @@ class Worker:
             self.on_applied(
                 [op.seq for op in ops if op.action in ("ack", "reject") and op.seq not in refused]
             )
-
-    def _lease(self, leases: list[Lease]) -> None:
-        for x in leases:
-            h = self._held.get(x.seq)
-            if h is not None and h.handed_out:
-                # its lease lapsed while the caller still had it, and this worker's own
-                # refill took it again: redelivered (to the caller too); the late ack of the
-                # first hand-out is refused
-                self._lapsed.add(x.seq)
-            self._held[x.seq] = _Held(x.token, x.expires_ms, suspect=bool(x.flags & SUSPECT))
-            self._ready.append((x.seq, x.token))
-        self._schedule_prefetch()
 
     @property
     def held(self) -> list[int]:
