@@ -24,6 +24,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -58,7 +59,7 @@ def claim(t):
 while (b := w.claim()) is not None:
     w.ack(b.sequence)
 w.flush()
-print(json.dumps({"event": "idle_start"}), flush=True)
+print(json.dumps({"event": "idle_start", "tieredbuf": tieredbuf.__file__}), flush=True)
 end = time.monotonic() + idle_s
 while time.monotonic() < end:
     b = claim(min(5.0, end - time.monotonic()))
@@ -117,7 +118,7 @@ def run(
     p = subprocess.Popen(
         [sys.executable, "-c", CHILD, url, json.dumps(opts), json.dumps(direct),
          str(args.idle), str(args.rounds)],
-        stdout=subprocess.PIPE, text=True, env=feed_env,
+        stdout=subprocess.PIPE, text=True, env=feed_env, cwd=tempfile.gettempdir(),
     )  # fmt: skip
     assert p.stdout is not None
     out: dict[str, Any] = {"code": code}
@@ -126,6 +127,7 @@ def run(
         total = sum(proxy.counts[m] for m in ("GET", "HEAD", "PUT", "POST", "DELETE"))
         if ev["event"] == "idle_start":
             t0, before = time.monotonic(), total
+            out["tieredbuf"] = ev["tieredbuf"]
         elif ev["event"] == "idle_end":
             secs = time.monotonic() - t0
             out["idle_seconds"] = round(secs, 1)

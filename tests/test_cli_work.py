@@ -306,6 +306,9 @@ def test_work_needs_a_command_and_a_buffer(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "no tieredbuf buffer" in r.stderr, r.stderr
     assert not (tmp_path / "typo").exists()
+    r = work(tmp_path, url, "--", "no-such-command-here")
+    assert r.returncode == 2 and "cannot run 'no-such-command-here'" in r.stderr, r.stderr
+    assert [s.name for s in tieredbuf.open(url).subscribers()] == []  # nothing was claimed
 
 
 def test_ctrl_c_stops_a_following_runner_with_a_summary(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -316,6 +317,8 @@ def cmd_work(args: argparse.Namespace, out: TextIO) -> int:
         )
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if shutil.which(args.cmd[0]) is None:  # before an entry is claimed (and charged) for it
+        raise ConfigError(f"cannot run {args.cmd[0]!r}: not found")
     buf = open_buffer(args)
     if not buf.exists():
         raise tieredbuf.BufferNotFoundError(buf.url, "a worker never creates one")
