@@ -188,16 +188,32 @@ def test_a_command_running_three_times_its_lease_keeps_it_and_is_acked_once(
     """The lease is extended every third of it while CMD runs: a second runner waiting
     beside it never gets the entry, and it is acked once."""
     url = make_buffer(tmp_path, [[b"long"]])
-    other = subprocess.Popen(
-        [EXE, "work", url, "jobs", "--lease", "2s", "--follow", "--poll-max", "200ms", "--",
-         "sh", "-c", "cat > other.txt"],
+    main = subprocess.Popen(
+        [EXE, "work", url, "jobs", "--lease", "2s", "--",
+         "sh", "-c", "touch started; sleep 6; cat > got.txt"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    other: subprocess.Popen[str] | None = None
     try:
-        r = work(tmp_path, url, "--lease", "2s", "--", "sh", "-c", "sleep 6; cat > got.txt")
+        deadline = time.monotonic() + DEADLINE
+        while not (tmp_path / "started").exists():  # main holds the entry: now the other
+            assert main.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.01)  # polling a condition against a deadline
+        other = subprocess.Popen(
+            [EXE, "work", url, "jobs", "--lease", "2s", "--follow", "--poll-max", "200ms",
+             "--", "sh", "-c", "cat > other.txt"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _, main_err = main.communicate(timeout=DEADLINE)
     finally:
-        other.send_signal(signal.SIGINT)
-        _, err = other.communicate(timeout=DEADLINE)
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+        err = ""
+        if other is not None:
+            other.send_signal(signal.SIGINT)
+            _, err = other.communicate(timeout=DEADLINE)
+    r = subprocess.CompletedProcess(main.args, main.returncode, "", main_err)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "got.txt").read_text() == "long\n"
     assert not (tmp_path / "other.txt").exists(), err
