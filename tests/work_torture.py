@@ -77,6 +77,8 @@ class Report:
     """Marks not followed by their return because the worker was killed or stopped."""
     stalled_hand_outs: int = 0
     """Hand-outs past the margin excused by a stop between the check and the return."""
+    rejections_by_allowance: int = 0
+    """Dead letters that needed the allowance (a mark cut off by a kill or stop)."""
     violations: dict[str, list[str]] = field(default_factory=dict)
 
     def fail(self, invariant: str, detail: str) -> None:
@@ -330,6 +332,8 @@ def _check(
     get_failed = {where[loc] for loc in faulted if loc in where}
     for seq, r in rejected.items():
         real = returns[seq] + marked_at_death[seq]
+        if md is not None and returns[seq] < md <= real:
+            rep.rejections_by_allowance += 1
         if md is None or real < md or r.deliveries > real:
             why = "never returned" if returns[seq] == 0 else f"{returns[seq]} returns"
             got_fault = ", a data GET of it failed" if seq in get_failed else ""
