@@ -320,6 +320,16 @@ def test_page_runs_as_written(
     ]
     print(f"ran {ran}; not run here: {skipped}")
     assert ran
+    if source.name == "subscribers.md":  # the work example does what its comments say
+        for line in (
+            "work: sequence 0: exit 0 -> acked",
+            "work: sequence 1: exit 3: cannot do bad -> rejected",
+            "work: 1 acked, 1 rejected",
+            "exit 1",
+            "  rejected 1 after 1 deliveries: exit 3: cannot do bad",
+            "redriven (claimable again): 1",
+        ):
+            assert re.search(rf"^{re.escape(line)}", out, re.M), (line, out[-3000:])
     if source.name == "spark_stream_to_parquet.py":  # a long job shows its progress
         assert re.search(
             r"^batch \d+: \d+ rows \(total \d+\), up to sequence \d+, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, overload
@@ -23,6 +24,8 @@ from tieredbuf.produce.staged import StagedProducer, drain
 from tieredbuf.queue import dedupe
 from tieredbuf.queue.dedupe import Found
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.redrive import RedriveResult
+from tieredbuf.queue.redrive import redrive as redrive_dead_letters
 from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, remove
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
@@ -127,6 +130,15 @@ class Buffer:
         then be unlinked); live instances fail with SubscriberRemovedError.  False if it
         was not registered."""
         return remove(self.queue, check_name(name))
+
+    def redrive(
+        self, queue: str, sequences: Collection[int] | None = None, *, drop: bool = False
+    ) -> RedriveResult:
+        """Send the dead letters ``sequences`` (all when None) of the work queue ``queue``
+        back: claimable again at once, delivery count reset (SQS's dead-letter redrive).
+        ``drop=True`` instead lets the buffer unlink their entries (they stay listed).
+        Dead letters whose entries retention already unlinked are reported, not redriven."""
+        return redrive_dead_letters(self.queue, check_name(queue), sequences, drop=drop)
 
     def publish_subscribers(self) -> int:
         """Copy every named subscriber's position from its progress object into the root

@@ -222,14 +222,35 @@ class WorkerConfig:
     on_lost: str = "raise"
     """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
     check_interval: timedelta = timedelta(seconds=1)
-    """A refill re-reads the root at least this often (new entries, retention), besides
-    when its claim reaches the end of the entries it knows (a 22-byte footer GET says
-    whether the tail moved)."""
+    """A refill whose claim reaches past the tail it knows reads the root's 22-byte
+    footer (new entries?), or the whole root when its view is older than this.  A refill
+    inside the known backlog reads no root."""
     publish_interval: timedelta = timedelta(seconds=1)
+    """The queue's publisher (one of its workers) copies its position into the root at
+    most this often while it holds the head back."""
+    redelivery_delay: timedelta = timedelta(seconds=1)
+    """A deferred entry is claimable again this long after its first delivery, twice as
+    long after its second, and so on (SQS's visibility timeout on a failed receive);
+    ``timedelta(0)``: at once.  ``defer(seq, delay=...)`` overrides it per entry."""
+    redelivery_delay_max: timedelta = timedelta(minutes=5)
+    """The longest redelivery delay."""
+    idle_poll_max: timedelta = timedelta(seconds=3)
+    """``claim(timeout=...)`` with nothing claimable: the longest pause between the root
+    footer reads that show new entries (0.1 s after it went idle, doubling to this), and
+    a fifth as often a read of the progress object (entries other workers handed back):
+    at most 0.4 requests/s while idle."""
     retry: RetryConfig = field(default_factory=RetryConfig)
 
     def __post_init__(self) -> None:
         _non_negative_td("lease", self.lease)
+        _non_negative_td("redelivery_delay", self.redelivery_delay)
+        if self.redelivery_delay_max < self.redelivery_delay:
+            raise ConfigError(
+                f"redelivery_delay_max {self.redelivery_delay_max!r} < redelivery_delay "
+                f"{self.redelivery_delay!r}"
+            )
+        if self.idle_poll_max <= timedelta(0):
+            raise ConfigError(f"idle_poll_max must be > 0, got {self.idle_poll_max!r}")
         if self.lease <= timedelta(0):
             raise ConfigError("lease must be > 0")
         _positive("claim_batch", self.claim_batch)

@@ -12,6 +12,7 @@
     tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
     tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
     tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
+    tieredbuf subscribers redrive URL QUEUE  send a work queue's dead letters back
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
                                          unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
@@ -268,11 +269,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     su = sub.add_parser(
         "subscribers",
-        help="list subscribers (or: subscribers remove URL NAME)",
-        usage="tieredbuf subscribers URL [--json] | tieredbuf subscribers remove URL NAME",
+        help="list subscribers (or: remove URL NAME, redrive URL QUEUE)",
+        usage="tieredbuf subscribers URL [--json] | tieredbuf subscribers remove URL NAME | "
+        "tieredbuf subscribers redrive URL QUEUE [--sequences 3,7-9] [--drop]",
     )
-    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
+    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME | redrive URL QUEUE")
     su.add_argument("--json", action="store_true", help="one JSON array")
+    su.add_argument(
+        "--sequences",
+        metavar="LIST",
+        help="redrive: only these dead letters, e.g. 3,7-9 (default: all kept ones)",
+    )
+    su.add_argument(
+        "--drop",
+        action="store_true",
+        help="redrive: drop the dead letters instead (listed still; the buffer may unlink them)",
+    )
     timeout_arg(su)
     store_args(su)
     su.set_defaults(fn=cmd_subscribers)
