@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, overload
 
-from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
+from tieredbuf.client.producer import ServiceProducer
+from tieredbuf.config import (
+    ConsumerConfig,
+    ProducerConfig,
+    ServiceProducerConfig,
+    TreeConfig,
+    WorkerConfig,
+)
 from tieredbuf.consume.consumer import Consumer
 from tieredbuf.consume.fetch import fetch_object
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
@@ -30,6 +37,7 @@ from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, 
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.store import open_store
+from tieredbuf.store.azure import is_azure_url
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
 
@@ -289,7 +297,33 @@ def open(url: str, *, tree: TreeConfig | None = None, **options: Any) -> Buffer:
     root's retention policy in this buffer's first write if the root has none (the
     root's stored policy is authoritative: see :meth:`Buffer.set_retention`).
     """
+    if is_service_url(url):
+        raise ConfigError(
+            f"{url} is not a store URL: an http(s)://host:port URL is a `tieredbuf serve` "
+            f"endpoint; write to it with tieredbuf.service_producer({url!r}), and open the "
+            "buffer's own store URL (s3://, az://, file://) to read it"
+        )
     return Buffer(open_store(url, **options), tree)
 
 
-__all__ = ["Buffer", "open"]
+def is_service_url(url: str) -> bool:
+    """Whether ``url`` names a ``tieredbuf serve`` endpoint (``http://``, ``https://``
+    that is not an Azure Blob account URL; a comma list of them) rather than a store."""
+    scheme = url.partition("://")[0].lower()
+    return scheme in ("http", "https") and not is_azure_url(url)
+
+
+def service_producer(urls: str | Sequence[str], **config: Any) -> ServiceProducer:
+    """A producer that writes through ``tieredbuf serve``: the twin of
+    :meth:`Buffer.producer` for a buffer behind the service.
+
+    ``urls``: ``"http://host:8080"``, several instances of the service on one buffer as
+    ``"http://host1:8080,host2:8080"`` (or a list), or one load-balanced address;
+    ``https://`` for TLS.  Keyword arguments are :class:`ServiceProducerConfig` fields:
+    ``flush_interval``, ``max_in_flight``, ``token`` / ``token_file``, ``ca_file``, ...
+    ``produce()`` gives a WriteHandle that reaches REMOTE with the entry the service
+    put the records in (docs/operations.md, "The client")."""
+    return ServiceProducer(urls, _build(ServiceProducerConfig, "service producer", config))
+
+
+__all__ = ["Buffer", "is_service_url", "open", "service_producer"]

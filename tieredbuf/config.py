@@ -136,6 +136,89 @@ class ProducerConfig:
         _non_negative_td("gc_grace_period", self.gc_grace_period)
 
 
+SERVICE_DURABILITIES = ("local", "remote")
+
+
+def _service_retry() -> RetryConfig:
+    return RetryConfig(
+        initial_backoff=timedelta(milliseconds=50),
+        max_backoff=timedelta(seconds=2),
+        give_up_after=None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceProducerConfig:
+    """A producer that writes through ``tieredbuf serve`` (:mod:`tieredbuf.client`):
+    ``produce()`` calls are batched as the direct producer batches them, and each batch
+    is one ``POST /v1/produce``, retried under one ``Idempotency-Key``."""
+
+    flush_interval: timedelta = timedelta(milliseconds=100)
+    """Send the open batch when it is this old."""
+    flush_size_bytes: int = 8 << 20
+    """A call that would take the open batch past this many bytes starts a new one: keep
+    it under the service's ``--max-body`` (16 MiB by default).  A single call larger
+    than that is sent alone (and refused with 413 if the service's limit is lower)."""
+    max_request_records: int = 100_000
+    """... and past this many records: the service's ``--max-records``."""
+    max_buffered_inputs: int = 1000
+    """produce() calls not yet answered before produce() blocks (backpressure)."""
+    max_buffered_bytes: int = 256 << 20
+    """Bytes not yet answered before produce() blocks (backpressure)."""
+    max_in_flight: int = 4
+    """Requests this producer has in flight at once (each on its own connection).
+    While all are out the open batch keeps filling.  1 keeps the producer's requests
+    in order in the queue (with ``durability="remote"``: each is in the manifest before
+    the next is sent)."""
+    durability: str = "remote"
+    """What the service is asked for: ``remote`` (handles reach LOCAL and REMOTE when
+    the answer names the request's entry) or ``local`` (handles reach LOCAL when the
+    service's stage fsynced the request; REMOTE waits fail with
+    ``RemoteNotRequestedError``)."""
+    request_timeout: timedelta = timedelta(seconds=60)
+    """One attempt's socket timeout.  Keep it above the service's ``--remote-timeout``
+    (30 s): the service answers 504 then, and the request is retried."""
+    retry: RetryConfig = field(default_factory=_service_retry)
+    """Backoff between attempts (jittered, 50 ms doubling to 2 s), unless the service
+    said ``Retry-After``.  ``give_up_after`` None (the default): a request is retried
+    until the producer is closed, as the direct producer's uploads are; set: its
+    handles fail with ``ServiceUnavailableError`` after retrying that long."""
+    max_retry_after: timedelta = timedelta(seconds=30)
+    """A ``Retry-After`` longer than this is taken as this long."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent as ``Authorization: Bearer <token>`` (never printed)."""
+    token_file: str | None = None
+    """... or a file holding it (its first token; blank lines and ``#`` comments
+    skipped), read again when it changes: a rotated token is picked up without a
+    restart."""
+    ca_file: str | None = None
+    """PEM file of the certificate authorities an ``https://`` service is checked
+    against (default: the system's).  Certificates are always verified."""
+
+    def __post_init__(self) -> None:
+        _non_negative_td("flush_interval", self.flush_interval)
+        for name in (
+            "flush_size_bytes",
+            "max_request_records",
+            "max_buffered_inputs",
+            "max_buffered_bytes",
+            "max_in_flight",
+        ):
+            _positive(name, getattr(self, name))
+        _non_negative_td("request_timeout", self.request_timeout)
+        _positive("request_timeout", self.request_timeout.total_seconds())
+        _non_negative_td("max_retry_after", self.max_retry_after)
+        if self.durability not in SERVICE_DURABILITIES:
+            raise ConfigError(
+                f"durability must be one of {', '.join(SERVICE_DURABILITIES)}, "
+                f"got {self.durability!r}"
+            )
+        if not isinstance(self.retry, RetryConfig):
+            raise ConfigError(f"retry must be a RetryConfig, got {type(self.retry).__name__}")
+        if self.token is not None and self.token_file is not None:
+            raise ConfigError("give token or token_file, not both")
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
     """Consumer settings (RFC 0001 plus read-ahead)."""

@@ -270,6 +270,35 @@ class RemoteUnconfirmedError(TieredBufError):
         self.locations = locations
 
 
+class ServiceError(TieredBufError):
+    """A write through ``tieredbuf serve`` (:mod:`tieredbuf.client`) failed.  ``status``:
+    the HTTP status of the last answer (None: none came); ``may_have_landed``: an
+    attempt's outcome is unknown (sent, and no answer or a 5xx came back), so the
+    service may have stored it."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, may_have_landed: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.may_have_landed = may_have_landed
+
+
+class ServiceRefusedError(ServiceError):
+    """The service refused the request and no retry would change that (400, 401, 403,
+    413, 415, 422; a certificate that does not verify): this attempt stored nothing."""
+
+
+class ServiceUnavailableError(ServiceError):
+    """Every attempt failed with an error worth retrying (503, 504, 409, a connection
+    refused or lost, a timeout) until the client's ``give_up_after``."""
+
+
+class RemoteNotRequestedError(ServiceError):
+    """A REMOTE wait on a write sent with ``durability="local"``: the service was asked
+    for LOCAL only, so REMOTE is never confirmed to this client."""
+
+
 class BackpressureError(TieredBufError):
     """A bounded buffer is full and the caller asked not to wait (or the wait timed out)."""
 
