@@ -43,9 +43,10 @@ def _one(scheme: str, authority: str, path: str, whole: str) -> Endpoint:
     if not authority:
         raise ConfigError(f"no host in service URL {whole!r}: give http(s)://host:port")
     if "@" in authority:
+        shown = authority.rsplit("@", 1)[1]
         raise ConfigError(
-            f"service URL {whole!r} carries credentials: give the token as token= or "
-            "token_file= (it is sent as a bearer token, never in the URL)"
+            f"service URL {scheme}://***@{shown} carries credentials: give the token as "
+            "token= or token_file= (it is sent as a bearer token, never in the URL)"
         )
     parts = urlsplit(f"{scheme}://{authority}")
     try:
