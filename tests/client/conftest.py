@@ -31,15 +31,17 @@ def front() -> Iterator[Callable[..., Front]]:
 
 @pytest.fixture
 def instances(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """``instance(url, *args, **kw)``: one more ``tieredbuf serve`` on ``url``, with a
-    stage of its own (a stage belongs to its instance); SIGTERM at teardown (a killed
-    one is only reaped)."""
+    """``instances(url, *args, **kw)``: one more ``tieredbuf serve`` on ``url``, with a
+    stage of its own (a stage belongs to its instance); ``where=old.stage.parent``
+    restarts a stopped one on its stage.  SIGTERM at teardown (a killed one is only
+    reaped)."""
     started: list[Server] = []
     counter = itertools.count()
 
-    def _start(url: str, *args: str, **kw: Any) -> Server:
-        where = tmp_path / f"instance-{next(counter)}"
-        where.mkdir()
+    def _start(url: str, *args: str, where: Path | None = None, **kw: Any) -> Server:
+        if where is None:
+            where = tmp_path / f"instance-{next(counter)}"
+            where.mkdir()
         s = start_server(url, where, *args, **kw)
         started.append(s)
         return s

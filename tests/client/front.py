@@ -10,6 +10,10 @@ Each request is handled by the next action of its script (then by ``default``):
 * ``HANG``: held without an answer until the front closes (a stalled instance);
 * ``DROP``: the connection closed before anything is forwarded.
 
+An upstream that does not answer (refused, reset: an instance that was killed) is
+answered 502, as a load balancer does.  ``upstream`` may be changed while it runs
+(the instance restarted on another port).
+
 Every request is logged with its ``Idempotency-Key``, a hash of its body and what
 was done, so a test can see each attempt a client made.
 """
@@ -147,7 +151,11 @@ class Front:
             h.end_headers()
             h.wfile.write(out.encode())
             return
-        status, headers, data = self._forward(h, body)
+        try:
+            status, headers, data = self._forward(h, body)
+        except OSError as e:  # the upstream is down: a load balancer answers 502
+            action, status = f"upstream down ({type(e).__name__})", 502
+            headers, data = [("Content-Type", "application/json")], b'{"error": "bad gateway"}'
         self._note(h, body, action, status, at)
         if action == LOSE:
             h.close_connection = True
