@@ -2,7 +2,8 @@
 
     tieredbuf demo [URL]                 produce, land as objects + manifest entries, consume back
     tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE);
-                                         --format json: the items of one JSON array
+                                         --format json: the items of one JSON array;
+                                         URL http(s)://host:port: through `tieredbuf serve`
     tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
                                          print records and bundles (or write them), then ack
     tieredbuf work URL QUEUE -- CMD [ARG ...]   run CMD once per entry of the work queue
@@ -206,7 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps failing it gives up after --timeout and exits 3, saying how many "
         "records were not stored.",
     )
-    pr.add_argument("url", help="the buffer: s3://bucket/prefix, file://./dir or a directory")
+    pr.add_argument(
+        "url",
+        help="the buffer: s3://bucket/prefix, file://./dir or a directory; or a "
+        "`tieredbuf serve` to write through: http(s)://host:port[,host2:port2]",
+    )
     pr.add_argument(
         "files",
         nargs="*",
@@ -245,6 +250,18 @@ def build_parser() -> argparse.ArgumentParser:
         "sent): what the store did not take by --timeout stays there, and "
         "'tieredbuf drain DIR URL' exports it later (default: none, records "
         "not stored by --timeout are dropped)",
+    )
+    svc = pr.add_argument_group("through the service (an http(s):// URL)")
+    svc.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="the bearer token the service wants (its first line; default: none)",
+    )
+    svc.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="PEM authorities an https:// service's certificate is checked against "
+        "(default: the system's)",
     )
     store_args(pr)
     pr.set_defaults(fn=cmd_produce)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import tieredbuf
+from tieredbuf.buffer import is_service_url
 from tieredbuf.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -26,7 +27,9 @@ from tieredbuf.cli._common import (
     open_buffer,
     plural,
 )
+from tieredbuf.client.producer import header_metadata
 from tieredbuf.errors import BackpressureError, ConfigError, FlushTimeoutError, TieredBufError
+from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.handles import WriteHandle
 from tieredbuf.runtime.redact import redact
 
@@ -154,13 +157,17 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         records = _lines(args.files)
     else:
         records = _checked_lines(args.files)
-    buf = open_buffer(args)
     timeout = args.timeout.total_seconds()
     meta = args.metadata.encode()
-    if args.staging:
-        producer = buf.producer(staging_dir=args.staging)
+    producer: RecordProducer
+    if is_service_url(args.url):
+        producer = _service_producer(args, meta)
     else:
-        producer = buf.producer(flush_interval=args.flush_interval)
+        buf = open_buffer(args)
+        if args.staging:
+            producer = buf.producer(staging_dir=args.staging)
+        else:
+            producer = buf.producer(flush_interval=args.flush_interval)
     calls: list[tuple[WriteHandle, int, int]] = []  # handle, first record index, count
     n = 0
     error: TieredBufError | None = None
@@ -183,6 +190,33 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         error = e
         _close_quietly(producer, 0)
     return _report(args, out, calls, n, error, interrupted)
+
+
+_STORE_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
+
+
+def _service_producer(args: argparse.Namespace, meta: bytes) -> RecordProducer:
+    """``tieredbuf produce http(s)://host:port[,host2:port2]``: through the service
+    (tieredbuf/client), REMOTE answers only; the flags that choose a store or stage do
+    not apply."""
+    given = [f"--{f.replace('_', '-')}" for f in _STORE_FLAGS if getattr(args, f, None)]
+    if args.staging:
+        given.append("--staging")
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} do(es) not apply to a service URL: the service at "
+            f"{args.url} chooses the store and stages the records itself"
+        )
+    try:
+        header_metadata(meta)
+    except ValueError as e:
+        raise ConfigError(f"--metadata: {e}") from None
+    return tieredbuf.service_producer(
+        args.url,
+        flush_interval=args.flush_interval,
+        token_file=args.token_file,
+        ca_file=args.ca_file,
+    )
 
 
 def _report(
@@ -219,6 +253,11 @@ def _report(
         return EXIT_OK
     if interrupted:
         cause = "interrupted"
+    elif isinstance(error, (FlushTimeoutError, BackpressureError)) and is_service_url(args.url):
+        last = str(error).split("last failure: ", 1)
+        cause = f"the service still failed after --timeout {fmt_duration(args.timeout)}" + (
+            f" ({one_line(Exception(last[1]))})" if len(last) > 1 else ""
+        )
     elif isinstance(error, (FlushTimeoutError, BackpressureError)):
         last = str(error).split("last store error: ", 1)
         cause = f"the store still failed after --timeout {fmt_duration(args.timeout)}" + (
