@@ -15,6 +15,11 @@ def test_one_url_several_hosts_and_a_list_are_the_same_endpoints() -> None:
     want = (Endpoint("http", "a", 8080), Endpoint("http", "b", 9090))
     assert parse_endpoints("http://a:8080,b:9090") == want
     assert parse_endpoints(["http://a:8080", "http://b:9090"]) == want
+    assert parse_endpoints("http://a:8080, http://b:9090") == want
+    assert parse_endpoints("http://a:8080,https://c") == (
+        Endpoint("http", "a", 8080),
+        Endpoint("https", "c", 443),
+    )
 
 
 def test_https_default_ports_ipv6_and_a_path_prefix() -> None:
@@ -38,6 +43,8 @@ def test_https_default_ports_ipv6_and_a_path_prefix() -> None:
         ("http://user:secret@a:1", "credentials"),
         ("http://a:1/?x=1", "query"),
         ("http://a:1,a:1", "listed twice"),
+        ("http://a:1/p,b:2", "a path goes after the last host"),
+        ("http://a:1,ftp://b", "unsupported service URL"),
         ([], "no service URL"),
     ],
 )

@@ -59,6 +59,39 @@ def _one(scheme: str, authority: str, path: str, whole: str) -> Endpoint:
     return Endpoint(scheme, host, port or DEFAULT_PORTS[scheme], path)
 
 
+def _groups(url: str) -> list[tuple[str, list[str], str]]:
+    """``url`` as (scheme, authorities, path) groups: a comma starts another host of the
+    same URL, or another URL where it names a scheme (``http://a:1,http://b:2``)."""
+    groups: list[tuple[str, list[str], str]] = []
+    for piece in url.split(","):
+        piece = piece.strip()
+        scheme, sep, rest = piece.partition("://")
+        if sep:
+            groups.append((scheme.lower(), [rest], ""))
+        elif not groups:
+            raise ConfigError(
+                f"unsupported service URL {url!r}: give http://host:port or https://host:port "
+                "(several: http://host1:port,host2:port)"
+            )
+        else:
+            groups[-1][1].append(piece)
+    out = []
+    for scheme, authorities, _ in groups:
+        if scheme not in SCHEMES:
+            raise ConfigError(
+                f"unsupported service URL {url!r}: give http://host:port or https://host:port "
+                "(several: http://host1:port,host2:port)"
+            )
+        last, slash, tail = authorities[-1].partition("/")
+        if any("/" in a for a in authorities[:-1]):
+            raise ConfigError(f"service URL {url!r}: a path goes after the last host only")
+        if any(c in tail or c in last for c in "?#"):
+            raise ConfigError(f"service URL {url!r} has a query or fragment: give none")
+        path = ("/" + tail).rstrip("/") if slash else ""
+        out.append((scheme, [*authorities[:-1], last], path))
+    return out
+
+
 def parse_endpoints(urls: str | Sequence[str]) -> tuple[Endpoint, ...]:
     """Every endpoint ``urls`` names, in order; ConfigError (one line) for anything that
     is not an ``http://`` or ``https://`` URL with a host."""
@@ -69,19 +102,9 @@ def parse_endpoints(urls: str | Sequence[str]) -> tuple[Endpoint, ...]:
     for url in given:
         if not isinstance(url, str):
             raise ConfigError(f"a service URL is a string, got {type(url).__name__}")
-        scheme, sep, rest = url.strip().partition("://")
-        scheme = scheme.lower()
-        if not sep or scheme not in SCHEMES:
-            raise ConfigError(
-                f"unsupported service URL {url!r}: give http://host:port or https://host:port "
-                "(several: http://host1:port,host2:port)"
-            )
-        authorities, slash, tail = rest.partition("/")
-        if "?" in tail or "#" in tail or "?" in authorities or "#" in authorities:
-            raise ConfigError(f"service URL {url!r} has a query or fragment: give none")
-        path = ("/" + tail).rstrip("/") if slash else ""
-        for authority in authorities.split(","):
-            out.append(_one(scheme, authority.strip(), path, url))
+        for scheme, authorities, path in _groups(url):
+            for authority in authorities:
+                out.append(_one(scheme, authority, path, url))
     if len(set(out)) != len(out):
         raise ConfigError(f"a service endpoint is listed twice in {given!r}")
     return tuple(out)
