@@ -26,6 +26,7 @@ SMOKE: dict[str, list[str]] = {
     "cost": ["--gib", "0.004", "--sizes", "1024", "--producers", "1", "--store", "local"],
     "crc": ["--repeat", "1"],
     "fanin": ["--smoke", "--no-baseline"],
+    "fanin_service": ["--smoke"],
     "peers": [
         "--quick",
         "--stores",
