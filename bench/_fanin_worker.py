@@ -110,9 +110,10 @@ def main() -> None:
     timed: RootWrites | None = None
     buf: Any = None
     if cfg.get("service"):  # service producers (this tree only): bench/fanin_service.py
+        more = {"max_in_flight": cfg["max_in_flight"]} if cfg.get("max_in_flight") else {}
         producers = [
             tieredbuf.service_producer(
-                cfg["service"], flush_interval=timedelta(milliseconds=cfg["flush_ms"])
+                cfg["service"], flush_interval=timedelta(milliseconds=cfg["flush_ms"]), **more
             )
             for _ in range(threads)
         ]

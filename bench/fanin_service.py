@@ -187,6 +187,7 @@ def _run_clients(
             "url": url,
             "store_options": options,
             "service": service,
+            "max_in_flight": args.max_in_flight,
             "staging": None if staging is None else str(staging / f"p{i}"),
             "n": n,
             "threads": threads,
@@ -431,6 +432,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=4)
     p.add_argument("--instances", type=int, default=2, help="service instances on the buffer")
     p.add_argument("--service-workers", type=int, default=1, help="workers per instance")
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="each service producer's max_in_flight (default: the client's default)",
+    )
     p.add_argument("--period-ms", type=float, default=100.0)
     p.add_argument("--flush-ms", type=float, default=100.0)
     p.add_argument("--record-bytes", type=int, default=100)

@@ -165,11 +165,14 @@ class ServiceProducerConfig:
     """produce() calls not yet answered before produce() blocks (backpressure)."""
     max_buffered_bytes: int = 256 << 20
     """Bytes not yet answered before produce() blocks (backpressure)."""
-    max_in_flight: int = 4
-    """Requests this producer has in flight at once (each on its own connection).
-    While all are out the open batch keeps filling.  1 keeps the producer's requests
-    in order in the queue (with ``durability="remote"``: each is in the manifest before
-    the next is sent)."""
+    max_in_flight: int = 1
+    """Requests this producer has in flight at once (each on its own connection); while
+    all are out the open batch keeps filling.  With 1 and ``durability="remote"`` each
+    request is in the queue before the next is sent, so the producer's calls land in
+    the order they were made, as a direct producer's do (I3).  More lower a light
+    producer's latency (a call need not wait for the request before it) and give up
+    that order; under load they cost more requests, and CPU on both sides
+    (docs/operations.md, "The client")."""
     durability: str = "remote"
     """What the service is asked for: ``remote`` (handles reach LOCAL and REMOTE when
     the answer names the request's entry) or ``local`` (handles reach LOCAL when the

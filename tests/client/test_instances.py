@@ -26,7 +26,7 @@ import pytest
 
 import tieredbuf
 from tests.client.front import LOSE, PASS, Action, Front, Status
-from tests.client.test_service_client import check_remote
+from tests.client.test_service_client import check_remote, entries_by_sequence
 from tests.service.server import Server
 from tests.service.util import FAST, worker_pids
 from tieredbuf.produce.handles import WriteHandle
@@ -187,3 +187,26 @@ def test_chaos_every_acknowledged_request_is_stored_exactly_once(
     dupes = {r: n for r, n in stored.items() if n != 1}
     assert dupes == {}
     assert set(stored) == {r for _, recs in sent for r in recs}
+
+
+@pytest.mark.slow
+def test_I3_a_producers_calls_land_in_the_order_they_were_made_across_instances(
+    tmp_path: Path, instances: Start
+) -> None:
+    """max_in_flight=1 (the default) with durability=remote: each request is in the
+    queue before the next is sent, so two instances committing independently cannot
+    swap a producer's calls."""
+    url = f"file://{tmp_path}/buf"
+    srvs = [instances(url, *FAST) for _ in range(2)]
+    made = []
+    with tieredbuf.service_producer(
+        [f"http://127.0.0.1:{s.port}" for s in srvs], flush_interval=timedelta(milliseconds=2)
+    ) as p:
+        for i in range(60):
+            made.append(f"ordered-{i}".encode())
+            p.produce([made[-1]], metadata=b"even" if i % 7 < 4 else b"odd")
+            time.sleep(0.003)  # an open loop: calls spread over many requests
+        p.flush(timeout=120)
+        assert p.stats.get("requests") > 10
+    got = [r for b in sorted(entries_by_sequence(url).items()) for r in b[1].entries]
+    assert got == made

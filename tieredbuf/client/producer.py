@@ -24,9 +24,10 @@ metadata must be UTF-8 without control characters or spaces at either end (what 
 HTTP header keeps byte for byte), at most 4 KiB: anything else is refused at
 ``produce()`` with ValueError.
 
-**Order.** A request's records stay in their order.  Requests in flight at once may
-land in either order (on different instances, surely): with ``max_in_flight=1`` and
-``durability="remote"`` each request is in the queue before the next is sent.
+**Order.** A request's records stay in their order.  With ``max_in_flight=1`` (the
+default) and ``durability="remote"`` each request is in the queue before the next is
+sent, so calls land in the order they were made (I3); requests in flight at once may
+land in either order (on different instances, surely).
 """
 
 from __future__ import annotations
