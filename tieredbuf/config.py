@@ -188,6 +188,13 @@ class ServiceProducerConfig:
     handles fail with ``ServiceUnavailableError`` after retrying that long."""
     max_retry_after: timedelta = timedelta(seconds=30)
     """A ``Retry-After`` longer than this is taken as this long."""
+    unknown_outcome_for: timedelta = timedelta(minutes=5)
+    """Once an attempt's outcome is unknown (sent and not answered, or answered 5xx), the
+    request's later attempts are marked as retries of it (``X-Tieredbuf-Retry: 1``): the
+    service answers them from the first (its own table, or the entry in the queue), and
+    409 while no instance can tell -- it may be in flight, or staged at an instance that
+    is down.  After this long of that the calls fail with ``ServiceUnavailableError``
+    (``may_have_landed``): stored once, or not at all, never twice."""
     token: str | None = field(default=None, repr=False)
     """Bearer token sent as ``Authorization: Bearer <token>`` (never printed)."""
     token_file: str | None = None
@@ -211,6 +218,7 @@ class ServiceProducerConfig:
         _non_negative_td("request_timeout", self.request_timeout)
         _positive("request_timeout", self.request_timeout.total_seconds())
         _non_negative_td("max_retry_after", self.max_retry_after)
+        _non_negative_td("unknown_outcome_for", self.unknown_outcome_for)
         if self.durability not in SERVICE_DURABILITIES:
             raise ConfigError(
                 f"durability must be one of {', '.join(SERVICE_DURABILITIES)}, "

@@ -38,6 +38,8 @@ HOP_HEADERS = {"host", "connection", "content-length", "keep-alive", "transfer-e
 class Status:
     code: int
     retry_after: str | None = None
+    error: str | None = None
+    """The answer's ``error`` (default: ``front answers <code>``)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,12 @@ Action = str | Status
 
 
 class Front:
-    def __init__(self, upstream: tuple[str, int] | None = None, default: Action = PASS) -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int] | None = None,
+        default: Action = PASS,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.upstream = upstream
         self.default = default
         self.log: list[Seen] = []
@@ -68,6 +75,7 @@ class Front:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = idle_timeout  # a kept-alive connection idle this long is closed
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -142,7 +150,8 @@ class Front:
             return
         if isinstance(action, Status):
             self._note(h, body, f"status {action.code}", action.code, at)
-            out = json.dumps({"error": f"front answers {action.code}", "status": action.code})
+            said = action.error or f"front answers {action.code}"
+            out = json.dumps({"error": said, "status": action.code})
             h.send_response(action.code)
             h.send_header("Content-Type", "application/json")
             if action.retry_after is not None:

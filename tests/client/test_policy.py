@@ -33,7 +33,22 @@ def test_never_retried(status: int) -> None:
 
 def test_what_may_have_landed() -> None:
     assert verdict(200) is Verdict.DONE
-    assert [s for s in (408, 409, 429, 500, 503, 504) if may_have_landed(s)] == [409, 500, 503, 504]
+    assert [s for s in (408, 409, 429, 500, 502, 503, 504) if may_have_landed(s)] == [
+        409,
+        500,
+        502,
+        503,
+        504,
+    ]
+    # a 503 that says it staged nothing, in the service's own words
+    for said in (
+        "backpressure: stage full",
+        "draining",
+        "not accepting writes (starting or draining)",
+        "too many connections: retry",
+    ):
+        assert not may_have_landed(503, said)
+    assert may_have_landed(503, "stage disk failing: DiskFullError: ...")
 
 
 def test_retry_after_in_seconds_or_as_a_date_and_nothing_else() -> None:

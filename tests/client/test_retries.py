@@ -84,12 +84,18 @@ def test_retries_carry_one_key_and_the_same_bytes_until_an_answer_decides(
     front: MakeFront,
 ) -> None:
     """503, 429, 408, 504, a dropped connection, 409 are retried under the request's own
-    Idempotency-Key with the same body; the 400 at the end decides (not retried), and the
-    error says the request may have been stored (a 503/504/409 or a lost connection came
-    before it)."""
+    Idempotency-Key with the same body; from the 504 on (its outcome unknown) every
+    attempt is marked as a retry; the 400 at the end decides (not retried), and the
+    error says the request may have been stored."""
     f = front()
     f.script(
-        Status(503, "0"), Status(429), Status(408), Status(504), DROP, Status(409), Status(400)
+        Status(503, "0", "backpressure: the stage is at its cap"),
+        Status(429),
+        Status(408),
+        Status(504),
+        DROP,
+        Status(409),
+        Status(400),
     )
     p = tieredbuf.service_producer(f.url, **QUICK)
     h = p.produce([b"x" * 10, b"\x00\xff"], metadata=b"tag")
@@ -106,11 +112,28 @@ def test_retries_carry_one_key_and_the_same_bytes_until_an_answer_decides(
         "status 409",
         "status 400",
     ]
-    assert len({s.key for s in seen}) == 1 and len(seen[0].key or "") == 32
+    assert len({s.key for s in seen}) == 1 and len(seen[0].key or "") == 26  # a ULID
+    assert [s.headers.get("x-tieredbuf-retry") for s in seen] == [None] * 4 + ["1"] * 3
     assert len({s.body_sha for s in seen}) == 1
     assert {s.headers["x-tieredbuf-metadata"] for s in seen} == {"tag"}
     assert {s.path for s in seen} == {"/v1/produce?durability=remote"}
-    assert p.stats.get("retries") >= 5  # the drop on a kept-alive connection: resent at once
+    assert p.stats.get("retries") == 6
+    with pytest.raises(ServiceRefusedError):
+        p.close(timeout=30)
+
+
+def test_a_connection_the_service_closed_while_idle_is_not_used_again(
+    front: MakeFront,
+) -> None:
+    """The front closes connections idle for 0.2 s; the retry 1 s later goes on a fresh
+    one: no attempt fails on the closed one (which would make its outcome unknown)."""
+    f = front(idle_timeout=0.2)
+    f.script(Status(503, "1", "backpressure: the stage is at its cap"), Status(400))
+    p = tieredbuf.service_producer(f.url, **QUICK)
+    with pytest.raises(ServiceRefusedError) as e:
+        p.produce([b"a"]).wait(timeout=30)
+    assert not e.value.may_have_landed and p.stats.get("attempts_unanswered") == 0
+    assert [s.headers.get("x-tieredbuf-retry") for s in f.attempts()] == [None, None]
     with pytest.raises(ServiceRefusedError):
         p.close(timeout=30)
 
@@ -127,6 +150,31 @@ def test_every_request_has_a_key_of_its_own(front: MakeFront) -> None:
         p.close(timeout=30)
 
 
+def test_a_request_whose_outcome_stays_unknown_fails_saying_so(front: MakeFront) -> None:
+    """After a lost answer the retries are marked; while the service answers 409 (no
+    instance can tell) they go on for unknown_outcome_for, then the calls fail, saying
+    they may have been stored -- never retried as new (that could store them twice)."""
+    f = front()
+    f.script(DROP)
+    f.default = Status(409, "0", "a request with this Idempotency-Key may be in flight")
+    p = tieredbuf.service_producer(f.url, unknown_outcome_for=timedelta(milliseconds=300), **QUICK)
+    with pytest.raises(ServiceUnavailableError, match="may have been stored") as e:
+        p.produce([b"a"]).wait(timeout=30)
+    assert e.value.may_have_landed and e.value.status == 409
+    seen = f.attempts()
+    assert len(seen) > 2 and all(s.headers.get("x-tieredbuf-retry") == "1" for s in seen[1:])
+    with pytest.raises(ServiceUnavailableError):
+        p.close(timeout=30)
+
+
+def test_a_user_key_is_refused(front: MakeFront) -> None:
+    f = front(default=Status(400))
+    refused = pytest.raises(ValueError, match="keys each request itself")
+    with tieredbuf.service_producer(f.url, **QUICK) as p, refused:
+        p.produce([b"a"], idempotency_key="mine")
+    assert f.attempts() == []
+
+
 def test_retry_after_is_waited_out(front: MakeFront) -> None:
     f = front()
     f.script(Status(503, "1"), Status(400))
@@ -140,7 +188,7 @@ def test_retry_after_is_waited_out(front: MakeFront) -> None:
 
 
 def test_give_up_after_fails_the_calls_saying_they_may_have_landed(front: MakeFront) -> None:
-    f = front(default=Status(503, "0"))
+    f = front(default=Status(503, "0", "stage disk failing: DiskIOError: EIO"))
     retry = tieredbuf.RetryConfig(
         initial_backoff=timedelta(milliseconds=5),
         max_backoff=timedelta(milliseconds=20),

@@ -12,10 +12,13 @@
   turn, so a client spreads its requests over the instances; an endpoint that failed
   rests for the attempt's delay, and the retry goes to the next endpoint that is not
   resting (failover), or waits for the first to be back.
-* **Could it have landed.**  An answer that is not a clean refusal -- 409, a 5xx, no
-  answer after the request was sent -- leaves the request's outcome unknown: the
-  service may have stored it, and only the idempotency key keeps the retry from
-  storing it twice.
+* **Could it have landed.**  An answer that is not a clean refusal -- 409, a 5xx but a
+  503 that says it staged nothing (backpressure, draining, starting, too many
+  connections), no answer after the whole request was sent -- leaves the request's
+  outcome unknown: the service may have stored it.  Every later attempt then says so
+  (``X-Tieredbuf-Retry: 1``), and the service answers it from the first request (its
+  own table, or the queue, where the key's tag travels with the records) instead of
+  storing it again, or 409 while no instance can tell.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ class Verdict(enum.Enum):
 
 
 RETRIED_4XX = frozenset({408, 409, 429})
-UNKNOWN_OUTCOME = frozenset({409})
-"""Besides every 5xx: answers after which the request may have been stored."""
+NOT_STAGED_503 = ("backpressure", "draining", "not accepting writes", "too many connections")
+"""How a 503 that refused the request before staging it begins its ``error``."""
 RETRY_AFTER_JITTER = 0.2
 
 
@@ -49,9 +52,13 @@ def verdict(status: int) -> Verdict:
     return Verdict.REFUSED
 
 
-def may_have_landed(status: int) -> bool:
-    """Whether a request answered ``status`` may have been stored by the service."""
-    return status >= 500 or status in UNKNOWN_OUTCOME
+def may_have_landed(status: int, error: str = "") -> bool:
+    """Whether a request answered ``status`` (``error``: the answer's own words) may have
+    been stored by the service: a 5xx or a 409, but not a 503 that says it refused the
+    request before staging it (at a cap, draining, starting, too many connections)."""
+    if status == 503 and error.startswith(NOT_STAGED_503):
+        return False
+    return status >= 500 or status == 409
 
 
 def retry_after_s(value: str | None, now_wall: float) -> float | None:

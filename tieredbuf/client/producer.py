@@ -166,12 +166,25 @@ class ServiceProducer:
     # --- public API ----------------------------------------------------------
 
     def produce(
-        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+        self,
+        entries: object,
+        metadata: bytes = b"",
+        *,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: bytes | None = None,
     ) -> WriteHandle:
         """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
 
         Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
-        waiting longer."""
+        waiting longer.  ``idempotency_key`` and ``fingerprint`` are refused: this
+        producer keys each request itself (a fresh ``Idempotency-Key``, kept for its
+        retries)."""
+        if idempotency_key is not None or fingerprint is not None:
+            raise ValueError(
+                "the service producer keys each request itself (a fresh Idempotency-Key "
+                "per request, kept for its retries): give no idempotency_key or fingerprint"
+            )
         records = as_records(entries)
         meta = header_metadata(metadata)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16

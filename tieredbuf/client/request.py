@@ -4,7 +4,11 @@ retried, how long after, and where).
 
 Every attempt of a request carries the same key and the same bytes, so a retry after a
 lost answer, a 504, or a SIGKILLed instance is one the service can recognise as the
-same request (the ``Idempotency-Key`` header, IETF httpapi draft).  A 200 is evidence
+same request (the ``Idempotency-Key`` header, IETF httpapi draft).  Once an attempt's
+outcome is unknown the later ones say so (``X-Tieredbuf-Retry: 1``): the service
+answers them from the first request, or 409 while no instance can tell, and never
+stores them again; after ``unknown_outcome_for`` of that the calls fail
+(ServiceUnavailableError, ``may_have_landed``).  A 200 is evidence
 only when it says what was asked: the number of records sent and, for
 ``durability=remote``, the entry's ``sequence`` and ``object`` -- the handle is made
 REMOTE from those, never from a 200 alone (I10).
@@ -13,12 +17,13 @@ REMOTE from those, never from a 200 alone (I10).
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ulid import ULID
 
 from tieredbuf.client.endpoints import Endpoint
 from tieredbuf.client.policy import (
@@ -43,11 +48,15 @@ from tieredbuf.runtime.stats import Stats
 OCTET_STREAM = "application/octet-stream"
 METADATA_HEADER = "X-Tieredbuf-Metadata"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+RETRY_HEADER = "X-Tieredbuf-Retry"
+"""``1`` on every attempt after one whose outcome is unknown: the service then answers
+from the first request (found in its table or the queue), or 409, never stores it again."""
 
 
 def new_key() -> str:
-    """A fresh idempotency key: 128 random bits, 32 hex digits."""
-    return secrets.token_hex(16)
+    """A fresh idempotency key: a ULID (80 random bits, and the time the service starts
+    its search of the queue from, for a retry that reached another instance)."""
+    return str(ULID())
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +107,11 @@ def read_reply(body: bytes, req: Request, where: str) -> RemoteOutcome | None:
         doc = None
     if not isinstance(doc, dict):
         raise ServiceError(f"{where}: a 200 whose body is not a JSON object", may_have_landed=True)
-    if doc.get("records") != req.records:
+    # a retry the service found in the queue ("duplicate") is answered with the first
+    # request's entry, matched by its fingerprint (content type, metadata, body), not counts
+    if doc.get("records") != req.records and not (
+        "records" not in doc and doc.get("duplicate") is True
+    ):
         raise ServiceError(
             f"{where}: answered {doc.get('records')!r} records for a request of "
             f"{req.records}: not confirmed",
@@ -174,7 +187,9 @@ class Sender:
 
     def _attempts(self, req: Request, on_local: Callable[[], None]) -> RemoteOutcome | None:
         cfg = self._config
-        give_up = cfg.retry.give_up_after
+        give_up = (
+            None if cfg.retry.give_up_after is None else cfg.retry.give_up_after.total_seconds()
+        )
         headers: dict[str, str | bytes] = {
             "Content-Type": OCTET_STREAM,
             IDEMPOTENCY_HEADER: req.key,
@@ -184,17 +199,21 @@ class Sender:
         query = f"?durability={req.durability}"
         started = time.monotonic()
         attempt = 0
-        unknown = False
+        unknown_since: float | None = None
+        """When an attempt's outcome first became unknown (None: none has)."""
         last: str | None = None
         status: int | None = None
         where = self._picker.first()
         while True:
+            unknown = unknown_since is not None
             if self._stop.is_set():
                 raise Stopped(last, unknown)
             i, wait = self._picker.pick(where, time.monotonic())
             if wait > 0:
-                if give_up is not None and (
-                    time.monotonic() - started + wait > give_up.total_seconds()
+                now = time.monotonic()
+                if (give_up is not None and now - started + wait > give_up) or (
+                    unknown_since is not None
+                    and now - unknown_since + wait > cfg.unknown_outcome_for.total_seconds()
                 ):
                     raise self._gave_up(started, attempt, last, status, unknown)
                 self._stop.wait(wait)
@@ -202,6 +221,8 @@ class Sender:
             ep = self.endpoints[i]
             auth = self._tokens.header()
             sent = dict(headers) if auth is None else {**headers, "Authorization": auth}
+            if unknown:
+                sent[RETRY_HEADER] = "1"
             self._stats.incr("attempts")
             delay: float
             try:
@@ -209,7 +230,8 @@ class Sender:
             except SendError as e:
                 if e.permanent:
                     raise ServiceRefusedError(str(e), may_have_landed=unknown) from None
-                unknown |= e.sent
+                if e.sent and unknown_since is None:
+                    unknown_since = time.monotonic()
                 last, status = redact(str(e)), None
                 self._stats.incr("attempts_unanswered")
                 delay = retry_delay(cfg.retry, attempt, None, cfg.max_retry_after.total_seconds())
@@ -219,15 +241,18 @@ class Sender:
                 if v is Verdict.DONE:
                     self._picker.succeeded(i)
                     return read_reply(ans.body, req, ep.url)
-                last, status = f"{ep.url}: {ans.status} {error_text(ans.body)}", ans.status
+                said = error_text(ans.body)
+                last, status = f"{ep.url}: {ans.status} {said}", ans.status
                 if v is Verdict.REFUSED:
                     raise ServiceRefusedError(last, status=status, may_have_landed=unknown)
                 if ans.status == 504 and reached_local(ans.body):
                     on_local()
-                unknown |= may_have_landed(ans.status)
+                if unknown_since is None and may_have_landed(ans.status, said):
+                    unknown_since = time.monotonic()
                 asked = retry_after_s(ans.headers.get("retry-after"), time.time())
                 delay = retry_delay(cfg.retry, attempt, asked, cfg.max_retry_after.total_seconds())
             attempt += 1
+            unknown = unknown_since is not None
             self._stats.incr("retries")
             self._note(req.key, f"{last} (attempt {attempt}; retrying)")
             self._picker.failed(i, time.monotonic(), delay)
@@ -237,7 +262,11 @@ class Sender:
         self, started: float, attempts: int, last: str | None, status: int | None, unknown: bool
     ) -> ServiceUnavailableError:
         waited = time.monotonic() - started
-        maybe = "; it may have been stored (an attempt's outcome is unknown)" if unknown else ""
+        maybe = (
+            "; it may have been stored (an attempt's outcome is unknown), once at most"
+            if unknown
+            else ""
+        )
         return ServiceUnavailableError(
             f"gave up after {waited:.1f} s and {attempts} attempt(s): {last}{maybe}",
             status=status,

@@ -2,12 +2,15 @@
 
 Connections are kept alive, a few per endpoint (one per request in flight), and every
 attempt says whether its request was **sent**: a failure to connect (refused, no
-route, a name that does not resolve, the TLS handshake) is not sent, so it cannot
-have been stored; a failure after that (a timeout, a reset, a connection closed
-before the answer) is sent, with an unknown outcome.  A kept-alive connection the
-server closed while it sat idle fails the same way; such an attempt is made again at
-once on a fresh connection, as browsers and urllib3 do (the retry carries the same
-``Idempotency-Key``).
+route, a name that does not resolve, the TLS handshake) or to write the whole request
+is not sent, so it cannot have been stored (the service stages only a whole body); a
+failure after that (a timeout, a reset, a connection closed before the answer) is
+sent, with an unknown outcome.  So a kept-alive connection is used again only
+while it is fresh: idle less than :data:`IDLE_REUSE_S` (the service closes idle ones
+after 75 s, load balancers after about 60) and not closed by the other end (its socket
+checked for an end of stream before each use, as urllib3 does).  A connection that
+fails anyway fails the attempt like any other -- never resent behind the caller's
+back, since it may have been taken.
 
 A certificate that does not verify is a refusal (:class:`SendError` with
 ``permanent``): no retry makes it verify.  ``abort()`` shuts every connection in use
@@ -25,9 +28,11 @@ import contextlib
 import http.client
 import os
 import re
+import select
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +42,8 @@ from tieredbuf.runtime import redact
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")  # RFC 6750 b64token
 IDLE_PER_ENDPOINT = 8
+IDLE_REUSE_S = 15.0
+"""A kept-alive connection idle longer than this is closed, not used again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,20 +131,30 @@ class Transport:
         self._timeout = timeout_s
         self._tls = tls
         self._lock = threading.Lock()
-        self._idle: dict[Endpoint, list[http.client.HTTPConnection]] = {}
+        self._idle: dict[Endpoint, list[tuple[http.client.HTTPConnection, float]]] = {}
         self._busy: set[http.client.HTTPConnection] = set()
         self._closed = False
 
-    def _take(self, ep: Endpoint) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection to ``ep`` (an idle one first) and whether it was reused."""
+    def _take(self, ep: Endpoint) -> http.client.HTTPConnection:
+        """A connection to ``ep``: a fresh idle one, else a new one."""
+        stale: list[http.client.HTTPConnection] = []
+        kept: http.client.HTTPConnection | None = None
         with self._lock:
             if self._closed:
                 raise SendError("the producer is closing", sent=False)
-            idle = self._idle.get(ep)
-            if idle:
-                kept = idle.pop()
-                self._busy.add(kept)
-                return kept, True
+            idle = self._idle.get(ep, [])
+            now = time.monotonic()
+            while idle and kept is None:
+                old, since = idle.pop()
+                if now - since > IDLE_REUSE_S or _dropped(old):
+                    stale.append(old)
+                else:
+                    kept = old
+                    self._busy.add(kept)
+        for c in stale:
+            c.close()
+        if kept is not None:
+            return kept
         conn: http.client.HTTPConnection
         if ep.scheme == "https":
             conn = http.client.HTTPSConnection(
@@ -147,27 +164,20 @@ class Transport:
             conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self._timeout)
         with self._lock:
             self._busy.add(conn)
-        return conn, False
+        return conn
 
     def _give_back(self, ep: Endpoint, conn: http.client.HTTPConnection, keep: bool) -> None:
         with self._lock:
             self._busy.discard(conn)
             idle = self._idle.setdefault(ep, [])
             if keep and not self._closed and len(idle) < IDLE_PER_ENDPOINT:
-                idle.append(conn)
+                idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
     def post(self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str | bytes]) -> Answer:
-        """One attempt (a stale kept-alive connection is replaced once, at once)."""
-        conn, reused = self._take(ep)
-        try:
-            return self._post(ep, conn, path, body, headers)
-        except SendError:
-            if not reused:
-                raise
-        conn, _ = self._take(ep)  # the idle connection had gone stale: a fresh one
-        return self._post(ep, conn, path, body, headers)
+        """One attempt; SendError when no answer came (``sent``: it may have been taken)."""
+        return self._post(ep, self._take(ep), path, body, headers)
 
     def _post(
         self,
@@ -195,6 +205,10 @@ class Transport:
                     raise SendError("the producer is closing", sent=False)
             try:
                 conn.request("POST", path, body=body, headers=headers)
+            except (OSError, http.client.HTTPException) as e:
+                # not all of it went out: the service stages only a whole body
+                raise SendError(f"{ep.url}: not sent: {_why(e)}", sent=False) from None
+            try:
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as e:
@@ -209,7 +223,7 @@ class Transport:
         with self._lock:
             self._closed = True
             busy = list(self._busy)
-            idle = [c for conns in self._idle.values() for c in conns]
+            idle = [c for conns in self._idle.values() for c, _ in conns]
             self._idle.clear()
         for c in busy:  # its sender closes it when its attempt fails
             sock = c.sock
@@ -222,10 +236,22 @@ class Transport:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns = [c for idle in self._idle.values() for c in idle]
+            conns = [c for idle in self._idle.values() for c, _ in idle]
             self._idle.clear()
         for c in conns:
             c.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """An idle connection the other end closed (or wrote to: nothing is owed on it)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _why(e: BaseException) -> str:
