@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.front import Front
+from tests.client.front import DROP, Front, Status
 from tests.client.test_service_client import TOKEN, entries_by_sequence
 from tests.service.server import Server
 from tests.service.util import FAST
@@ -81,3 +81,19 @@ def test_a_service_that_never_answers_gives_up_at_timeout_and_says_so(
     assert code == EXIT_FAILED
     assert "the service still failed after --timeout 1s" in err and "cannot connect" in err
     assert "2 of 2 records not stored and dropped" in err
+
+
+def test_records_whose_outcome_is_unknown_are_reported_as_maybe_stored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], front: Callable[..., Front]
+) -> None:
+    """The answer was lost and no instance can tell (409): at --timeout the command says
+    the records may have been stored, not that they were dropped."""
+    f = front(default=Status(409, "0", "a request with this Idempotency-Key may be in flight"))
+    f.script(DROP)
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb\n")
+    code, _ = _run("produce", f.url, str(src), "--timeout", "1s")
+    err = capsys.readouterr().err
+    assert code == EXIT_FAILED
+    assert "2 records not confirmed: the service may have stored them (once at most)" in err
+    assert "dropped" not in err

@@ -229,20 +229,26 @@ def _report(
 ) -> int:
     seqs: set[int] = set()
     lost: list[tuple[int, int]] = []
-    staged = 0
+    staged = maybe = 0
+    service = is_service_url(args.url)
     for h, first, count in calls:
+        failure: TieredBufError | None = None
         try:
             r = h.result()
-        except TieredBufError:
-            r = None
+        except TieredBufError as e:
+            r, failure = None, e
         if r is not None:
             if r.sequence is not None:
                 seqs.add(r.sequence)
+        elif service and (
+            h.watcher.level is not None or getattr(failure, "may_have_landed", False)
+        ):
+            maybe += count  # the service may have it (staged there, or an unknown outcome)
         elif h.watcher.level is not None:  # LOCAL: fsynced in the stage
             staged += count
         else:
             lost.append((first, count))
-    if not (lost or staged or error or interrupted):
+    if not (lost or staged or maybe or error or interrupted):
         order = sorted(seqs)
         span = f"sequences {order[0]}..{order[-1]}" if order else "nothing"
         print(
@@ -274,6 +280,11 @@ def _report(
             f"{unstored} of {n} {plural(n, 'record')} {how} "
             f"(input records {_span(first, last_i - first)})"
         )
+    if maybe:
+        parts.append(
+            f"{maybe} {plural(maybe, 'record')} not confirmed: the service may have stored "
+            f"them (once at most)"
+        )
     if staged:
         parts.append(
             f"{staged} {plural(staged, 'record')} still staged in {args.staging} "
@@ -282,7 +293,7 @@ def _report(
         )
     if error is not None and isinstance(error, BackpressureError):
         parts.append(f"input not read past record #{n}")
-    stored = sum(c for (h, _, c) in calls) - unstored - staged
+    stored = sum(c for (h, _, c) in calls) - unstored - staged - maybe
     if seqs:
         order = sorted(seqs)
         parts.append(f"{stored} stored (sequences {order[0]}..{order[-1]})")

@@ -53,6 +53,7 @@ from tieredbuf.errors import (
     RemoteNotRequestedError,
     ServiceError,
     ServiceRefusedError,
+    ServiceUnavailableError,
 )
 from tieredbuf.produce.handles import Durability, DurabilityWatcher, WriteHandle
 from tieredbuf.produce.producer import as_records
@@ -435,10 +436,16 @@ class ServiceProducer:
 
         try:
             outcome = self._sender.send(req, local)
-        except Stopped:
+        except Stopped as e:
             err: BaseException = (
                 self._error or self._aborted or FlushTimeoutError("the producer was stopped")
             )
+            if e.may_have_landed:  # this one's outcome is unknown, not just unanswered
+                err = ServiceUnavailableError(
+                    f"{err}; this request's outcome is unknown: the service may have stored "
+                    f"it (once at most)",
+                    may_have_landed=True,
+                )
             self._fail(batch, err)
             return
         except ServiceRefusedError as e:
