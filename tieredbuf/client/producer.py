@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 
 MAX_METADATA_BYTES = 4096
 _LEN = struct.Struct("<I")
+ABORT_SETTLE_S = 2.0
+"""A close() that ran out of time waits this much longer, at most, for the senders to
+fail the handles of the requests they had out (their sockets are shut: it takes ms)."""
 STOPPING_STATUSES = frozenset({401, 403})
 """Refusals every later request would meet too: the producer stops (as a direct
 producer does on a permanent store error)."""
@@ -292,6 +295,9 @@ class ServiceProducer:
         if not done:
             self._stop.set()  # retries stop; the attempts in flight fail at once
             self._transport.abort()
+            settle = time.monotonic() + ABORT_SETTLE_S  # their handles fail before we return
+            for t in list(self._senders):
+                t.join(max(0.0, settle - time.monotonic()))
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
