@@ -159,14 +159,16 @@ def test_I10_a_named_subscriber_never_serves_a_damaged_object(
     assert etl.next_sequence == 1
 
 
-def _claim_all(w: Any, d: Damaged) -> tuple[list[int], list[CorruptError]]:
-    """Claim until nothing is claimable, decoding and acking what is served; returns the
-    sequences acked and the errors met."""
+def _claim_all(
+    w: Any, d: Damaged, timeout: float | None = None
+) -> tuple[list[int], list[CorruptError]]:
+    """Claim until nothing is claimable (within ``timeout`` the first time), decoding and
+    acking what is served; returns the sequences acked and the errors met."""
     acked: list[int] = []
     errors: list[CorruptError] = []
     for _ in range(10):
         try:
-            b = w.claim()
+            b = w.claim(timeout=timeout if not acked and not errors else None)
             if b is None:
                 break
             assert b.entries == d.produced[b.sequence]  # a zstd block's checksum: here
@@ -185,9 +187,10 @@ def test_I10_a_worker_never_serves_or_acks_a_damaged_object(how: Damage, comp: C
         acked, errors = _claim_all(w, d)
     assert acked == [0, 2] and len(errors) == 1
     _check_error(errors[0], d)
-    # the damaged entry is still to do: the next worker meets the same error
+    # the damaged entry is still to do, handed back uncharged: the next worker meets the
+    # same error once its pause is over
     with d.buf.worker("jobs") as w2:
-        acked2, errors2 = _claim_all(w2, d)
+        acked2, errors2 = _claim_all(w2, d, timeout=10)
     assert acked2 == [] and len(errors2) == 1 and errors2[0].obj == d.location
 
 

@@ -56,6 +56,7 @@ from tieredbuf.consume.refill import Refilled, Refiller
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
+    CorruptError,
     DataLossError,
     LeaseExpiredError,
     MissingObjectError,
@@ -77,6 +78,11 @@ MARKS_PER_HAND_OUT = 3
 
 def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
     return x if old is None else old + alpha * (x - old)
+
+
+DAMAGED_RETRY_MS = 1000
+"""A lease on an entry whose data object is damaged (CorruptError) is handed back,
+uncharged, claimable again this long after: the next worker meets the same error."""
 
 
 class Worker:
@@ -312,6 +318,10 @@ class Worker:
                 self._h.ready.popleft()
                 self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
                 return None
+            except CorruptError:  # a damaged object fails again: hand it back uncharged,
+                self._h.ready.popleft()  # claimable after a pause, and go on to the next
+                self._release(seq, h, "damaged_object", DAMAGED_RETRY_MS)
+                raise
             self._got[seq] = batch
         for _ in range(MARKS_PER_HAND_OUT + 1):
             inside = h.expires_ms - self._margin_ms <= self.clock_ms()
@@ -337,12 +347,15 @@ class Worker:
         self._got.pop(seq, None)
         return batch
 
-    def _release(self, seq: int, h: Held, why: str = "lapsed_before_use") -> None:
+    def _release(
+        self, seq: int, h: Held, why: str = "lapsed_before_use", after_ms: int | None = None
+    ) -> None:
         """Hand back a lease whose entry claim() never returned (one about to lapse before
-        its turn, by default) with the next CAS: no delivery is charged."""
+        its turn, by default) with the next CAS: no delivery is charged; claimable again
+        at once, or ``after_ms`` later."""
         del self._held[seq]
         self._forget(seq)
-        self._h.buffer(shared.Op("release", seq, h.token), h.expires_ms)
+        self._h.buffer(shared.Op("release", seq, h.token, ms=after_ms), h.expires_ms)
         self.stats.incr(why)
 
     def _forget(self, seq: int) -> None:

@@ -79,7 +79,8 @@ class Op:
     ``out`` (claim() returned it), ``mark`` (claim() is about to return it: charged now,
     under a fresh lease of ``ms``), ``ack``, ``reject`` (with ``reason``), ``defer``
     (claimable again after ``ms``, or the backoff when None), ``release`` (never
-    returned: no charge), ``extend`` (held for ``ms`` from now)."""
+    returned: no charge; claimable again at once, or after ``ms``: a damaged data object
+    that would fail the next worker too), ``extend`` (held for ``ms`` from now)."""
 
     action: Action
     seq: int
@@ -188,7 +189,10 @@ def _resolve(
         # never returned: a mark it made (whose claim() then failed) is taken back
         deliveries = x.deliveries - 1 if counted and x.deliveries else x.deliveries
         flags = (x.flags | BACK) & ~OUT
-        leases[op.seq] = dataclasses.replace(x, expires_ms=0, flags=flags, deliveries=deliveries)
+        expires = now_ms + op.ms if op.ms else 0
+        leases[op.seq] = dataclasses.replace(
+            x, expires_ms=expires, flags=flags, deliveries=deliveries
+        )
     elif op.action == "defer":
         delay = backoff(x.deliveries, limits) if op.ms is None else op.ms
         leases[op.seq] = dataclasses.replace(
