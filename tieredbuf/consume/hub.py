@@ -152,6 +152,8 @@ class RefillHub:
                 if not batch:
                     self._draining = False
                     return
+            if len(batch) > 1:  # refills that rode another's CAS instead of writing their own
+                self.refiller.queue.stats.incr("worker_refills_joined", len(batch) - 1)
             try:
                 with self._locked():
                     outs = self.refiller.run([r for r, _ in batch])
