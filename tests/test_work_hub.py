@@ -146,3 +146,20 @@ def test_workers_with_other_configurations_get_hubs_of_their_own() -> None:
     again = buf.worker("jobs", claim_batch=1)  # the last one closed: a new hub
     assert again._hub is not a._hub
     again.close()
+
+
+def test_the_last_worker_of_the_publishing_hub_publishes_when_it_closes() -> None:
+    """The publisher is the hub that ran the refills of the lowest worker id: when that
+    worker closes first, the last one to close still publishes the queue's position."""
+    buf = tieredbuf.open("memory://")
+    seed(buf, 4)
+    ws = [buf.worker("jobs", claim_batch=2, refill_ahead=False) for _ in range(2)]
+    ws.sort(key=lambda w: w.worker_id)
+    for w in ws:
+        for _ in range(2):
+            b = w.claim()
+            assert b is not None
+            w.ack(b.sequence)
+    for w in ws:  # the lowest id first
+        w.close()
+    assert buf.snapshot().head == 4

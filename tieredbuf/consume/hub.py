@@ -195,8 +195,8 @@ class RefillHub:
     def workers(self, now_ms: int) -> int:
         return self.refiller.workers(now_ms)
 
-    def publisher(self, now_ms: int, also: bytes | None = None) -> bool:
-        return self.refiller.publisher(now_ms, also)
+    def publisher(self, now_ms: int) -> bool:
+        return self.refiller.publisher(now_ms)
 
     def close(self) -> None:
         """Stop the hub's thread (its last worker detached: nothing more is asked)."""
@@ -220,6 +220,7 @@ class Hubs:
             if hub is None or hub.retired:
                 hub = self._hubs[(subscriber, config)] = RefillHub(queue, subscriber, config)
             hub.refiller.local.add(worker_id)
+            hub.refiller.ran_for.add(worker_id)
             return hub
 
     def detach(self, hub: RefillHub, worker_id: bytes) -> bool:

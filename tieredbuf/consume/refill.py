@@ -113,6 +113,8 @@ class Refiller:
         self.clock_ms = clock_ms
         self.local: set[bytes] = set()
         """The ids of the workers whose refills this one runs."""
+        self.ran_for: set[bytes] = set()
+        """The ids of every worker it ran refills for (attached now or before)."""
         self._snap: Snapshot | None = None
         self._snap_at = 0.0
         self._window: dict[int, tuple[ManifestEntry, int]] = {}
@@ -301,17 +303,16 @@ class Refiller:
         if self._snap is None:
             self._snap, self._snap_at = snap, time.monotonic()
 
-    def publisher(self, now_ms: int, also: bytes | None = None) -> bool:
-        """Whether this refiller publishes the queue's position lazily: the one running the
+    def publisher(self, now_ms: int) -> bool:
+        """Whether this refiller publishes the queue's position lazily: the one that ran the
         refills of the worker with the lowest id among the workers seen within a lease
         (every process judges alike from the progress object; one that stops is replaced
-        a lease later), so eight workers do not each publish every ``publish_interval``.
-        ``also``: a worker that counts as this refiller's (one just detached)."""
+        a lease later), so eight workers do not each publish every ``publish_interval``."""
         p = self.sub.progress
         if p is None:
             return True
         recent = [w.worker_id for w in p.workers if now_ms - w.seen_ms < self.limits.lease_ms]
-        return not recent or min(recent) in self.local or min(recent) == also
+        return not recent or min(recent) in self.ran_for
 
     def _load_entries(
         self, snap: Snapshot, seqs: list[int]

@@ -198,7 +198,7 @@ class Worker:
                 if self._h.ops:
                     self._apply(0)
                 last = self._hubs.detach(self._hub, self.worker_id)
-                if last and self._hub.publisher(self.clock_ms(), self.worker_id):
+                if last and self._hub.publisher(self.clock_ms()):
                     self._hub.publish(force=True)
                 if late is not None:
                     raise late
