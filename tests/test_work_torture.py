@@ -17,11 +17,15 @@ KILLS = int(os.environ.get("TB_TORTURE_KILLS", "25"))
 
 @pytest.mark.slow
 @pytest.mark.s3
-@pytest.mark.parametrize("max_deliveries", [1, 2, None])
+@pytest.mark.parametrize(
+    ("max_deliveries", "threads"),
+    # threads: workers per process, writing the progress object through one refill hub
+    [(1, 1), (2, 1), (None, 1), (1, 2)],
+)
 def test_I9_I10_work_queue_under_kills_stalls_get_faults_and_lost_responses(
-    tmp_path: Path, max_deliveries: int | None
+    tmp_path: Path, max_deliveries: int | None, threads: int
 ) -> None:
-    rep = run(tmp_path, seed=SEED, kills=KILLS, max_deliveries=max_deliveries)
+    rep = run(tmp_path, seed=SEED, kills=KILLS, max_deliveries=max_deliveries, threads=threads)
     print(rep.summary())  # the counts, for the record (pytest -s)
     assert rep.violations == {}, (
         rep.summary() + "\n" + "\n".join(f"{k}: {v[:5]}" for k, v in rep.violations.items())

@@ -1,8 +1,9 @@
 """The work-queue torture test (I9, I10): worker processes under random SIGKILL and
 SIGSTOP, injected data GET faults and lost CAS responses, checked against invariants.
 
-Four worker processes (tests/work_torture_proc.py: lease 2 s, claim_batch 4) share the
-queue "jobs" of a buffer on a moto S3 server.  They reach it through
+Four worker processes (tests/work_torture_proc.py: lease 2 s, claim_batch 4; ``threads``
+workers each, on threads of one buffer, so that they write through one refill hub)
+share the queue "jobs" of a buffer on a moto S3 server.  They reach it through
 ``tests/latency_proxy.py``, which drops the response of a fraction of writes after
 they landed (the client retries: I2); each worker's data GETs fail now and then.  A
 chaos loop picks a random worker every 0.3-0.9 s and either SIGKILLs it (a new one
@@ -24,7 +25,8 @@ until the loop has made its kills, then the queue must drain.  Checked afterward
 Run by the slow suite (tests/test_work_torture.py) with a fixed seed; run longer by
 hand::
 
-    python -m tests.work_torture --seed 7 --kills 60 --max-deliveries 1 [--old-code DIR]
+    python -m tests.work_torture --seed 7 --kills 60 --max-deliveries 1 [--threads 2] \
+        [--old-code DIR]
 
 ``--old-code DIR`` runs the workers on another checkout of tieredbuf (``git archive
 REV tieredbuf | tar -x -C DIR``): the checker is the same, so a fix can be shown to be
@@ -48,8 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.work_torture_proc import log_paths
+
 HERE = Path(__file__).parent
 PROC = HERE / "work_torture_proc.py"
+
 WORKERS = 4
 BACKLOG = 400
 """The feeder appends entries while fewer than this many are left (during the chaos)."""
@@ -122,9 +127,16 @@ def _append(buf: Any, start: int, n: int, where: dict[str, int]) -> None:
 
 class _Workers:
     def __init__(
-        self, tmp: Path, url: str, opts: dict[str, Any], md: int, seed: int, env: dict[str, str]
+        self,
+        tmp: Path,
+        url: str,
+        opts: dict[str, Any],
+        md: int,
+        seed: int,
+        env: dict[str, str],
+        threads: int,
     ) -> None:
-        self.tmp, self.url, self.opts, self.md = tmp, url, opts, md
+        self.tmp, self.url, self.opts, self.md, self.threads = tmp, url, opts, md, threads
         self.env, self.rng = env, random.Random(seed)
         self.done = tmp / "done"
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -144,6 +156,7 @@ class _Workers:
                 str(self.rng.randrange(1 << 30)),
                 "0.03",
                 str(self.done),
+                str(self.threads),
             ],
             cwd=HERE.parent,
             env=self.env,
@@ -151,17 +164,18 @@ class _Workers:
             stderr=(self.tmp / f"w{self.n}.err").open("wb"),
         )
         self.n += 1
-        self.logs.append(log)
+        self.logs.extend(Path(x) for x in log_paths(str(log), self.threads))
         if slot is None:
             self.procs.append(p)
         else:
             self.procs[slot] = p
 
     def _note(self, p: subprocess.Popen[bytes], event: str) -> None:
-        """Append a chaos event to the worker's own log, in order with its lines (it is
-        stopped or dead while this is written)."""
-        with self._log_of(p).open("a") as f:
-            f.write(event + "\n")
+        """Append a chaos event to the logs of the process's workers, in order with their
+        lines (it is stopped or dead while this is written)."""
+        for log in self._logs_of(p):
+            with log.open("a") as f:
+                f.write(event + "\n")
 
     def kill_one(self) -> None:
         slot = self.rng.randrange(len(self.procs))
@@ -171,8 +185,8 @@ class _Workers:
         self._note(p, "K")
         self.start(slot)
 
-    def _log_of(self, p: subprocess.Popen[bytes]) -> Path:
-        return Path(p.args[4])  # type: ignore[index]
+    def _logs_of(self, p: subprocess.Popen[bytes]) -> list[Path]:
+        return [Path(x) for x in log_paths(p.args[4], self.threads)]  # type: ignore[index]
 
     def stop_one(self, pause_s: float) -> None:
         p = self.procs[self.rng.randrange(len(self.procs))]
@@ -207,6 +221,7 @@ def run(
     max_deliveries: int | None,
     old_code: str | None = None,
     lose_responses: float = 0.03,
+    threads: int = 1,
 ) -> Report:
     """One torture run; the report lists every invariant violated (empty: all held)."""
     import tieredbuf
@@ -231,7 +246,7 @@ def run(
         )
         proxy._server.handle_error = lambda *a: None  # type: ignore[method-assign]  # killed clients
         opts = {**ep.options(), "endpoint": proxy.endpoint}
-        workers = _Workers(tmp, url, opts, max_deliveries or 0, seed, env)
+        workers = _Workers(tmp, url, opts, max_deliveries or 0, seed, env, threads)
         stack.callback(workers.kill_all)
         for _ in range(WORKERS):
             workers.start()
@@ -352,6 +367,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=int(os.environ.get("TB_TORTURE_SEED", "7")))
     ap.add_argument("--kills", type=int, default=int(os.environ.get("TB_TORTURE_KILLS", "60")))
     ap.add_argument("--max-deliveries", type=int, default=1, help="0: unset")
+    ap.add_argument("--threads", type=int, default=1, help="worker threads per process")
     ap.add_argument("--old-code", help="run the workers on this tieredbuf checkout")
     ap.add_argument("--tmp", default=None)
     a = ap.parse_args()
@@ -361,7 +377,7 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     rep = run(
         tmp, seed=a.seed, kills=a.kills, max_deliveries=a.max_deliveries or None,
-        old_code=a.old_code,
+        old_code=a.old_code, threads=a.threads,
     )  # fmt: skip
     print(rep.summary())
     for inv, items in rep.violations.items():

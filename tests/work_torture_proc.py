@@ -1,11 +1,14 @@
 """A worker process of the work-queue torture test (tests/work_torture.py).
 
-    python work_torture_proc.py URL OPTS_JSON LOG MAX_DELIVERIES SEED GET_FAULTS DONE
+    python work_torture_proc.py URL OPTS_JSON LOG MAX_DELIVERIES SEED GET_FAULTS DONE [THREADS]
 
 Claims entries of the shared queue "jobs", works on each for a few milliseconds and
-acks it.  Its data GETs fail with probability GET_FAULTS (a TransientStoreError: an
-error that outlived the store's retries).  It appends one line per event to LOG, each
-with one ``os.write`` on an O_APPEND descriptor (a kill cannot tear a line):
+acks it: THREADS (1) workers of one buffer, each on a thread of its own (so they write
+the progress object through one refill hub).  Its data GETs fail with probability
+GET_FAULTS (a TransientStoreError: an error that outlived the store's retries).  Each
+worker appends one line per event to its log (LOG for the first, ``LOG.<i>`` for the
+others), each with one ``os.write`` on an O_APPEND descriptor (a kill cannot tear a
+line):
 
     R seq          claim() returned seq (written right after it returned)
     M seq          a mark (the durable charge) is about to be written for seq
@@ -16,8 +19,9 @@ with one ``os.write`` on an O_APPEND descriptor (a kill cannot tear a line):
     X error        another error from claim() or ack()
 
 It exits 0 once the file DONE exists and the queue's position reached the count it
-holds.  It runs on any tieredbuf version (the torture test checks the code before a fix
-with it): a claim without ``timeout`` or a worker without ``on_mark`` is tolerated.
+holds (every thread).  It runs on any tieredbuf version (the torture test checks the
+code before a fix with it): a claim without ``timeout`` or a worker without ``on_mark``
+is tolerated.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -57,18 +62,46 @@ class GetFaults:
         return self._inner.get(key)
 
 
+def log_paths(log: str, threads: int) -> list[str]:
+    """The logs of a process's workers (the first one's is LOG)."""
+    return [log] + [f"{log}.{i}" for i in range(1, threads)]
+
+
 def main() -> int:
     url, opts = sys.argv[1], json.loads(sys.argv[2])
     log_path, md, seed = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     get_faults, done = float(sys.argv[6]), Path(sys.argv[7])
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    threads = int(sys.argv[8]) if len(sys.argv) > 8 else 1
+    fds = [
+        os.open(x, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for x in log_paths(log_path, threads)
+    ]
+
+    def store_log(line: str) -> None:  # data GETs run on read-ahead threads: the first log
+        os.write(fds[0], (line + "\n").encode())
+
+    store = GetFaults(open_store(url, **opts), get_faults, random.Random(seed + 1), store_log)
+    buf = tieredbuf.Buffer(store)  # type: ignore[arg-type]
+    codes: list[int] = []
+
+    def run(i: int) -> None:
+        codes.append(work(buf, fds[i], md, seed + 2 * i, done))
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return 0 if codes == [0] * threads else 1
+
+
+def work(buf: Any, fd: int, md: int, seed: int, done: Path) -> int:
+    """One worker's loop (on its own thread), logging to ``fd``."""
 
     def log(line: str) -> None:
         os.write(fd, (line + "\n").encode())
 
     rng = random.Random(seed)
-    store = GetFaults(open_store(url, **opts), get_faults, random.Random(seed + 1), log)
-    buf = tieredbuf.Buffer(store)  # type: ignore[arg-type]
     w = buf.worker("jobs", lease=LEASE, claim_batch=4, max_deliveries=md or None, read_ahead=4)
     w.on_applied = lambda seqs: log("A " + " ".join(map(str, seqs))) if seqs else None
     if hasattr(w, "on_mark"):

@@ -18,6 +18,7 @@ from tieredbuf.config import (
 )
 from tieredbuf.consume.consumer import Consumer
 from tieredbuf.consume.fetch import fetch_object
+from tieredbuf.consume.hub import Hubs
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.consume.worker import Worker
 from tieredbuf.errors import ConfigError, DataLossError, ObjectNotFoundError
@@ -58,6 +59,8 @@ class Buffer:
         self.store: MeteredStore = store if isinstance(store, MeteredStore) else MeteredStore(store)
         self.tree_config = tree or TreeConfig()
         self.queue = ManifestQueue(self.store, tree_config=self.tree_config)
+        self._hubs = Hubs()
+        """The refill hubs of this buffer's workers (one per queue and configuration)."""
 
     @property
     def url(self) -> str:
@@ -120,8 +123,11 @@ class Buffer:
     def worker(self, subscriber: str, **config: Any) -> Worker:
         """A worker of the shared work queue ``subscriber``: ``claim()`` leases entries,
         ``ack`` / ``defer`` / ``reject`` resolve them (any order).  Keyword arguments are
-        :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...)."""
-        return Worker(self.store, self.queue, subscriber, _build(WorkerConfig, "worker", config))
+        :class:`WorkerConfig` fields (``lease=timedelta(seconds=30)``, ``claim_batch``, ...).
+        The workers of one queue opened here with one configuration write its progress
+        object through one refill hub (:mod:`tieredbuf.consume.hub`)."""
+        cfg = _build(WorkerConfig, "worker", config)
+        return Worker(self.store, self.queue, subscriber, cfg, self._hubs)
 
     def subscription(self, subscriber: str = "default", **options: Any) -> Subscription:
         """A subscriber's position without reading data (e.g. a Spark driver):
@@ -137,7 +143,9 @@ class Buffer:
         """Unregister ``name`` and release its hold on the buffer (its unacked entries may
         then be unlinked); live instances fail with SubscriberRemovedError.  False if it
         was not registered."""
-        return remove(self.queue, check_name(name))
+        gone = remove(self.queue, check_name(name))
+        self._hubs.retire(name)  # a worker opened from now on registers it afresh
+        return gone
 
     def redrive(
         self, queue: str, sequences: Collection[int] | None = None, *, drop: bool = False

@@ -1,18 +1,24 @@
-"""A worker's refill: the one progress CAS that applies its buffered resolutions and
-leases its next batch, then what it needs to hand that batch out.
+"""A refill: the one progress CAS that applies the buffered resolutions of one or more
+workers and leases each its next batch, then what they need to hand those batches out.
 
-:class:`Refiller` runs one refill at a time, on whatever thread the worker gives it (a
-background thread when the worker refills ahead, so the CAS -- 60-100 ms at S3's round
-trips, more under contention -- is not on ``claim()``'s path).  It owns what a refill
-reads besides the progress object: a cached root (re-read at least every
-``check_interval``, or sooner when a 22-byte footer GET shows entries this claim could
-take) and a decoded window of entries.  It touches the subscription (the CAS, its
-written position, the lazy publication) only while the worker waits for no other
-refill, so the worker never has two in flight.
+The workers of one work queue in one process share a :class:`Refiller` (through
+:class:`tieredbuf.consume.hub.RefillHub`): what several of them ask for while a CAS is
+under way goes into the next one together, as one write (a group commit).  Each
+worker's part is decided by :func:`tieredbuf.queue.shared.apply` in turn, on the
+progress the part before it left, under the worker's own id and a fresh operation
+token of its own: the parts are what the workers' own CASes, one after another, would
+have decided.  Writers of the same object in one process so never race each other.
+
+It owns what a refill reads besides the progress object: a cached root (re-read at
+least every ``check_interval``, or sooner when a 22-byte footer GET shows entries this
+claim could take) and a decoded window of entries.  It runs one refill at a time, and
+touches the subscription (the CAS, its written position, the lazy publication) only
+then.
 
 A failure after the CAS landed (publishing the position into the root, loading the
-leased entries) is returned with the result, not raised: the worker first takes in
-what the CAS did (its applied resolutions must not be applied twice), then raises it.
+leased entries) is returned with each part's result, not raised: the worker first
+takes in what the CAS did (its applied resolutions must not be applied twice), then
+raises it.
 """
 
 from __future__ import annotations
@@ -37,12 +43,29 @@ WINDOW = 1024
 """Entries decoded ahead of the claims (as a consumer reads a window of the backlog)."""
 
 
+@dataclasses.dataclass(slots=True)
+class Request:
+    """One worker's part of a refill: its buffered ``ops`` applied, up to ``claim_n``
+    entries leased.  ``patience_s``: how long the worker can still hand out what it holds
+    (a refill running ahead; 0: the worker waits for this one)."""
+
+    worker_id: bytes
+    ops: Sequence[shared.Op]
+    claim_n: int
+    patience_s: float = 0.0
+    on_landed: Callable[[Sequence[shared.Op], shared.Applied], None] | None = None
+    """Called right after the CAS landed, on the refill's thread, with the part's ops and
+    what it decided."""
+    since: float = dataclasses.field(default_factory=time.monotonic)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Apply:
-    """What one CAS attempt decided, under its operation token, from the root it judged."""
+    """What one CAS attempt decided for each part, under each part's operation token,
+    from the root it judged."""
 
-    applied: shared.Applied
-    token: bytes
+    applied: list[shared.Applied]
+    tokens: list[bytes]
     root: Snapshot
     wrote: bool = True
 
@@ -61,6 +84,7 @@ class Refilled:
     entries: dict[int, tuple[ManifestEntry, int]]
     """The leased entries and their data objects' sizes."""
     seconds: float
+    """From the request to the result (a wait for the CAS before it included)."""
     error: TieredBufError | None = None
     """A failure after the CAS landed: the worker raises it once it took the rest in."""
     unloaded: list[Lease] = dataclasses.field(default_factory=list)
@@ -68,30 +92,29 @@ class Refilled:
 
 
 class Refiller:
-    """One worker's refills (see the module docstring); one at a time."""
+    """The refills of the workers in :attr:`local` (see the module docstring); one at a
+    time."""
 
     def __init__(
         self,
         queue: ManifestQueue,
         sub: NamedSubscription,
-        worker_id: bytes,
         limits: shared.Limits,
         *,
         check_interval_s: float,
         skip_lost: bool,
         clock_ms: Callable[[], int],
-        on_landed: Callable[[Sequence[shared.Op], shared.Applied], None] | None = None,
     ) -> None:
         self.queue = queue
         self.sub = sub
-        self.worker_id = worker_id
         self.limits = limits
         self.check_interval_s = check_interval_s
         self.skip_lost = skip_lost
         self.clock_ms = clock_ms
-        self.on_landed = on_landed
-        """Called right after each CAS landed, on the refill's thread, with the ops it
-        applied and what it decided."""
+        self.local: set[bytes] = set()
+        """The ids of the workers whose refills this one runs."""
+        self.ran_for: set[bytes] = set()
+        """The ids of every worker it ran refills for (attached now or before)."""
         self._snap: Snapshot | None = None
         self._snap_at = 0.0
         self._window: dict[int, tuple[ManifestEntry, int]] = {}
@@ -102,11 +125,12 @@ class Refiller:
         """How long one attempt (a read and a write of the progress object) takes."""
         self._decided: float | None = None
         self._patience_s = 0.0
-        self._rng = random.Random(worker_id)
+        self._rng = random.Random()
 
     def more_known(self, now_ms: int) -> bool:
-        """Whether the last root and progress object this worker saw show entries it could
-        still claim (beyond the claim cursor, or handed back or lapsed): no request."""
+        """Whether the last root and progress object this refiller saw show entries its
+        workers could still claim (beyond the claim cursor, or handed back or lapsed): no
+        request."""
         p, snap = self.sub.progress, self._snap
         if p is None or snap is None:
             return True
@@ -116,11 +140,13 @@ class Refiller:
 
     def _slot(self, attempt: int) -> float:
         """The pause after a lost race: a random point within as many attempt times as
-        there are workers at work (doubling for each further loss, up to the retry
-        config's cap), so that the losers take turns instead of writing again together."""
+        there are writers at work (doubling for each further loss, up to the retry
+        config's cap), so that the losers take turns instead of writing again together.
+        The workers this refiller writes for count as one writer."""
         self._timed()
         t = self._attempt_s if self._attempt_s is not None else 0.05
-        peers = max(2, self.workers(self.clock_ms()))  # a lost race: two writers at least
+        others = self.workers(self.clock_ms()) - len(self.local)
+        peers = max(2, others + 1)  # a lost race: two writers at least
         cap = self.queue.retry.max_backoff.total_seconds()
         window = max(peers * t * 2 ** min(attempt, 8), self._patience_s / 2)
         return self._rng.uniform(0, min(cap, window))
@@ -135,7 +161,7 @@ class Refiller:
 
     def workers(self, now_ms: int) -> int:
         """Workers of this subscriber seen at work within a lease (by the last progress
-        object this worker saw; at least this one)."""
+        object this refiller saw; at least one)."""
         p = self.sub.progress
         if p is None:
             return 1
@@ -143,7 +169,7 @@ class Refiller:
         return max(1, recent)
 
     def known_tail(self) -> int:
-        """The root's ``next_sequence`` as this worker last read it (0: never read)."""
+        """The root's ``next_sequence`` as this refiller last read it (0: never read)."""
         return 0 if self._snap is None else self._snap.root.next_seq
 
     def read_root(self) -> Snapshot:
@@ -152,14 +178,13 @@ class Refiller:
         self._snap_at = time.monotonic()
         return snap
 
-    def run(self, ops: Sequence[shared.Op], claim_n: int, patience_s: float = 0.0) -> Refilled:
-        """One CAS: ``ops`` applied, up to ``claim_n`` entries leased.  ``patience_s``: how
-        long the worker can still hand out what it holds (a refill running ahead): after a
-        lost race it may wait up to half of that, spreading the workers' writes."""
-        self._patience_s = patience_s
-        t0 = time.monotonic()
+    def run(self, reqs: Sequence[Request]) -> list[Refilled]:
+        """One CAS for every part of ``reqs`` (in order; see the module docstring).  After
+        a lost race it may wait up to half of the least patience among them, spreading
+        the writers' writes."""
+        self._patience_s = min(r.patience_s for r in reqs)
         sub = self.sub
-        limits = dataclasses.replace(self.limits, claim_n=claim_n)
+        total = sum(r.claim_n for r in reqs)
         roots: list[Snapshot] = []
         retried: list[int] = []
 
@@ -168,44 +193,52 @@ class Refiller:
             if attempt:
                 retried.append(attempt)
             if attempt or not roots:
-                roots.append(self._root(p, claim_n))
+                roots.append(self._root(p, total))
             snap = roots[-1]
-            if any(op.seq >= p.claim_cursor for op in ops):
+            if any(op.seq >= p.claim_cursor for r in reqs for op in r.ops):
                 raise cas.Replan("worker_stale_progress")  # a copy older than our leases
-            token = ULID().bytes  # each attempt its own: a retry knows which one landed
-            applied = shared.apply(
-                p,
-                ops,
-                worker_id=self.worker_id,
-                op_token=token,
-                now_ms=self.clock_ms(),
-                limits=limits,
-                next_seq=snap.root.next_seq,
-                low=snap.low,
-                skip_lost=self.skip_lost,
-            )
-            if not (
-                ops
-                or applied.claimed
-                or applied.auto_rejected
-                or (applied.lost is not None and self.skip_lost)
+            now = self.clock_ms()
+            cur, applied, tokens = p, [], []
+            for r in reqs:
+                token = ULID().bytes  # each attempt its own: a retry knows which one landed
+                a = shared.apply(
+                    cur,
+                    r.ops,
+                    worker_id=r.worker_id,
+                    op_token=token,
+                    now_ms=now,
+                    limits=dataclasses.replace(self.limits, claim_n=r.claim_n),
+                    next_seq=snap.root.next_seq,
+                    low=snap.low,
+                    skip_lost=self.skip_lost,
+                )
+                cur = a.progress
+                applied.append(a)
+                tokens.append(token)
+            if not any(
+                r.ops or a.claimed or a.auto_rejected or (a.lost is not None and self.skip_lost)
+                for r, a in zip(reqs, applied, strict=True)
             ):
-                applied.progress = p  # nothing to change: an idle poll costs no write
-                return cas.Skip(_Apply(applied, token, snap, wrote=False))
-            return applied.progress, _Apply(applied, token, snap)
+                for a in applied:
+                    a.progress = p  # nothing to change: an idle poll costs no write
+                return cas.Skip(_Apply(applied, tokens, snap, wrote=False))
+            for a in applied:
+                a.progress = cur  # every part sees the progress object as written
+            return cur, _Apply(applied, tokens, snap)
 
         def landed(p: Progress, tried: Sequence[_Apply]) -> _Apply | None:
-            token = shared.landed_op(p, self.worker_id, [t.token for t in tried])
-            if token is None:
-                return None
-            self.queue.stats.incr("worker_ops_found_landed")
-            mine = next(t for t in tried if t.token == token)
-            return dataclasses.replace(
-                mine,
-                applied=dataclasses.replace(
-                    mine.applied, progress=p, claimed=shared.mine(p, token)
-                ),
-            )
+            for t in tried:
+                if any(
+                    shared.landed_op(p, r.worker_id, [tok]) is not None
+                    for r, tok in zip(reqs, t.tokens, strict=True)
+                ):
+                    self.queue.stats.incr("worker_ops_found_landed")
+                    applied = [
+                        dataclasses.replace(a, progress=p, claimed=shared.mine(p, tok))
+                        for a, tok in zip(t.applied, t.tokens, strict=True)
+                    ]
+                    return dataclasses.replace(t, applied=applied)
+            return None
 
         def same(a: _Apply) -> _Apply:
             return a
@@ -218,24 +251,35 @@ class Refiller:
         if got.wrote:
             self._timed()
         self._decided = None
-        if got.wrote and self.on_landed is not None:
-            self.on_landed(ops, got.applied)
+        parts = list(zip(reqs, got.applied, got.tokens, strict=True))
+        if got.wrote:
+            for r, a, _ in parts:
+                if r.on_landed is not None:
+                    r.on_landed(r.ops, a)
         self.contended = bool(retried)
-        new = [x for x in got.applied.claimed if x.token == got.token]
-        out = Refilled(got.applied, got.wrote, new, claim_n, {}, 0.0)
+        outs = [
+            Refilled(a, got.wrote, [x for x in a.claimed if x.token == tok], r.claim_n, {}, 0.0)
+            for r, a, tok in parts
+        ]
         try:
-            if new:
-                out.entries = self._load_entries(got.root, [x.seq for x in new])
-            sub.written = fp.needed(got.applied.progress)  # kept dead letters hold it
+            seqs = [x.seq for o in outs for x in o.new]
+            if seqs:
+                entries = self._load_entries(got.root, seqs)
+                for o in outs:
+                    o.entries = {x.seq: entries[x.seq] for x in o.new}
+            sub.written = fp.needed(got.applied[-1].progress)  # kept dead letters hold it
             sub.observe(got.root)
             if self.publisher(self.clock_ms()):
                 sub.maybe_publish()
         except TieredBufError as e:
-            out.error = e
-            if not out.entries:
-                out.new, out.unloaded = [], new  # never handed out: released, uncharged
-        out.seconds = time.monotonic() - t0
-        return out
+            for o in outs:
+                o.error = e
+                if not o.entries:  # never handed out: released, uncharged
+                    o.new, o.unloaded = [], o.new
+        now = time.monotonic()
+        for o, r in zip(outs, reqs, strict=True):
+            o.seconds = now - r.since
+        return outs
 
     def _root(self, p: Progress | None, claim_n: int) -> Snapshot:
         """The root this refill judges by.  Re-read only when the claim reaches past the
@@ -260,15 +304,15 @@ class Refiller:
             self._snap, self._snap_at = snap, time.monotonic()
 
     def publisher(self, now_ms: int) -> bool:
-        """Whether this worker publishes the queue's position lazily: the one with the
-        lowest id among the workers seen within a lease (every worker judges alike from
-        the progress object; one that stops is replaced a lease later), so eight workers
-        do not each publish every ``publish_interval``."""
+        """Whether this refiller publishes the queue's position lazily: the one that ran the
+        refills of the worker with the lowest id among the workers seen within a lease
+        (every process judges alike from the progress object; one that stops is replaced
+        a lease later), so eight workers do not each publish every ``publish_interval``."""
         p = self.sub.progress
         if p is None:
             return True
         recent = [w.worker_id for w in p.workers if now_ms - w.seen_ms < self.limits.lease_ms]
-        return not recent or min(recent) == self.worker_id
+        return not recent or min(recent) in self.ran_for
 
     def _load_entries(
         self, snap: Snapshot, seqs: list[int]

@@ -10,8 +10,12 @@ Every change is one CAS of the subscriber's progress object (:mod:`tieredbuf.que
 decides; :mod:`tieredbuf.consume.refill` runs it): a refill applies this worker's
 buffered operations and leases the next claimable entries (lowest first) under a fresh
 operation token, which is also how a retry after an unknown outcome finds its own
-write.  Acks, rejects and the word that claim() returned an entry (``out``: the only
-thing that charges a delivery) are buffered until the next refill, ``flush()``,
+write.  The workers a buffer opens on one queue share one writer of that object
+(:mod:`tieredbuf.consume.hub`): what several ask for while a CAS is under way rides the
+next one together, so they never race each other for it.
+
+Acks, rejects and the word that claim() returned an entry (``out``: the only thing
+that charges a delivery) are buffered until the next refill, ``flush()``,
 ``close()``, or at once when an entry's lease is about to lapse; ``defer`` and
 ``extend`` are applied at once.  An entry whose history is unknown (a worker went
 silent holding it: ``SUSPECT``) or whose lease entered its margin during the data GET
@@ -52,7 +56,8 @@ from tieredbuf.consume.claimwait import ClaimWait
 from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.consume.fetch import ReadAhead
 from tieredbuf.consume.holdings import Held, Holdings
-from tieredbuf.consume.refill import Refilled, Refiller
+from tieredbuf.consume.hub import Hubs
+from tieredbuf.consume.refill import Refilled
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -60,6 +65,7 @@ from tieredbuf.errors import (
     DataLossError,
     LeaseExpiredError,
     MissingObjectError,
+    SubscriberRemovedError,
 )
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import MAX_REASON, Progress
@@ -95,42 +101,25 @@ class Worker:
         queue: ManifestQueue,
         subscriber: str,
         config: WorkerConfig | None = None,
+        hubs: Hubs | None = None,
     ) -> None:
+        """``hubs``: the registry of the buffer's refill hubs (the workers one buffer
+        opens on one queue with one configuration share one); None: a hub of its own."""
         self.store = store
         self.queue = queue
         self.config = config or WorkerConfig()
         self.worker_id = ULID().bytes
-        self.subscription = NamedSubscription(
-            queue,
-            subscriber,
-            shared=True,
-            owner=f"w-{ULID.from_bytes(self.worker_id)}",
-            publish_interval_ms=self.config.publish_interval // _MS,
-        )
+        self._hubs = hubs or Hubs()
+        self._hub = self._hubs.attach(queue, subscriber, self.config, self.worker_id)
+        self.subscription: NamedSubscription = self._hub.sub
+        """The queue's subscription (shared with the other workers of the hub)."""
         self.subscriber = subscriber
         self.stats = Stats()
-        self._limits = shared.Limits(
-            lease_ms=self.config.lease // _MS,
-            claim_n=self.config.claim_batch,
-            max_span=self.config.max_span,
-            max_deliveries=self.config.max_deliveries,
-            backoff_ms=self.config.redelivery_delay // _MS,
-            backoff_max_ms=self.config.redelivery_delay_max // _MS,
-        )
+        self._limits = self._hub.limits
         self._margin_ms = min(self._limits.lease_ms // 4, 5000)
-        self._refiller = Refiller(
-            queue,
-            self.subscription,
-            self.worker_id,
-            self._limits,
-            check_interval_s=self.config.check_interval.total_seconds(),
-            skip_lost=self.config.on_lost == "skip",
-            clock_ms=self.clock_ms,
-            on_landed=self._landed,
-        )
         self._wait = ClaimWait(
             queue.read_footer,
-            self.subscription.reload,
+            lambda: self._hub.reload(),
             self.clock_ms,
             max_s=self.config.idle_poll_max.total_seconds(),
         )
@@ -148,7 +137,6 @@ class Worker:
         """The last refill got fewer entries than it asked for: none ahead until dry."""
         self._rng = random.Random(self.worker_id)
         self._spread = 1 + self._rng.random()
-        self._cas_thread = started_pool(1, "tb-refill")
         self._pool = started_pool(max(4, self.config.read_ahead), "tb-worker")
         self._ahead = ReadAhead(
             store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
@@ -159,7 +147,7 @@ class Worker:
         self._closed = False
         self.on_applied: Callable[[list[int]], None] | None = None
         """Called right after each CAS landed with the sequences whose acks and rejects it
-        applied (on the worker's CAS thread when the CAS was a refill running ahead)."""
+        applied (on the hub's thread: :mod:`tieredbuf.consume.hub`)."""
         self.on_mark: Callable[[int], None] | None = None
         """Called with a sequence just before the CAS that marks it (charges its delivery
         before claim() returns it): a test's record of a hand-out under way."""
@@ -174,20 +162,32 @@ class Worker:
         """Register the shared subscriber if new (at the earliest entry the buffer holds, or
         the tail with ``start="latest"``).  No buffer at the URL: BufferNotFoundError."""
         self._check_open()
-        self.subscription.register(start)
-        if self.subscription.registered_root is not None:
-            self._refiller.adopt(self.subscription.registered_root)
+        if self._hub.retired:  # the queue was removed since this worker was opened
+            if self._initialized:
+                raise SubscriberRemovedError(self.subscriber, 0)
+            self._rejoin()
+        self._hub.register(start)
         self._initialized = True
+
+    def _rejoin(self) -> None:
+        """Leave a retired hub for a live one (this worker holds nothing yet)."""
+        if self._hubs.detach(self._hub, self.worker_id):
+            self._hub.close()
+        self._hub = self._hubs.attach(self.queue, self.subscriber, self.config, self.worker_id)
+        self.subscription = self._hub.sub
 
     def close(self) -> None:
         """Apply buffered operations and hand back every entry still held: one returned
         by claim() and not resolved is deferred (claimable at once, its delivery counted),
         one never returned is released (uncharged).  The queue's position is published
-        into the root when this worker is its publisher (the lowest id among the workers
-        seen within a lease: see :meth:`Refiller.publisher`); ``flush()`` always does."""
+        into the root when this is the last worker of its hub to close and the hub is
+        the queue's publisher (the one running the refills of the lowest id among the
+        workers seen within a lease: see :meth:`Refiller.publisher`); ``flush()`` always
+        publishes."""
         if self._closed:
             return
         self._wait.wake()
+        last: bool | None = None
         try:
             if self._initialized:
                 late: BaseException | None = None
@@ -203,14 +203,18 @@ class Worker:
                 self._held.clear()
                 if self._h.ops:
                     self._apply(0)
-                if self._refiller.publisher(self.clock_ms()):
-                    self.subscription.maybe_publish(force=True)
+                last = self._hubs.detach(self._hub, self.worker_id)
+                if last and self._hub.publisher(self.clock_ms()):
+                    self._hub.publish(force=True)
                 if late is not None:
                     raise late
         finally:
             self._closed = True
             self._ahead.cancel()
-            self._cas_thread.shutdown(wait=True)
+            if last is None:
+                last = self._hubs.detach(self._hub, self.worker_id)
+            if last:
+                self._hub.close()
             self._pool.shutdown(wait=True)
 
     def wake(self) -> None:
@@ -262,7 +266,7 @@ class Worker:
                     return b
             self._check_open()
             assert deadline is not None
-            if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
+            if not self._wait.wait(self._hub.known_tail(), self._due, self._open, deadline):
                 return None
             attempt = True  # something may be claimable now
 
@@ -277,7 +281,7 @@ class Worker:
         """Whether a progress object just read shows something this worker could claim."""
         now = self.clock_ms()
         return any(shared.claimable(x, now) for x in p.leases) or (
-            p.claim_cursor < self._refiller.known_tail()
+            p.claim_cursor < self._hub.known_tail()
             and p.claim_cursor < p.position + self._limits.max_span
         )
 
@@ -377,7 +381,7 @@ class Worker:
             lease_s=self._limits.lease_ms / 1000,
             ready=self._h.ready_n(),
             max_span=self.config.max_span,
-            workers=self._refiller.workers(self.clock_ms()),
+            workers=self._hub.workers(self.clock_ms()),
         )
 
     def _refill_ahead(self) -> None:
@@ -392,13 +396,13 @@ class Worker:
             or low is None
             or self._short
             or self._h.ready_n() > low
-            or not self._refiller.more_known(self.clock_ms())
+            or not self._hub.more_known(self.clock_ms())
         ):
             return
         self._release_lapsing()
         ops = list(self._h.ops)
         patience = self._h.ready_n() * (self._item_s or 0.0)  # till it runs dry
-        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n(), patience)
+        fut = self._hub.submit(self.worker_id, ops, self._claim_n(), patience, self._landed)
         self._pending = (fut, len(ops))
         self._spread = 1 + self._rng.random()
         self.stats.incr("refills_ahead")
@@ -426,8 +430,8 @@ class Worker:
         held entry below the root's first sequence is released (the next CAS resolves them
         as lost, counted with ``on_lost="skip"``) and, unless skipping, DataLossError says
         so.  An object the root still links is missing for another reason: re-raised."""
-        self._settle(wait=True)  # the refiller's root is read here: none may run meanwhile
-        snap = self._refiller.read_root()
+        self._settle(wait=True)  # its own refill first (the hub reads the root locked)
+        snap = self._hub.read_root()
         if seq >= snap.low:
             raise err
         for s in sorted(x for x, h in self._held.items() if x < snap.low and not h.handed_out):
@@ -526,7 +530,7 @@ class Worker:
         self._settle(wait=True)
         if self._h.ops:
             self._apply(0)
-        self.subscription.maybe_publish(force=True)
+        self._hub.publish(force=True)
 
     def _flush_if_lapsing(self) -> None:
         soonest = self._h.soonest_due()
@@ -543,7 +547,7 @@ class Worker:
         self._settle(wait=True)
         self._release_lapsing()
         ops = list(self._h.ops)
-        return self._absorb(self._refiller.run(ops, claim_n), len(ops))
+        return self._absorb(self._hub.run(self.worker_id, ops, claim_n, self._landed), len(ops))
 
     def _absorb(self, got: Refilled, n_ops: int) -> bool:
         """Take in what a refill did (on the caller's thread): its first ``n_ops`` buffered

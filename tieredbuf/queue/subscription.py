@@ -187,8 +187,10 @@ class NamedSubscription(Subscription):
             raise ConfigError('"default" is the root-resident consumer: use DefaultSubscription')
         self.progress_store = subs.ProgressStore(queue)
         self.reg_id: bytes | None = None
-        self.progress: fp.Progress | None = None
-        self.etag: str | None = None
+        self._seen: tuple[fp.Progress, str] | None = None
+        """The progress object as last read or written, with its etag: one attribute, so
+        a thread reading it never pairs one read's state with another's etag (a CAS
+        decided on the older state would then land)."""
         self._owner = ""
         self._published = -1
         self._head = -1
@@ -196,6 +198,17 @@ class NamedSubscription(Subscription):
         self._last_publish_ms = -(1 << 62)
         self.registered_root: Snapshot | None = None
         """The root :meth:`register` judged by (a worker's first refill starts from it)."""
+
+    @property
+    def progress(self) -> fp.Progress | None:
+        """The progress object as last read or written."""
+        seen = self._seen
+        return None if seen is None else seen[0]
+
+    @property
+    def etag(self) -> str | None:
+        seen = self._seen
+        return None if seen is None else seen[1]
 
     # --- registration and fencing ------------------------------------------------------
 
@@ -222,7 +235,7 @@ class NamedSubscription(Subscription):
                         f"registered subscriber {self.name!r} is missing (deleted by hand?)"
                     )
                 continue  # removed (or re-registered) meanwhile: start again
-            self.reg_id, (self.progress, self.etag) = reg.reg_id, got
+            self.reg_id, self._seen = reg.reg_id, got
             known = snap.registry.get(self.name)
             self.registered_root = (
                 snap if known is not None and known.reg_id == reg.reg_id else None
@@ -346,15 +359,16 @@ class NamedSubscription(Subscription):
             return cas.Write(fp.encode(got[0]), got)
 
         def finish(new: tuple[fp.Progress, D], etag: str) -> R:
-            self.progress, self.etag = new[0], etag
+            self._seen = (new[0], etag)
             return done(new[1])
 
         def found(read: cas.Read[fp.Progress], tried: Sequence[tuple[fp.Progress, D]]) -> R | None:
             assert landed is not None
             return landed(read.state, [d for _, d in tried])
 
-        assert self.progress is not None and self.etag is not None and self.reg_id is not None
-        first = cas.Read(self.progress, self.etag) if blind else None
+        seen = self._seen
+        assert seen is not None and self.reg_id is not None
+        first = cas.Read(*seen) if blind else None
         return cas.run(
             _ProgressObject(self),
             write,
@@ -369,12 +383,16 @@ class NamedSubscription(Subscription):
         )
 
     def reload(self) -> fp.Progress:
+        return self.read_progress()[0]
+
+    def read_progress(self) -> tuple[fp.Progress, str]:
+        """The progress object and its etag, read now (also kept as the copy)."""
         assert self.reg_id is not None
         got = self.progress_store.get(self.name, self.reg_id)
         if got is None:
             raise SubscriberRemovedError(self.name, self.epoch or 0)
-        self.progress, self.etag = got
-        return got[0]
+        self._seen = got
+        return got
 
     def check(self, snap: Snapshot | None = None) -> None:
         epoch = self._epoch()
@@ -455,9 +473,7 @@ class _ProgressObject:
         self.sub = sub
 
     def read(self) -> cas.Read[fp.Progress]:
-        p = self.sub.reload()
-        assert self.sub.etag is not None
-        return cas.Read(p, self.sub.etag)
+        return cas.Read(*self.sub.read_progress())
 
     def write(self, data: bytes, etag: str | None) -> str:
         assert etag is not None and self.sub.reg_id is not None
