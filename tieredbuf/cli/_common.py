@@ -310,6 +310,15 @@ _SPECIFIC_TERMS = (
         "use access_key_id / secret_access_key or the AWS_* environment",
         "use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws",
     ),
+    (
+        "(or the access_key_id / secret_access_key options)",
+        "(or a profile in ~/.aws, chosen by AWS_PROFILE)",
+    ),
+    (" (or the account_key / sas_token options)", ""),
+    (
+        "managed_identity=True (TIEREDBUF_AZURE_MANAGED_IDENTITY=1)",
+        "TIEREDBUF_AZURE_MANAGED_IDENTITY=1",
+    ),
     ("but allow_http is false", "but AWS_ALLOW_HTTP is false"),
     ("or drop allow_http=false", "or unset AWS_ALLOW_HTTP"),
     ("call initialize() again to take it back", "run the command again to take it back"),
@@ -319,6 +328,7 @@ _SPECIFIC_TERMS = (
     ),
     ("pass probe=False ", "only the Python API can skip this check (probe=False) "),
 )
+_PASS = re.compile(r" \(or pass [a-z_]+=(?: / [a-z_]+=)*\)")
 _KEYWORD = re.compile(r"\b([a-z][a-z_]*)=(True|False|true|false)?(?![\w(])")
 
 
@@ -329,6 +339,7 @@ def cli_terms(text: str, flags: frozenset[str] | set[str]) -> str:
     variable (``access_key_id=`` -> ``AWS_ACCESS_KEY_ID``)."""
     for old, new in _SPECIFIC_TERMS:
         text = text.replace(old, new)
+    text = _PASS.sub("", text)  # "(or pass account_name=)": the variable is named already
 
     def term(m: re.Match[str]) -> str:
         name, value = m.group(1), m.group(2)

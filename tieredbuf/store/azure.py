@@ -25,6 +25,8 @@ no second client, as botocore is for S3): it raises ForkedError; see
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -134,6 +136,22 @@ def _check_credentials(url: str, opts: dict[str, Any], cli: bool, managed: bool)
     )
 
 
+def _check_key(url: str, key: str | None) -> None:
+    """An account key is base64 (obstore would say only "request: failed", at the first
+    request)."""
+    if key is None:
+        return
+    try:
+        base64.b64decode(key, validate=True)
+    except binascii.Error:
+        raise ConfigError(
+            f"cannot configure Azure store for {url!r}: the account key (account_key, "
+            "AZURE_STORAGE_ACCOUNT_KEY) is not base64: "
+            "copy it whole from the storage account's Access keys (88 characters, ending "
+            "in ==), or use a SAS token (AZURE_STORAGE_SAS_TOKEN)"
+        ) from None
+
+
 def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
     """The store for an Azure Blob URL (see the module docstring)."""
     from obstore.store import AzureStore
@@ -174,6 +192,7 @@ def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
     endpoint = given.get("endpoint")
     if endpoint is not None:
         check_endpoint(endpoint, "account_key / sas_token or the AZURE_* environment")
+    _check_key(url, given.get("account_key"))
     cli = as_bool("use_azure_cli", opts.get("use_azure_cli", False))
     managed = as_bool("managed_identity", opts.get("managed_identity", False))
     _check_credentials(url, given, cli, managed)
