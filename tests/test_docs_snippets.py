@@ -326,3 +326,28 @@ def test_getting_started_is_walked_whole() -> None:
     assert len(page) >= 12
     assert not [b for b in page if b.marker in NEVER_RUN]
     assert any("moto_server" in b.code for b in page)
+
+
+# --- pages in reading order, on one store ------------------------------------------------
+
+WALKS = {
+    "README.md then docs/spark.md": (ROOT / "README.md", ROOT / "docs" / "spark.md"),
+    "README.md then docs/subscribers.md": (ROOT / "README.md", ROOT / "docs" / "subscribers.md"),
+}
+"""Pages a reader follows one after the other on the same URL (``s3://bucket/prefix``),
+in one working directory and one S3: what the first leaves behind (entries consumed and
+dequeued, a stage, subscribers) is what the second meets."""
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("walk", sorted(WALKS))
+def test_pages_run_one_after_the_other_on_one_store(
+    walk: str, tmp_path: Path, s3_endpoint: S3Endpoint
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    blocks = [b for page in WALKS[walk] for b in ALL if b.page == page]
+    out = run_page(WALKS[walk][-1], blocks, work, s3_endpoint, spark=True)
+    assert "Traceback" not in out, out[-5000:]
