@@ -13,10 +13,12 @@ The rules (also in docs/getting-started.md, "How the docs are tested"):
   page starts one, else the test run's moto server, with the buckets the page names
   created empty and its keys in ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
   ``AWS_REGION`` (what a reader has after getting-started's "A local S3") -- the
-  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, and
-  ``start_http_server(9100)`` listens on any free port.  ``s3://`` URLs, options and
-  commands are left as written.  ``HOME`` is the scratch directory (no ``~/.aws`` of
-  the machine's).
+  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so does Azurite's
+  ``127.0.0.1:10000`` / ``--blobPort 10000``, and ``start_http_server(9100)`` listens on
+  any free port.  A page that runs ``node_modules/.bin/azurite-blob`` finds the
+  checkout's ``node_modules`` (where .ci/run installs Azurite) in its directory.
+  ``s3://`` URLs, options and commands are left as written.  ``HOME`` is the scratch
+  directory (no ``~/.aws`` of the machine's).
 * A ```python block runs in a fresh namespace; a ```bash block runs whole under
   ``bash -euo pipefail`` with the virtualenv's ``bin`` first on PATH (as after
   ``source .venv/bin/activate``, which is therefore not run; ``.venv/bin/`` prefixes
@@ -193,6 +195,7 @@ def ci_part(b: Block) -> str:
 class Ports:
     s3: int
     service: int
+    azurite: int = 10000
 
 
 def substitute(code: str, ports: Ports) -> str:
@@ -201,6 +204,8 @@ def substitute(code: str, ports: Ports) -> str:
     code = re.sub(r"moto_server -p 9000\b", f"moto_server -p {ports.s3}", code)
     code = re.sub(r"(127\.0\.0\.1|localhost):8080\b", f"127.0.0.1:{ports.service}", code)
     code = re.sub(r"--port 8080\b", f"--port {ports.service}", code)
+    code = re.sub(r"(127\.0\.0\.1|localhost):10000\b", f"127.0.0.1:{ports.azurite}", code)
+    code = re.sub(r"--blobPort 10000\b", f"--blobPort {ports.azurite}", code)
     code = code.replace("start_http_server(9100)", "start_http_server(0)")
     code = ACTIVATE.sub("", code)
     return code.replace(".venv/bin/", "")
@@ -221,7 +226,9 @@ def fresh_buckets(ep: S3Endpoint, names: set[str]) -> None:
 def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spark: bool) -> str:
     own_s3 = any("moto_server" in b.code for b in blocks)
     ports = Ports(
-        s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]), service=free_port()
+        s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]),
+        service=free_port(),
+        azurite=free_port(),
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
@@ -252,6 +259,10 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
     (work / "spec.json").write_text(json.dumps({"blocks": spec, "timeout": PAGE_TIMEOUT}))
     if source.parent.name == "examples":
         (work / "examples").symlink_to(ROOT / "examples")
+    if any("node_modules/" in b.code for b in blocks):  # Azurite, as .ci/run installs it
+        if not (ROOT / "node_modules" / ".bin" / "azurite-blob").exists():
+            pytest.skip("Azurite not installed: npm install azurite@3.37.0 (see .ci/run)")
+        (work / "node_modules").symlink_to(ROOT / "node_modules")
     p = subprocess.Popen(
         [sys.executable, str(RUNNER), str(work / "spec.json")],
         cwd=work,

@@ -15,6 +15,7 @@
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
                                          unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
+    tieredbuf create-container az://CONTAINER/PREFIX   create an Azure container (obstore cannot)
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
@@ -64,7 +65,13 @@ from tieredbuf.cli._common import (
     store_args,
     timeout_arg,
 )
-from tieredbuf.cli.admin import cmd_gc, cmd_grace, cmd_inspect, inspect_buffer
+from tieredbuf.cli.admin import (
+    cmd_create_container,
+    cmd_gc,
+    cmd_grace,
+    cmd_inspect,
+    inspect_buffer,
+)
 from tieredbuf.cli.consume import add_parser as add_consume
 from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd_produce
 from tieredbuf.cli.queue import add_parsers as add_queue
@@ -323,6 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
     timeout_arg(gr)
     store_args(gr)
     gr.set_defaults(fn=cmd_grace)
+
+    cc = sub.add_parser(
+        "create-container",
+        help="create the Azure container of an az:// URL (obstore cannot)",
+        description="Create the Azure Blob container an az:// URL names, with the account "
+        "key, SAS token or bearer token of the AZURE_STORAGE_* environment (on Azurite: "
+        "the well-known development account, see docs/operations.md).  A container "
+        "that exists already is fine (exit 0).",
+    )
+    cc.add_argument("url", help="az://container/prefix (the prefix is ignored)")
+    timeout_arg(cc, "the endpoint does not answer")
+    store_args(cc)
+    cc.set_defaults(fn=cmd_create_container)
 
     dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
     dr.add_argument("stage_dir", help="a staging directory (or a tieredbuf serve stage root)")

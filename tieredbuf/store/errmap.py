@@ -186,8 +186,9 @@ def classify(
         return PreconditionFailedError(key, f"precondition failed on {key}")
     if f.code in BUCKET_CODES:
         name = bucket or "?"
+        how = f" (tieredbuf create-container az://{name}/)" if provider == "azure" else ""
         return BucketNotFoundError(
-            name, f"{container} {name!r} does not exist{at} ({op}): create it, or fix the URL"
+            name, f"{container} {name!r} does not exist{at} ({op}): create it{how}, or fix the URL"
         )
     if f.tag == "not_found" or f.code == "NoSuchKey":
         return ObjectNotFoundError(key, f"object not found: {key}")
