@@ -156,3 +156,23 @@ def test_stall_watch_without_a_limit_never_gives_up() -> None:
     failures[0] = 5
     clock.now = 1e9
     assert not w.stalled()
+
+
+def test_produce_at_backpressure_against_an_unreachable_store_raises_within_give_up_after() -> None:
+    """A stateless producer's produce() with no ``timeout`` waits at a full buffer while
+    the store works (a slow store only slows it), but not forever on a store that keeps
+    failing: BackpressureError once nothing got through for ``give_up_after``."""
+    r = run_python(
+        _script("""
+p = buf.producer(retry=retry, max_buffered_inputs=2)
+try:
+    for i in range(10):
+        p.produce([b"a"])
+    print("NEVER FULL")
+except tieredbuf.errors.BackpressureError as e:
+    print("RAISED", e)
+"""),
+        timeout=45,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "RAISED" in r.stdout and "connection refused" in r.stdout, r.stdout + r.stderr

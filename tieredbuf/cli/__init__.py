@@ -57,11 +57,13 @@ from tieredbuf.cli._common import (
     EXIT_USAGE,
     GuardedOutput,
     Progress,
+    attach_negative_values,
     cli_terms,
     fmt_duration,
     one_line,
     parse_duration,
     parse_size,
+    parse_timeout,
     store_args,
     timeout_arg,
 )
@@ -352,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.add_argument(
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         default=timedelta(minutes=15),
         metavar="DURATION",
         help="give up (exit 3, saying what is still staged) after this long "
@@ -550,10 +552,23 @@ def _gave_up(text: str, args: argparse.Namespace) -> str:
     return text
 
 
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string, of the command and its subcommands, that takes one value."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            out.update(action.option_strings)
+    return out
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = split_command(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(attach_negative_values(argv, _value_options(parser)))
     if command is not None:
         args.cmd = command
     _log_to_stderr()

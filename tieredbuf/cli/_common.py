@@ -24,6 +24,7 @@ EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 128 + 13
 """A reader closed the output pipe: the exit status of ``cat`` killed by SIGPIPE."""
+_NEGATIVE = re.compile(r"^-\.?\d")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -180,8 +181,45 @@ def parse_duration(text: str) -> timedelta:
         return timedelta(0)
     m = _DURATION.match(text)
     if m is None:
+        if text.strip().startswith("-"):
+            raise argparse.ArgumentTypeError(
+                f"bad duration {text!r}: a duration is not negative; use e.g. 500ms, 30s, 10m"
+            )
         raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 500ms, 30s, 10m, 2h")
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_timeout(text: str) -> timedelta:
+    """A ``--timeout``: how long the store may keep failing before a command gives up;
+    more than 0 (a store that never fails never starts that clock)."""
+    try:
+        d = parse_duration(text)
+    except argparse.ArgumentTypeError:
+        d = None
+    if d is None or d <= timedelta(0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be more than 0, e.g. 500ms, 30s, 5m (how long the store may "
+            f"keep failing before the command gives up)"
+        )
+    return d
+
+
+def attach_negative_values(argv: list[str], takes_value: set[str]) -> list[str]:
+    """``--timeout -5s`` as ``--timeout=-5s``: argparse takes a value that starts with
+    ``-`` (and is not a plain negative number) for an option, and says "expected one
+    argument"; attached, the value reaches the option's own check and its message."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a in takes_value and nxt is not None and _NEGATIVE.match(nxt):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def store_args(p: argparse.ArgumentParser) -> None:
@@ -225,7 +263,7 @@ def timeout_arg(p: argparse.ArgumentParser, what: str = "the store keeps failing
     """``--timeout``: how long a command that writes waits while ``what``, then exits 3."""
     p.add_argument(
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         default=DEFAULT_TIMEOUT,
         metavar="DURATION",
         help=f"give up (exit 3, saying what was not written) when {what} this "

@@ -155,8 +155,10 @@ class Producer:
     ) -> WriteHandle:
         """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
 
-        Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
-        waiting longer.
+        Blocks under backpressure (the buffer is full until uploads free it); with
+        ``timeout`` raises BackpressureError instead of waiting longer, and without one
+        once the store has failed with nothing getting through for
+        ``retry.give_up_after`` (a slow store that keeps moving is waited for).
         """
         records = as_records(entries)
         meta = bytes(metadata)
@@ -165,8 +167,9 @@ class Producer:
         handle = WriteHandle()
         with self._cond:
             self._check_open()
-            ok = self._cond.wait_for(
-                lambda: (
+
+            def room() -> bool:
+                return (
                     self._closing
                     or self._error is not None
                     or (
@@ -176,15 +179,19 @@ class Producer:
                             or self._buffered_bytes + size <= cfg.max_buffered_bytes
                         )
                     )
-                ),
-                timeout,
-            )
+                )
+
+            ok = room()
+            if not ok:  # backpressure: the watch only then (produce() is the hot path)
+                deadline = None if timeout is None else time.monotonic() + timeout
+                ok = self._wait_for(room, deadline, self._watch(timeout))
             self._check_open()
             if not ok:
                 self.stats.incr("backpressure_timeouts")
                 raise BackpressureError(
                     f"producer buffer full ({self._buffered_inputs} calls, "
-                    f"{self._buffered_bytes} bytes) for {timeout} s"
+                    f"{self._buffered_bytes} bytes): produce() "
+                    f"{self._gave_up(timeout)}{self._why()}"
                 )
             b = self._open
             if not b.records and not b.metadata:
