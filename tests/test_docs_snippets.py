@@ -284,6 +284,30 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
     return out
 
 
+CLEANS_UP = {"getting-started.md"}
+"""Walk-throughs that end by removing everything they made (the others leave only
+what .gitignore covers, and never a secret such as a bearer-token file)."""
+HARNESS = {"spec.json", "examples", "node_modules"}
+
+
+def leftovers(work: Path) -> list[str]:
+    """What a page left in its working directory (directories with a trailing /)."""
+    return sorted(
+        p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+        for p in work.iterdir()
+        if p.name not in HARNESS
+    )
+
+
+def gitignored(name: str, is_dir: bool) -> bool:
+    """Whether the repository's .gitignore covers ``name`` at the checkout's root."""
+    path = name.rstrip("/") + ("/" if is_dir else "")
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path], check=False
+    )
+    return r.returncode == 0
+
+
 def _params() -> list[object]:
     out: list[object] = []
     for src in [*PAGES, *EXAMPLES]:
@@ -320,6 +344,12 @@ def test_page_runs_as_written(
     ]
     print(f"ran {ran}; not run here: {skipped}")
     assert ran
+    left = leftovers(work)
+    assert not [n for n in left if "token" in n], f"{source.name} leaves a secret: {left}"
+    unignored = [n for n in left if not gitignored(n, (work / n.rstrip("/")).is_dir())]
+    assert not unignored, f"{source.name} leaves {unignored}, which .gitignore does not cover"
+    if source.name in CLEANS_UP:
+        assert not left, f"{source.name} ends by removing what it made, but leaves {left}"
     if source.name == "spark_stream_to_parquet.py":  # a long job shows its progress
         assert re.search(
             r"^batch \d+: \d+ rows \(total \d+\), up to sequence \d+, "
