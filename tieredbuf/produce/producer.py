@@ -38,7 +38,13 @@ from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.produce.fanin import hub_for
-from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutcome, WriteHandle
+from tieredbuf.produce.handles import (
+    Durability,
+    DurabilityWatcher,
+    GiveUp,
+    RemoteOutcome,
+    WriteHandle,
+)
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
@@ -105,6 +111,7 @@ class Producer:
     ) -> None:
         self.config = config or ProducerConfig()
         self._guard = ForkGuard("producer")
+        self._give_up = GiveUp(lambda: self._watch(None), self._wait_gave_up)
         self.producer_id = producer_id or f"p-{ULID()}"
         self.stats = Stats()
         self._stop = threading.Event()
@@ -164,7 +171,7 @@ class Producer:
         meta = bytes(metadata)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16
         cfg = self.config
-        handle = WriteHandle()
+        handle = WriteHandle(DurabilityWatcher(give_up=self._give_up))
         with self._cond:
             self._check_open()
 
@@ -323,6 +330,13 @@ class Producer:
     def _pending(self) -> str:
         """Under the lock: what is not REMOTE yet, in words."""
         return f"{self._buffered_inputs} produce() call(s) ({self._buffered_bytes} bytes)"
+
+    def _wait_gave_up(self, durability: Durability) -> BaseException:
+        """What a write's wait without timeout raises once the store stalled."""
+        return FlushTimeoutError(
+            f"write not {durability.name}: {self._gave_up(None)}; it is held in this "
+            f"process's memory and still retried{self._why()}"
+        )
 
     def _why(self) -> str:
         last = self._publisher.last_error
