@@ -344,6 +344,7 @@ def test_page_runs_as_written(
     ]
     print(f"ran {ran}; not run here: {skipped}")
     assert ran
+    assert "Traceback" not in out, f"{source.name} printed a traceback:\n{out[-5000:]}"
     left = leftovers(work)
     assert not [n for n in left if "token" in n], f"{source.name} leaves a secret: {left}"
     unignored = [n for n in left if not gitignored(n, (work / n.rstrip("/")).is_dir())]
