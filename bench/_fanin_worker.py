@@ -14,6 +14,13 @@ the warm-up is timed from its ``produce()`` call to its handle's REMOTE callback
 buffer's request counts are snapshotted at the start and the end of the measured window
 (what the window cost, the root's conditional PUTs among them).  After the window it
 waits up to ``drain_s`` for every handle, closes the producers and prints one JSON line.
+
+With ``staging`` (a directory) the process runs one staged producer shared by its
+threads (the local tier's deployment: one per process).  With ``service`` (a URL list)
+the producers are service producers
+(``tieredbuf.service_producer``) writing through ``tieredbuf serve``
+(bench/fanin_service.py): the store requests are then the service's to count, and the
+windows hold the producers' HTTP requests instead.
 """
 
 from __future__ import annotations
@@ -79,7 +86,15 @@ class RootWrites:
         return getattr(self._inner, name)
 
 
-def _counts(buf: Any) -> dict[str, Any]:
+def _counts(buf: Any, producers: list[Any]) -> dict[str, Any]:
+    if buf is None:  # through the service: its instances count the store requests
+        http = [p.stats.snapshot() for p in producers]
+        return {
+            "requests": [],
+            "conflicts": {},
+            "http_requests": sum(h.get("requests", 0) for h in http),
+            "http_attempts": sum(h.get("attempts", 0) for h in http),
+        }
     return {
         "requests": [[op, kind, n] for (op, kind), n in buf.requests.snapshot().items()],
         "conflicts": dict(buf.requests.conflicts),
@@ -91,16 +106,32 @@ def main() -> None:
     import tieredbuf
     from tieredbuf.store import open_store
 
-    timed = RootWrites(open_store(cfg["url"], **cfg["store_options"]))
-    buf = tieredbuf.Buffer(timed)
     n, threads, period = cfg["n"], cfg["threads"], cfg["period_s"]
-    producers = [
-        buf.producer(
-            flush_interval=timedelta(milliseconds=cfg["flush_ms"]),
-            manifest_writes_per_s=cfg["rate"],
-        )
-        for _ in range(threads)
-    ]
+    timed: RootWrites | None = None
+    buf: Any = None
+    if cfg.get("service"):  # service producers (this tree only): bench/fanin_service.py
+        more = {"max_in_flight": cfg["max_in_flight"]} if cfg.get("max_in_flight") else {}
+        producers = [
+            tieredbuf.service_producer(
+                cfg["service"], flush_interval=timedelta(milliseconds=cfg["flush_ms"]), **more
+            )
+            for _ in range(threads)
+        ]
+    elif cfg.get("staging"):  # one staged producer for the process, shared by its threads
+        timed = RootWrites(open_store(cfg["url"], **cfg["store_options"]))
+        buf = tieredbuf.Buffer(timed)
+        staged = buf.producer(staging_dir=cfg["staging"], manifest_writes_per_s=cfg["rate"])
+        producers = [staged] * threads
+    else:
+        timed = RootWrites(open_store(cfg["url"], **cfg["store_options"]))
+        buf = tieredbuf.Buffer(timed)
+        producers = [
+            buf.producer(
+                flush_interval=timedelta(milliseconds=cfg["flush_ms"]),
+                manifest_writes_per_s=cfg["rate"],
+            )
+            for _ in range(threads)
+        ]
     # ready: the parent sends the wall-clock start shared by every process once all are
     print("READY", flush=True)
     start = float(sys.stdin.readline())
@@ -150,7 +181,7 @@ def main() -> None:
         delay = at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        windows[name] = {"t": time.monotonic(), "wall": time.time(), **_counts(buf)}
+        windows[name] = {"t": time.monotonic(), "wall": time.time(), **_counts(buf, producers)}
 
     snaps = [
         threading.Thread(target=snapshot_at, args=(name, at), daemon=True)
@@ -179,11 +210,12 @@ def main() -> None:
     try:  # this tree only: the fan-in hub's counters (commits, lists, announcements, ...)
         from tieredbuf.produce.fanin import hub_for
 
-        hub = hub_for(buf.store, buf.queue).stats.snapshot()
+        if buf is not None:
+            hub = hub_for(buf.store, buf.queue).stats.snapshot()
     except ImportError:
         pass
     closed = time.monotonic()
-    for p in producers:
+    for p in {id(p): p for p in producers}.values():
         try:
             p.close(timeout=cfg["close_s"])
         except Exception as e:  # a close that timed out is reported, not fatal here
@@ -205,15 +237,16 @@ def main() -> None:
                 "end": windows.get("end"),
                 "close_s": time.monotonic() - closed,
                 "hub": hub,
-                "root_writes": timed.times,
-                "root_reads": timed.root_reads,
-                "footer_reads": timed.footer_reads,
-                "lists": timed.lists,
+                "root_writes": timed.times if timed else [],
+                "root_reads": timed.root_reads if timed else [],
+                "footer_reads": timed.footer_reads if timed else [],
+                "lists": timed.lists if timed else [],
             }
         ),
         flush=True,
     )
-    buf.close()
+    if buf is not None:
+        buf.close()
 
 
 if __name__ == "__main__":

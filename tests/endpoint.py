@@ -112,3 +112,34 @@ class AzureEndpoint:
         name = f"tb-{uuid.uuid4().hex[:16]}"
         self.create_container(name)
         return name
+
+
+@dataclass(frozen=True)
+class GCSEndpoint:
+    """A GCS JSON API endpoint (fake-gcs-server on loopback): anonymous, plain HTTP."""
+
+    endpoint: str
+    """``http://127.0.0.1:PORT``"""
+
+    def options(self) -> dict[str, str | int]:
+        """Keyword options for tieredbuf.open() / store.open_store()."""
+        return {"endpoint": self.endpoint, "max_retries": 2}
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket through the JSON API (the store never creates one)."""
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise RuntimeError(f"creating bucket {name}: HTTP {r.status}")
+
+    def new_bucket(self) -> str:
+        name = f"tb-{uuid.uuid4().hex[:16]}"
+        self.create_bucket(name)
+        return name

@@ -13,6 +13,10 @@ already succeeded and meeting its own write (invariant I2, docs/invariants.md); 
 about one write per second to one key: a second write to a key within the window is
 refused with HTTP 429 SlowDown (classified as the real clients' 429 is: a transient
 error, refused and not applied).
+
+Damaged objects (replaced, truncated, extended, a byte flipped; invariant I10) are
+``tests/damage.py``'s ``DamagingStore``: a torture harness wraps its store in it and
+damages what it chooses.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from tieredbuf.store.base import (
     ObjectMeta,
     PutMode,
     Store,
+    Stored,
+    copy_range,
 )
 from tieredbuf.store.errmap import Facts, classify
 
@@ -181,6 +187,10 @@ class FaultInjectingStore:
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._run("get_range", key, lambda: self._inner.get_range(key, start, end))
 
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        # a ranged GET: faults armed on "get_range" fire on it too
+        return self._run("get_range", key, lambda: copy_range(self._inner, key, start, out))
+
     def get_suffix(self, key: str, length: int) -> bytes:
         return self._run("get_suffix", key, lambda: self._inner.get_suffix(key, length))
 
@@ -283,6 +293,9 @@ class KeyRateLimitedStore:
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self._inner.get_range(key, start, end)
+
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        return copy_range(self._inner, key, start, out)
 
     def get_suffix(self, key: str, length: int) -> bytes:
         return self._inner.get_suffix(key, length)
@@ -392,6 +405,13 @@ class CountingStore:
         b = self._inner.get_range(key, start, end)
         self._count_bytes(read=len(b))
         return b
+
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        self._count("get_range", key)  # one ranged GET, read into the caller's buffer
+        said = copy_range(self._inner, key, start, out)
+        known = len(out) if said is None else max(0, min(len(out), said.size - start))
+        self._count_bytes(read=known)
+        return said
 
     def get_suffix(self, key: str, length: int) -> bytes:
         self._count("get_suffix", key)

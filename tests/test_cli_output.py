@@ -177,7 +177,8 @@ def test_stdout_on_a_full_disk_is_one_line_and_acks_nothing(
 def test_consume_out_on_a_full_disk_is_one_line_acks_nothing_and_leaves_no_file(
     tmp_path: Path, out: str
 ) -> None:
-    url = _buffer(tmp_path / "b", [[b"%d" % i * 50 for i in range(2000)] for _ in range(3)])
+    # records that do not compress: each data object is past the 64 KiB file size limit
+    url = _buffer(tmp_path / "b", [[os.urandom(60) for _ in range(2000)] for _ in range(3)])
     target = tmp_path / "o" / out
     r = _run(["consume", url, "--out", str(target)], tmp_path, fsize=64 << 10)
     no_traceback(r)

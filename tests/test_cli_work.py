@@ -5,6 +5,7 @@ that outlives its lease) redelivers the entry, which is then acked exactly once.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -164,20 +165,137 @@ def test_a_lapsed_lease_of_a_killed_runner_is_redelivered_and_acked_once(
     assert sub.next_sequence == 1 and sub.work["leased"] == 0  # type: ignore[index]
 
 
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], within: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + within
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a condition against a deadline
+    return left
+
+
 @pytest.mark.slow
-def test_a_command_outliving_its_lease_is_stopped_and_the_entry_handed_back(
+def test_a_command_running_three_times_its_lease_keeps_it_and_is_acked_once(
     tmp_path: Path,
 ) -> None:
-    """Another worker could take the entry once the lease lapses: the runner stops the
-    command first, hands the entry back and says to raise --lease."""
-    url = make_buffer(tmp_path, [[b"slow"]])
-    script = "if [ -e once ]; then cat > got.txt; else touch once; exec sleep 60; fi"
-    r = work(tmp_path, url, "--lease", "2s", "--", "sh", "-c", script)
+    """The lease is extended every third of it while CMD runs: a second runner waiting
+    beside it never gets the entry, and it is acked once."""
+    url = make_buffer(tmp_path, [[b"long"]])
+    main = subprocess.Popen(
+        [EXE, "work", url, "jobs", "--lease", "2s", "--",
+         "sh", "-c", "touch started; sleep 6; cat > got.txt"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    other: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not (tmp_path / "started").exists():  # main holds the entry: now the other
+            assert main.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.01)  # polling a condition against a deadline
+        other = subprocess.Popen(
+            [EXE, "work", url, "jobs", "--lease", "2s", "--follow", "--poll-max", "200ms",
+             "--", "sh", "-c", "cat > other.txt"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _, main_err = main.communicate(timeout=DEADLINE)
+    finally:
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+        err = ""
+        if other is not None:
+            other.send_signal(signal.SIGINT)
+            _, err = other.communicate(timeout=DEADLINE)
+    r = subprocess.CompletedProcess(main.args, main.returncode, "", main_err)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "got.txt").read_text() == "long\n"
+    assert not (tmp_path / "other.txt").exists(), err
+    line = next(x for x in r.stderr.splitlines() if "exit 0 -> acked" in x)
+    extended = int(line.split("lease extended ")[1].split(" times")[0])
+    assert extended >= 8, line  # 6 s at one extension per 2/3 s
+    sub = queue_state(url)
+    assert sub.next_sequence == 1 and sub.rejected == ()
+    assert "acked" not in err  # the other runner acked nothing
+
+
+@pytest.mark.slow
+def test_a_command_ignoring_sigterm_past_max_run_is_stopped_with_its_children(
+    tmp_path: Path,
+) -> None:
+    """Found: a CMD that ignored SIGTERM was "stopped", yet its child ran on after work
+    exited.  Now SIGTERM and then SIGKILL go to the whole process group at --max-run."""
+    url = make_buffer(tmp_path, [[b"stuck"]])
+    script = (
+        'trap "" TERM; (trap "" TERM; sleep 60) & echo $! > child.pid; echo $$ > sh.pid; '
+        "sleep 60; wait"
+    )
+    r = work(
+        tmp_path, url, "--lease", "4s", "--max-run", "1s", "--max-deliveries", "1",
+        "--", "sh", "-c", script,
+    )  # fmt: skip
     assert r.returncode == 1, r.stderr
-    assert "2s lease: stopped (raise --lease) -> handed back" in r.stderr, r.stderr
-    assert "sequence 0: exit 0 -> acked" in r.stderr
-    assert (tmp_path / "got.txt").read_text() == "slow\n"
-    assert queue_state(url).next_sequence == 1
+    assert "ran past --max-run 1s: stopped -> handed back for redelivery" in r.stderr, r.stderr
+    pids = [int((tmp_path / f).read_text()) for f in ("sh.pid", "child.pid")]
+    assert _wait_gone(pids, within=0) == [], "a process of the command outlived work"
+    (rej,) = queue_state(url).rejected  # its one delivery used up: not run again
+    assert rej.seq == 0 and rej.deliveries == 1 and b"max_deliveries" in rej.reason
+
+
+@pytest.mark.slow
+def test_a_command_failing_three_times_then_succeeding_is_retried_with_backoff(
+    tmp_path: Path,
+) -> None:
+    """Found: a failing command was retried at once, five times in 0.69 s, and the entry
+    dead-lettered.  Now each redelivery waits a delay that doubles per delivery."""
+    url = make_buffer(tmp_path, [[b"flaky"]])
+    script = (
+        "date +%s.%N >> tries; n=$(wc -l < tries); "
+        '[ "$n" -gt 3 ] || { echo "try $n failed" >&2; exit 1; }'
+    )
+    r = work(
+        tmp_path, url, "--redelivery-delay", "300ms", "--max-deliveries", "5",
+        "--", "sh", "-c", script,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr  # some entry was handed back on the way
+    starts = [float(x) for x in (tmp_path / "tries").read_text().split()]
+    assert len(starts) == 4
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    for gap, delay in zip(gaps, (0.3, 0.6, 1.2), strict=True):
+        assert gap >= delay, gaps  # never redelivered before its delay
+    assert r.stderr.count("-> handed back for redelivery in ") == 3, r.stderr
+    assert r.stderr.count("exit 0 -> acked") == 1
+    sub = queue_state(url)
+    assert sub.next_sequence == 1 and sub.rejected == ()
+
+
+@pytest.mark.slow
+def test_nothing_of_a_command_outlives_a_runner_killed_with_sigkill(tmp_path: Path) -> None:
+    url = make_buffer(tmp_path, [[b"x"]])
+    script = "(sleep 60) & echo $! > child.pid; echo $$ > sh.pid; sleep 60"
+    p = subprocess.Popen(
+        [EXE, "work", url, "jobs", "--", "sh", "-c", script],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not (tmp_path / "sh.pid").exists() or not (tmp_path / "child.pid").exists():
+            assert p.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.01)  # polling a condition against a deadline
+        p.kill()
+        p.wait(DEADLINE)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    pids = [int((tmp_path / f).read_text()) for f in ("sh.pid", "child.pid")]
+    assert _wait_gone(pids) == [], "the command outlived its runner"
 
 
 def test_concurrency_runs_commands_side_by_side_each_entry_once(tmp_path: Path) -> None:
@@ -204,6 +322,9 @@ def test_work_needs_a_command_and_a_buffer(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and "no tieredbuf buffer" in r.stderr, r.stderr
     assert not (tmp_path / "typo").exists()
+    r = work(tmp_path, url, "--", "no-such-command-here")
+    assert r.returncode == 2 and "cannot run 'no-such-command-here'" in r.stderr, r.stderr
+    assert [s.name for s in tieredbuf.open(url).subscribers()] == []  # nothing was claimed
 
 
 def test_ctrl_c_stops_a_following_runner_with_a_summary(tmp_path: Path) -> None:

@@ -58,13 +58,58 @@ def test_compose_waits_for_the_drain_operations_md_promises() -> None:
     assert parse_duration(svc["stop_grace_period"]) >= _stop_budget(svc["command"])
 
 
+def _k8s() -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text()))
+
+
+def _pre_stop(container: dict[str, Any]) -> timedelta:
+    """The preStop hook's sleep: Kubernetes counts it in the grace period."""
+    hook = container.get("lifecycle", {}).get("preStop")
+    if hook is None:
+        return timedelta(0)
+    cmd = hook["exec"]["command"]
+    assert cmd[0] == "sleep", cmd
+    return timedelta(seconds=float(cmd[1]))
+
+
 def test_k8s_waits_for_the_drain_operations_md_promises() -> None:
-    docs: list[dict[str, Any]] = list(
-        yaml.safe_load_all((ROOT / "deploy/k8s/service.yaml").read_text())
-    )
-    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    pod = next(d for d in _k8s() if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    serve = pod["containers"][0]
     grace = timedelta(seconds=pod["terminationGracePeriodSeconds"])
-    assert grace >= _stop_budget(pod["containers"][0]["args"])
+    assert grace >= _pre_stop(serve) + _stop_budget(serve["args"])
+
+
+def test_k8s_instances_each_have_a_stage_of_their_own_and_leave_rotation_before_draining() -> None:
+    """Several instances on one buffer: a PersistentVolumeClaim per pod for the stage
+    (a stage belongs to its instance), a preStop pause so the load balancers stop
+    sending requests before SIGTERM stops the intake, and a headless Service so clients
+    can list the pods."""
+    docs = _k8s()
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    serve = sts["spec"]["template"]["spec"]["containers"][0]
+    stage_dir = next(a for a in serve["args"] if a.startswith("--staging=")).split("=", 1)[1]
+    mount = next(m for m in serve["volumeMounts"] if m["mountPath"] == stage_dir)
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    assert mount["name"] in claims  # a claim per pod, not a volume shared by the pods
+    assert _pre_stop(serve) > timedelta(0)
+    headless = next(
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"]
+    )
+    assert headless["spec"]["clusterIP"] == "None"
+
+
+def test_compose_runs_two_instances_each_on_a_stage_of_its_own() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    serves = {n: s for n, s in services.items() if s.get("command", [""])[0] == "serve"}
+    assert len(serves) >= 2
+    stages = [next(v for v in s["volumes"] if v.endswith(":/stage")) for s in serves.values()]
+    assert len(set(stages)) == len(stages), stages
+    assert len({s["ports"][0].split(":")[0] for s in serves.values()}) == len(serves)
+    for s in serves.values():
+        assert s["command"][1] == serves["tieredbuf"]["command"][1]  # one buffer
+        assert parse_duration(s["stop_grace_period"]) >= _stop_budget(s["command"])
 
 
 def test_every_alert_rule_names_metrics_tieredbuf_exports() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tieredbuf.config import AZURE_OPTION_ENV, S3_CREDENTIAL_ENV, S3_OPTION_ENV
 from tieredbuf.service.tokens import TOKENS_ENV
+from tieredbuf.store.gcs_open import CREDENTIALS_ENV, EMULATOR_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 READS = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")
@@ -16,7 +17,7 @@ def _read_by_the_code() -> set[str]:
     names = {
         e for table in (S3_OPTION_ENV, AZURE_OPTION_ENV) for envs in table.values() for e in envs
     }
-    names |= set(S3_CREDENTIAL_ENV) | {TOKENS_ENV}
+    names |= set(S3_CREDENTIAL_ENV) | {TOKENS_ENV, EMULATOR_ENV, CREDENTIALS_ENV}
     for path in [*(ROOT / "tieredbuf").rglob("*.py"), ROOT / "tests" / "conftest.py"]:
         names |= set(READS.findall(path.read_text("utf-8")))
     return names

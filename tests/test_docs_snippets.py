@@ -13,12 +13,13 @@ The rules (also in docs/getting-started.md, "How the docs are tested"):
   page starts one, else the test run's moto server, with the buckets the page names
   created empty and its keys in ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
   ``AWS_REGION`` (what a reader has after getting-started's "A local S3") -- the
-  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so does Azurite's
-  ``127.0.0.1:10000`` / ``--blobPort 10000``, and ``start_http_server(9100)`` listens on
-  any free port.  A page that runs ``node_modules/.bin/azurite-blob`` finds the
-  checkout's ``node_modules`` (where .ci/run installs Azurite) in its directory.
-  ``s3://`` URLs, options and commands are left as written.  ``HOME`` is the scratch
-  directory (no ``~/.aws`` of the machine's).
+  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so do a GCS
+  emulator's ``127.0.0.1:4443`` / ``-port 4443`` and Azurite's ``127.0.0.1:10000`` /
+  ``--blobPort 10000``, and ``start_http_server(9100)`` listens on any free port.  A
+  page that runs ``node_modules/.bin/azurite-blob`` finds the checkout's
+  ``node_modules`` (where .ci/run installs Azurite) in its directory.  ``s3://`` URLs,
+  options and commands are left as written.  ``HOME`` is the scratch directory (no
+  ``~/.aws`` of the machine's).
 * A ```python block runs in a fresh namespace; a ```bash block runs whole under
   ``bash -euo pipefail`` with the virtualenv's ``bin`` first on PATH (as after
   ``source .venv/bin/activate``, which is therefore not run; ``.venv/bin/`` prefixes
@@ -195,6 +196,7 @@ def ci_part(b: Block) -> str:
 class Ports:
     s3: int
     service: int
+    gcs: int
     azurite: int = 10000
 
 
@@ -204,6 +206,8 @@ def substitute(code: str, ports: Ports) -> str:
     code = re.sub(r"moto_server -p 9000\b", f"moto_server -p {ports.s3}", code)
     code = re.sub(r"(127\.0\.0\.1|localhost):8080\b", f"127.0.0.1:{ports.service}", code)
     code = re.sub(r"--port 8080\b", f"--port {ports.service}", code)
+    code = re.sub(r"(127\.0\.0\.1|localhost):4443\b", f"127.0.0.1:{ports.gcs}", code)
+    code = re.sub(r"-port 4443\b", f"-port {ports.gcs}", code)
     code = re.sub(r"(127\.0\.0\.1|localhost):10000\b", f"127.0.0.1:{ports.azurite}", code)
     code = re.sub(r"--blobPort 10000\b", f"--blobPort {ports.azurite}", code)
     code = code.replace("start_http_server(9100)", "start_http_server(0)")
@@ -228,9 +232,15 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
     ports = Ports(
         s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]),
         service=free_port(),
+        gcs=free_port(),
         azurite=free_port(),
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AWS_")
+        and k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
+    }
     env.update(
         HOME=str(work),
         SPARK_LOCAL_IP="127.0.0.1",
@@ -351,6 +361,16 @@ def test_page_runs_as_written(
     assert not unignored, f"{source.name} leaves {unignored}, which .gitignore does not cover"
     if source.name in CLEANS_UP:
         assert not left, f"{source.name} ends by removing what it made, but leaves {left}"
+    if source.name == "subscribers.md":  # the work example does what its comments say
+        for line in (
+            "work: sequence 0: exit 0 -> acked",
+            "work: sequence 1: exit 3: cannot do bad -> rejected",
+            "work: 1 acked, 1 rejected",
+            "exit 1",
+            "  rejected 1 after 1 deliveries: exit 3: cannot do bad",
+            "redriven (claimable again): 1",
+        ):
+            assert re.search(rf"^{re.escape(line)}", out, re.M), (line, out[-3000:])
     if source.name == "spark_stream_to_parquet.py":  # a long job shows its progress
         assert re.search(
             r"^batch \d+: \d+ rows \(total \d+\), up to sequence \d+, "

@@ -47,8 +47,15 @@ def test_select_garbage_applies_every_rfc_rule() -> None:
     assert report.skipped_foreign == 2
 
 
-def test_I5_gc_deletes_only_dequeued_old_objects(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    buf = tieredbuf.open(f"file://{tmp_path}/b")
+@pytest.mark.parametrize("backend", ["file", pytest.param("gcs", marks=pytest.mark.gcs)])
+def test_I5_gc_deletes_only_dequeued_old_objects(  # type: ignore[no-untyped-def]
+    tmp_path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "gcs":  # the root's CAS, the listing and the deletes on fake-gcs-server
+        gcs = request.getfixturevalue("gcs_endpoint")
+        buf = tieredbuf.open(f"gs://{gcs.new_bucket()}/b", **gcs.options())
+    else:
+        buf = tieredbuf.open(f"file://{tmp_path}/b")
     now = 1_800_000_000_000
     dequeued = _obj(buf, now - 60 * MIN)
     queued = _obj(buf, now - 50 * MIN)
@@ -63,13 +70,23 @@ def test_I5_gc_deletes_only_dequeued_old_objects(tmp_path) -> None:  # type: ign
     assert left == {queued, unenqueued, young_orphan}
 
 
-@pytest.mark.parametrize("backend", ["file", pytest.param("azure", marks=pytest.mark.azure)])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "file",
+        pytest.param("azure", marks=pytest.mark.azure),
+        pytest.param("gcs", marks=pytest.mark.gcs),
+    ],
+)
 def test_gc_on_an_empty_queue_deletes_old_unreferenced_objects_only(  # type: ignore[no-untyped-def]
     tmp_path, backend: str, request: pytest.FixtureRequest
 ) -> None:
     if backend == "azure":  # GC's list and batch delete on Azure Blob (Azurite)
         az = request.getfixturevalue("azurite_endpoint")
         buf = tieredbuf.open(f"az://{az.new_container()}/b", **az.options())
+    elif backend == "gcs":  # GC's list and per-key deletes on GCS (fake-gcs-server)
+        gcs = request.getfixturevalue("gcs_endpoint")
+        buf = tieredbuf.open(f"gs://{gcs.new_bucket()}/b", **gcs.options())
     else:
         buf = tieredbuf.open(f"file://{tmp_path}/b")
     now = 1_800_000_000_000

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import tieredbuf
-from tieredbuf.format.manifest import NewEntry
+from tieredbuf.format.manifest import Footer, NewEntry
 from tieredbuf.queue.longpoll import IDLE_BACKOFF_MAX_S, FooterPoll
 
 
@@ -217,3 +219,44 @@ def test_idle_poll_max_caps_a_consumers_backoff(tmp_path: Path) -> None:
     # the default (0.1 s doubling to 2.5 s) reads at 0.1, 0.3, 0.7 and 1.5 s
     assert counts[None] <= 5
     assert counts[timedelta(milliseconds=100)] >= 10, counts
+
+
+def test_an_idle_consumers_footer_reads_are_what_its_docstring_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consumer.next_batch(timeout=...) in a loop, idle for 30 simulated seconds: the
+    footer is read at 0, 0.1, 0.3, 0.7, 1.5, 3.1 s and then every ``idle_poll_max``
+    (2.5 s) -- 8 reads in the first 10 s after going idle, then 4 per 10 s (0.4/s, P2's
+    <= 0.5/s) -- as consume/consumer.py and config.py say."""
+    from types import SimpleNamespace
+
+    from tieredbuf.consume import consumer as consumer_module
+    from tieredbuf.consume.consumer import IDLE_POLL_MAX_S
+
+    url = f"file://{tmp_path}/b"
+    _produce(url, b"x")
+    clock = _Clock()
+    monkeypatch.setattr(consumer_module, "time", SimpleNamespace(monotonic=clock))
+    buf = tieredbuf.open(url)
+    c = buf.consumer()
+    c.initialize()
+    assert c.next_batch(timeout=5) is not None
+    reads: list[float] = []
+    read_footer = buf.queue.read_footer
+
+    def counted() -> Footer:
+        reads.append(clock.t)
+        return read_footer()
+
+    monkeypatch.setattr(buf.queue, "read_footer", counted)
+    c._poll = FooterPoll(  # the consumer's own settings, on the simulated clock
+        counted, first_s=0.1, max_s=IDLE_POLL_MAX_S, clock=clock, sleep=clock.sleep
+    )
+    start = clock.t
+    while clock.t - start < 30:
+        assert c.next_batch(timeout=1.0) is None
+    since = [round(t - reads[0], 3) for t in reads]
+    assert since[:9] == [0.0, 0.1, 0.3, 0.7, 1.5, 3.1, 5.6, 8.1, 10.6]
+    per_10s = [sum(1 for t in since if 10 * w <= t < 10 * (w + 1)) for w in range(3)]
+    assert per_10s == [8, 4, 4]
+    c.close()

@@ -1,5 +1,5 @@
 """Several producer *processes* append concurrently against a real object store over HTTP:
-moto and SeaweedFS (S3), Azurite (Azure Blob)."""
+moto and SeaweedFS (S3), Azurite (Azure Blob), fake-gcs-server (GCS)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tieredbuf
-from tests.endpoint import AzureEndpoint
+from tests.endpoint import AzureEndpoint, GCSEndpoint
 
 WORKER = Path(__file__).with_name("producer_worker.py")
 
@@ -71,6 +71,7 @@ def _consume_until(buf: tieredbuf.Buffer, total: int, procs: list) -> list[tuple
         pytest.param("s3_endpoint", marks=pytest.mark.s3),
         pytest.param("seaweedfs_endpoint", marks=pytest.mark.s3),
         pytest.param("azurite_endpoint", marks=pytest.mark.azure),
+        pytest.param("gcs_endpoint", marks=pytest.mark.gcs),
     ],
 )
 @pytest.mark.slow
@@ -80,6 +81,8 @@ def test_I2_I3_four_producer_processes_one_consumer_exactly_once_in_order(
     endpoint = request.getfixturevalue(server)
     if isinstance(endpoint, AzureEndpoint):
         url = f"az://{endpoint.new_container()}/buf"
+    elif isinstance(endpoint, GCSEndpoint):
+        url = f"gs://{endpoint.new_bucket()}/buf"
     else:
         url = f"s3://{endpoint.new_bucket()}/buf"
     opts = endpoint.options()

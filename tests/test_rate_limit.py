@@ -1,11 +1,11 @@
 """A store that allows one write per second to one key (GCS, Cloudflare R2): producers
 lose no append, and the root is written within the store's budget.
 
-The store is KeyRateLimitedStore (tieredbuf/store/faults.py) over memory: no GCS or R2
-server runs here, and no emulator models their per-key limit, so the limit is modelled
-as they document it -- a second write to a key within a second is refused with 429
-SlowDown.  Everything above the store (producers, pacing, the CAS loop) is the real
-code.
+The store is KeyRateLimitedStore (tests/faults.py) over memory, and over the GCS store
+on fake-gcs-server with the budget that store gives itself: no GCS or R2 server runs
+here, and the emulator does not model the per-key limit, so the limit is modelled as
+they document it -- a second write to a key within a second is refused with 429.
+Everything above the store (producers, pacing, the CAS loop) is the real code.
 """
 
 from __future__ import annotations
@@ -17,21 +17,35 @@ from datetime import timedelta
 
 import pytest
 
+from tests.endpoint import GCSEndpoint
 from tests.faults import KeyRateLimitedStore
 from tieredbuf import Durability, keys
 from tieredbuf.buffer import Buffer
 from tieredbuf.queue.cas import THROTTLE_PAUSE_S
-from tieredbuf.store import open_store
+from tieredbuf.store import Store, open_store
+from tieredbuf.store.base import manifest_writes_per_s
 
 PRODUCERS = 3
 CALLS = 30
 
 
+def _inner(backend: str, request: pytest.FixtureRequest) -> Store:
+    if backend == "memory":
+        return open_store("memory://")
+    gcs: GCSEndpoint = request.getfixturevalue("gcs_endpoint")
+    return open_store(f"gs://{gcs.new_bucket()}/buf", **gcs.options())
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["memory", pytest.param("gcs", marks=pytest.mark.gcs)])
 def test_I2_producers_on_a_one_write_per_second_store_lose_no_append_and_keep_the_budget(
-    capsys: pytest.CaptureFixture[str],
+    backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = KeyRateLimitedStore(open_store("memory://"), window_s=1.0)
+    inner = _inner(backend, request)
+    # the GCS store's own default budget (1/s) is the one under test there
+    store = KeyRateLimitedStore(
+        inner, window_s=1.0, manifest_writes_per_s=manifest_writes_per_s(inner)
+    )
     buf = Buffer(store)
     buf.create()
     producers = [buf.producer(flush_interval=timedelta(milliseconds=20)) for _ in range(PRODUCERS)]
@@ -91,7 +105,8 @@ def test_I2_producers_on_a_one_write_per_second_store_lose_no_append_and_keep_th
     assert stats.get("throttled", 0) == refused  # counted
     with capsys.disabled():
         print(
-            f"\n{PRODUCERS} producers, {PRODUCERS * CALLS} calls on a 1 write/s/key store: "
+            f"\n{backend}: {PRODUCERS} producers, {PRODUCERS * CALLS} calls on a 1 write/s/key "
+            f"store: "
             f"{len(accepted)} root writes and {refused} refused (429) in {span:.1f} s "
             f"({len(accepted) / max(span, 1e-9):.2f} root writes/s)"
         )

@@ -19,15 +19,16 @@ from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.store import open_store
 
 
-def _e(i: int) -> NewEntry:
+def _e(i: int, size: int = 10) -> NewEntry:
     now_ms = time.time_ns() // 1_000_000  # ingested now: well inside a 1 h age limit
-    return NewEntry(f"data/{i}.batch", (MetadataItem(0, now_ms, b""),), 10)
+    return NewEntry(f"data/{i}.batch", (MetadataItem(0, now_ms, b""),), size)
 
 
 def _fill(q: ManifestQueue, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
-        q.store.put(f"data/{i}.batch", encode_batch([b"r%d" % i]))
-        q.append([_e(i)], "p", i + 1)
+        body = encode_batch([b"r%d" % i])
+        q.store.put(f"data/{i}.batch", body)
+        q.append([_e(i, len(body))], "p", i + 1)  # its true size: readers check it (I10)
 
 
 def test_I5_a_default_consumer_keeps_history_the_root_says_to_retain(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -59,7 +60,7 @@ def test_changing_the_policy_by_cas_applies_it_and_is_idempotent() -> None:
     e = q.initialize("c")
     q.set_retention(max_bytes=1_000)
     q.dequeue(9, e)
-    assert q.read().low == 0  # 100 bytes linked: all kept
+    assert q.read().low == 0  # 130 bytes linked: all kept
     # a lost response: the CAS landed, the retry finds the policy in place
     fault = store.arm("put", key=keys.MANIFEST_KEY, when="after", error=OutcomeUnknownError)
     assert q.set_retention(max_bytes=35) == RetentionPolicy(None, 35)

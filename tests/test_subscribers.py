@@ -188,7 +188,8 @@ def test_I9_retention_wins_over_a_stalled_subscriber_who_is_told() -> None:
     from tieredbuf.format.batch import encode_batch
 
     buf = _buf()
-    buf.set_retention(max_bytes=len(encode_batch([b"r0"])))  # keep at most one object
+    one = encode_batch([b"r0"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=len(one))  # keep at most one object of fill()'s
     stalled = buf.consumer("stalled")
     skipper = buf.consumer("skipper", on_lost="skip")
     buf.create()
@@ -225,7 +226,8 @@ def test_I9_a_skipping_subscriber_whose_read_window_was_unlinked_and_reaped_move
     first = c.next_batch()
     assert first is not None and first.sequence == 0  # the window 0..11 is decoded now
     c.ack(0)
-    buf.set_retention(max_bytes=2 * len(encode_batch([b"r10"])))  # keeps 10 and 11
+    one = encode_batch([b"r10"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=2 * len(one))  # keeps 10 and 11
     assert buf.snapshot().low == 10
     linked = {e.location for e in buf.snapshot().iter_from(10)}
     gone = [m.key for m in buf.store.list(keys.DATA_PREFIX) if m.key not in linked]

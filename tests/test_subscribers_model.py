@@ -46,7 +46,8 @@ from tieredbuf.store import open_store
 STREAMS = ("s0", "s1")
 WORKERS = 2
 LEASE_MS = 1000
-OBJ = len(encode_batch([b"r0"]))
+OBJ = len(encode_batch([b"r%06d" % 0]))
+"""Every object's size: one fixed-width record (readers check the recorded size, I10)."""
 
 
 class Clock:
@@ -86,7 +87,7 @@ class SubscriberMachine(RuleBasedStateMachine):
         new = []
         for i in range(self.n, self.n + k):
             key = keys.data_key(ULID.from_timestamp(self.clock.t / 1000))
-            self.buf.store.put(key, encode_batch([b"r%d" % i]), mode="create")
+            self.buf.store.put(key, encode_batch([b"r%06d" % i]), mode="create")
             new.append(NewEntry(key, (MetadataItem(0, self.clock.t, b""),), OBJ))
         self.pseq += k
         assert self.buf.queue.append(new, "p", self.pseq) == list(range(self.n, self.n + k))
@@ -130,7 +131,7 @@ class SubscriberMachine(RuleBasedStateMachine):
                 assert b is None
                 return
             assert b is not None and b.sequence == self.expect[name]  # I3: next, in order
-            assert b.entries == [b"r%d" % b.sequence]
+            assert b.entries == [b"r%06d" % b.sequence]
             c.ack(b.sequence)
             self.expect[name] = self.acked[name] = b.sequence + 1
 
@@ -203,7 +204,7 @@ class SubscriberMachine(RuleBasedStateMachine):
         assert s not in self.done, "a done entry was delivered again"
         other = self._live_holder(s)
         assert other is None or other == i, "an entry leased to a live worker was handed out"
-        assert b.entries == [b"r%d" % s]
+        assert b.entries == [b"r%06d" % s]
         self.holder[s] = (i, w._held[s].expires_ms)
 
     @rule(

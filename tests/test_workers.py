@@ -108,20 +108,49 @@ def test_a_lapsed_lease_nobody_claimed_again_may_still_be_acked() -> None:
     assert _progress(buf).next_sequence == 1
 
 
-def test_defer_hands_an_entry_back_at_once() -> None:
+def test_defer_hands_an_entry_back_after_its_redelivery_delay() -> None:
     buf = tieredbuf.open("memory://")
     fill(buf, 1)
-    a, b = _worker(buf), _worker(buf)
+    clock = Clock()
+    a, b = _worker(buf, clock), _worker(buf, clock)
     got = a.claim()
     assert got is not None and b.claim() is None
     a.defer(got.sequence)
+    assert b.claim() is None  # its redelivery delay: 1 s after a first delivery
+    clock.t += 1_000
     again = b.claim()
     assert again is not None and again.sequence == got.sequence
     with pytest.raises(AckOrderError):
         a.ack(got.sequence)  # no longer a's
-    b.ack(again.sequence)
+    b.defer(again.sequence, delay=timedelta(0))  # at once
+    third = a.claim()
+    assert third is not None and third.sequence == got.sequence
+    a.ack(third.sequence)
+    a.close()
     b.close()
     assert _progress(buf).next_sequence == 1
+
+
+def test_the_redelivery_delay_doubles_with_each_delivery_up_to_its_cap() -> None:
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    clock = Clock()
+    w = _worker(
+        buf,
+        clock,
+        redelivery_delay=timedelta(seconds=2),
+        redelivery_delay_max=timedelta(seconds=5),
+    )
+    waits = []
+    for _ in range(4):
+        got = w.claim()
+        assert got is not None
+        w.defer(got.sequence)
+        waits.append(w.waiting_s())
+        clock.t += 1_999
+        assert w.claim() is None  # not a millisecond early
+        clock.t += int(waits[-1] * 1000) - 1_999
+    assert waits == [2.0, 4.0, 5.0, 5.0]
 
 
 def test_rejected_entries_are_listed_and_never_redelivered() -> None:
@@ -239,7 +268,8 @@ def test_retention_lost_entries_raise_or_are_skipped_and_counted() -> None:
     strict, skipper = _worker(buf, name="strict"), _worker(buf, name="skip", on_lost="skip")
     strict.initialize()
     skipper.initialize()
-    buf.set_retention(max_bytes=len(encode_batch([b"r0"])))
+    one = encode_batch([b"r0"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=len(one))  # one object of fill()'s: the newest is kept
     fill(buf, 3)
     with pytest.raises(DataLossError, match=r"0\.\.1"):
         strict.claim()
@@ -302,9 +332,10 @@ def test_max_deliveries_ignores_leases_a_worker_let_lapse_before_handing_them_ou
     assert _progress(buf).rejected == ()
 
 
-def test_max_deliveries_charges_a_dead_worker_only_for_the_entry_claim_returned() -> None:
-    """A worker killed after a refill (it stops writing: its leases lapse) is charged a
-    delivery for the entry it was on -- the lowest of its lease -- not for the rest."""
+def test_a_dead_workers_unsaid_hand_out_is_not_charged_and_the_next_one_is_marked() -> None:
+    """A worker killed after a refill (it stops writing: its leases lapse) never said
+    which entries claim() returned: none is charged (I10), every one is suspect, and the
+    next worker marks each (one CAS: the charge made durable) before claim() returns it."""
     buf = tieredbuf.open("memory://")
     fill(buf, 4)
     clock = Clock()
@@ -312,10 +343,34 @@ def test_max_deliveries_charges_a_dead_worker_only_for_the_entry_claim_returned(
     assert dead.claim() is not None  # then the process dies holding 0..3
     clock.t += 60_000
     b = _worker(buf, clock, max_deliveries=1, claim_batch=4)
-    assert sorted(x.sequence for x in iter(b.claim, None)) == [1, 2, 3]
-    assert [(r.seq, r.deliveries, r.reason) for r in _progress(buf).rejected] == [
-        (0, 1, b"max_deliveries reached")
-    ]
+    marked: list[int] = []
+    b.on_mark = marked.append
+    got = []
+    for x in iter(b.claim, None):
+        got.append(x.sequence)
+        (lease,) = [y for y in b.subscription.progress.leases if y.seq == x.sequence]
+        assert lease.deliveries == 1  # charged before claim() returned it
+    assert got == marked == [0, 1, 2, 3]
+    assert _progress(buf).rejected == ()
+
+
+def test_an_entry_that_kills_every_worker_is_still_dead_lettered() -> None:
+    """The first death leaves no word (the hand-out is never charged); from then on each
+    hand-out is marked before claim() returns it, so max_deliveries still stops it."""
+    buf = tieredbuf.open("memory://")
+    fill(buf, 1)
+    clock = Clock()
+    returns = 0
+    for _ in range(5):
+        w = _worker(buf, clock, max_deliveries=2, claim_batch=1, lease=timedelta(seconds=10))
+        got = w.claim()
+        if got is None:
+            break
+        returns += 1  # and the worker dies on it
+        clock.t += 60_000
+    (rej,) = _progress(buf).rejected
+    assert (rej.seq, rej.deliveries, rej.reason) == (0, 2, b"max_deliveries reached")
+    assert returns == 3  # one unrecorded, then two charged
 
 
 def test_a_deferred_entry_counts_as_delivered_once_per_claim() -> None:
@@ -325,7 +380,7 @@ def test_a_deferred_entry_counts_as_delivered_once_per_claim() -> None:
     for _ in range(2):
         got = w.claim()
         assert got is not None and got.sequence == 0
-        w.defer(0)
+        w.defer(0, delay=timedelta(0))
     assert w.claim() is None
     assert [(r.seq, r.deliveries) for r in _progress(buf).rejected] == [(0, 2)]
 
@@ -414,7 +469,8 @@ def test_I9_a_skipping_worker_whose_leased_entries_were_unlinked_and_reaped_move
     first = w.claim()
     assert first is not None and first.sequence == 0  # 1..11 leased too
     w.ack(0)
-    buf.set_retention(max_bytes=2 * len(encode_batch([b"r10"])))  # keeps 10 and 11
+    one = encode_batch([b"r10"], tieredbuf.ProducerConfig().batch_compression)
+    buf.set_retention(max_bytes=2 * len(one))  # keeps 10 and 11
     linked = {e.location for e in buf.snapshot().iter_from(10)}
     gone = [m.key for m in buf.store.list(keys.DATA_PREFIX) if m.key not in linked]
     assert not buf.store.delete_many(gone)  # what GC does past the grace period
@@ -496,9 +552,10 @@ def test_an_entry_leased_ahead_is_never_handed_out_when_its_lease_is_about_to_la
     again = w.claim()
     assert again is not None
     assert w.stats.get("lapsed_before_use") == 6  # 2..7: handed back uncharged, not out
+    w._settle(wait=True)
     lease = next(x for x in w.subscription.reload().leases if x.seq == again.sequence)
     assert lease.expires_ms - clock.t == 10_000  # handed out under a fresh lease
-    assert lease.deliveries == 0
+    assert lease.deliveries <= 1  # this hand-out only: releasing 2..7 charged nothing
 
 
 def test_refill_ahead_off_refills_only_when_claim_runs_dry() -> None:

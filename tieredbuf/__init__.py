@@ -7,18 +7,21 @@ consumer = buf.consumer(); consumer.initialize()
 batch = consumer.next_batch(); consumer.ack(batch.sequence); consumer.flush()
 etl = buf.consumer(subscriber="etl")             # a named subscriber: own position and epoch
 w = buf.worker("jobs"); b = w.claim(); w.ack(b.sequence)   # a shared work queue
+svc = tieredbuf.service_producer("http://host1:8080,host2:8080")  # through `tieredbuf serve`
 """
 
 from __future__ import annotations
 
 from tieredbuf import errors
-from tieredbuf.buffer import Buffer, open
+from tieredbuf.buffer import Buffer, open, service_producer
+from tieredbuf.client.producer import ServiceProducer
 from tieredbuf.config import (
     Compression,
     ConsumerConfig,
     GcConfig,
     ProducerConfig,
     RetryConfig,
+    ServiceProducerConfig,
     TreeConfig,
     WorkerConfig,
 )
@@ -32,6 +35,9 @@ from tieredbuf.errors import (
     FencedError,
     LeaseExpiredError,
     OutcomeUnknownError,
+    ServiceError,
+    ServiceRefusedError,
+    ServiceUnavailableError,
     SubscriberRemovedError,
     TieredBufError,
 )
@@ -73,6 +79,11 @@ __all__ = [
     "ProducerConfig",
     "RetentionPolicy",
     "RetryConfig",
+    "ServiceError",
+    "ServiceProducer",
+    "ServiceProducerConfig",
+    "ServiceRefusedError",
+    "ServiceUnavailableError",
     "SubscriberRemovedError",
     "TieredBufError",
     "TreeConfig",
@@ -82,4 +93,5 @@ __all__ = [
     "errors",
     "gc",
     "open",
+    "service_producer",
 ]

@@ -3,26 +3,41 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, overload
 
-from tieredbuf.config import ConsumerConfig, ProducerConfig, TreeConfig, WorkerConfig
-from tieredbuf.consume.consumer import Consumer, fetch_object
+from tieredbuf.client.producer import ServiceProducer
+from tieredbuf.config import (
+    ConsumerConfig,
+    ProducerConfig,
+    ServiceProducerConfig,
+    TreeConfig,
+    WorkerConfig,
+)
+from tieredbuf.consume.consumer import Consumer
+from tieredbuf.consume.fetch import fetch_object
 from tieredbuf.consume.reader import ContinuousReader, OnLost, Position, TreeReader
 from tieredbuf.consume.worker import Worker
-from tieredbuf.errors import ConfigError, ObjectNotFoundError
+from tieredbuf.errors import ConfigError, DataLossError, ObjectNotFoundError
+from tieredbuf.format import idem
 from tieredbuf.format.manifest import ManifestEntry, RetentionPolicy
 from tieredbuf.format.registry import check_name
 from tieredbuf.keys import MANIFEST_KEY, QUEUE_PREFIX
 from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.producer import Producer
 from tieredbuf.produce.staged import StagedProducer, drain
+from tieredbuf.queue import dedupe
+from tieredbuf.queue.dedupe import Found
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
+from tieredbuf.queue.redrive import RedriveResult
+from tieredbuf.queue.redrive import redrive as redrive_dead_letters
 from tieredbuf.queue.subscribers import ProgressStore, SubscriberInfo, publish, remove
 from tieredbuf.queue.subscribers import listing as subscriber_listing
 from tieredbuf.queue.subscription import Subscription, open_subscription
 from tieredbuf.store import open_store
+from tieredbuf.store.azure import is_azure_url
 from tieredbuf.store.base import Store
 from tieredbuf.store.counting import MeteredStore, RequestCounts
 
@@ -124,6 +139,15 @@ class Buffer:
         was not registered."""
         return remove(self.queue, check_name(name))
 
+    def redrive(
+        self, queue: str, sequences: Collection[int] | None = None, *, drop: bool = False
+    ) -> RedriveResult:
+        """Send the dead letters ``sequences`` (all when None) of the work queue ``queue``
+        back: claimable again at once, delivery count reset (SQS's dead-letter redrive).
+        ``drop=True`` instead lets the buffer unlink their entries (they stay listed).
+        Dead letters whose entries retention already unlinked are reported, not redriven."""
+        return redrive_dead_letters(self.queue, check_name(queue), sequences, drop=drop)
+
     def publish_subscribers(self) -> int:
         """Copy every named subscriber's position from its progress object into the root
         (one CAS, only if one moved): what a cron GC does for subscribers gone quiet.
@@ -163,6 +187,14 @@ class Buffer:
 
     def entries(self) -> list[ManifestEntry]:
         return self.snapshot().entries()
+
+    def find_keyed(self, key: str) -> Found | None:
+        """The entry holding a produce() call made with idempotency ``key``, among the
+        linked entries since the key's time (one root read; :mod:`tieredbuf.queue.dedupe`),
+        or None."""
+        d = idem.digest(key)
+        got = dedupe.find(self.snapshot(), {d: idem.key_ms(key)}, self.queue.clock_ms())
+        return got.get(d)
 
     def lookup_sequence(self, seq: int, *, on_lost: OnLost = "raise") -> Position:
         """Find entry ``seq`` (one GET per tree level; see :mod:`tieredbuf.consume.reader`)."""
@@ -226,9 +258,27 @@ class Buffer:
         """The root's retention policy (one read; None: never set, no retention)."""
         return self.snapshot().retention
 
-    def read_object(self, entry: ManifestEntry) -> bytes:
-        """The data object an entry points at (DataLossError when it is missing)."""
-        return fetch_object(self.store, entry)
+    def read_object(self, entry: ManifestEntry, size: int | None = None) -> bytes:
+        """The data object an entry points at, checked against what the manifest recorded
+        (``size``: the recorded size, as ``reader().poll_sized()`` gives it; None looks it
+        up, one root read).  A missing object is DataLossError; one of another size, or a
+        ``.qseg`` failing its CRC, is CorruptError (DamagedObjectError): never served."""
+        if size is None:
+            size = self.recorded_size(entry)
+        return fetch_object(self.store, entry, size)
+
+    def recorded_size(self, entry: ManifestEntry) -> int:
+        """The size the manifest recorded for ``entry``'s data object (0: none recorded);
+        DataLossError when the manifest no longer links it (one root read, and one GET per
+        tree level below it)."""
+        for e, size in self.snapshot().iter_sized_from(entry.sequence):
+            if e.sequence == entry.sequence and e.location == entry.location:
+                return size
+            break
+        raise DataLossError(
+            f"sequence {entry.sequence} ({entry.location}) is not linked by the manifest of "
+            f"{self.url} (dequeued, or unlinked by retention): no size recorded to check"
+        )
 
     def close(self) -> None:
         self.store.close()
@@ -247,7 +297,33 @@ def open(url: str, *, tree: TreeConfig | None = None, **options: Any) -> Buffer:
     root's retention policy in this buffer's first write if the root has none (the
     root's stored policy is authoritative: see :meth:`Buffer.set_retention`).
     """
+    if is_service_url(url):
+        raise ConfigError(
+            f"{url} is not a store URL: an http(s)://host:port URL is a `tieredbuf serve` "
+            f"endpoint; write to it with tieredbuf.service_producer({url!r}), and open the "
+            "buffer's own store URL (s3://, az://, file://) to read it"
+        )
     return Buffer(open_store(url, **options), tree)
 
 
-__all__ = ["Buffer", "open"]
+def is_service_url(url: str) -> bool:
+    """Whether ``url`` names a ``tieredbuf serve`` endpoint (``http://``, ``https://``
+    that is not an Azure Blob account URL; a comma list of them) rather than a store."""
+    scheme = url.partition("://")[0].lower()
+    return scheme in ("http", "https") and not is_azure_url(url)
+
+
+def service_producer(urls: str | Sequence[str], **config: Any) -> ServiceProducer:
+    """A producer that writes through ``tieredbuf serve``: the twin of
+    :meth:`Buffer.producer` for a buffer behind the service.
+
+    ``urls``: ``"http://host:8080"``, several instances of the service on one buffer as
+    ``"http://host1:8080,host2:8080"`` (or a list), or one load-balanced address;
+    ``https://`` for TLS.  Keyword arguments are :class:`ServiceProducerConfig` fields:
+    ``flush_interval``, ``max_in_flight``, ``token`` / ``token_file``, ``ca_file``, ...
+    ``produce()`` gives a WriteHandle that reaches REMOTE with the entry the service
+    put the records in (docs/operations.md, "The client")."""
+    return ServiceProducer(urls, _build(ServiceProducerConfig, "service producer", config))
+
+
+__all__ = ["Buffer", "is_service_url", "open", "service_producer"]

@@ -18,10 +18,17 @@ from tieredbuf.errors import ConfigError
 
 
 class Compression(IntEnum):
-    """Data batch ``compression_type`` (RFC 0001)."""
+    """Data batch ``compression_type`` (RFC 0001).  Config fields also take the names
+    ``"none"`` and ``"zstd"``."""
 
     NONE = 0
     ZSTD = 1
+
+    @classmethod
+    def _missing_(cls, value: object) -> Compression | None:
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        return None
 
 
 DEFAULT_GC_GRACE_PERIOD = timedelta(minutes=10)
@@ -32,8 +39,9 @@ MAX_UPLOADS_IN_FLIGHT = 4
 """The GC grace period a buffer gets when its root's buffer section is first written
 (``Buffer.set_gc_grace_period`` changes it), and the fallback for a root without one."""
 DEFAULT_IDLE_POLL_MAX = timedelta(seconds=2.5)
-"""A consumer's longest pause between footer reads while idle: 0.4 requests/s, so any
-10 s holds at most 5 (``ConsumerConfig.idle_poll_max``)."""
+"""A consumer's longest pause between footer reads while idle (``ConsumerConfig
+.idle_poll_max``): 0.4 requests/s once reached; the backoff from 0.1 s up to it makes
+8 footer reads in the first 10 s of an idle spell, then 4 per 10 s."""
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -90,8 +98,12 @@ class ProducerConfig:
     """produce() calls buffered before produce() blocks (backpressure)."""
     max_buffered_bytes: int = 256 << 20
     """Bytes buffered (not yet durable) before produce() blocks (backpressure)."""
-    batch_compression: Compression = Compression.NONE
-    """Compression of the data batch record block."""
+    batch_compression: Compression = Compression.ZSTD
+    """Compression of the data batch record block: ``zstd`` (level 3, with the frame's
+    content checksum) or ``none``.  At 100 B and 1 KiB log-like records zstd stores
+    about a fifth of the bytes (PUT bytes, storage, egress) for 0-20 % of the direct
+    ingest rate and 6-17 % of Spark's read rate (bench/compression.py,
+    docs/benchmarks.md); on incompressible records it saves nothing and costs."""
     gc_grace_period: timedelta = DEFAULT_GC_GRACE_PERIOD
     """Used only with a root that has no buffer section (written by an older tieredbuf):
     otherwise the root's grace period (``Buffer.set_gc_grace_period``) applies.  An
@@ -124,6 +136,100 @@ class ProducerConfig:
         _non_negative_td("gc_grace_period", self.gc_grace_period)
 
 
+SERVICE_DURABILITIES = ("local", "remote")
+
+
+def _service_retry() -> RetryConfig:
+    return RetryConfig(
+        initial_backoff=timedelta(milliseconds=50),
+        max_backoff=timedelta(seconds=2),
+        give_up_after=None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceProducerConfig:
+    """A producer that writes through ``tieredbuf serve`` (:mod:`tieredbuf.client`):
+    ``produce()`` calls are batched as the direct producer batches them, and each batch
+    is one ``POST /v1/produce``, retried under one ``Idempotency-Key``."""
+
+    flush_interval: timedelta = timedelta(milliseconds=100)
+    """Send the open batch when it is this old."""
+    flush_size_bytes: int = 8 << 20
+    """A call that would take the open batch past this many bytes starts a new one: keep
+    it under the service's ``--max-body`` (16 MiB by default).  A single call larger
+    than that is sent alone (and refused with 413 if the service's limit is lower)."""
+    max_request_records: int = 100_000
+    """... and past this many records: the service's ``--max-records``."""
+    max_buffered_inputs: int = 1000
+    """produce() calls not yet answered before produce() blocks (backpressure)."""
+    max_buffered_bytes: int = 256 << 20
+    """Bytes not yet answered before produce() blocks (backpressure)."""
+    max_in_flight: int = 1
+    """Requests this producer has in flight at once (each on its own connection); while
+    all are out the open batch keeps filling.  With 1 and ``durability="remote"`` each
+    request is in the queue before the next is sent, so the producer's calls land in
+    the order they were made, as a direct producer's do (I3).  More lower a light
+    producer's latency (a call need not wait for the request before it) and give up
+    that order; under load they cost more requests, and CPU on both sides
+    (docs/operations.md, "The client")."""
+    durability: str = "remote"
+    """What the service is asked for: ``remote`` (handles reach LOCAL and REMOTE when
+    the answer names the request's entry) or ``local`` (handles reach LOCAL when the
+    service's stage fsynced the request; REMOTE waits fail with
+    ``RemoteNotRequestedError``)."""
+    request_timeout: timedelta = timedelta(seconds=60)
+    """One attempt's socket timeout.  Keep it above the service's ``--remote-timeout``
+    (30 s): the service answers 504 then, and the request is retried."""
+    retry: RetryConfig = field(default_factory=_service_retry)
+    """Backoff between attempts (jittered, 50 ms doubling to 2 s), unless the service
+    said ``Retry-After``.  ``give_up_after`` None (the default): a request is retried
+    until the producer is closed, as the direct producer's uploads are; set: its
+    handles fail with ``ServiceUnavailableError`` after retrying that long."""
+    max_retry_after: timedelta = timedelta(seconds=30)
+    """A ``Retry-After`` longer than this is taken as this long."""
+    unknown_outcome_for: timedelta = timedelta(minutes=5)
+    """Once an attempt's outcome is unknown (sent and not answered, or answered 5xx), the
+    request's later attempts are marked as retries of it (``X-Tieredbuf-Retry: 1``): the
+    service answers them from the first (its own table, or the entry in the queue), and
+    409 while no instance can tell -- it may be in flight, or staged at an instance that
+    is down.  After this long of that the calls fail with ``ServiceUnavailableError``
+    (``may_have_landed``): stored once, or not at all, never twice."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent as ``Authorization: Bearer <token>`` (never printed)."""
+    token_file: str | None = None
+    """... or a file holding it (its first token; blank lines and ``#`` comments
+    skipped), read again when it changes: a rotated token is picked up without a
+    restart."""
+    ca_file: str | None = None
+    """PEM file of the certificate authorities an ``https://`` service is checked
+    against (default: the system's).  Certificates are always verified."""
+
+    def __post_init__(self) -> None:
+        _non_negative_td("flush_interval", self.flush_interval)
+        for name in (
+            "flush_size_bytes",
+            "max_request_records",
+            "max_buffered_inputs",
+            "max_buffered_bytes",
+            "max_in_flight",
+        ):
+            _positive(name, getattr(self, name))
+        _non_negative_td("request_timeout", self.request_timeout)
+        _positive("request_timeout", self.request_timeout.total_seconds())
+        _non_negative_td("max_retry_after", self.max_retry_after)
+        _non_negative_td("unknown_outcome_for", self.unknown_outcome_for)
+        if self.durability not in SERVICE_DURABILITIES:
+            raise ConfigError(
+                f"durability must be one of {', '.join(SERVICE_DURABILITIES)}, "
+                f"got {self.durability!r}"
+            )
+        if not isinstance(self.retry, RetryConfig):
+            raise ConfigError(f"retry must be a RetryConfig, got {type(self.retry).__name__}")
+        if self.token is not None and self.token_file is not None:
+            raise ConfigError("give token or token_file, not both")
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
     """Consumer settings (RFC 0001 plus read-ahead)."""
@@ -133,10 +239,12 @@ class ConsumerConfig:
     read_ahead: int = 8
     """Data objects fetched ahead of next_batch(), in parallel."""
     read_ahead_bytes: int = 128 << 20
-    """Read-ahead starts another data object only while those fetched ahead and not yet
-    returned hold less than this (by the sizes the manifest records): at most this plus
-    one object.  Large entries of which fewer than 4 would be in flight are each fetched
-    in parallel 8 MiB ranged GETs instead."""
+    """Read-ahead starts another data object only when, with it, those fetched ahead and
+    not yet returned hold at most this (by the sizes the manifest records; an entry with
+    no recorded size counts 0): a reader holds at most this plus the object it is
+    serving, and an object larger than this is fetched only when asked for.  Large
+    entries of which fewer than 4 fit are each fetched in parallel 8 MiB ranged GETs,
+    read straight into one buffer of the object's size."""
     check_every: int = 100
     """Between the checks that this instance is still its subscriber's current one (the
     root footer's epoch; a named subscriber's progress object), at most this many entries
@@ -208,14 +316,35 @@ class WorkerConfig:
     on_lost: str = "raise"
     """Entries retention unlinked before they were acked: ``raise`` or ``skip``."""
     check_interval: timedelta = timedelta(seconds=1)
-    """A refill re-reads the root at least this often (new entries, retention), besides
-    when its claim reaches the end of the entries it knows (a 22-byte footer GET says
-    whether the tail moved)."""
+    """A refill whose claim reaches past the tail it knows reads the root's 22-byte
+    footer (new entries?), or the whole root when its view is older than this.  A refill
+    inside the known backlog reads no root."""
     publish_interval: timedelta = timedelta(seconds=1)
+    """The queue's publisher (one of its workers) copies its position into the root at
+    most this often while it holds the head back."""
+    redelivery_delay: timedelta = timedelta(seconds=1)
+    """A deferred entry is claimable again this long after its first delivery, twice as
+    long after its second, and so on (SQS's visibility timeout on a failed receive);
+    ``timedelta(0)``: at once.  ``defer(seq, delay=...)`` overrides it per entry."""
+    redelivery_delay_max: timedelta = timedelta(minutes=5)
+    """The longest redelivery delay."""
+    idle_poll_max: timedelta = timedelta(seconds=3)
+    """``claim(timeout=...)`` with nothing claimable: the longest pause between the root
+    footer reads that show new entries (0.1 s after it went idle, doubling to this), and
+    a fifth as often a read of the progress object (entries other workers handed back):
+    at most 0.4 requests/s while idle."""
     retry: RetryConfig = field(default_factory=RetryConfig)
 
     def __post_init__(self) -> None:
         _non_negative_td("lease", self.lease)
+        _non_negative_td("redelivery_delay", self.redelivery_delay)
+        if self.redelivery_delay_max < self.redelivery_delay:
+            raise ConfigError(
+                f"redelivery_delay_max {self.redelivery_delay_max!r} < redelivery_delay "
+                f"{self.redelivery_delay!r}"
+            )
+        if self.idle_poll_max <= timedelta(0):
+            raise ConfigError(f"idle_poll_max must be > 0, got {self.idle_poll_max!r}")
         if self.lease <= timedelta(0):
             raise ConfigError("lease must be > 0")
         _positive("claim_batch", self.claim_batch)

@@ -270,6 +270,35 @@ class RemoteUnconfirmedError(TieredBufError):
         self.locations = locations
 
 
+class ServiceError(TieredBufError):
+    """A write through ``tieredbuf serve`` (:mod:`tieredbuf.client`) failed.  ``status``:
+    the HTTP status of the last answer (None: none came); ``may_have_landed``: an
+    attempt's outcome is unknown (sent, and no answer or a 5xx came back), so the
+    service may have stored it."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, may_have_landed: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.may_have_landed = may_have_landed
+
+
+class ServiceRefusedError(ServiceError):
+    """The service refused the request and no retry would change that (400, 401, 403,
+    413, 415, 422; a certificate that does not verify): this attempt stored nothing."""
+
+
+class ServiceUnavailableError(ServiceError):
+    """Every attempt failed with an error worth retrying (503, 504, 409, a connection
+    refused or lost, a timeout) until the client's ``give_up_after``."""
+
+
+class RemoteNotRequestedError(ServiceError):
+    """A REMOTE wait on a write sent with ``durability="local"``: the service was asked
+    for LOCAL only, so REMOTE is never confirmed to this client."""
+
+
 class BackpressureError(TieredBufError):
     """A bounded buffer is full and the caller asked not to wait (or the wait timed out)."""
 
@@ -311,6 +340,25 @@ class CorruptError(TieredBufError):
 
 class UnsupportedVersionError(CorruptError):
     """The bytes carry a format version this build does not know."""
+
+
+class DamagedObjectError(CorruptError):
+    """A data object is not what the manifest recorded: another size, or a checksum that
+    does not match (replaced, cut short, extended or changed behind the buffer's back).
+    No record of it is served and nothing is acked past it (invariant I10).
+
+    ``recorded`` and ``found`` are the sizes (equal when only the checksum differs);
+    ``offset`` is where the two objects start to differ as far as is known: the shorter
+    size for a size mismatch, 0 for a checksum."""
+
+    def __init__(
+        self, location: str, sequence: int, offset: int, detail: str, recorded: int, found: int
+    ) -> None:
+        super().__init__("data object", location, offset, f"sequence {sequence}: {detail}")
+        self.location = location
+        self.sequence = sequence
+        self.recorded = recorded
+        self.found = found
 
 
 # --- local tier ------------------------------------------------------------------

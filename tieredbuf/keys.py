@@ -180,6 +180,35 @@ def probe_key(ulid: ULID) -> str:
     return f"{PROBE_PREFIX}{ulid}"
 
 
+# --- what a store keeps beside a data object --------------------------------------
+
+CHECKSUM_METADATA = "tieredbuf_crc32"
+"""The name of a data object's CRC32 in its store's metadata: S3 user metadata
+(``x-amz-meta-tieredbuf_crc32``), Azure blob metadata (``x-ms-meta-tieredbuf_crc32``: a
+C# identifier, hence the underscore), obstore attributes (docs/format.md, "Checksums")."""
+CHECKSUM_XATTR = "user.tieredbuf.crc32"
+"""The same, as a local directory store's extended attribute of the object's file (and of
+the local tier's sealed ``.batch`` segment it is a hard link of)."""
+
+
+def format_crc32(crc32: int) -> str:
+    """A checksum's text in the metadata: 8 lowercase hex digits."""
+    return f"{crc32 & 0xFFFF_FFFF:08x}"
+
+
+def parse_crc32(text: str | bytes | None) -> int | None:
+    """A checksum read back from the metadata; None when absent or not one tieredbuf
+    wrote (not a failure: the object then carries none)."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    if text is None or len(text) != 8:
+        return None
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
 # --- what kind of object a key names (request accounting) --------------------
 
 KIND_DATA = "data"

@@ -32,11 +32,35 @@ def test_golden_uncompressed_batch_matches_rfc_layout() -> None:
     assert decode_batch(expected) == [b"abc", b"", b"xy"]
 
 
-def test_golden_zstd_batch_compresses_the_whole_block_at_level_3() -> None:
+def test_golden_zstd_batch_compresses_the_whole_block_at_level_3_with_its_checksum() -> None:
     block = struct.pack("<I", 5) + b"hello" + struct.pack("<I", 5) + b"world"
-    expected = zstandard.ZstdCompressor(level=3).compress(block) + b"\x01\x02\x00\x00\x00\x01\x00"
+    frame = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(block)
+    expected = frame + b"\x01\x02\x00\x00\x00\x01\x00"
     assert encode_batch([b"hello", b"world"], Compression.ZSTD) == expected
     assert decode_batch(expected) == [b"hello", b"world"]
+    params = zstandard.get_frame_parameters(frame)
+    assert params.has_checksum and params.content_size == len(block)
+    # the last 4 bytes of the frame: XXH64 of the content, low 32 bits (RFC 8878 3.1.1)
+    assert len(frame) == len(zstandard.ZstdCompressor(level=3).compress(block)) + 4
+
+
+def test_I10_a_changed_byte_of_a_zstd_batch_is_refused_by_its_checksum_never_decoded() -> None:
+    """Every single-byte change inside the frame of a zstd batch is a CorruptError naming
+    the object: the frame checksum catches what decodes to other records."""
+    recs = [f"record {i} ".encode() * 8 for i in range(20)]
+    good = encode_batch(recs, Compression.ZSTD)
+    frame_len = len(good) - 7
+    served_wrong = []
+    for at in range(frame_len):
+        bad = good[:at] + bytes([good[at] ^ 0x01]) + good[at + 1 :]
+        try:
+            got = decode_batch(bad, obj="data/Z.batch")
+        except CorruptError as e:
+            assert e.obj == "data/Z.batch"
+            continue
+        if got != recs:
+            served_wrong.append(at)
+    assert served_wrong == []
 
 
 def test_empty_batch_is_only_a_footer() -> None:

@@ -52,14 +52,17 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture
 def buffer_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """(url, store options) of a fresh buffer: a local directory, moto or Azurite over
-    HTTP."""
+    """(url, store options) of a fresh buffer: a local directory, moto, Azurite or
+    fake-gcs-server over HTTP."""
     backend = getattr(request, "param", "local")
     if backend == "local":
         return f"file://{tmp_path}/buf", {}
     if backend == "azure":
         az = request.getfixturevalue("azurite_endpoint")
         return f"az://{az.new_container()}/buf", dict(az.options())
+    if backend == "gcs":
+        gcs = request.getfixturevalue("gcs_endpoint")
+        return f"gs://{gcs.new_bucket()}/buf", dict(gcs.options())
     ep = request.getfixturevalue("s3_endpoint")
     return f"s3://{ep.new_bucket()}/buf", {**ep.options(), "max_retries": 2}
 

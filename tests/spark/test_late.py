@@ -117,9 +117,10 @@ def _append(buf: tieredbuf.Buffer, times: list[int], tag: str) -> None:
     """One .batch object: record i ingested at times[i] (one metadata item each)."""
     recs = [f"{tag}/{i}".encode() for i in range(len(times))]
     key = keys.data_key(ULID(), keys.BATCH_SUFFIX)
-    buf.store.put(key, encode_batch(recs), mode="create")
+    body = encode_batch(recs)
+    buf.store.put(key, body, mode="create")
     items = tuple(MetadataItem(i, t, b"") for i, t in enumerate(times))
-    buf.queue.append([NewEntry(key, items, 1)], "w", buf.snapshot().root.next_seq + 1)
+    buf.queue.append([NewEntry(key, items, len(body))], "w", buf.snapshot().root.next_seq + 1)
 
 
 def _window(buf: tieredbuf.Buffer, lo: int | None, hi: int | None) -> list[bytes]:

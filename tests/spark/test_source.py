@@ -20,6 +20,8 @@ pytestmark = pytest.mark.spark
 BACKENDS = ["local", pytest.param("s3", marks=pytest.mark.s3)]
 # the source and the sink on Azure Blob too (Azurite): a batch read, a stream, a write
 WITH_AZURE = [*BACKENDS, pytest.param("azure", marks=pytest.mark.azure)]
+# and on GCS (fake-gcs-server): a batch read and a stream
+WITH_CLOUDS = [*WITH_AZURE, pytest.param("gcs", marks=pytest.mark.gcs)]
 
 
 def _reader(spark: Any, store: dict[str, Any], **opts: Any) -> Any:
@@ -27,7 +29,7 @@ def _reader(spark: Any, store: dict[str, Any], **opts: Any) -> Any:
     return r.options(**{k: str(v) for k, v in opts.items()})
 
 
-@pytest.mark.parametrize("buffer_url", WITH_AZURE, indirect=True)
+@pytest.mark.parametrize("buffer_url", WITH_CLOUDS, indirect=True)
 def test_batch_read_equals_produced(spark: Any, buffer_url: tuple[str, dict[str, Any]]) -> None:
     url, store = buffer_url
     buf = tieredbuf.open(url, **store)
@@ -129,7 +131,7 @@ def _stream(spark: Any, url: str, store: dict[str, Any], out: Path, ckpt: Path, 
     )
 
 
-@pytest.mark.parametrize("buffer_url", WITH_AZURE, indirect=True)
+@pytest.mark.parametrize("buffer_url", WITH_CLOUDS, indirect=True)
 @pytest.mark.slow
 def test_stream_available_now_exactly_once_across_runs(
     spark: Any, buffer_url: tuple[str, dict[str, Any]], tmp_path: Path

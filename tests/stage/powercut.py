@@ -165,8 +165,8 @@ class SimLinkStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def put_link(self, key: str, link: Callable[[str], None]) -> None:
-        disk = self.disk
+    def put_link(self, key: str, link: Callable[[str], None], *, crc32: int | None = None) -> None:
+        disk = self.disk  # (a simulated disk keeps no extended attributes: no checksum)
         final = STORE_ROOT / key
         disk.makedirs(final.parent)
         tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")

@@ -377,6 +377,12 @@ class SimFs(FileSystem):
             self._check_alive()
             self._fd(fd)
 
+    def keep_checksum(self, fd: int, crc32: int) -> None:
+        """A simulated disk keeps no extended attributes (the segment's sidecar has it)."""
+        with self._lock:
+            self._check_alive()
+            self._fd(fd)
+
     def chmod(self, path: Any, mode: int, **kw: Any) -> None:  # type: ignore[override]
         with self._lock:
             self._check_alive()

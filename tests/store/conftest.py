@@ -1,6 +1,6 @@
 """Store fixtures: the ``store`` fixture that runs the contract suite against every
-backend (memory, local directory, moto, SeaweedFS, Azurite; the servers are in
-tests/servers.py)."""
+backend (memory, local directory, moto, SeaweedFS, Azurite, fake-gcs-server; the servers
+are in tests/servers.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.endpoint import AzureEndpoint, S3Endpoint
+from tests.endpoint import AzureEndpoint, GCSEndpoint, S3Endpoint
 from tieredbuf.store import ObjStore, Store, open_store
 from tieredbuf.store.botostore import BotoS3Store
 from tieredbuf.store.counting import MeteredStore
@@ -32,6 +32,8 @@ BACKENDS = [
     pytest.param("seaweedfs-botocore", marks=pytest.mark.s3),
     pytest.param("azurite", marks=pytest.mark.azure),
     pytest.param("azurite-metered", marks=pytest.mark.azure),
+    pytest.param("fake-gcs", marks=pytest.mark.gcs),
+    pytest.param("fake-gcs-metered", marks=pytest.mark.gcs),
 ]
 
 
@@ -39,6 +41,12 @@ BACKENDS = [
 def seaweedfs_bucket(seaweedfs_endpoint: S3Endpoint) -> str:
     """One bucket for the session; tests isolate themselves by prefix."""
     return seaweedfs_endpoint.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket(gcs_endpoint: GCSEndpoint) -> str:
+    """One bucket for the session; tests isolate themselves by prefix."""
+    return gcs_endpoint.new_bucket()
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +80,11 @@ def make_store(
         container = request.getfixturevalue("azurite_container")
         url = f"az://{container}/t-{uuid.uuid4().hex[:12]}"
         return open_store(url, **az.options()), url, az.options()
+    if backend == "fake-gcs":
+        gcs: GCSEndpoint = request.getfixturevalue("gcs_endpoint")
+        bucket = request.getfixturevalue("gcs_bucket")
+        url = f"gs://{bucket}/t-{uuid.uuid4().hex[:12]}"
+        return open_store(url, **gcs.options()), url, gcs.options()
     if backend == "moto":
         ep: S3Endpoint = request.getfixturevalue("s3_endpoint")
         url = f"s3://{ep.new_bucket()}/buf"

@@ -14,6 +14,7 @@ from tests.endpoint import S3Endpoint
 from tests.latency_proxy import LatencyProxy
 from tieredbuf import errors
 from tieredbuf.store import IfMatch, ObjStore, Store, open_store
+from tieredbuf.store.base import KeepsChecksums, ReadsInto, Stored
 from tieredbuf.store.botostore import BotoS3Store
 
 
@@ -49,6 +50,81 @@ def test_ranged_get_is_half_open_and_clipped(store: Store) -> None:
     assert store.get_range("r", 25, 30) == b""
     with pytest.raises(ValueError):
         store.get_range("r", 5, 2)
+
+
+GCS_READS = (
+    "google-cloud-storage's downloads give neither the object's size nor its custom "
+    "metadata with the bytes: a ranged read is get_range plus the HEAD a large object's "
+    "reader sends anyway, and the checksum is GCS's own CRC32C, which the client checks on "
+    "every download (docs/format.md, Checksums)"
+)
+
+
+def _reads_into(store: Store, backend: str) -> None:
+    if backend.startswith("fake-gcs"):
+        if backend == "fake-gcs":  # (a metered store forwards to what it wraps)
+            assert not isinstance(store, ReadsInto) and not isinstance(store, KeepsChecksums)
+        pytest.skip(GCS_READS)
+    assert isinstance(store, ReadsInto)
+
+
+def test_read_into_fills_the_callers_buffer_and_says_the_objects_size(
+    store: Store, backend: str
+) -> None:
+    """ReadsInto (every backend has it but GCS): a range read straight into a buffer, and
+    the object's size from that one response -- clipped like get_range where the object
+    ends early, so a reader of parts can tell an object of another size without a HEAD."""
+    _reads_into(store, backend)
+    store.put("ri", b"0123456789")
+    out = bytearray(b"." * 6)
+    view = memoryview(out)
+    assert store.read_into("ri", 2, view[1:4]) == Stored(10)
+    assert out == b".234.."
+    assert store.read_into("ri", 7, view) == Stored(10)  # the object ends: 3 bytes written
+    assert out == b"7894.."
+    assert store.read_into("ri", 10, view) == Stored(10)  # nothing there, the size known
+    assert store.read_into("ri", 25, view[:2]) == Stored(10)
+    assert store.read_into("ri", 0, view[:0]) == Stored(10)
+    store.put("ri-empty", b"")
+    assert store.read_into("ri-empty", 0, view) == Stored(0)
+    with pytest.raises(errors.ObjectNotFoundError):
+        store.read_into("ri-missing", 0, view)
+
+
+def test_read_into_a_large_range_is_whole(store: Store, backend: str) -> None:
+    _reads_into(store, backend)
+    body = os.urandom(3 << 20)
+    store.put_multipart("ri-big", [body[: 1 << 20], body[1 << 20 :]], mode="create")
+    out = bytearray(len(body) - 100)
+    assert store.read_into("ri-big", 100, memoryview(out)) == Stored(len(body))
+    assert bytes(out) == body[100:]
+
+
+def test_a_checksum_kept_beside_an_object_comes_back_with_every_read(
+    store: Store, backend: str
+) -> None:
+    """KeepsChecksums (every backend but GCS; a local directory without user xattrs keeps
+    none): the CRC32 a writer gave comes back with a GET, a ranged read and after a copy;
+    a plain PUT over the object (``aws s3 cp``) leaves none; the bytes are the bytes."""
+    _reads_into(store, backend)
+    assert isinstance(store, KeepsChecksums)
+    kept = backend != "localdir-noxattr"
+    body = b"0123456789"
+    store.put_checksummed("ck/a", body, 0x89ABCDEF, mode="create")
+    got = store.get("ck/a")
+    assert got.data == body and got.crc32 == (0x89ABCDEF if kept else None)
+    assert store.head("ck/a").size == len(body)
+    out = bytearray(4)
+    said = store.read_into("ck/a", 3, memoryview(out))  # type: ignore[attr-defined]
+    assert out == b"3456" and said == Stored(10, 0x89ABCDEF if kept else None)
+    store.copy("ck/a", "ck/b")
+    assert store.get("ck/b").crc32 == (0x89ABCDEF if kept else None)
+    store.put("ck/a", b"other bytes", mode="overwrite")
+    assert store.get("ck/a").crc32 is None
+    store.put("ck/c", body, mode="create")
+    assert store.get("ck/c").crc32 is None
+    with pytest.raises(errors.AlreadyExistsError):
+        store.put_checksummed("ck/c", body, 1, mode="create")
 
 
 def test_suffix_get(store: Store) -> None:

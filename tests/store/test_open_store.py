@@ -45,7 +45,6 @@ def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     ("url", "options", "match"),
     [
-        ("gs://bucket/x", {}, "not supported yet.*no test has run against"),
         ("ftp://host/x", {}, "unsupported store URL scheme"),
         ("https://example.com/c/p", {}, "unsupported store URL scheme"),
         ("az:///prefix", {}, "names no container"),

@@ -91,6 +91,30 @@ def test_probe_rejects_a_server_that_ignores_if_match() -> None:
     assert list(fake.list("")) == []
 
 
+class LosesTheFirstReplaceAnswer(IgnoresModes):
+    """A conforming store (memory) whose first replace-if-match lands and then reports a
+    conflict: a client that retried it after its answer was lost and met its own write
+    (invariant I2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        etag = self._inner.put(key, data, mode=mode)
+        if isinstance(mode, IfMatch) and self.lost == 0:
+            self.lost += 1
+            raise errors.PreconditionFailedError(key)
+        return etag
+
+
+def test_I2_the_probe_takes_its_own_landed_replace_for_success_not_a_refusal() -> None:
+    fake = LosesTheFirstReplaceAnswer()
+    probe_conditional_writes(fake, "GCS endpoint http://fake (bucket 'b')")
+    assert fake.lost == 1
+    assert list(fake.list("")) == []
+
+
 def test_probe_failures_are_not_cached_and_successes_are() -> None:
     cache = ProbeCache()
     with pytest.raises(errors.ConditionalWritesUnsupportedError):
@@ -100,7 +124,7 @@ def test_probe_failures_are_not_cached_and_successes_are() -> None:
     cache.ensure(("http://good", "b"), good, "good")
     cache.ensure(("http://good", "b"), good, "good")
     assert cache.passed(("http://good", "b"))
-    assert good.counts["put"] == 4  # probed once: create, create, wrong If-Match, right If-Match
+    assert good.counts["put"] == 4  # probed once: create, create, If-Match, stale If-Match
 
 
 @pytest.mark.s3
@@ -152,8 +176,8 @@ PROBE_WRITES = {
     # which of the probe's requests has its response lost after the server applied it
     "create": ("PUT", 1),  # probe-1, If-None-Match: * (lands)
     "create-again": ("PUT", 2),  # probe-2, If-None-Match: * (refused 412)
-    "wrong-if-match": ("PUT", 3),  # probe-3, If-Match: a wrong etag (refused 412)
-    "if-match": ("PUT", 4),  # probe-4, If-Match: the current etag (lands)
+    "if-match": ("PUT", 3),  # probe-3, If-Match: the current token (lands)
+    "stale-if-match": ("PUT", 4),  # probe-4, If-Match: the now stale token (refused 412)
     "delete": ("POST", 1),  # the DeleteObjects that removes the probe object
 }
 
@@ -219,7 +243,7 @@ def test_I2_probe_recognises_its_own_write_whose_response_was_lost(
 
 @pytest.mark.azure
 @pytest.mark.parametrize(
-    "lost", [("create", "PUT", 1), ("if-match", "PUT", 4), ("delete", "POST", 1)], ids=str
+    "lost", [("create", "PUT", 1), ("if-match", "PUT", 3), ("delete", "POST", 1)], ids=str
 )
 def test_I2_probe_recognises_its_own_write_whose_response_was_lost_on_azure(
     azurite_endpoint: AzureEndpoint, lost: tuple[str, str, int]
@@ -271,7 +295,7 @@ def test_probe_concludes_from_a_refusal_no_lost_response_explains() -> None:
         errors.ConditionalWritesUnsupportedError, match=r"no lost response explains"
     ):
         probe_conditional_writes(fake, "S3 endpoint http://fake:9000")
-    assert fake.if_match == 2  # the wrong etag (step 3), then the right one (step 4) once
+    assert fake.if_match == 1  # the right token (step 3), refused once: the verdict
     assert list(fake.list("")) == []
 
 
@@ -283,37 +307,39 @@ def test_probe_takes_a_conflict_with_the_object_unchanged_for_no_verdict() -> No
     with pytest.raises(errors.TransientStoreError, match=r"conflict") as info:
         probe_conditional_writes(fake, "S3 endpoint http://fake:9000")
     assert not isinstance(info.value, errors.PermanentStoreError)
-    assert fake.if_match == 1 + ATTEMPTS
+    assert fake.if_match == ATTEMPTS
 
 
 def test_probe_recognises_a_landed_if_match_reported_as_refused() -> None:
-    """The Store-level picture of a lost response: the If-Match with the right etag
-    lands and the caller sees PreconditionFailedError.  The probe reads probe-4 back
-    and passes."""
+    """The Store-level picture of a lost response: the If-Match with the right token
+    (step 3) lands and the caller sees PreconditionFailedError.  The probe reads probe-3
+    back and goes on; the stale token (step 4) is then refused, and it passes."""
 
     class LandsThenRefuses(RefusesIfMatch):
         def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
-            if isinstance(mode, IfMatch) and mode.etag == '"00000000000000000000000000000000"':
-                raise errors.PreconditionFailedError(key)  # step 3: a plain refusal
+            if isinstance(mode, IfMatch) and self.if_match:
+                self.if_match += 1
+                raise errors.PreconditionFailedError(key)  # step 4: a plain refusal
             return super().put(key, data, mode=mode)
 
     landed = LandsThenRefuses(errors.PreconditionFailedError, apply=True)
     probe_conditional_writes(landed, "S3 endpoint http://fake:9000")
-    assert landed.if_match == 1 and list(landed.list("")) == []
+    assert landed.if_match == 2 and list(landed.list("")) == []
 
 
 def test_probe_rejects_a_store_that_applies_a_write_it_refused() -> None:
-    """A store that answers the wrong-etag PUT 412 but writes it, and refuses the right
-    etag afterwards (its etag moved): the object read back holds probe-3."""
+    """A store that answers the second create (step 2) AlreadyExists but writes it, so
+    the right token is refused afterwards (step 3: it moved): the object read back
+    holds probe-2."""
 
-    class AppliesWrongEtag(RefusesIfMatch):
+    class AppliesRefusedCreate(RefusesIfMatch):
         def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
-            if isinstance(mode, IfMatch) and mode.etag != '"00000000000000000000000000000000"':
-                self.if_match += 1
-                raise errors.PreconditionFailedError(key)  # step 4: the etag moved
+            if mode == "create" and key in {m.key for m in self._inner.list("")}:
+                self._inner.put(key, data)
+                raise errors.AlreadyExistsError(key)
             return super().put(key, data, mode=mode)
 
-    fake = AppliesWrongEtag(errors.PreconditionFailedError, apply=True)
+    fake = AppliesRefusedCreate(errors.PreconditionFailedError)
     with pytest.raises(
         errors.ConditionalWritesUnsupportedError, match=r"applied a conditional write it refused"
     ):

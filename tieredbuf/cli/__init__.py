@@ -2,7 +2,8 @@
 
     tieredbuf demo [URL]                 produce, land as objects + manifest entries, consume back
     tieredbuf produce URL [FILE ...]     one record per input line (stdin when no FILE);
-                                         --format json: the items of one JSON array
+                                         --format json: the items of one JSON array;
+                                         URL http(s)://host:port: through `tieredbuf serve`
     tieredbuf consume URL [--no-ack] [--follow] [--json] [--out DIR|F.arrow|F.parquet]
                                          print records and bundles (or write them), then ack
     tieredbuf work URL QUEUE -- CMD [ARG ...]   run CMD once per entry of the work queue
@@ -12,10 +13,13 @@
     tieredbuf retention URL [--max-age D] [--max-bytes S | --none]   show or set retention
     tieredbuf subscribers URL [--json]   each subscriber's position, lag, epoch; rejected entries
     tieredbuf subscribers remove URL NAME   unregister one (releases what it held)
+    tieredbuf subscribers redrive URL QUEUE  send a work queue's dead letters back
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
                                          unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
     tieredbuf create-container az://CONTAINER/PREFIX   create an Azure container (obstore cannot)
+    tieredbuf verify URL [--from SEQ] [--json]   read every live object and check it:
+                                         missing, damaged, unreferenced (exit 3 on any)
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
                                          export, empty it
     tieredbuf serve URL --staging DIR    HTTP ingest service (POST /v1/produce), N worker processes
@@ -79,6 +83,7 @@ from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd
 from tieredbuf.cli.queue import add_parsers as add_queue
 from tieredbuf.cli.serve import cmd_serve
 from tieredbuf.cli.subscribers import cmd as cmd_subscribers
+from tieredbuf.cli.verify import add_parser as add_verify
 from tieredbuf.cli.work import add_parser as add_work
 from tieredbuf.cli.work import split_command
 from tieredbuf.errors import (
@@ -211,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps failing it gives up after --timeout and exits 3, saying how many "
         "records were not stored.",
     )
-    pr.add_argument("url", help="the buffer: s3://bucket/prefix, file://./dir or a directory")
+    pr.add_argument(
+        "url",
+        help="the buffer: s3://bucket/prefix, file://./dir or a directory; or a "
+        "`tieredbuf serve` to write through: http(s)://host:port[,host2:port2]",
+    )
     pr.add_argument(
         "files",
         nargs="*",
@@ -251,6 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
         "'tieredbuf drain DIR URL' exports it later (default: none, records "
         "not stored by --timeout are dropped)",
     )
+    svc = pr.add_argument_group("through the service (an http(s):// URL)")
+    svc.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="the bearer token the service wants (its first line; default: none)",
+    )
+    svc.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="PEM authorities an https:// service's certificate is checked against "
+        "(default: the system's)",
+    )
     store_args(pr)
     pr.set_defaults(fn=cmd_produce)
 
@@ -258,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeout_arg(sub.choices["consume"], "the store keeps failing an ack")
     add_work(sub)
     add_queue(sub)
+    add_verify(sub)
     timeout_arg(sub.choices["retention"])
 
     ins = sub.add_parser("inspect", help="queue depth, sequence range, bytes, epoch, age")
@@ -273,11 +295,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     su = sub.add_parser(
         "subscribers",
-        help="list subscribers (or: subscribers remove URL NAME)",
-        usage="tieredbuf subscribers URL [--json] | tieredbuf subscribers remove URL NAME",
+        help="list subscribers (or: remove URL NAME, redrive URL QUEUE)",
+        usage="tieredbuf subscribers URL [--json] | tieredbuf subscribers remove URL NAME | "
+        "tieredbuf subscribers redrive URL QUEUE [--sequences 3,7-9] [--drop]",
     )
-    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME")
+    su.add_argument("words", nargs="+", metavar="URL | remove URL NAME | redrive URL QUEUE")
     su.add_argument("--json", action="store_true", help="one JSON array")
+    su.add_argument(
+        "--sequences",
+        metavar="LIST",
+        help="redrive: only these dead letters, e.g. 3,7-9 (default: all kept ones)",
+    )
+    su.add_argument(
+        "--drop",
+        action="store_true",
+        help="redrive: drop the dead letters instead (listed still; the buffer may unlink them)",
+    )
     timeout_arg(su)
     store_args(su)
     su.set_defaults(fn=cmd_subscribers)

@@ -225,7 +225,8 @@ def attach_negative_values(argv: list[str], takes_value: set[str]) -> list[str]:
 def store_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "store options (default: the AWS_* environment or a ~/.aws profile for s3://, the "
-        "AZURE_STORAGE_* environment for az://; credentials come only from those)"
+        "AZURE_STORAGE_* environment for az://, the GOOGLE_* environment or Application "
+        "Default Credentials for gs://; credentials come only from those)"
     )
     g.add_argument(
         "--endpoint",
@@ -233,7 +234,8 @@ def store_args(p: argparse.ArgumentParser) -> None:
         help="S3 endpoint URL, e.g. http://127.0.0.1:9000 for MinIO (default: "
         "AWS_ENDPOINT_URL, else AWS); for az:// the Blob endpoint, e.g. "
         "http://127.0.0.1:10000/devstoreaccount1 for Azurite "
-        "(AZURE_STORAGE_ENDPOINT)",
+        "(AZURE_STORAGE_ENDPOINT); for gs:// the JSON API's, e.g. http://127.0.0.1:4443 "
+        "for fake-gcs-server (STORAGE_EMULATOR_HOST)",
     )
     g.add_argument("--region", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
     g.add_argument(
@@ -311,14 +313,17 @@ _S3_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_sign
 _AZURE_FLAGS = ("endpoint", "allow_http")
 
 
+_GCS_FLAGS = ("endpoint",)
+
+
 def s3_opts(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in _S3_FLAGS if getattr(args, k, None) is not None}
 
 
 def store_opts(args: argparse.Namespace) -> dict[str, Any]:
     """The store options the flags give for ``args.url``: the S3 flags for s3://, the
-    endpoint and --allow-http for Azure URLs (an S3-only flag there is a usage error),
-    none for file:// and memory://."""
+    endpoint and --allow-http for Azure URLs, the endpoint for gs:// (an S3-only flag
+    there is a usage error), none for file:// and memory://."""
     if args.url.startswith("s3://"):
         return s3_opts(args)
     if is_azure_url(args.url):
@@ -327,6 +332,13 @@ def store_opts(args: argparse.Namespace) -> dict[str, Any]:
         if s3_only:
             flags = ", ".join("--" + f.replace("_", "-") for f in s3_only)
             raise ConfigError(f"{flags}: S3 option(s), not for the Azure URL {args.url}")
+        return given
+    if args.url.startswith("gs://"):
+        given = s3_opts(args)
+        s3_only = sorted(set(given) - set(_GCS_FLAGS))
+        if s3_only:
+            flags = ", ".join("--" + f.replace("_", "-") for f in s3_only)
+            raise ConfigError(f"{flags}: S3 option(s), not for the GCS URL {args.url}")
         return given
     return {}
 

@@ -364,11 +364,11 @@ class _Reader:
 
     def next_batch(self) -> ConsumedBatch | None:
         if not self._pending:
-            self._pending = self.reader.poll()
+            self._pending = self.reader.poll_sized()
             if not self._pending:
                 return None
-        e = self._pending.pop(0)
-        return ConsumedBatch(e.sequence, e.location, e.metadata, self.buf.read_object(e))
+        e, size = self._pending.pop(0)
+        return ConsumedBatch(e.sequence, e.location, e.metadata, self.buf.read_object(e, size))
 
 
 def _sequence(text: str) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import tieredbuf
+from tieredbuf.buffer import is_service_url
 from tieredbuf.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -26,8 +27,10 @@ from tieredbuf.cli._common import (
     open_buffer,
     plural,
 )
+from tieredbuf.client.producer import header_metadata
 from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BackpressureError, ConfigError, FlushTimeoutError, TieredBufError
+from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.handles import WriteHandle
 from tieredbuf.runtime.redact import redact
 
@@ -155,17 +158,24 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         records = _lines(args.files)
     else:
         records = _checked_lines(args.files)
-    buf = open_buffer(args)
     meta = args.metadata.encode()
-    # --timeout is how long the store may keep failing with nothing getting through
-    # (the producer's give_up_after): a healthy store, however slow, never starts it
-    retry = RetryConfig(give_up_after=args.timeout)
-    if args.staging:
-        producer = buf.producer(staging_dir=args.staging, retry=retry)
-        wait: float | None = args.timeout.total_seconds()  # at a full stage (its cap)
+    producer: RecordProducer
+    wait: float | None
+    close_timeout: float | None = None
+    if is_service_url(args.url):
+        producer = _service_producer(args, meta)
+        wait = close_timeout = args.timeout.total_seconds()  # the client's own deadlines
     else:
-        producer = buf.producer(flush_interval=args.flush_interval, retry=retry)
-        wait = None  # a full producer buffer gives up once the store failed --timeout
+        buf = open_buffer(args)
+        # --timeout is how long the store may keep failing with nothing getting through
+        # (the producer's give_up_after): a healthy store, however slow, never starts it
+        retry = RetryConfig(give_up_after=args.timeout)
+        if args.staging:
+            producer = buf.producer(staging_dir=args.staging, retry=retry)
+            wait = args.timeout.total_seconds()  # at a full stage (its cap)
+        else:
+            producer = buf.producer(flush_interval=args.flush_interval, retry=retry)
+            wait = None  # a full producer buffer gives up once the store failed --timeout
     calls: list[tuple[WriteHandle, int, int]] = []  # handle, first record index, count
     n = 0
     error: TieredBufError | None = None
@@ -174,7 +184,7 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         for chunk in _chunks(records, args.batch):
             calls.append((producer.produce(chunk, metadata=meta, timeout=wait), n, len(chunk)))
             n += len(chunk)
-        producer.close()
+        producer.close(timeout=close_timeout)
     except KeyboardInterrupt:
         # no close(): a join that Ctrl-C interrupted leaves CPython 3.11 believing a live
         # thread stopped (bpo-45274's fix), so the next join could wait on it forever;
@@ -189,6 +199,33 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
     return _report(args, out, calls, n, error, interrupted)
 
 
+_STORE_FLAGS = ("endpoint", "region", "allow_http", "instance_metadata", "skip_signature")
+
+
+def _service_producer(args: argparse.Namespace, meta: bytes) -> RecordProducer:
+    """``tieredbuf produce http(s)://host:port[,host2:port2]``: through the service
+    (tieredbuf/client), REMOTE answers only; the flags that choose a store or stage do
+    not apply."""
+    given = [f"--{f.replace('_', '-')}" for f in _STORE_FLAGS if getattr(args, f, None)]
+    if args.staging:
+        given.append("--staging")
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} do(es) not apply to a service URL: the service at "
+            f"{args.url} chooses the store and stages the records itself"
+        )
+    try:
+        header_metadata(meta)
+    except ValueError as e:
+        raise ConfigError(f"--metadata: {e}") from None
+    return tieredbuf.service_producer(
+        args.url,
+        flush_interval=args.flush_interval,
+        token_file=args.token_file,
+        ca_file=args.ca_file,
+    )
+
+
 def _report(
     args: argparse.Namespace,
     out: TextIO,
@@ -199,20 +236,26 @@ def _report(
 ) -> int:
     seqs: set[int] = set()
     lost: list[tuple[int, int]] = []
-    staged = 0
+    staged = maybe = 0
+    service = is_service_url(args.url)
     for h, first, count in calls:
+        failure: TieredBufError | None = None
         try:
             r = h.result()
-        except TieredBufError:
-            r = None
+        except TieredBufError as e:
+            r, failure = None, e
         if r is not None:
             if r.sequence is not None:
                 seqs.add(r.sequence)
+        elif service and (
+            h.watcher.level is not None or getattr(failure, "may_have_landed", False)
+        ):
+            maybe += count  # the service may have it (staged there, or an unknown outcome)
         elif h.watcher.level is not None:  # LOCAL: fsynced in the stage
             staged += count
         else:
             lost.append((first, count))
-    if not (lost or staged or error or interrupted):
+    if not (lost or staged or maybe or error or interrupted):
         order = sorted(seqs)
         span = f"sequences {order[0]}..{order[-1]}" if order else "nothing"
         print(
@@ -223,6 +266,11 @@ def _report(
         return EXIT_OK
     if interrupted:
         cause = "interrupted"
+    elif isinstance(error, (FlushTimeoutError, BackpressureError)) and is_service_url(args.url):
+        last = str(error).split("last failure: ", 1)
+        cause = f"the service still failed after --timeout {fmt_duration(args.timeout)}" + (
+            f" ({one_line(Exception(last[1]))})" if len(last) > 1 else ""
+        )
     elif isinstance(error, (FlushTimeoutError, BackpressureError)):
         last = str(error).split("last store error: ", 1)
         cause = f"the store still failed after --timeout {fmt_duration(args.timeout)}" + (
@@ -239,6 +287,11 @@ def _report(
             f"{unstored} of {n} {plural(n, 'record')} {how} "
             f"(input records {_span(first, last_i - first)})"
         )
+    if maybe:
+        parts.append(
+            f"{maybe} {plural(maybe, 'record')} not confirmed: the service may have stored "
+            f"them (once at most)"
+        )
     if staged:
         parts.append(
             f"{staged} {plural(staged, 'record')} still staged in {args.staging} "
@@ -247,7 +300,7 @@ def _report(
         )
     if error is not None and isinstance(error, BackpressureError):
         parts.append(f"input not read past record #{n}")
-    stored = sum(c for (h, _, c) in calls) - unstored - staged
+    stored = sum(c for (h, _, c) in calls) - unstored - staged - maybe
     if seqs:
         order = sorted(seqs)
         parts.append(f"{stored} stored (sequences {order[0]}..{order[-1]})")

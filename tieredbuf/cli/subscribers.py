@@ -4,11 +4,16 @@ tieredbuf subscribers URL [--json]        position, lag (entries, bytes, age), e
                                           last activity, lost; shared work queues'
                                           leases and rejected entries
 tieredbuf subscribers remove URL NAME     unregister NAME (releases what it held)
+tieredbuf subscribers redrive URL QUEUE [--sequences 3,7-9] [--drop]
+                                          send the work queue's dead letters back
+                                          (claimable again, delivery count reset), or
+                                          --drop them (the buffer may unlink them)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -32,6 +37,10 @@ def cmd_subscribers(
 ) -> int:
     """``tieredbuf subscribers URL [--json]`` and ``tieredbuf subscribers remove URL NAME``."""
     words = list(args.words)
+    if words[0] == "redrive":
+        return _redrive(args, words, out, open_buffer)
+    if args.sequences is not None or args.drop:
+        raise ConfigError("--sequences and --drop go with: tieredbuf subscribers redrive")
     if words[0] == "remove":
         if len(words) != 3:
             raise ConfigError("usage: tieredbuf subscribers remove URL NAME")
@@ -77,9 +86,9 @@ def cmd_subscribers(
             w = s.work
             out.write(
                 f"{s.name}: {w['leased']} leased, {w['claimable_again']} to redeliver, "
-                f"claim cursor {w['claim_cursor']}, "
-                f"{w['workers']} {plural(w['workers'], 'worker')}, "
-                f"{w['rejected_total']} rejected\n"
+                f"{w['waiting']} waiting to be redelivered, claim cursor {w['claim_cursor']}, "
+                f"{w['workers']} {plural(w['workers'], 'worker')}, {w['rejected_total']} rejected "
+                f"({w['rejected_kept']} kept for redrive)\n"
             )
         for rej in s.rejected[-20:]:
             reason = rej.reason.decode("utf-8", "backslashreplace")
@@ -92,6 +101,50 @@ def cmd_subscribers(
     if not subs:
         out.write("no subscribers\n")
     return EXIT_OK
+
+
+def parse_sequences(text: str) -> list[int]:
+    """``3,7-9`` -> [3, 7, 8, 9] (a clear error on anything else)."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            raise ConfigError(f"--sequences: {part!r} is not a sequence or a range like 7-9")
+        lo, hi = int(a), int(b or a)
+        if hi < lo or hi - lo > 1 << 16:
+            raise ConfigError(f"--sequences: bad range {part!r}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def _redrive(
+    args: argparse.Namespace,
+    words: list[str],
+    out: TextIO,
+    open_buffer: Callable[[argparse.Namespace], tieredbuf.Buffer],
+) -> int:
+    if len(words) != 3:
+        raise ConfigError(
+            "usage: tieredbuf subscribers redrive URL QUEUE [--sequences 3,7-9] [--drop]"
+        )
+    args.url, name = words[1], words[2]
+    seqs = None if args.sequences is None else parse_sequences(args.sequences)
+    buf = open_buffer(args)
+    r = buf.redrive(name, seqs, drop=args.drop)
+    if args.json:
+        out.write(json.dumps({k: list(v) for k, v in dataclasses.asdict(r).items()}) + "\n")
+    else:
+        for what, seqs_ in (
+            ("redriven (claimable again)", r.redriven),
+            ("dropped (the buffer may unlink them)", r.dropped),
+            ("not redriven: retention already unlinked them", r.unlinked),
+            ("not a kept dead letter of this queue", r.not_found),
+        ):
+            if seqs_:
+                out.write(f"{what}: {', '.join(map(str, seqs_))}\n")
+        if not (r.redriven or r.dropped or r.unlinked or r.not_found):
+            out.write(f"no dead letters in {name!r}\n")
+    return EXIT_PARTIAL if r.unlinked or r.not_found else EXIT_OK
 
 
 def cmd(args: argparse.Namespace, out: TextIO) -> int:

@@ -44,7 +44,7 @@ from ulid import ULID
 
 from tieredbuf import keys
 from tieredbuf.config import DEFAULT_IDLE_POLL_MAX, ConsumerConfig
-from tieredbuf.consume.fetch import ReadAhead, fetch_object
+from tieredbuf.consume.fetch import ReadAhead
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
@@ -53,6 +53,7 @@ from tieredbuf.errors import (
     MissingObjectError,
     NotInitializedError,
 )
+from tieredbuf.format import idem
 from tieredbuf.format import registry as freg
 from tieredbuf.format.batch import decode_batch
 from tieredbuf.format.manifest import Footer, ManifestEntry, MetadataItem
@@ -64,7 +65,7 @@ from tieredbuf.runtime.pools import started_pool
 from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
-__all__ = ["ConsumedBatch", "Consumer", "fetch_object"]
+__all__ = ["ConsumedBatch", "Consumer"]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,8 +74,8 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_MAX_S = DEFAULT_IDLE_POLL_MAX.total_seconds()
 """The default longest pause between footer reads of an idle ``next_batch(timeout=...)``
-(``ConsumerConfig.idle_poll_max``): 0.4 requests/s, so any 10 s holds at most 5 (the
-goal: <= 0.5/s)."""
+(``ConsumerConfig.idle_poll_max``): once the backoff reaches it, 0.4 requests/s (the
+goal: <= 0.5/s); see :meth:`Consumer.next_batch` for the first seconds."""
 
 WINDOW = 1024
 """Entries decoded per refresh of the manifest."""
@@ -82,12 +83,23 @@ WINDOW = 1024
 
 @dataclass(frozen=True, slots=True)
 class ConsumedBatch:
-    """One queue entry and its data (RFC 0001's ConsumedBatch)."""
+    """One queue entry and its data (RFC 0001's ConsumedBatch).  ``metadata`` holds each
+    produce() call's payload as the call gave it: a call made with an idempotency key
+    carries the key's tag in front of it in the manifest (:mod:`tieredbuf.format.idem`),
+    taken off here."""
 
     sequence: int
     location: str
     metadata: tuple[MetadataItem, ...]
     data: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if any(m.payload.startswith(idem.MAGIC) for m in self.metadata):
+            own = tuple(
+                MetadataItem(m.start_index, m.ingestion_time_ms, idem.own(m.payload))
+                for m in self.metadata
+            )
+            object.__setattr__(self, "metadata", own)
 
     @property
     def entries(self) -> list[bytes]:
@@ -305,14 +317,16 @@ class Consumer:
         """The entry after the last one returned, with its data; None if none is queued.
 
         ``timeout`` (seconds): at the tail, wait up to this long for an entry (a long
-        poll, :mod:`tieredbuf.queue.longpoll`): the root's 22-byte footer is read
-        0.1 s after the consumer went idle, then with a backoff doubling to
-        ``idle_poll_max`` (2.5 s), so an idle consumer calling
-        ``next_batch(timeout=...)`` in a loop sends at most one small GET per
-        ``idle_poll_max`` (the backoff carries over from call to call) and sees a new
-        entry within it.  The default consumer learns of a newer epoch from the
-        same footer (FencedError); a named subscriber checks its epoch when an entry
-        arrives (its acks land only through its fenced progress CAS).  Without a
+        poll, :mod:`tieredbuf.queue.longpoll`).  An idle consumer calling
+        ``next_batch(timeout=...)`` in a loop reads the root's 22-byte footer when it
+        finds nothing, then 0.1 s later and with a backoff doubling to
+        ``idle_poll_max`` (2.5 s), carried over from call to call: at 0, 0.1, 0.3, 0.7,
+        1.5, 3.1 s, then every 2.5 s -- 8 small GETs in the first 10 s after it went
+        idle, then 4 per 10 s (0.4/s; tests/test_longpoll.py counts them) -- and it
+        sees a new entry within the current pause.  The default consumer learns of a
+        newer epoch from the same footer (FencedError); a named subscriber checks its
+        epoch when an entry arrives (its acks land only through its fenced progress
+        CAS).  Without a
         timeout, no wait (at the tail: one footer GET).  Entries the consumer already
         knows are served with no request but their data GETs (fetched ahead), and one
         check every ``check_every`` entries or ``check_interval``.

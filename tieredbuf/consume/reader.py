@@ -134,6 +134,11 @@ class ContinuousReader:
 
     def poll(self, max_entries: int | None = None) -> list[ManifestEntry]:
         """The next entries in order (empty when caught up with the tail)."""
+        return [e for e, _ in self.poll_sized(max_entries)]
+
+    def poll_sized(self, max_entries: int | None = None) -> list[tuple[ManifestEntry, int]]:
+        """:meth:`poll` with each entry's data object size as the manifest recorded it (0:
+        none recorded): what ``Buffer.read_object`` checks the object against."""
         limit = max_entries or self.batch
         fresh = False
         while True:
@@ -152,7 +157,7 @@ class ContinuousReader:
                 self.lost += snap.low - self.next_sequence
                 self.next_sequence = snap.low
             try:
-                it = tree.iter_from(snap.root, self.next_sequence, self.nodes.load)
+                it = tree.iter_sized_from(snap.root, self.next_sequence, self.nodes.load)
                 out = list(itertools.islice(it, limit))
             except ObjectNotFoundError:
                 if fresh:
@@ -168,11 +173,11 @@ class ContinuousReader:
                 self._snap = None  # a stale root's group was unlinked and reaped
                 continue
             if out:
-                if out[0].sequence != self.next_sequence or any(
-                    b.sequence != a.sequence + 1 for a, b in itertools.pairwise(out)
+                if out[0][0].sequence != self.next_sequence or any(
+                    b.sequence != a.sequence + 1 for (a, _), (b, _) in itertools.pairwise(out)
                 ):
                     raise DataLossError(f"gap in the manifest at sequence {self.next_sequence}")
-                self.next_sequence = out[-1].sequence + 1
+                self.next_sequence = out[-1][0].sequence + 1
             return out
 
     def __iter__(self) -> Iterator[ManifestEntry]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from ulid import ULID
 
 from tieredbuf.errors import DataLossError, ObjectNotFoundError, TieredBufError
+from tieredbuf.format import progress as fp
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.progress import Lease, Progress
 from tieredbuf.queue import cas, shared
@@ -62,6 +63,8 @@ class Refilled:
     seconds: float
     error: TieredBufError | None = None
     """A failure after the CAS landed: the worker raises it once it took the rest in."""
+    unloaded: list[Lease] = dataclasses.field(default_factory=list)
+    """Leased, but their entries could not be loaded: never handed out (released)."""
 
 
 class Refiller:
@@ -98,6 +101,7 @@ class Refiller:
         self._attempt_s: float | None = None
         """How long one attempt (a read and a write of the progress object) takes."""
         self._decided: float | None = None
+        self._patience_s = 0.0
         self._rng = random.Random(worker_id)
 
     def more_known(self, now_ms: int) -> bool:
@@ -116,9 +120,10 @@ class Refiller:
         config's cap), so that the losers take turns instead of writing again together."""
         self._timed()
         t = self._attempt_s if self._attempt_s is not None else 0.05
-        peers = self.workers(self.clock_ms())
+        peers = max(2, self.workers(self.clock_ms()))  # a lost race: two writers at least
         cap = self.queue.retry.max_backoff.total_seconds()
-        return self._rng.uniform(0, min(cap, peers * t * 2 ** min(attempt, 8)))
+        window = max(peers * t * 2 ** min(attempt, 8), self._patience_s / 2)
+        return self._rng.uniform(0, min(cap, window))
 
     def _timed(self) -> None:
         """An attempt's write just ended: about half an attempt (a read, then a write)."""
@@ -137,14 +142,21 @@ class Refiller:
         recent = sum(1 for w in p.workers if now_ms - w.seen_ms < self.limits.lease_ms)
         return max(1, recent)
 
+    def known_tail(self) -> int:
+        """The root's ``next_sequence`` as this worker last read it (0: never read)."""
+        return 0 if self._snap is None else self._snap.root.next_seq
+
     def read_root(self) -> Snapshot:
         """A fresh root (also the next refill's)."""
         snap = self._snap = self.queue.read()
         self._snap_at = time.monotonic()
         return snap
 
-    def run(self, ops: Sequence[shared.Op], claim_n: int) -> Refilled:
-        """One CAS: ``ops`` applied, up to ``claim_n`` entries leased."""
+    def run(self, ops: Sequence[shared.Op], claim_n: int, patience_s: float = 0.0) -> Refilled:
+        """One CAS: ``ops`` applied, up to ``claim_n`` entries leased.  ``patience_s``: how
+        long the worker can still hand out what it holds (a refill running ahead): after a
+        lost race it may wait up to half of that, spreading the workers' writes."""
+        self._patience_s = patience_s
         t0 = time.monotonic()
         sub = self.sub
         limits = dataclasses.replace(self.limits, claim_n=claim_n)
@@ -158,6 +170,8 @@ class Refiller:
             if attempt or not roots:
                 roots.append(self._root(p, claim_n))
             snap = roots[-1]
+            if any(op.seq >= p.claim_cursor for op in ops):
+                raise cas.Replan("worker_stale_progress")  # a copy older than our leases
             token = ULID().bytes  # each attempt its own: a retry knows which one landed
             applied = shared.apply(
                 p,
@@ -212,33 +226,49 @@ class Refiller:
         try:
             if new:
                 out.entries = self._load_entries(got.root, [x.seq for x in new])
-            sub.written = got.applied.progress.position
+            sub.written = fp.needed(got.applied.progress)  # kept dead letters hold it
             sub.observe(got.root)
-            sub.maybe_publish()
+            if self.publisher(self.clock_ms()):
+                sub.maybe_publish()
         except TieredBufError as e:
             out.error = e
             if not out.entries:
-                out.new = []  # leased, but not handed out: they lapse and are redelivered
+                out.new, out.unloaded = [], new  # never handed out: released, uncharged
         out.seconds = time.monotonic() - t0
         return out
 
     def _root(self, p: Progress | None, claim_n: int) -> Snapshot:
-        """The root as of at most ``check_interval`` ago, re-read sooner when new entries
-        may be claimable (one 22-byte footer GET tells): a refill of a long backlog does
-        not read (and decode) the whole root every time."""
-        now = time.monotonic()
+        """The root this refill judges by.  Re-read only when the claim reaches past the
+        tail it knows: in full when that view is older than ``check_interval``, else when
+        a 22-byte footer GET shows new entries.  A refill inside the known backlog reads
+        no root at all: what retention unlinked meanwhile shows up when the entries load
+        (a reaped group: re-read) or their data GET fails (:meth:`Worker._unlinked`)."""
         snap = self._snap
-        stale = snap is None or now - self._snap_at >= self.check_interval_s
-        if (
-            not stale
-            and snap is not None
-            and p is not None
-            and p.claim_cursor + claim_n > snap.root.next_seq
-        ):
-            stale = self.queue.read_footer().next_sequence != snap.root.next_seq
-        if stale or snap is None:
-            snap = self.read_root()
+        if snap is None:
+            return self.read_root()
+        if p is None or p.claim_cursor + claim_n <= snap.root.next_seq:
+            return snap
+        if time.monotonic() - self._snap_at >= self.check_interval_s:
+            return self.read_root()
+        if self.queue.read_footer().next_sequence != snap.root.next_seq:
+            return self.read_root()
         return snap
+
+    def adopt(self, snap: Snapshot) -> None:
+        """A root just read elsewhere (the registration's): the first refill's."""
+        if self._snap is None:
+            self._snap, self._snap_at = snap, time.monotonic()
+
+    def publisher(self, now_ms: int) -> bool:
+        """Whether this worker publishes the queue's position lazily: the one with the
+        lowest id among the workers seen within a lease (every worker judges alike from
+        the progress object; one that stops is replaced a lease later), so eight workers
+        do not each publish every ``publish_interval``."""
+        p = self.sub.progress
+        if p is None:
+            return True
+        recent = [w.worker_id for w in p.workers if now_ms - w.seen_ms < self.limits.lease_ms]
+        return not recent or min(recent) == self.worker_id
 
     def _load_entries(
         self, snap: Snapshot, seqs: list[int]

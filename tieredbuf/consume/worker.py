@@ -1,29 +1,33 @@
 """A worker of a shared work queue: several workers, one subscriber, any order.
 
     w = buf.worker("jobs", lease=timedelta(seconds=30))
-    while (b := w.claim()) is not None:
+    while (b := w.claim(timeout=10)) is not None:   # long-polls up to 10 s when idle
         process(b)              # at-least-once: a lapsed lease is redelivered to another worker
-        w.ack(b.sequence)       # or w.defer(seq) (hand it back now), w.reject(seq, reason=b"...")
+        w.ack(b.sequence)       # or w.defer(seq) (redelivered after a delay), w.reject(seq, ...)
     w.close()                   # applies what is buffered, hands back what it still holds
 
 Every change is one CAS of the subscriber's progress object (:mod:`tieredbuf.queue.shared`
 decides; :mod:`tieredbuf.consume.refill` runs it): a refill applies this worker's
-buffered acks and rejects and leases the next claimable entries (lowest first) under a
-fresh operation token, which is also how a retry after an unknown outcome finds its own
-write.  Acks and rejects are buffered until the next refill, ``flush()``, ``close()``,
-or at once when a buffered ack's lease is about to lapse; ``defer`` is applied at once.
+buffered operations and leases the next claimable entries (lowest first) under a fresh
+operation token, which is also how a retry after an unknown outcome finds its own
+write.  Acks, rejects and the word that claim() returned an entry (``out``: the only
+thing that charges a delivery) are buffered until the next refill, ``flush()``,
+``close()``, or at once when an entry's lease is about to lapse; ``defer`` and
+``extend`` are applied at once.  An entry whose history is unknown (a worker went
+silent holding it: ``SUSPECT``) or whose lease entered its margin during the data GET
+is *marked* first -- one CAS that charges the delivery and renews the lease -- and only
+then returned.  A data GET that fails leaves the entry first in line: the next claim()
+tries it again (as a consumer retries its cursor); close() hands it back uncharged.
 
 **Refilling ahead.**  At S3's round trips a refill takes 60-100 ms, more when several
 workers contend for the progress object.  So a worker starts its next refill in the
 background when its leased entries are about to run out (when no more are left than it
 hands out during one refill), and ``claim()`` waits for a CAS only when it has none
 left at all.  A refill leases ``claim_batch`` entries, or more when its refills are slow
-against the caller's processing speed: about twice a refill's worth, at most
-``max_claim_batch``, and never more than the worker processes in half a lease, counting
-what it already holds.  Leases are still honoured: an entry whose lease would lapse
-(within a quarter of the lease, at most 5 s) before claim() returns it is handed back
-uncharged, never handed out.  ``refill_ahead=False`` refills only when claim() finds
-nothing left (``tieredbuf work``: a lease covers one command).
+against the caller's processing speed (:mod:`tieredbuf.consume.pace`).  Leases are honoured: an
+entry within its margin of lapsing (a quarter of the lease, at most 5 s) is never handed
+out.  ``refill_ahead=False`` refills only when claim() finds nothing left (``tieredbuf
+work``: a lease covers one command).
 
 Every entry is acked exactly once; processing is at-least-once.  An ack whose lease
 lapsed *and* was claimed again by another worker is refused: the call that applies it
@@ -33,12 +37,9 @@ nothing -- the other worker's ack counts.  Workers never bump the subscriber's e
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -46,18 +47,22 @@ from datetime import timedelta
 from ulid import ULID
 
 from tieredbuf.config import WorkerConfig
+from tieredbuf.consume import pace
+from tieredbuf.consume.claimwait import ClaimWait
 from tieredbuf.consume.consumer import ConsumedBatch
 from tieredbuf.consume.fetch import ReadAhead
+from tieredbuf.consume.holdings import Held, Holdings
 from tieredbuf.consume.refill import Refilled, Refiller
 from tieredbuf.errors import (
     AckOrderError,
     ClosedError,
+    CorruptError,
     DataLossError,
     LeaseExpiredError,
     MissingObjectError,
 )
 from tieredbuf.format.manifest import ManifestEntry
-from tieredbuf.format.progress import MAX_REASON, Lease
+from tieredbuf.format.progress import MAX_REASON, Progress
 from tieredbuf.queue import shared
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.queue.subscription import NamedSubscription
@@ -66,21 +71,23 @@ from tieredbuf.runtime.stats import Stats
 from tieredbuf.store.base import Store
 
 log = logging.getLogger(__name__)
+_MS = timedelta(milliseconds=1)
+MARKS_PER_HAND_OUT = 3
+"""Marks (CASes renewing a lease) one hand-out may take before the entry is handed back."""
 
 
 def _ewma(old: float | None, x: float, alpha: float = 0.3) -> float:
     return x if old is None else old + alpha * (x - old)
 
 
-@dataclasses.dataclass(slots=True)
-class _Held:
-    token: bytes
-    expires_ms: int
-    handed_out: bool = False
+DAMAGED_RETRY_MS = 1000
+"""A lease on an entry whose data object is damaged (CorruptError) is handed back,
+uncharged, claimable again this long after: the next worker meets the same error."""
 
 
 class Worker:
-    """One worker of the shared subscriber ``subscriber``; use from one thread."""
+    """One worker of the shared subscriber ``subscriber``; use from one thread (but
+    :meth:`wake` from any)."""
 
     def __init__(
         self,
@@ -98,15 +105,17 @@ class Worker:
             subscriber,
             shared=True,
             owner=f"w-{ULID.from_bytes(self.worker_id)}",
-            publish_interval_ms=self.config.publish_interval // timedelta(milliseconds=1),
+            publish_interval_ms=self.config.publish_interval // _MS,
         )
         self.subscriber = subscriber
         self.stats = Stats()
         self._limits = shared.Limits(
-            lease_ms=self.config.lease // timedelta(milliseconds=1),
+            lease_ms=self.config.lease // _MS,
             claim_n=self.config.claim_batch,
             max_span=self.config.max_span,
             max_deliveries=self.config.max_deliveries,
+            backoff_ms=self.config.redelivery_delay // _MS,
+            backoff_max_ms=self.config.redelivery_delay_max // _MS,
         )
         self._margin_ms = min(self._limits.lease_ms // 4, 5000)
         self._refiller = Refiller(
@@ -119,16 +128,22 @@ class Worker:
             clock_ms=self.clock_ms,
             on_landed=self._landed,
         )
-        self._held: dict[int, _Held] = {}
-        self._ready: deque[int] = deque()
-        self._ops: list[shared.Op] = []
-        self._expiries: dict[bytes, int] = {}
+        self._wait = ClaimWait(
+            queue.read_footer,
+            self.subscription.reload,
+            self.clock_ms,
+            max_s=self.config.idle_poll_max.total_seconds(),
+        )
+        self._h = Holdings()
+        self._held = self._h.held  # the same dict (tests read it)
         self._entries: dict[int, tuple[ManifestEntry, int]] = {}
+        self._got: dict[int, ConsumedBatch] = {}
+        """Data fetched for an entry whose hand-out waits for its mark (a CAS that failed)."""
         self._refill_s: float | None = None
         self._item_s: float | None = None
         self._handed_at: float | None = None
         self._pending: tuple[Future[Refilled], int] | None = None
-        """A refill running ahead, and how many of ``_ops`` it applies."""
+        """A refill running ahead, and how many of the buffered ops it applies."""
         self._short = False
         """The last refill got fewer entries than it asked for: none ahead until dry."""
         self._rng = random.Random(self.worker_id)
@@ -138,11 +153,16 @@ class Worker:
         self._ahead = ReadAhead(
             store, self._pool, self.config.read_ahead, self.config.read_ahead_bytes
         )
+        self._tried_ms = 0
+        """When claim() last found nothing to lease (the progress object then was fresh)."""
         self._initialized = False
         self._closed = False
         self.on_applied: Callable[[list[int]], None] | None = None
         """Called right after each CAS landed with the sequences whose acks and rejects it
         applied (on the worker's CAS thread when the CAS was a refill running ahead)."""
+        self.on_mark: Callable[[int], None] | None = None
+        """Called with a sequence just before the CAS that marks it (charges its delivery
+        before claim() returns it): a test's record of a hand-out under way."""
 
     def clock_ms(self) -> int:
         """The wall clock leases are judged by (the subscription's)."""
@@ -155,13 +175,19 @@ class Worker:
         the tail with ``start="latest"``).  No buffer at the URL: BufferNotFoundError."""
         self._check_open()
         self.subscription.register(start)
+        if self.subscription.registered_root is not None:
+            self._refiller.adopt(self.subscription.registered_root)
         self._initialized = True
 
     def close(self) -> None:
-        """Apply buffered acks/rejects and hand back every entry still held (defer), so
-        other workers can take them at once."""
+        """Apply buffered operations and hand back every entry still held: one returned
+        by claim() and not resolved is deferred (claimable at once, its delivery counted),
+        one never returned is released (uncharged).  The queue's position is published
+        into the root when this worker is its publisher (the lowest id among the workers
+        seen within a lease: see :meth:`Refiller.publisher`); ``flush()`` always does."""
         if self._closed:
             return
+        self._wait.wake()
         try:
             if self._initialized:
                 late: BaseException | None = None
@@ -169,13 +195,16 @@ class Worker:
                     self._settle(wait=True)  # what a refill running ahead leased is held too
                 except (LeaseExpiredError, DataLossError) as e:
                     late = e
-                for seq, h in self._held.items():  # returned by claim(): a delivery
-                    action: shared.Action = "defer" if h.handed_out else "release"
-                    self._ops.append(shared.Op(action, seq, h.token))
+                for seq, h in self._held.items():
+                    if h.handed_out:
+                        self._h.buffer(shared.Op("defer", seq, h.token, ms=0), h.expires_ms)
+                    else:
+                        self._h.buffer(shared.Op("release", seq, h.token), h.expires_ms)
                 self._held.clear()
-                if self._ops:
+                if self._h.ops:
                     self._apply(0)
-                self.subscription.maybe_publish(force=True)
+                if self._refiller.publisher(self.clock_ms()):
+                    self.subscription.maybe_publish(force=True)
                 if late is not None:
                     raise late
         finally:
@@ -183,6 +212,11 @@ class Worker:
             self._ahead.cancel()
             self._cas_thread.shutdown(wait=True)
             self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """End a ``claim(timeout=...)`` wait now (from any thread; it returns None): the
+        caller is stopping.  Later waits end at once too."""
+        self._wait.wake()
 
     def __enter__(self) -> Worker:
         return self
@@ -201,31 +235,65 @@ class Worker:
 
     # --- claiming --------------------------------------------------------------------
 
-    def claim(self) -> ConsumedBatch | None:
+    def claim(self, timeout: float | None = None) -> ConsumedBatch | None:
         """The next entry leased to this worker, with its data; None when nothing is
-        claimable now (everything is done, or leased to live workers)."""
+        claimable (everything is done, leased to live workers, or waiting for its
+        redelivery delay).
+
+        ``timeout`` (seconds): wait up to this long for an entry (a long poll,
+        :mod:`tieredbuf.consume.claimwait`): an idle worker reads the root's 22-byte footer
+        with a backoff up to ``idle_poll_max`` (3 s) and its progress object every 15 s,
+        wakes when a lease lapses or a delay ends, and so sends at most 0.4 requests/s.
+        The backoff carries over from call to call.  Without a timeout, no wait."""
         self._ensure()
         if self._handed_at is not None:  # the caller's processing time of the last one
             self._item_s = _ewma(self._item_s, time.monotonic() - self._handed_at)
             self._handed_at = None
         self._settle(wait=False)
         self._flush_if_lapsing()
+        deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
+        attempt = deadline is None or not self._wait.idle or self._h.has_ready()
         while True:
-            now = self.clock_ms()
-            while self._ready:
-                seq = self._ready.popleft()
-                h = self._held.get(seq)
-                if h is None:
-                    continue
-                if h.expires_ms - self._margin_ms <= now:
+            if attempt:
+                b = self._claim_now()
+                if b is not None or deadline is None:
+                    if b is not None:
+                        self._wait.reset()
+                    return b
+            self._check_open()
+            assert deadline is not None
+            if not self._wait.wait(self._refiller.known_tail(), self._due, self._open, deadline):
+                return None
+            attempt = True  # something may be claimable now
+
+    def _due(self) -> int | None:
+        """When an entry becomes claimable by time alone (a lease lapsing, a redelivery
+        delay ending) after this worker last found nothing: from the progress object as
+        last seen, no request."""
+        p = self.subscription.progress
+        return None if p is None else shared.next_due(p, self._tried_ms)
+
+    def _open(self, p: Progress) -> bool:
+        """Whether a progress object just read shows something this worker could claim."""
+        now = self.clock_ms()
+        return any(shared.claimable(x, now) for x in p.leases) or (
+            p.claim_cursor < self._refiller.known_tail()
+            and p.claim_cursor < p.position + self._limits.max_span
+        )
+
+    def _claim_now(self) -> ConsumedBatch | None:
+        while True:
+            while (front := self._h.front()) is not None:
+                seq, h = front
+                if not h.said and h.expires_ms - self._margin_ms <= self.clock_ms():
                     self._release(seq, h)
                     continue
-                try:
-                    batch = self._batch(seq)
-                except MissingObjectError as e:
-                    self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
+                batch = self._hand_out(seq, h)
+                if batch is None:
                     continue
+                self._h.ready.popleft()
                 h.handed_out = True
+                self._h.lapsed.discard(seq)
                 self.stats.incr("claimed")
                 self._refill_ahead()
                 self._handed_at = time.monotonic()
@@ -234,69 +302,103 @@ class Worker:
                 self._settle(wait=True)  # ran dry before the refill ahead landed
                 continue
             if not self._apply(self._claim_n()):
+                self._tried_ms = self.clock_ms()
                 return None
 
-    def _release(self, seq: int, h: _Held, why: str = "lapsed_before_use") -> None:
+    def _hand_out(self, seq: int, h: Held) -> ConsumedBatch | None:
+        """``seq``'s data, once the progress object may count its delivery: an ``out``
+        op buffered, or -- for a suspect entry, or one whose lease entered its margin
+        during the GET -- a mark landed first.  None: it is no longer this worker's.
+        A failed GET or CAS raises with ``seq`` still first in line (data kept)."""
+        batch = self._got.get(seq)
+        if batch is None:
+            try:
+                batch = self._batch(seq)
+            except MissingObjectError as e:
+                self._h.ready.popleft()
+                self._unlinked(seq, e)  # retention's loss: released (raised unless skip)
+                return None
+            except CorruptError:  # a damaged object fails again: hand it back uncharged,
+                self._h.ready.popleft()  # claimable after a pause, and go on to the next
+                self._release(seq, h, "damaged_object", DAMAGED_RETRY_MS)
+                raise
+            self._got[seq] = batch
+        for _ in range(MARKS_PER_HAND_OUT + 1):
+            inside = h.expires_ms - self._margin_ms <= self.clock_ms()
+            if not h.said or (inside and not h.marking):
+                # a mark when its history is unknown, or to renew a lease the GET (or a
+                # slow mark) took into its margin; else the word rides the next CAS
+                action: shared.Action = "mark" if h.suspect or inside or h.said else "out"
+                ms = self._limits.lease_ms if action == "mark" else None
+                self._h.buffer(shared.Op(action, seq, h.token, ms=ms), h.expires_ms)
+                h.said, h.marking = True, action == "mark"
+            if not h.marking:
+                break
+            if self.on_mark is not None:
+                self.on_mark(seq)
+            self.stats.incr("marked")
+            self._apply(0)  # on an error the mark stays buffered: the next CAS retries it
+            if self._held.get(seq) is not h:
+                self._got.pop(seq, None)
+                return None  # refused: the lease lapsed and another worker took it
+        else:  # every mark took the lease into its margin again: the store is too slow
+            self._release(seq, h, "marks_too_slow")
+            return None
+        self._got.pop(seq, None)
+        return batch
+
+    def _release(
+        self, seq: int, h: Held, why: str = "lapsed_before_use", after_ms: int | None = None
+    ) -> None:
         """Hand back a lease whose entry claim() never returned (one about to lapse before
-        its turn, by default) with the next CAS: no delivery is charged."""
+        its turn, by default) with the next CAS: no delivery is charged; claimable again
+        at once, or ``after_ms`` later."""
         del self._held[seq]
-        self._entries.pop(seq, None)
-        self._ahead.drop(seq)
-        self._ops.append(shared.Op("release", seq, h.token))
+        self._forget(seq)
+        self._h.buffer(shared.Op("release", seq, h.token, ms=after_ms), h.expires_ms)
         self.stats.incr(why)
 
+    def _forget(self, seq: int) -> None:
+        self._entries.pop(seq, None)
+        self._got.pop(seq, None)
+        self._ahead.drop(seq)
+
     def _release_lapsing(self) -> None:
-        now = self.clock_ms()
-        for seq in self._ready:
-            h = self._held.get(seq)
-            if h is not None and not h.handed_out and h.expires_ms - self._margin_ms <= now:
-                self._release(seq, h)
+        for seq in self._h.lapsing(self.clock_ms(), self._margin_ms):
+            self._release(seq, self._held[seq])
 
     def _claim_n(self) -> int:
-        """How many to lease in the next refill: ``claim_batch``, or more when a refill takes
-        long against this worker's processing speed (contention on the progress object, S3's
-        round trips): about twice the refill time's worth of entries, at most
-        ``max_claim_batch``, never more than it processes in half a lease, counting the
-        entries it already holds (so none lapses before its turn), and never more than a
-        third of its share of ``max_span`` among the workers at work (each holds about
-        three batches of the span: acked but not yet applied, ready, and the refill's), so
-        that the span does not fill and stall them all."""
-        base = self.config.claim_batch
-        if self._refill_s is None or not self._item_s:
-            return base
-        cap = self.config.max_claim_batch or 8 * base
-        want = math.ceil(2 * self._refill_s / self._item_s)
-        safe = int(self._limits.lease_ms / 1000 / 2 / self._item_s) - len(self._ready)
-        share = self.config.max_span // (3 * self._refiller.workers(self.clock_ms()))
-        return max(1, min(max(base, want), cap, safe, share))
-
-    def _low_water(self) -> int | None:
-        """Entries left when the next refill starts ahead: what this worker hands out during
-        one refill, times a random 1-2 (workers that run alike would otherwise refill at
-        the same moments and conflict on the progress object; None until both are
-        measured: no refill ahead yet)."""
-        if self._refill_s is None or self._item_s is None:
-            return None
-        return max(1, math.ceil(self._refill_s / max(self._item_s, 1e-6) * self._spread))
+        """How many to lease in the next refill (:func:`tieredbuf.consume.pace.claim_n`)."""
+        return pace.claim_n(
+            base=self.config.claim_batch,
+            cap=self.config.max_claim_batch or 8 * self.config.claim_batch,
+            refill_s=self._refill_s,
+            item_s=self._item_s,
+            lease_s=self._limits.lease_ms / 1000,
+            ready=self._h.ready_n(),
+            max_span=self.config.max_span,
+            workers=self._refiller.workers(self.clock_ms()),
+        )
 
     def _refill_ahead(self) -> None:
         """Start the next refill in the background if the leased entries are about to run
         out and more are known to be claimable (one at a time).  At the known tail, or
         after a refill that got fewer than it asked for (``max_span``, or everything else
         leased), claim() refills only when it runs dry: no CAS after CAS finding nothing."""
-        low = self._low_water()
+        low = pace.low_water(self._refill_s, self._item_s, self._spread)
         if (
             self._pending is not None
             or not self.config.refill_ahead
             or low is None
             or self._short
-            or len(self._ready) > low
+            or self._h.ready_n() > low
             or not self._refiller.more_known(self.clock_ms())
         ):
             return
         self._release_lapsing()
-        ops = list(self._ops)
-        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n())
+        ops = list(self._h.ops)
+        patience = self._h.ready_n() * (self._item_s or 0.0)  # till it runs dry
+        fut = self._cas_thread.submit(self._refiller.run, ops, self._claim_n(), patience)
         self._pending = (fut, len(ops))
         self._spread = 1 + self._rng.random()
         self.stats.incr("refills_ahead")
@@ -312,8 +414,9 @@ class Worker:
         self._absorb(fut.result(), n)
 
     def _batch(self, seq: int) -> ConsumedBatch:
-        entry, size = self._entries.pop(seq)
-        data = self._ahead.take(entry, size)
+        entry, size = self._entries[seq]
+        data = self._ahead.take(entry, size)  # may raise: the entry stays known
+        del self._entries[seq]
         self._schedule_prefetch()
         return ConsumedBatch(entry.sequence, entry.location, entry.metadata, data)
 
@@ -336,13 +439,20 @@ class Worker:
             )
 
     def _schedule_prefetch(self) -> None:
-        self._ahead.want(self._entries[s] for s in self._ready if s in self._entries)
+        self._ahead.want(
+            self._entries[s]
+            for s, t in self._h.ready
+            if s in self._entries and self._h.current(s, t) and s not in self._got
+        )
 
     # --- resolving -------------------------------------------------------------------
 
-    def _take(self, seq: int) -> _Held:
+    def _take(self, seq: int) -> Held:
         self._ensure()
         h = self._held.get(seq)
+        if (h is None or not h.handed_out) and seq in self._h.lapsed:
+            self._h.lapsed.discard(seq)
+            raise LeaseExpiredError(self.subscriber, [seq])
         if h is None or not h.handed_out:
             raise AckOrderError(f"sequence {seq} is not leased to this worker (or was resolved)")
         return h
@@ -351,48 +461,77 @@ class Worker:
         """``sequence`` is processed (any order).  Buffered; see the module docstring."""
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("ack", sequence, h.token))
+        self._h.buffer(shared.Op("ack", sequence, h.token), h.expires_ms)
         self.stats.incr("acks")
         self._flush_if_lapsing()
 
     def reject(self, sequence: int, reason: bytes = b"") -> None:
-        """``sequence`` failed for good: recorded as rejected (listed by ``tieredbuf
-        subscribers``), never redelivered.  Buffered like an ack."""
+        """``sequence`` failed for good: a dead letter, listed by ``tieredbuf subscribers``
+        with its reason, never redelivered unless redriven (``Buffer.redrive``); its entry
+        stays in the buffer until then.  Buffered like an ack."""
         if len(reason) > MAX_REASON:
             raise ValueError(f"reject reason of {len(reason)} bytes: at most {MAX_REASON}")
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("reject", sequence, h.token, bytes(reason)))
+        self._h.buffer(shared.Op("reject", sequence, h.token, bytes(reason)), h.expires_ms)
         self.stats.incr("rejects")
         self._flush_if_lapsing()
 
-    def defer(self, sequence: int) -> None:
-        """Hand ``sequence`` back now (one CAS, with whatever is buffered): claimable at once
-        by any worker, this one included."""
+    def defer(self, sequence: int, delay: timedelta | None = None) -> None:
+        """Hand ``sequence`` back now (one CAS, with whatever is buffered): claimable again,
+        by any worker, after ``delay`` -- by default the redelivery delay, growing with its
+        deliveries (``redelivery_delay`` doubled per delivery, at most
+        ``redelivery_delay_max``); ``timedelta(0)``: at once."""
+        if delay is not None and delay < timedelta(0):
+            raise ValueError(f"delay must be >= 0, got {delay!r}")
         h = self._take(sequence)
         del self._held[sequence]
-        self._ops.append(shared.Op("defer", sequence, h.token))
+        ms = None if delay is None else delay // _MS
+        self._h.buffer(shared.Op("defer", sequence, h.token, ms=ms), h.expires_ms)
         self.stats.incr("defers")
         self._apply(0)
 
+    def extend(self, sequence: int, by: timedelta) -> None:
+        """Keep ``sequence`` (returned by claim(), not yet resolved) for ``by`` from now
+        (SQS's ChangeMessageVisibility): one CAS, with whatever is buffered.  Fenced like an
+        ack: if its lease lapsed and another worker took it, LeaseExpiredError and it is no
+        longer this worker's."""
+        if by <= timedelta(0):
+            raise ValueError(f"extend by a positive duration, got {by!r}")
+        h = self._take(sequence)
+        self._h.buffer(shared.Op("extend", sequence, h.token, ms=by // _MS), h.expires_ms)
+        self.stats.incr("extends")
+        self._apply(0)
+
+    def expires_ms(self, sequence: int) -> int:
+        """When the lease on ``sequence`` (held by this worker) lapses, by :meth:`clock_ms`."""
+        h = self._held.get(sequence)
+        if h is None:
+            raise AckOrderError(f"sequence {sequence} is not leased to this worker")
+        return h.expires_ms
+
+    def waiting_s(self) -> float | None:
+        """Seconds until the first entry in its redelivery delay becomes claimable again
+        (from the last progress object this worker saw: no request); None if none waits."""
+        p = self.subscription.progress
+        if p is None:
+            return None
+        now = self.clock_ms()
+        due = [x.expires_ms for x in p.leases if x.back and x.expires_ms > now]
+        return (min(due) - now) / 1000 if due else None
+
     def flush(self) -> None:
-        """Apply every buffered ack and reject now and publish the subscriber's position."""
+        """Apply every buffered operation now and publish the subscriber's position."""
         self._ensure()
         self._settle(wait=True)
-        if self._ops:
+        if self._h.ops:
             self._apply(0)
         self.subscription.maybe_publish(force=True)
 
     def _flush_if_lapsing(self) -> None:
-        if not self._ops:
-            return
-        now = self.clock_ms()
-        soonest = min((self._expiry(op) for op in self._ops), default=None)
-        if soonest is not None and soonest - self._margin_ms <= now:
+        soonest = self._h.soonest_due()
+        if soonest is not None and soonest - self._margin_ms <= self.clock_ms():
             self._apply(0)
-
-    def _expiry(self, op: shared.Op) -> int:
-        return self._expiries.get(op.token, 1 << 62)
 
     # --- the one CAS -----------------------------------------------------------------
 
@@ -403,20 +542,26 @@ class Worker:
         queued for the next claim())."""
         self._settle(wait=True)
         self._release_lapsing()
-        ops = list(self._ops)
+        ops = list(self._h.ops)
         return self._absorb(self._refiller.run(ops, claim_n), len(ops))
 
     def _absorb(self, got: Refilled, n_ops: int) -> bool:
         """Take in what a refill did (on the caller's thread): its first ``n_ops`` buffered
         ops are applied; its leases are queued; then what it found is raised."""
         applied = got.applied
-        self._ops = self._ops[n_ops:]
+        done_ops = self._h.applied(n_ops)
         self.stats.incr("cas" if got.wrote else "idle_polls")
         if got.new:
             self._refill_s = _ewma(self._refill_s, got.seconds)
         self._short = len(got.new) < got.asked
+        for seq, why in self._h.renewed(done_ops, applied):
+            self._forget(seq)
+            self.stats.incr(why)
         self._entries.update(got.entries)
-        self._lease(got.new)
+        self._h.lease(got.new)
+        self._schedule_prefetch()
+        for x in got.unloaded:  # leased, but their entries could not be loaded
+            self._h.buffer(shared.Op("release", x.seq, x.token), x.expires_ms)
         if applied.auto_rejected:
             self.stats.incr("auto_rejected", len(applied.auto_rejected))
             log.warning(
@@ -447,15 +592,6 @@ class Worker:
             self.on_applied(
                 [op.seq for op in ops if op.action in ("ack", "reject") and op.seq not in refused]
             )
-
-    def _lease(self, leases: list[Lease]) -> None:
-        for x in leases:
-            self._held[x.seq] = _Held(x.token, x.expires_ms)
-            self._expiries[x.token] = x.expires_ms
-            self._ready.append(x.seq)
-        live = {h.token for h in self._held.values()} | {op.token for op in self._ops}
-        self._expiries = {t: e for t, e in self._expiries.items() if t in live}
-        self._schedule_prefetch()
 
     @property
     def held(self) -> list[int]:

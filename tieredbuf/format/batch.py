@@ -2,7 +2,8 @@
 
 ::
 
-    record block (zstd: tieredbuf writes one level-3 frame, reads any RFC 8878 frames):
+    record block (zstd: tieredbuf writes one level-3 frame with its content size and
+                  content checksum, reads any RFC 8878 frames):
         record i: [len: u32 LE][data]
     footer (7 bytes, never compressed):
         compression_type : u8      0x00 none, 0x01 zstd
@@ -58,6 +59,13 @@ def encode_records(records: Sequence[bytes | memoryview]) -> bytes:
     return b"".join(interleave_lengths(records))
 
 
+def _compressor() -> zstandard.ZstdCompressor:
+    """Level 3, with the frame's content checksum (XXH64 of the records, RFC 8878 section
+    3.1.1): a decoder checks it, so a changed byte is a CorruptError, never a wrong
+    record.  A compressor is not safe to share between threads: one per call."""
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
+
+
 def encode_batch_parts(
     records: Sequence[bytes | memoryview], compression: Compression = Compression.NONE
 ) -> list[bytes | memoryview]:
@@ -67,7 +75,7 @@ def encode_batch_parts(
         raise ValueError("too many records for one batch")
     footer = encode_footer(len(records), compression)
     if compression == Compression.ZSTD:
-        block = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(encode_records(records))
+        block = _compressor().compress(encode_records(records))
         return [block, footer]
     if compression != Compression.NONE:
         raise ValueError(f"unknown compression {compression!r}")

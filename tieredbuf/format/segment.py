@@ -447,6 +447,21 @@ def manifest_rows(
     return out
 
 
+def check_crc(data: pa.Buffer | bytes | memoryview, obj: str | None = None) -> None:
+    """CorruptError unless the trailer's CRC32 matches every byte before it (a segment of
+    at least its trailer's size; :class:`SegmentReader` checks the rest)."""
+    view = memoryview(data)
+    n = len(view)
+    if n < TRAILER_SIZE:
+        raise CorruptError(WHAT, obj, 0, f"truncated: {n} bytes cannot hold the trailer")
+    (stored,) = U32.unpack_from(view, n - 4)
+    actual = crc32(view[: n - 4], 0)
+    if stored != actual:
+        raise CorruptError(
+            WHAT, obj, n - 4, f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+        )
+
+
 class SegmentReader:
     """Parses and validates a segment held in ``data`` (a ``pa.Buffer`` over a memory
     map keeps every batch zero-copy).  Raises CorruptError naming ``obj`` and the offset."""
@@ -469,12 +484,7 @@ class SegmentReader:
         if magic != SEGMENT_MAGIC:
             raise self._fail(t_at + 4, f"bad trailer magic {magic!r}")
         if verify_crc:
-            (stored,) = U32.unpack_from(view, n - 4)
-            actual = crc32(view[: n - 4], 0)
-            if stored != actual:
-                raise self._fail(
-                    n - 4, f"CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
-                )
+            check_crc(view, obj)
         if not 2 <= footer_size <= t_at:
             raise self._fail(t_at, f"footer_size {footer_size} out of range")
         f_at = t_at - footer_size

@@ -15,7 +15,13 @@ class RecordProducer(Protocol):
     commits now, or None)."""
 
     def produce(
-        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+        self,
+        entries: object,
+        metadata: bytes = b"",
+        *,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: bytes | None = None,
     ) -> WriteHandle: ...
 
     def flush(self, timeout: float | None = None) -> None: ...

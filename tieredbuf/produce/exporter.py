@@ -437,6 +437,7 @@ class Exporter:
                 suffix,
                 seg.items,
                 seg.last_sequence + 1,
+                crc32=seg.crc32,
                 reload=functools.partial(_read_verified, self.stage, seg),
                 link=link,
             )

@@ -32,6 +32,7 @@ conflicts, not duplicates.  An idle hub makes no request.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import weakref
@@ -162,10 +163,18 @@ class CommitHub:
         st = self._state
         with st.cond:
             interval = st.interval()
+            now = time.monotonic()
             if self._lease.holding(st.view) or st.view is None:
-                return max(0.0, st.last_commit + interval - time.monotonic())
+                return max(0.0, st.last_commit + interval - now)
+            # the holder commits on its beat: the one after the last change this hub saw,
+            # or -- when it saw none lately (it polls only while its writers wait) -- the
+            # next one on that beat, not "now" (a seal and an upload per request, else)
             early = min(interval / 4, 0.075) + st.announce_s
-            return max(0.0, st.rhythm.changed_at + interval - early - time.monotonic())
+            at = st.rhythm.changed_at + interval - early
+            if at < now:
+                period = gap(interval)
+                at += math.ceil((now - at) / period) * period
+            return max(0.0, at - now)
 
     def cutoff_in(self) -> tuple[float, float] | None:
         """Holding the lease: seconds until its next turn takes its own process's groups

@@ -34,8 +34,10 @@ from tieredbuf.errors import (
     FlushTimeoutError,
     RemoteUnconfirmedError,
 )
+from tieredbuf.format import idem
 from tieredbuf.format.announce import Announced
 from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.produce.fanin import hub_for
 from tieredbuf.produce.handles import (
@@ -79,6 +81,19 @@ class _OpenBatch:
     watchers: list[DurabilityWatcher] = field(default_factory=list)
     size: int = 0
     opened: float = 0.0
+
+
+def keyed_metadata(
+    records: list[bytes], metadata: bytes, key: str | None, fingerprint: bytes | None
+) -> bytes:
+    """A call's metadata payload, with its idempotency key's tag in front when it has one
+    (:mod:`tieredbuf.format.idem`; the fingerprint, unless given, of its records and
+    metadata)."""
+    if key is None:
+        if fingerprint is not None:
+            raise ValueError("a fingerprint goes with an idempotency key")
+        return metadata
+    return idem.tag(key, fingerprint or idem.fingerprint(records, metadata), metadata)
 
 
 def as_records(entries: object) -> list[bytes]:
@@ -158,7 +173,13 @@ class Producer:
         return self._hub.health()
 
     def produce(
-        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+        self,
+        entries: object,
+        metadata: bytes = b"",
+        *,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: bytes | None = None,
     ) -> WriteHandle:
         """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
 
@@ -166,9 +187,12 @@ class Producer:
         ``timeout`` raises BackpressureError instead of waiting longer, and without one
         once the store has failed with nothing getting through for
         ``retry.give_up_after`` (a slow store that keeps moving is waited for).
+        ``idempotency_key`` travels with the call into the queue (its tag in the
+        metadata item, :mod:`tieredbuf.format.idem`), where a retry of the call can be
+        told from a new one (the service's ``Idempotency-Key``).
         """
         records = as_records(entries)
-        meta = bytes(metadata)
+        meta = keyed_metadata(records, bytes(metadata), idempotency_key, fingerprint)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16
         cfg = self.config
         handle = WriteHandle(DurabilityWatcher(give_up=self._give_up))
@@ -412,7 +436,7 @@ class Producer:
                 pseq = self._next_pseq
                 self._next_pseq += 1
             body = encode_batch(batch.records, self.config.batch_compression)
-            p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq)
+            p = Pending(body, keys.BATCH_SUFFIX, tuple(batch.metadata), pseq, crc32=crc32(body, 0))
             fut = self._pool.submit(self._upload, p)
             with self._cond:
                 self._inflight.append((p, fut, batch))

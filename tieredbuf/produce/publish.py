@@ -24,7 +24,7 @@ from tieredbuf.errors import AlreadyExistsError, PermanentStoreError, StoreError
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.runtime.retry import RetryLog, backoff_delay
 from tieredbuf.runtime.stats import Stats
-from tieredbuf.store.base import LinkingStore, Store
+from tieredbuf.store.base import LinkingStore, Store, put_with_checksum
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,9 @@ class Pending:
     metadata: tuple[MetadataItem, ...]
     producer_seq: int
     ulid: ULID | None = None
+    crc32: int | None = None
+    """The body's CRC32, kept beside the object where the store can (KeepsChecksums):
+    readers refuse an object whose bytes no longer match it (a ``.batch``; None: none)."""
     reload: Callable[[], bytes] | None = None
     """Reads the body again after :meth:`drop_body` (the exporter's segments stay on disk
     until appended), for an upload again under a fresh ULID (the GC grace race)."""
@@ -106,7 +109,7 @@ class Publisher:
                 # API for unconditional streaming; no upload here needs it today.
                 if p.link is not None and isinstance(self.store, LinkingStore):
                     try:
-                        self.store.put_link(p.location, p.link)
+                        self.store.put_link(p.location, p.link, crc32=p.crc32)
                     except OSError as e:
                         if isinstance(e, StoreError):
                             raise
@@ -118,7 +121,7 @@ class Publisher:
                         continue
                     self.stats.incr("objects_linked")
                 else:
-                    self.store.put(p.location, p.body, mode="create")
+                    put_with_checksum(self.store, p.location, p.body, p.crc32, mode="create")
                 break
             except AlreadyExistsError:
                 # A fresh ULID carries 80 random bits: the object is our own earlier

@@ -46,7 +46,7 @@ from tieredbuf.produce.handles import (
     WriteHandle,
     WriteOutcome,
 )
-from tieredbuf.produce.producer import as_records
+from tieredbuf.produce.producer import as_records, keyed_metadata
 from tieredbuf.produce.prompt_seal import PromptSealer
 from tieredbuf.produce.stage_binding import StageBinding, bind
 from tieredbuf.queue.manifest_queue import ManifestQueue
@@ -210,12 +210,20 @@ class StagedProducer:
         fut.add_done_callback(local)
 
     def produce(
-        self, entries: object, metadata: bytes = b"", *, timeout: float | None = None
+        self,
+        entries: object,
+        metadata: bytes = b"",
+        *,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: bytes | None = None,
     ) -> WriteHandle:
-        """Stage one call's records; LOCAL after fdatasync, REMOTE once in the queue."""
+        """Stage one call's records; LOCAL after fdatasync, REMOTE once in the queue.
+        ``idempotency_key``: as :meth:`Producer.produce`."""
         records = as_records(entries)
+        meta = keyed_metadata(records, bytes(metadata), idempotency_key, fingerprint)
         self._check_open()
-        return self._handle("batch", self.stage.append_records(records, bytes(metadata), timeout))
+        return self._handle("batch", self.stage.append_records(records, meta, timeout))
 
     def ingest(
         self, bundle: Mapping[int, pa.RecordBatch], *, timeout: float | None = None

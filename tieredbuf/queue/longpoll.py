@@ -4,8 +4,9 @@ A reader that found nothing new (a consumer's ``next_batch``, a subscriber, a wo
 claim) waits here instead of re-reading the whole root.  :class:`FooterPoll` reads only
 the root's footer (one ranged GET of 22 bytes: the queue's ``next_sequence`` and
 ``epoch``), and between reads it pauses with a backoff: 0.1 s after the reader went
-idle, doubling to 2 s.  An idle reader thus sends at most one small GET every 2 s
-(0.5 requests/s) and notices new entries within 2 s; a busy one never waits.
+idle, doubling to 2 s (a consumer's cap is its ``idle_poll_max``, 2.5 s).  An idle
+reader thus reads at 0.1, 0.3, 0.7, 1.5, 3.1 s, then one small GET every 2 s (0.5
+requests/s), and notices new entries within the current pause; a busy one never waits.
 
 The backoff lives in the poll object, across calls: a reader that calls
 ``wait(..., timeout=1)`` in a loop keeps backing off rather than starting again at

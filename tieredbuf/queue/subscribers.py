@@ -178,9 +178,10 @@ def publish(queue: ManifestQueue, progress: ProgressStore) -> int:
         moved = False
         for name, p in progress.get_many(behind).items():
             cur = draft.registry[name]
-            if p.reg_id == cur.reg_id and p.position > cur.published_next:
+            needed = fp.needed(p)  # its position, or a dead letter kept for redrive
+            if p.reg_id == cur.reg_id and needed > cur.published_next:
                 draft.registry[name] = dataclasses.replace(
-                    cur, published_next=min(p.position, draft.next_seq)
+                    cur, published_next=min(needed, draft.next_seq)
                 )
                 moved = True
         head.append(freg.head_of(draft.registry, draft.low, draft.next_seq, draft.head))
@@ -252,6 +253,7 @@ class SubscriberInfo:
                 "time_ms": r.time_ms,
                 "deliveries": r.deliveries,
                 "reason": r.reason.decode("utf-8", "backslashreplace"),
+                "kept": bool(r.flags & fp.KEPT),
             }
             for r in self.rejected
         ]

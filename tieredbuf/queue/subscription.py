@@ -194,6 +194,8 @@ class NamedSubscription(Subscription):
         self._head = -1
         self._observed_ms = -(1 << 62)
         self._last_publish_ms = -(1 << 62)
+        self.registered_root: Snapshot | None = None
+        """The root :meth:`register` judged by (a worker's first refill starts from it)."""
 
     # --- registration and fencing ------------------------------------------------------
 
@@ -221,6 +223,10 @@ class NamedSubscription(Subscription):
                     )
                 continue  # removed (or re-registered) meanwhile: start again
             self.reg_id, (self.progress, self.etag) = reg.reg_id, got
+            known = snap.registry.get(self.name)
+            self.registered_root = (
+                snap if known is not None and known.reg_id == reg.reg_id else None
+            )
             self._published, self._head = reg.published_next, snap.head
             self._observed_ms = self.clock_ms()
             return

@@ -9,4 +9,5 @@
 | `signals.py` | `SignalEvent`: what a Ctrl-C / SIGTERM handler may safely set |
 | `fsutil.py` | `fsync_dir` |
 | `redact.py` | secrets kept out of logs, errors and answers |
+| `buffers.py` | a `bytes` filled in place: large objects assembled from parts without a copy |
 """

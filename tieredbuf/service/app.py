@@ -62,7 +62,7 @@ from tieredbuf.errors import (
 from tieredbuf.ops import metrics
 from tieredbuf.produce.handles import Durability, WriteHandle
 from tieredbuf.runtime.redact import redact
-from tieredbuf.service import auth, bodies
+from tieredbuf.service import auth, bodies, idempotency
 from tieredbuf.service.config import ServiceConfig
 from tieredbuf.service.http import REFUSED, parse_error_reason, track_requests
 from tieredbuf.service.tokens import TokenSet
@@ -80,6 +80,12 @@ LATENCY = Histogram(
     "Time to answer a successful POST /v1/produce, by durability asked for.",
     ["durability"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+IDEMPOTENT = Counter(
+    "tieredbuf_service_idempotent_retries",
+    "Requests whose Idempotency-Key was seen before: answered from this worker's table "
+    "(replayed), found in the queue (found), or 409 while unknown (unknown).",
+    ["how"],
 )
 BACKPRESSURE = Counter(
     "tieredbuf_service_backpressure_rejections",
@@ -101,6 +107,8 @@ class WorkerState:
     mirror: metrics.Mirror | None = None
     registry: CollectorRegistry | None = None
     tokens: TokenSet | None = None
+    keys: idempotency.KeyTable = field(default_factory=lambda: idempotency.KeyTable(600.0, 200_000))
+    """This worker's keyed requests (``Idempotency-Key``)."""
     store_fault: BaseException | None = None
     """The permanent store error the last store check met (None: it worked)."""
     store_checked: float = -1e9
@@ -151,7 +159,12 @@ def _json_error(status: int, message: str, **headers: str) -> web.Response:
 
 
 def _stage(
-    state: WorkerState, content_type: str, held: list[bytes | bytearray], meta: bytes
+    state: WorkerState,
+    content_type: str,
+    held: list[bytes | bytearray],
+    meta: bytes,
+    key: str | None = None,
+    fp: bytes | None = None,
 ) -> tuple[WriteHandle, dict[str, Any]]:
     """Parse the whole body, then stage it in one produce()/ingest() call (thread pool).
     ``held`` is the body's only reference: taken out, it is freed once parsed."""
@@ -166,7 +179,9 @@ def _stage(
     del body  # (Arrow: the batch's buffers still point into it)
     wait = cfg.backpressure_wait_s
     if isinstance(parsed, bodies.Records):
-        handle = state.producer.produce(parsed.records, meta, timeout=wait)
+        handle = state.producer.produce(
+            parsed.records, meta, timeout=wait, idempotency_key=key, fingerprint=fp
+        )
         return handle, {"records": len(parsed.records)}
     handle = state.producer.ingest({0: parsed.batch}, timeout=wait)
     return handle, {"bundles": 1, "rows": parsed.batch.num_rows, "batches": parsed.batches}
@@ -233,6 +248,10 @@ async def produce(request: web.Request) -> web.Response:
             "not accepting writes (starting or draining)",
             **{"Retry-After": str(cfg.retry_after_s)},
         )
+    try:
+        key = idempotency.parse_key(request.headers.get(idempotency.HEADER))
+    except idempotency.BadKey as e:
+        return _json_error(400, str(e))
     try:  # aiohttp decodes header bytes as UTF-8, a bad byte as a lone surrogate
         meta = request.headers.get("X-Tieredbuf-Metadata", "").encode()
     except UnicodeEncodeError as e:
@@ -253,29 +272,117 @@ async def produce(request: web.Request) -> web.Response:
         resp = _json_error(400, f"the body cannot be read: {parse_error_reason(e.__cause__)}")
         resp.force_close()
         return resp
+    t0 = time.perf_counter()
+    seen: idempotency.Seen | None = None
+    if key is not None:
+        fp = idempotency.fingerprint(ctype, meta, body)
+        again = await _again(request, state, key, fp, level, name)
+        if again is not None:
+            return again
+        seen = idempotency.Seen(fp, None, {}, time.monotonic())
+        state.keys.claim(key, seen)  # on the loop: no await between the look and this
     held: list[bytes | bytearray] = [body]
     del body  # the parser's reference is then the only one
-    t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
+    fp_or_none = None if seen is None else seen.fingerprint
+    staged = partial(_stage, state, ctype, held, meta, key, fp_or_none)
+    # staged whatever becomes of this request (a client that hangs up cancels it): a
+    # retry waiting on it must learn its handle, or that it was not staged
+    job = asyncio.ensure_future(loop.run_in_executor(state.pool, staged))
+    if seen is not None and key is not None:
+        job.add_done_callback(partial(_staged, state, key, seen))
     try:
-        handle, counts = await loop.run_in_executor(state.pool, _stage, state, ctype, held, meta)
-    except bodies.BadBody as e:
+        handle, counts = await asyncio.shield(job)
+    except (bodies.BadBody, bodies.TooLarge, BackpressureError, ClosedError, DiskError) as e:
+        return _refused(state, e)
+    return await _answer(state, handle, counts, level, name, t0)
+
+
+def _staged(
+    state: WorkerState,
+    key: str,
+    seen: idempotency.Seen,
+    job: asyncio.Future[tuple[WriteHandle, dict[str, Any]]],
+) -> None:
+    """A keyed request's staging ended: a retry waiting on it goes on with its handle, or
+    (refused, failed) finds the key free again."""
+    if job.cancelled() or job.exception() is not None:
+        state.keys.forget(key, seen)
+    else:
+        seen.handle, seen.counts = job.result()
+    seen.staged.set()
+
+
+def _refused(state: WorkerState, e: Exception) -> web.Response:
+    """The answer to a request not staged."""
+    retry = {"Retry-After": str(state.config.retry_after_s)}
+    if isinstance(e, bodies.BadBody):
         return _json_error(400, str(e))
-    except bodies.TooLarge as e:
+    if isinstance(e, bodies.TooLarge):
         return _json_error(413, str(e))
-    except BackpressureError as e:
+    if isinstance(e, BackpressureError):
         BACKPRESSURE.inc()
+        return _json_error(503, f"backpressure: {e}", **retry)
+    if isinstance(e, ClosedError):
+        return _json_error(503, "draining", **retry)
+    # a DiskError: not stored; the stage recovers when its disk does
+    return _json_error(503, f"stage disk failing: {type(e).__name__}: {e}", **retry)
+
+
+async def _again(
+    request: web.Request,
+    state: WorkerState,
+    key: str,
+    fp: bytes,
+    level: Durability,
+    name: str,
+) -> web.Response | None:
+    """A keyed request sent before: its first answer (422 for another body, 409 while it
+    may be in flight elsewhere); None when it is new (docs: service/idempotency.py)."""
+    while (first := state.keys.get(key)) is not None:
+        if first.fingerprint != fp:
+            return _json_error(422, f"{idempotency.HEADER} was used for another request")
+        if first.handle is None:  # the first is being staged: wait for it
+            await first.staged.wait()
+            continue
+        IDEMPOTENT.labels("replayed").inc()
+        return await _answer(state, first.handle, first.counts, level, name, time.perf_counter())
+    if request.headers.get(idempotency.RETRY_HEADER) != "1":
+        return None  # not a retry of something this worker does not know: new
+    loop = asyncio.get_running_loop()
+    found = await loop.run_in_executor(state.pool, state.buffer.find_keyed, key)
+    if found is None:
+        IDEMPOTENT.labels("unknown").inc()
         return _json_error(
-            503, f"backpressure: {e}", **{"Retry-After": str(state.config.retry_after_s)}
-        )
-    except ClosedError:
-        return _json_error(503, "draining", **{"Retry-After": str(state.config.retry_after_s)})
-    except DiskError as e:  # not stored; the stage recovers when its disk does
-        return _json_error(
-            503,
-            f"stage disk failing: {type(e).__name__}: {e}",
+            409,
+            "a request with this Idempotency-Key may be in flight at another instance: ask "
+            "again later",
             **{"Retry-After": str(state.config.retry_after_s)},
         )
+    if found.fingerprint != fp:
+        return _json_error(422, f"{idempotency.HEADER} was used for another request")
+    IDEMPOTENT.labels("found").inc()
+    return web.json_response(
+        {
+            "durability": name,
+            "producer": state.producer.producer_id,
+            "sequence": found.sequence,
+            "object": found.location,
+            "duplicate": True,
+        }
+    )
+
+
+async def _answer(
+    state: WorkerState,
+    handle: WriteHandle,
+    counts: dict[str, Any],
+    level: Durability,
+    name: str,
+    t0: float,
+) -> web.Response:
+    """Wait for ``handle`` to reach ``level`` and say so (or why not)."""
+    cfg = state.config
     try:
         await _durable(handle, level, cfg.remote_timeout_s)
         outcome = handle.wait(level, timeout=0)
@@ -495,6 +602,7 @@ def build_app(config: ServiceConfig, index: int, tokens: TokenSet | None = None)
         index,
         pool=ThreadPoolExecutor(config.threads, thread_name_prefix="tb-http"),
         tokens=tokens,
+        keys=idempotency.KeyTable(config.idempotency_window_s, config.idempotency_keys),
     )
     app.router.add_post("/v1/produce", produce)
     app.router.add_get("/healthz", healthz)

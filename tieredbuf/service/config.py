@@ -42,6 +42,11 @@ class ServiceConfig:
     backpressure_wait_s: float = 0.5
     """How long a request waits at a stage cap before it gets 503 + Retry-After."""
     retry_after_s: int = 1
+    idempotency_window_s: float = 600.0
+    """How long this worker remembers a keyed request (``Idempotency-Key``): a retry within
+    it is answered with the first request's result (service/idempotency.py)."""
+    idempotency_keys: int = 200_000
+    """At most this many keyed requests remembered (the oldest go first; about 0.5 KB each)."""
     remote_timeout_s: float = 30.0
     """How long a ``durability=remote`` request waits for its export (then 504)."""
     shutdown_timeout_s: float = 30.0

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tieredbuf.errors import ConfigError, TieredBufError
+from tieredbuf.format import idem
 from tieredbuf.format.batch import decode_batch_arrow
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.spark.options import check_long
@@ -38,6 +39,9 @@ class ObjectRef:
     sequence: int
     location: str
     metadata: tuple[MetadataItem, ...]
+    size: int = 0
+    """The object's size as the manifest recorded it (0: none recorded): the executor
+    refuses an object of another size (DamagedObjectError)."""
 
 
 def records_schema() -> pa.Schema:
@@ -72,7 +76,13 @@ def records_batches(
     if n == 0:
         return
     seq = check_long(ref.sequence)
-    md = sorted(ref.metadata, key=lambda m: m.start_index)
+    md = sorted(
+        (
+            MetadataItem(m.start_index, m.ingestion_time_ms, idem.own(m.payload))
+            for m in ref.metadata
+        ),
+        key=lambda m: m.start_index,
+    )  # a call's own payload: an idempotency tag taken off (format/idem.py)
     which, lead = _item_of_record(md, n)
     loc = ref.location.encode()
     widest = max([len(loc), *(len(m.payload) for m in md), 1])

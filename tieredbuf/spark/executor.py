@@ -5,9 +5,14 @@ metadata, and for batch time windows the per-record time range -- so executors
 never read the manifest; they GET data objects straight from the store (no data
 passes through the driver).  Each task is shipped only its own partition.
 
+Every object is checked against what the manifest recorded before a row of it goes to
+Spark (``Buffer.read_object``: the recorded size, a ``.qseg`` object's CRC; a zstd
+``.batch`` block's checksum when it is decoded): a damaged one is a ``CorruptError``.
+
 ``failOnDataLoss=false`` is honoured here too: an object that is missing from the
 store when the task reads it (deleted by hand, or by GC after a grace-period
-violation) is skipped and logged on the executor instead of failing the query.
+violation), or that fails those checks (replaced, cut, changed), is skipped and logged
+on the executor instead of failing the query; none of its rows is returned.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pyspark.sql.types import StructType
 
 import tieredbuf
 from tieredbuf import keys
-from tieredbuf.errors import DataLossError, ObjectNotFoundError
+from tieredbuf.errors import CorruptError, DataLossError, ObjectNotFoundError
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.format.segment import StreamInfo
 from tieredbuf.format.segment_tail import decode_stream
@@ -93,6 +98,19 @@ class ObjectPartition(InputPartition):
         return self.refs[0]
 
 
+def _damaged(ref: ta.ObjectRef, ro: opt.ReadOptions, cause: CorruptError) -> None:
+    """A data object failed its checks: fail (the default) or, with failOnDataLoss=false,
+    skip it whole and log it."""
+    if ro.fail_on_data_loss:
+        raise cause
+    log.warning(
+        "tieredbuf: skipping data object %s of sequence %d: %s (failOnDataLoss=false)",
+        ref.location,
+        ref.sequence,
+        cause,
+    )
+
+
 def _lost(ref: ta.ObjectRef, ro: opt.ReadOptions, cause: Exception) -> None:
     """A data object is gone: fail (the default) or, with failOnDataLoss=false, log it."""
     if ro.fail_on_data_loss:
@@ -130,14 +148,17 @@ def read_partition(
     lo, hi = part.ts_from_ms, part.ts_to_ms
 
     def fetch(ref: ta.ObjectRef) -> list[pa.RecordBatch]:
+        entry = ManifestEntry(ref.sequence, ref.location, ref.metadata)
         try:
-            data = buf.read_object(ManifestEntry(ref.sequence, ref.location, ref.metadata))
+            data = buf.read_object(entry, ref.size)
+            if ro.slot is not None:
+                return list(ta.bundle_batches(data, ref, ro.slot, schema, lo, hi))
+            return list(ta.records_batches(data, ref, schema, lo, hi))
         except DataLossError as e:
             _lost(ref, ro, e)
-            return []
-        if ro.slot is not None:
-            return list(ta.bundle_batches(data, ref, ro.slot, schema, lo, hi))
-        return list(ta.records_batches(data, ref, schema, lo, hi))
+        except CorruptError as e:  # the whole object is decoded before a row is yielded
+            _damaged(ref, ro, e)
+        return []
 
     with ThreadPoolExecutor(1, thread_name_prefix="tieredbuf-prefetch") as pool:
         ahead = pool.submit(fetch, refs[0])

@@ -87,6 +87,10 @@ _STORE_KEYS: dict[str, str] = {
     "useazurecli": "use_azure_cli",
     "managed_identity": "managed_identity",
     "managedidentity": "managed_identity",
+    # Google Cloud Storage (gs://)
+    "credentials_file": "credentials_file",
+    "credentialsfile": "credentials_file",
+    "anonymous": "anonymous",
 }
 _INT_STORE_OPTIONS = {"max_retries"}
 _SECONDS_STORE_OPTIONS = {"timeout", "connect_timeout", "retry_timeout"}
@@ -192,6 +196,7 @@ _STORE_DISPLAY = (
     "timeout",
     "connectTimeout",
     "retryTimeout",
+    "credentialsFile",
 )
 
 

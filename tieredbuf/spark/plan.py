@@ -35,7 +35,13 @@ from datetime import UTC, datetime
 
 import tieredbuf
 from tieredbuf import keys
-from tieredbuf.errors import BufferNotFoundError, ConfigError, DataLossError, ObjectNotFoundError
+from tieredbuf.errors import (
+    BufferNotFoundError,
+    ConfigError,
+    CorruptError,
+    DataLossError,
+    ObjectNotFoundError,
+)
 from tieredbuf.format import manifest as fm
 from tieredbuf.format import tree as ft
 from tieredbuf.format.segment import StreamInfo
@@ -289,22 +295,24 @@ def batch_range(buf: tieredbuf.Buffer, snap: Snapshot, ro: opt.ReadOptions) -> t
 
 
 def split_streams(
-    store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions
+    store: Store, e: fm.ManifestEntry, ro: opt.ReadOptions, size: int = 0
 ) -> list[tuple[StreamSlice, ...]] | None:
     """The stream groups a large ``.qseg`` object is read in (None: read it whole).
 
     Splits only bundle reads of objects over ``splitStreamsBytes`` with at least two
-    streams of the slot; consecutive streams are grouped up to that many bytes."""
+    streams of the slot; consecutive streams are grouped up to that many bytes.  An
+    object whose tail does not parse, or says the object has another size than the
+    manifest recorded (``size``), is read whole: the executor's checks refuse it."""
     limit = ro.split_streams_bytes
     if ro.slot is None or limit <= 0 or not e.location.endswith(keys.SEGMENT_SUFFIX):
         return None
     try:
         tail = segment_tail(store, e.location)
-    except ObjectNotFoundError:
-        return None  # read whole: the executor reports the data loss
+    except (ObjectNotFoundError, CorruptError):
+        return None  # read whole: the executor reports the loss or the damage
     mine = [s for s in tail.streams if s.slot_id == ro.slot]
-    if tail.size <= limit or len(mine) < 2:
-        return None
+    if tail.size <= limit or len(mine) < 2 or (size and tail.size != size):
+        return None  # read whole (the executor refuses an object of another size)
     groups: list[list[StreamInfo]] = [[]]
     size = 0
     for s in mine:
@@ -342,20 +350,20 @@ def object_partitions(
         opt.check_long(e.sequence)
     if ro.slot is not None and ro.split_streams_bytes > 0 and len(entries) > 1:
         with ThreadPoolExecutor(min(PLAN_THREADS, len(entries))) as pool:
-            splits = list(pool.map(lambda e: split_streams(store, e, ro), entries))
+            splits = list(pool.map(lambda x: split_streams(store, x[0], ro, x[1]), sized))
     else:
-        splits = [split_streams(store, e, ro) for e in entries]
+        splits = [split_streams(store, e, ro, n) for e, n in sized]
     out = []
     whole: list[Sized] = []
     for (e, size), groups in zip(sized, splits, strict=True):
         if groups is None:
             whole.append((e, size))
             continue
-        ref = ta.ObjectRef(e.sequence, e.location, e.metadata)
+        ref = ta.ObjectRef(e.sequence, e.location, e.metadata, size)
         out += [ObjectPartition([ref], ts_from_ms, ts_to_ms, g) for g in groups]
     if whole:
         lengths = _sizes(store, whole, ro)
-        refs = [ta.ObjectRef(e.sequence, e.location, e.metadata) for e, _ in whole]
+        refs = [ta.ObjectRef(e.sequence, e.location, e.metadata, n) for e, n in whole]
         out += [
             ObjectPartition(refs[r.start : r.stop], ts_from_ms, ts_to_ms)
             for r in opt.pack(lengths, ro.max_partition_bytes, ro.min_partitions)

@@ -69,6 +69,7 @@ from tieredbuf.errors import (
 )
 from tieredbuf.format import manifest as fm
 from tieredbuf.format.batch import encode_batch
+from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem, NewEntry
 from tieredbuf.queue.manifest_queue import Snapshot
 from tieredbuf.spark import options as opt
@@ -153,9 +154,13 @@ def _now_ms() -> int:
 def _put(buf: tieredbuf.Buffer, key: str, body: bytes) -> None:
     # One conditional PUT whatever the size: obstore 0.12.1 has no conditional multipart
     # (see tieredbuf/produce/publish.py), and S3 takes up to 5 GiB in one PUT.
-    # AlreadyExists on a fresh ULID key is our own attempt whose response was lost.
+    # AlreadyExists on a fresh ULID key is our own attempt whose response was lost.  A
+    # .batch keeps its CRC32 beside it where the store can (readers check it, I10).
     with contextlib.suppress(AlreadyExistsError):
-        buf.store.put(key, body, mode="create")
+        if key.endswith(keys.BATCH_SUFFIX):
+            buf.store.put_checksummed(key, body, crc32(body, 0), mode="create")
+        else:
+            buf.store.put(key, body, mode="create")
 
 
 def _binary(col: pa.Array | pa.ChunkedArray, name: str) -> list[bytes]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tieredbuf import keys
 from tieredbuf.errors import DiskError, DiskFullError, DiskIOError
 from tieredbuf.runtime.fsutil import may_pass_over
 
@@ -117,6 +118,15 @@ class FileSystem:
 
     def chmod(self, path: str | os.PathLike[str], mode: int) -> None:
         os.chmod(path, mode & OWNER_ONLY)
+
+    def keep_checksum(self, fd: int, crc32: int) -> None:
+        """Keep a sealed ``.batch`` segment's CRC32 in the file's extended attribute
+        ``user.tieredbuf.crc32`` (its sidecar keeps it too): a local-directory store that
+        takes the file as a hard link then has it beside the object (the same inode).
+        Set while the file is still writable; best effort -- a filesystem without user
+        xattrs keeps none, and the object then carries none."""
+        with contextlib.suppress(OSError):
+            os.setxattr(fd, keys.CHECKSUM_XATTR, keys.format_crc32(crc32).encode())
 
     link = staticmethod(os.link)
     """A second name for a file (``os.link``): the exporter links a sealed segment into a

@@ -231,6 +231,8 @@ class SegmentDir:
                     written()
                 if self.gate is not None:
                     self.gate.write_back(fd, size, fs)
+                if crc is not None:
+                    fs.keep_checksum(fd, crc)
                 fs.fdatasync(fd)
                 if self.drop_cache_at_seal:
                     fs.drop_cache(fd)

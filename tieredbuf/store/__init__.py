@@ -4,6 +4,8 @@ open_store("s3://bucket/prefix", endpoint=..., region=...)   # obstore S3Store
 open_store("az://container/prefix", account_name=...)       # obstore AzureStore (also
     # abfs[s]://container[@account.dfs.core.windows.net]/prefix and
     # https://account.blob.core.windows.net/container/prefix): tieredbuf/store/azure.py
+open_store("gs://bucket/prefix")                            # GCSStore, the JSON API through
+    # google-cloud-storage (the gcs extra): tieredbuf/store/gcs_open.py, gcs.py
 open_store("file:///abs/dir"), open_store("./rel/dir")      # LocalDirStore
 open_store("memory://")                                     # fresh, private
 open_store("memory://name")                                 # shared by name, per process
@@ -35,6 +37,7 @@ from tieredbuf.store.base import (
     Store,
 )
 from tieredbuf.store.botostore import S3Settings
+from tieredbuf.store.gcs_open import GCS_OPTIONS, open_gcs
 from tieredbuf.store.localdir import LocalDirStore
 from tieredbuf.store.objstore import ObjStore
 from tieredbuf.store.options import (
@@ -51,6 +54,7 @@ from tieredbuf.store.options import chunk_size as chunk_size_option
 
 __all__ = [
     "AZURE_OPTIONS",
+    "GCS_OPTIONS",
     "GetResult",
     "IfMatch",
     "LocalDirStore",
@@ -69,13 +73,6 @@ _SCHEMES = ("s3", "file", "memory", "gs", *AZURE_SCHEMES)
 R2_HOST_SUFFIX = ".r2.cloudflarestorage.com"
 """Cloudflare R2's S3 endpoints: ``https://ACCOUNT.r2.cloudflarestorage.com`` (and the
 ``.eu.`` / ``.fedramp.`` jurisdictions under it)."""
-GCS_UNSUPPORTED = (
-    "gs:// (Google Cloud Storage) is not supported yet: tieredbuf ships no backend no test "
-    "has run against, and no emulator that runs here serves the requests obstore's GCS "
-    "client sends (an XML API PUT with x-goog-if-generation-match: fake-gcs-server 1.54 "
-    "answers it 400 'invalid uploadType' and honours generation preconditions only on its "
-    "JSON API; fsouza/fake-gcs-server#331). See docs/operations.md, Google Cloud Storage"
-)
 
 _named_memory: dict[str, Any] = {}
 _named_memory_lock = threading.Lock()
@@ -116,7 +113,7 @@ def open_store(url: str, **options: Any) -> Store:
     if scheme in AZURE_SCHEMES or (scheme == "https" and is_azure_https(parts.hostname)):
         return open_azure(url, options)
     if scheme == "gs":
-        raise ConfigError(f"{url}: {GCS_UNSUPPORTED}")
+        return open_gcs(url, parts.netloc, parts.path, options)
     if scheme == "file":
         _no_options("file://", options)
         return LocalDirStore(_file_path(url, parts.netloc, parts.path), url=url)
@@ -124,8 +121,8 @@ def open_store(url: str, **options: Any) -> Store:
         _no_options("memory://", options)
         return _open_memory(url, parts.netloc, parts.path)
     raise ConfigError(
-        f"unsupported store URL scheme {parts.scheme!r} in {url!r}: use s3://, az:// (or "
-        f"abfs://, https://ACCOUNT.blob.core.windows.net/...), file:// or memory://"
+        f"unsupported store URL scheme {parts.scheme!r} in {url!r}: use s3://, gs://, az:// "
+        f"(or abfs://, https://ACCOUNT.blob.core.windows.net/...), file:// or memory://"
     )
 
 

@@ -50,15 +50,19 @@ class GetResult:
 
     ``etag`` may be given as a function of nothing, called on first use: the local
     directory store's etag is a hash of the content, which a reader of data objects
-    (never written twice) does not need to pay for.
+    (never written twice) does not need to pay for.  ``crc32``: the checksum its writer
+    kept beside it in the store's metadata (:class:`KeepsChecksums`), None for none.
     """
 
-    __slots__ = ("_etag", "_etag_of", "data")
+    __slots__ = ("_etag", "_etag_of", "crc32", "data")
 
-    def __init__(self, data: bytes, etag: str | Callable[[], str]) -> None:
+    def __init__(
+        self, data: bytes, etag: str | Callable[[], str], crc32: int | None = None
+    ) -> None:
         self.data = data
         self._etag: str | None = None if callable(etag) else etag
         self._etag_of: Callable[[], str] | None = etag if callable(etag) else None
+        self.crc32 = crc32
 
     @property
     def etag(self) -> str:
@@ -150,13 +154,89 @@ def manifest_writes_per_s(store: object) -> float:
     return DEFAULT_MANIFEST_WRITES_PER_S
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a ranged read's response said about the object it came from."""
+
+    size: int
+    """The object's size in bytes."""
+    crc32: int | None = None
+    """The checksum its writer kept beside it (:class:`KeepsChecksums`), if any."""
+
+
+@runtime_checkable
+class ReadsInto(Protocol):
+    """A store that reads a range of an object straight into the caller's buffer: a
+    reader assembling a large object from parallel ranged GETs then holds the object
+    once, with no copy of each part on the way (local directory: ``preadv``; obstore and
+    botocore: the response body streamed in small chunks).  Not part of :class:`Store`:
+    a store without it is read with ``get_range``."""
+
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        """Write bytes ``[start, start + len(out))`` of ``key`` into ``out`` and return
+        what the response that carried them said of the object: its size and checksum
+        (None: this store cannot tell; a HEAD can give the size).  When the object ends
+        before ``start + len(out)``, only the bytes it has are written: the caller
+        compares the size.  ObjectNotFoundError when absent."""
+        ...
+
+
+def has_own(store: object, method: str) -> bool:
+    """True when ``store``'s class defines ``method``: a wrapper that forwards what it does
+    not define (``__getattr__``) does not have it, so the calls it intercepts (``put``,
+    ``get_range``) are not bypassed through its inner store's extras."""
+    return callable(getattr(type(store), method, None))
+
+
+def reads_into(store: object) -> bool:
+    """``store`` implements :class:`ReadsInto` itself (see :func:`has_own`)."""
+    return has_own(store, "read_into")
+
+
+def copy_range(store: Store, key: str, start: int, out: memoryview) -> Stored | None:
+    """:meth:`ReadsInto.read_into` on any store: through it where the store has it, else a
+    ranged GET copied into ``out`` (nothing known of the object: None)."""
+    if reads_into(store):
+        return store.read_into(key, start, out)  # type: ignore[attr-defined,no-any-return]
+    got = store.get_range(key, start, start + len(out))
+    out[: len(got)] = got
+    return None
+
+
+@runtime_checkable
+class KeepsChecksums(Protocol):
+    """A store that keeps a data object's CRC32 beside it, in the metadata its service
+    keeps with an object (S3 user metadata ``x-amz-meta-tieredbuf_crc32``, Azure
+    ``x-ms-meta-tieredbuf_crc32``, obstore's memory store attributes, the local
+    directory's extended attribute ``user.tieredbuf.crc32``), and gives it back with
+    every GET (``GetResult.crc32``) and ranged read (``Stored.crc32``).  The object's
+    bytes stay exactly what the format says (RFC 0001's data batch has no room for a
+    checksum): docs/format.md, "Checksums".  Not part of :class:`Store`: a store
+    without it writes none."""
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """:meth:`Store.put` keeping ``crc32`` (of ``data``) beside the object."""
+        ...
+
+
+def put_with_checksum(
+    store: Store, key: str, data: bytes | memoryview, crc32: int | None, *, mode: PutMode
+) -> str:
+    """Put ``data`` with its checksum where the store keeps one, else plainly."""
+    if crc32 is not None and has_own(store, "put_checksummed"):
+        return store.put_checksummed(key, data, crc32, mode=mode)  # type: ignore[attr-defined,no-any-return]
+    return store.put(key, data, mode=mode)
+
+
 @runtime_checkable
 class LinkingStore(Protocol):
     """A store that can take an object as a hard link of a local file (the local
     directory store): the local tier's exporter then hands over a sealed segment
     without copying its bytes.  Not part of :class:`Store`: S3 and memory cannot."""
 
-    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+    def put_link(self, key: str, link: Callable[[str], None], *, crc32: int | None = None) -> None:
         """Create ``key`` (create-if-absent) from a file ``link(tmp)`` links to the temp
-        path ``tmp``; see LocalDirStore.put_link."""
+        path ``tmp``, keeping ``crc32`` beside it; see LocalDirStore.put_link."""
         ...

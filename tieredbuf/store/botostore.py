@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from tieredbuf import keys
 from tieredbuf.errors import (
     AlreadyExistsError,
     ObjectNotFoundError,
@@ -28,10 +29,17 @@ from tieredbuf.errors import (
     StoreError,
 )
 from tieredbuf.runtime import forks
+from tieredbuf.runtime.buffers import finish, fresh_bytes
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
 from tieredbuf.store._common import check_key, check_prefix, check_range
-from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+from tieredbuf.store.base import (
+    GetResult,
+    IfMatch,
+    ObjectMeta,
+    PutMode,
+    Stored,
+)
 from tieredbuf.store.errmap import (
     Facts,
     classify,
@@ -100,6 +108,30 @@ def _error_code(e: BaseException) -> str | None:
     resp = getattr(e, "response", None)
     code = resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
     return str(code) if code is not None else None
+
+
+_READ_AT = 1 << 20
+
+
+def _checksum(r: Any) -> int | None:
+    """The CRC32 a data object's writer kept in its user metadata (KeepsChecksums)."""
+    return keys.parse_crc32((r.get("Metadata") or {}).get(keys.CHECKSUM_METADATA))
+
+
+def _body(r: Any) -> bytes:
+    """A GET's whole body; a large one read straight into a ``bytes`` of its declared
+    length (reading it whole first and copying would hold it twice)."""
+    size = int(r.get("ContentLength") or 0)
+    if size < _READ_AT:
+        data: bytes = r["Body"].read()
+        return data
+    out, view = fresh_bytes(size)
+    at = 0
+    while at < size and (n := r["Body"].readinto(view[at:])):
+        at += n
+    if at != size or r["Body"].read(1):
+        raise StoreError(f"the store declared {size} bytes and sent another length")
+    return finish(out, view)
 
 
 class BotoS3Store:
@@ -182,13 +214,13 @@ class BotoS3Store:
         check_key(key)
         try:
             r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key))
-            data = r["Body"].read()
+            data = _body(r)
         except Exception as e:
             raise self._error(e, key, write=False) from redacted(e)
         etag = r.get("ETag")
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
-        return GetResult(data=data, etag=etag)
+        return GetResult(data, etag, _checksum(r))
 
     def get_if_changed(self, key: str, etag: str) -> GetResult | None:
         check_key(key)
@@ -225,6 +257,35 @@ class BotoS3Store:
             return b""
         data, partial = self._ranged(key, f"bytes={start}-{end - 1}")
         return data if partial else data[start:end]
+
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        """One ranged GET read into ``out`` in chunks (see ReadsInto); the object's size
+        from its Content-Range (a server that ignores the range sends it whole)."""
+        check_key(key)
+        if start < 0:
+            raise ValueError(f"invalid range start {start}")
+        if not len(out):
+            return Stored(self.head(key).size)
+        header = f"bytes={start}-{start + len(out) - 1}"
+        try:
+            r = self._c().get_object(Bucket=self._s.bucket, Key=self._key(key), Range=header)
+            body = r["Body"]
+            if "ContentRange" not in r:  # the whole object: keep the asked-for range
+                data = body.read()
+                got = data[start : start + len(out)]
+                out[: len(got)] = got
+                return Stored(len(data), _checksum(r))
+            size = int(str(r["ContentRange"]).rsplit("/", 1)[1])
+            at = 0
+            while at < len(out) and (n := body.readinto(out[at:])) and n > 0:
+                at += n
+        except Exception as e:
+            if self._status(e) == 416:
+                return Stored(self.head(key).size)
+            raise self._error(e, key, write=False) from redacted(e)
+        if at < min(len(out), size - start):
+            raise StoreError(f"{key}: the response ended before its range did")
+        return Stored(size, _checksum(r))
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)
@@ -280,8 +341,19 @@ class BotoS3Store:
     # --- writes -----------------------------------------------------------------
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._put_one(key, data, mode, None)
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """:meth:`put` with ``crc32`` in the object's user metadata (KeepsChecksums)."""
+        return self._put_one(key, data, mode, crc32)
+
+    def _put_one(self, key: str, data: bytes | memoryview, mode: PutMode, crc32: int | None) -> str:
         check_key(key)
         kw: dict[str, Any] = {}
+        if crc32 is not None:
+            kw["Metadata"] = {keys.CHECKSUM_METADATA: keys.format_crc32(crc32)}
         if isinstance(mode, IfMatch):
             kw["IfMatch"] = mode.etag
         elif mode == "create":

@@ -8,13 +8,15 @@ sends.  An operation is one of
 ``get``             GET of a whole object, and a conditional GET (``get_if_changed``,
                     If-None-Match) whether it answered 304 or the object: S3 bills both
                     as a GET
-``get_range``       ranged GET (``get_range``, and ``get_suffix``: the 22-byte footer)
+``get_range``       ranged GET (``get_range``, ``read_into``, and ``get_suffix``: the
+                    22-byte footer)
 ``head``            HEAD
 ``put``             unconditional PUT (a multipart upload: initiate + parts + complete)
 ``put_conditional`` PUT with If-None-Match: * (create) or If-Match (CAS)
 ``copy``            server-side copy (S3 CopyObject; priced as a PUT), by the new key's kind
 ``list``            LIST, one per page of up to 1000 keys (S3's page size), at least one
-``delete``          DeleteObjects, one per batch of up to 1000 keys
+``delete``          DeleteObjects, one per batch of up to 1000 keys (a store with no
+                    batch delete, GCS, says so with ``delete_batch = 1``: one per key)
 ==================  ===================================================================
 
 and the kind is :func:`tieredbuf.keys.key_kind` of the key (for a LIST, of the
@@ -26,7 +28,9 @@ also counted in :attr:`RequestCounts.conflicts`.  The S3 backend reports the few
 requests it sends on its own (the once-per-process conditional-write probe, the
 once-per-store LIST that tells a missing bucket from a missing object, the
 one-by-one deletes after a failed bulk delete, the full GET after a server refused
-a range) through the same counter.  Not counted: retries inside the S3 client
+a range) through the same counter; so does the GCS backend (its probe and bucket
+check).  A GCS resumable upload (an object over 8 MiB: two HTTP requests) is counted as
+the one Class A operation GCS bills for it.  Not counted: retries inside the S3 client
 (obstore retries a request that timed out or got a 5xx up to ``max_retries`` times;
 those surface as transient-error counters when they finally fail).
 """
@@ -41,7 +45,15 @@ from typing import Any
 
 from tieredbuf.errors import ConflictError
 from tieredbuf.keys import KINDS, key_kind
-from tieredbuf.store.base import GetResult, ObjectMeta, PutMode, Store
+from tieredbuf.store.base import (
+    GetResult,
+    ObjectMeta,
+    PutMode,
+    Store,
+    Stored,
+    copy_range,
+    put_with_checksum,
+)
 
 OPS = ("get", "get_range", "head", "put", "put_conditional", "copy", "list", "delete")
 """Every operation a request is counted under."""
@@ -175,6 +187,10 @@ class MeteredStore:
         self.counts.add("head" if end == start else "get_range", key)
         return self._inner.get_range(key, start, end)
 
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        self.counts.add("head" if not len(out) else "get_range", key)
+        return copy_range(self._inner, key, start, out)
+
     def get_suffix(self, key: str, length: int) -> bytes:
         self.counts.add("head" if length == 0 else "get_range", key)
         return self._inner.get_suffix(key, length)
@@ -209,7 +225,16 @@ class MeteredStore:
         n = 2 + max(1, math.ceil(size / MULTIPART_CHUNK))
         return self._put(key, mode, n, lambda: self._inner.put_multipart(key, body, mode=mode))
 
-    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """A PUT keeping ``crc32`` beside the object where the inner store can
+        (KeepsChecksums), else a plain one."""
+        return self._put(
+            key, mode, 1, lambda: put_with_checksum(self._inner, key, data, crc32, mode=mode)
+        )
+
+    def put_link(self, key: str, link: Callable[[str], None], *, crc32: int | None = None) -> None:
         """A local-directory store's object as a hard link (LocalDirStore.put_link): one
         create-if-absent PUT.  Only for an inner store that has it (LinkingStore)."""
         put_link = getattr(self._inner, "put_link", None)
@@ -217,7 +242,10 @@ class MeteredStore:
             raise TypeError(f"{self._inner!r} cannot take an object as a hard link")
 
         def call() -> str:
-            put_link(key, link)
+            if crc32 is None:
+                put_link(key, link)
+            else:
+                put_link(key, link, crc32=crc32)
             return ""
 
         self._put(key, "create", 1, call)
@@ -236,7 +264,8 @@ class MeteredStore:
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         # one DeleteObjects per batch, counted under its first key's kind (GC deletes
         # data objects and tree nodes in separate batches)
-        for i in range(0, len(keys), DELETE_BATCH):
+        batch = getattr(self._inner, "delete_batch", DELETE_BATCH)
+        for i in range(0, len(keys), batch):
             self.counts.add("delete", keys[i])
         return self._inner.delete_many(keys)
 

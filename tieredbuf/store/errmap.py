@@ -1,8 +1,9 @@
 """Classify a failed store request: permanent or transient, sent or not, in one line.
 
 Every object-store client (obstore for S3 and Azure Blob, botocore for S3 in a forked
-child: see :mod:`tieredbuf.runtime.forks`) describes a failure by the same few facts -- HTTP
-status, the service's error code, whether the connection was ever made -- and
+child: see :mod:`tieredbuf.runtime.forks`, google-cloud-storage for GCS) describes a
+failure by the same few facts -- HTTP status, the service's error code, whether the
+connection was ever made -- and
 :func:`classify` turns those into the error tree of :mod:`tieredbuf.errors`:
 
 * permanent: credentials rejected or missing, access denied, the bucket missing, a key
@@ -94,11 +95,15 @@ CREDENTIAL_HINTS = {
     "secret_access_key options)",
     "azure": "check AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN (or the "
     "account_key / sas_token options) and the account name",
+    "gcs": "check GOOGLE_APPLICATION_CREDENTIALS (a service-account key file) or the "
+    "Application Default Credentials (gcloud auth application-default login)",
 }
 _PERMISSIONS = {
     "s3": "docs/operations.md lists the IAM actions tieredbuf needs",
     "azure": "tieredbuf needs the Storage Blob Data Contributor role on the container, "
     "or an account key / SAS with read, write, delete and list",
+    "gcs": "tieredbuf needs roles/storage.objectUser on the bucket, or storage.objects."
+    "create, .get, .list and .delete",
 }
 _AUTHN_RE = re.compile(r"failed to authenticate", re.IGNORECASE)
 """Azure's text for a bad key or signature (Azurite sends it with AuthorizationFailure)."""
@@ -175,7 +180,8 @@ def classify(
     provider: str = "s3",
 ) -> Exception:
     """The tieredbuf error for a failed operation on ``key``.  ``bucket``, ``where``
-    (the endpoint) and ``provider`` (``s3``, ``azure``) only name things in the message."""
+    (the endpoint) and ``provider`` (``s3``, ``azure``, ``gcs``) only name things in the
+    message."""
     op = f"{'writing' if write else 'reading'} {key}"
     at = f" at {where}" if where else ""
     container = "container" if provider == "azure" else "bucket"

@@ -64,17 +64,15 @@ from tieredbuf.errors import (
     StoreError,
 )
 from tieredbuf.runtime.fsutil import fsync_dir, may_pass_over
+from tieredbuf.store import xattrs
 from tieredbuf.store._common import check_key, check_prefix, check_range, os_error, prefix_dir
-from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode
+from tieredbuf.store.base import GetResult, IfMatch, ObjectMeta, PutMode, Stored
 
 RESERVED_PREFIX = ".tieredbuf"
 LOCK_NAME = ".tieredbuf.lock"
 TEMP_PREFIX = ".tieredbuf-tmp-"
 TEMP_MAX_AGE = timedelta(hours=1)
 _READ_CHUNK = 1 << 20
-ETAG_XATTR = "user.tieredbuf.etag"
-"""Where a file keeps the content hash computed when it was written."""
-_NO_XATTR_ERRNOS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EPERM}
 _clock = time.time
 """What ``list()`` measures temp files' age against (tests move it)."""
 _NOT_FOUND_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
@@ -223,13 +221,14 @@ class LocalDirStore:
             with os.fdopen(fd, "rb", closefd=False) as f:
                 data = f.read()
             kept = self._kept_etag(fd)  # the same inode as the bytes just read
+            crc = self._kept_checksum(fd)
         except OSError as e:
             raise os_error(e, f"cannot read {key}") from e
         finally:
             os.close(fd)
         if kept is not None:
-            return GetResult(data, kept)
-        return GetResult(data, lambda: _hasher(data).hexdigest())
+            return GetResult(data, kept, crc)
+        return GetResult(data, lambda: _hasher(data).hexdigest(), crc)
 
     def get_if_changed(self, key: str, etag: str) -> GetResult | None:
         """None while the file's etag is still ``etag``: with a kept etag that costs an
@@ -261,6 +260,25 @@ class LocalDirStore:
         finally:
             os.close(fd)
 
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored:
+        """``preadv`` straight into ``out`` (see ReadsInto): no copy of the bytes read."""
+        if start < 0:
+            raise ValueError(f"invalid range start {start}")
+        fd = self._open(key)
+        try:
+            size = os.fstat(fd).st_size
+            at, end = 0, max(0, min(len(out), size - start))
+            while at < end:
+                n = os.preadv(fd, [out[at:end]], start + at)
+                if n == 0:  # the file shrank since the fstat: say what is there now
+                    return Stored(start + at)
+                at += n
+            return Stored(size, self._kept_checksum(fd))
+        except OSError as e:
+            raise os_error(e, f"cannot read {key}") from e
+        finally:
+            os.close(fd)
+
     def get_suffix(self, key: str, length: int) -> bytes:
         if length < 0:
             raise ValueError(f"invalid suffix length {length}")
@@ -276,18 +294,7 @@ class LocalDirStore:
 
     def _kept_etag(self, fd: int, st: os.stat_result | None = None) -> str | None:
         """The etag the file's writer kept in its xattr, if it still describes the file."""
-        if not self._xattr:
-            return None
-        try:
-            raw = os.getxattr(fd, ETAG_XATTR)
-        except OSError:
-            return None  # ENODATA (no attribute), ENOTSUP (no xattrs here)
-        digest, _, rest = raw.decode("ascii", "replace").partition(":")
-        size, _, mtime = rest.partition(":")
-        st = st or os.fstat(fd)
-        if size != str(st.st_size) or mtime != str(st.st_mtime_ns) or len(digest) != 32:
-            return None  # changed in place since it was written: hash it
-        return digest
+        return xattrs.kept_etag(fd, st) if self._xattr else None
 
     def _etag_fd(self, fd: int, st: os.stat_result | None = None) -> str:
         kept = self._kept_etag(fd, st)
@@ -369,8 +376,11 @@ class LocalDirStore:
 
     # --- writes -----------------------------------------------------------------------
 
-    def _write_temp(self, dirpath: str, chunks: Iterable[bytes | memoryview]) -> tuple[str, str]:
-        """Write chunks to a fsynced temp file in ``dirpath``; returns (temp path, etag)."""
+    def _write_temp(
+        self, dirpath: str, chunks: Iterable[bytes | memoryview], crc32: int | None = None
+    ) -> tuple[str, str]:
+        """Write chunks to a fsynced temp file in ``dirpath`` (``crc32`` kept beside them);
+        returns (temp path, etag)."""
         self._ensure_dir(dirpath)
         tmp = os.path.join(dirpath, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         h = _hasher()
@@ -385,7 +395,8 @@ class LocalDirStore:
             digest = h.hexdigest()
             if self._xattr:
                 self._keep_etag(fd, digest)
-            os.fsync(fd)  # data, and the attribute with the inode
+            self._keep_checksum(fd, crc32)
+            os.fsync(fd)  # data, and the attributes with the inode
         except BaseException:
             os.close(fd)
             _unlink_quietly(tmp)
@@ -394,15 +405,17 @@ class LocalDirStore:
         return tmp, digest
 
     def _keep_etag(self, fd: int, digest: str) -> None:
-        """Keep ``digest`` with the (fully written) temp file; rename and link keep both
-        the attribute and the mtime it records."""
-        st = os.fstat(fd)
-        try:
-            os.setxattr(fd, ETAG_XATTR, f"{digest}:{st.st_size}:{st.st_mtime_ns}".encode())
-        except OSError as e:
-            if e.errno not in _NO_XATTR_ERRNOS:
-                raise
+        if not xattrs.keep_etag(fd, digest):
             self._xattr = False  # this filesystem has none: hash on read from now on
+
+    def _keep_checksum(self, file: int | str, crc32: int | None) -> None:
+        """Keep a data object's CRC32 with its file (KeepsChecksums); a filesystem without
+        user xattrs keeps none, and its readers check sizes only."""
+        if crc32 is not None and self._xattr:
+            xattrs.keep_checksum(file, crc32)
+
+    def _kept_checksum(self, fd: int) -> int | None:
+        return xattrs.kept_checksum(fd) if self._xattr else None
 
     def _commit(self, key: str, path: str, tmp: str, mode: PutMode) -> None:
         dirpath = os.path.dirname(path)
@@ -450,13 +463,19 @@ class LocalDirStore:
                     raise AlreadyExistsError(key) from e
                 os.replace(tmp, path)
 
-    def _put_chunks(self, key: str, chunks: Iterable[bytes | memoryview], mode: PutMode) -> str:
+    def _put_chunks(
+        self,
+        key: str,
+        chunks: Iterable[bytes | memoryview],
+        mode: PutMode,
+        crc32: int | None = None,
+    ) -> str:
         path = self._path(key)
         if not (mode in ("create", "overwrite") or isinstance(mode, IfMatch)):
             raise ValueError(f"unknown put mode {mode!r}")
         tmp = ""
         try:
-            tmp, etag = self._write_temp(os.path.dirname(path), chunks)
+            tmp, etag = self._write_temp(os.path.dirname(path), chunks, crc32)
             self._commit(key, path, tmp, mode)
         except (StoreError, ValueError):
             raise
@@ -467,7 +486,7 @@ class LocalDirStore:
                 _unlink_quietly(tmp)
         return etag
 
-    def put_link(self, key: str, link: Callable[[str], None]) -> None:
+    def put_link(self, key: str, link: Callable[[str], None], *, crc32: int | None = None) -> None:
         """Create ``key`` (create-if-absent, AlreadyExistsError) as a hard link of a file
         on this file system, without copying a byte: ``link(tmp)`` must create the temp
         path ``tmp`` (in the key's directory) as a second name of a file whose bytes
@@ -477,7 +496,8 @@ class LocalDirStore:
         a reader sees the whole object or none, and once this returns it survives a
         power cut.  An OSError raised by ``link`` itself (EXDEV: the file lives on
         another file system; EPERM, EMLINK: no more links) propagates unchanged, and no
-        object is created: the caller uploads the bytes instead."""
+        object is created: the caller uploads the bytes instead.  ``crc32`` is kept with
+        the file (KeepsChecksums: the one inode the stage's file and the object share)."""
         path = self._path(key)
         dirpath = os.path.dirname(path)
         try:
@@ -487,6 +507,7 @@ class LocalDirStore:
         tmp = os.path.join(dirpath, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         link(tmp)  # the caller's OSError: no temp name was made
         try:
+            self._keep_checksum(tmp, crc32)
             self._commit(key, path, tmp, "create")
         except (StoreError, ValueError):
             raise
@@ -497,6 +518,11 @@ class LocalDirStore:
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
         return self._put_chunks(key, (data,), mode)
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        return self._put_chunks(key, (data,), mode, crc32)
 
     def put_multipart(
         self, key: str, chunks: Iterable[bytes | memoryview], *, mode: PutMode = "create"
@@ -529,7 +555,8 @@ class LocalDirStore:
                 errno.EXDEV,
             ):
                 raise os_error(e, f"cannot copy {src} to {dst}") from e
-        self.put(dst, self.get(src).data, mode="create")
+        got = self.get(src)
+        self._put_chunks(dst, (got.data,), "create", got.crc32)
 
     def delete_many(self, keys: Sequence[str]) -> builtins.list[tuple[str, Exception]]:
         paths = [(k, self._path(k)) for k in keys]

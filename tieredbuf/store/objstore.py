@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import obstore as obs
 from obstore import exceptions as obx
 
+from tieredbuf import keys
 from tieredbuf.errors import (
     BucketNotFoundError,
     ForkedError,
@@ -45,6 +46,7 @@ from tieredbuf.errors import (
 from tieredbuf.runtime import forks
 from tieredbuf.runtime.redact import redacted_copy as redacted
 from tieredbuf.runtime.redact import scrub
+from tieredbuf.store import obsbody
 from tieredbuf.store._common import check_key, check_prefix, check_range, prefix_dir
 from tieredbuf.store.base import (
     DEFAULT_MANIFEST_WRITES_PER_S,
@@ -52,6 +54,8 @@ from tieredbuf.store.base import (
     IfMatch,
     ObjectMeta,
     PutMode,
+    Stored,
+    put_with_checksum,
 )
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
 from tieredbuf.store.counting import MeteredStore, RequestCounts
@@ -342,13 +346,15 @@ class ObjStore:
             return alt.get(key)
         try:
             r = obs.get(self._inner, key)
-            data = bytes(r.bytes())
+            data = obsbody.whole(r, key)
             etag = r.meta["e_tag"]
+        except StoreError:
+            raise
         except Exception as e:
             raise self._error(e, key, write=False) from redacted(e)
         if etag is None:
             raise StoreError(f"the store returned no etag for {key}")
-        return GetResult(data=data, etag=etag)
+        return GetResult(data, etag, obsbody.checksum(r))
 
     def get_if_changed(self, key: str, etag: str) -> GetResult | None:
         check_key(key)
@@ -386,6 +392,39 @@ class ObjStore:
                 self._extra("get", key)
                 return self.get(key).data[start:end]
             raise self._error(e, key, write=False) from redacted(e)
+
+    def read_into(self, key: str, start: int, out: memoryview) -> Stored | None:
+        """One ranged GET whose body is streamed into ``out`` (see ReadsInto and
+        :mod:`tieredbuf.store.obsbody`): the response is never held whole beside ``out``.
+        Returns the object's size from the response (Content-Range)."""
+        check_key(key)
+        alt = self._alt()
+        if alt is not None:
+            return alt.read_into(key, start, out)
+        if start < 0:
+            raise ValueError(f"invalid range start {start}")
+        if not len(out):
+            self._extra("head", key)
+            return Stored(self.head(key).size)
+        try:
+            r = obs.get(self._inner, key, options={"range": (start, start + len(out))})
+            size = int(r.meta["size"])
+            if obsbody.into(r, out, key) < min(len(out), size - start):
+                raise StoreError(f"{key}: the response ended before its range did")
+        except StoreError:
+            raise
+        except Exception as e:
+            if _unsatisfiable(e):  # the object ends before ``start``: its size, from a HEAD
+                self._extra("head", key)
+                return Stored(self.head(key).size)
+            if _not_partial(e):
+                self._extra("get", key)
+                whole = self.get(key)
+                got = whole.data[start : start + len(out)]
+                out[: len(got)] = got
+                return Stored(len(whole.data), whole.crc32)
+            raise self._error(e, key, write=False) from redacted(e)
+        return Stored(size, obsbody.checksum(r))
 
     def get_suffix(self, key: str, length: int) -> bytes:
         check_key(key)
@@ -505,14 +544,24 @@ class ObjStore:
         PROBES.ensure(self._probe_target, probe, where)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> str:
+        return self._put_one(key, data, mode, None)
+
+    def put_checksummed(
+        self, key: str, data: bytes | memoryview, crc32: int, *, mode: PutMode = "create"
+    ) -> str:
+        """:meth:`put` with ``crc32`` kept in the object's metadata (KeepsChecksums)."""
+        return self._put_one(key, data, mode, crc32)
+
+    def _put_one(self, key: str, data: bytes | memoryview, mode: PutMode, crc32: int | None) -> str:
         check_key(key)
         om = _obstore_mode(mode)
         self._ensure_probed(mode)
         alt = self._alt()
         if alt is not None:
-            return alt.put(key, data, mode=mode)
+            return put_with_checksum(alt, key, data, crc32, mode=mode)
+        attrs: Any = None if crc32 is None else {keys.CHECKSUM_METADATA: keys.format_crc32(crc32)}
         try:
-            r = obs.put(self._inner, key, data, mode=om, use_multipart=False)
+            r = obs.put(self._inner, key, data, mode=om, use_multipart=False, attributes=attrs)
         except Exception as e:
             raise self._error(e, key, write=True) from redacted(e)
         self._bucket_seen = True

@@ -1,5 +1,5 @@
-"""Prove that an object store (S3 endpoint, Azure Blob account) honours conditional
-writes before trusting it.
+"""Prove that an object store (S3 endpoint, Azure Blob account, GCS bucket) honours
+conditional writes before trusting it.
 
 Some S3-compatible servers accept ``If-None-Match: *`` and ``If-Match`` and then
 ignore them.  On such a server every CAS "succeeds", two producers overwrite each
@@ -8,24 +8,26 @@ conditional write to an endpoint (once per process per (endpoint, bucket)) we wr
 probe object under ``_probe/<ULID>`` and check that the server refuses what it must
 refuse::
 
-    1. create  probe-1                   must land      (its etag E)
+    1. create  probe-1                   must land      (its version token E)
     2. create  probe-2                   must be refused (the key exists)
-    3. If-Match a wrong etag, probe-3    must be refused
-    4. If-Match E, probe-4               must land
+    3. If-Match E, probe-3               must land
+    4. If-Match E (now stale), probe-4   must be refused
 
-A response can be lost after the server applied the write; the client retries, and
-the retry meets the probe's own write: a landed create comes back as
-AlreadyExistsError, a landed If-Match as PreconditionFailedError (invariant I2).  So
-a refusal of step 1 or 4 is never taken at its word: the probe reads the object back,
-and a body of its own (probe-1, probe-4) means the write landed.  The store is judged
-unable only on evidence no lost response can explain:
+A stale token is what a lost CAS race presents, and it is a real token of the store's
+own kind whatever its tokens look like (S3 and Azure ETags, GCS generations), where a
+made-up one may not parse.  A response can be lost after the server applied the write;
+the client retries, and the retry meets the probe's own write: a landed create comes
+back as AlreadyExistsError, a landed If-Match as PreconditionFailedError (invariant
+I2).  So a refusal of step 1 or 3 is never taken at its word: the probe reads the
+object back, and a body of its own (probe-1, probe-3) means the write landed.  The
+store is judged unable only on evidence no lost response can explain:
 
-* step 2 or 3 *succeeds*: the answer is the server's own verdict on a write it must
+* step 2 or 4 *succeeds*: the answer is the server's own verdict on a write it must
   refuse (a lost response hides an answer; it never turns a refusal into a success);
-* step 4 is refused with 412 while the object still holds probe-1 under E: the write
-  did not land, and the server refused the etag it gave out;
-* step 4 is refused and the object holds probe-2 or probe-3, or holds probe-1 under
-  another etag than its PUT answered.
+* step 3 is refused with 412 while the object still holds probe-1 under E: the write
+  did not land, and the server refused the token it gave out;
+* step 3 is refused and the object holds probe-2 or probe-4, or holds probe-1 under
+  another token than its PUT answered.
 
 A 409 (S3's ConditionalRequestConflict: a concurrent conditional write, such as the
 probe's own first attempt still in flight) with the object unchanged proves nothing:
@@ -55,13 +57,12 @@ from tieredbuf.errors import (
 )
 from tieredbuf.store.base import GetResult, IfMatch, Store
 
-_WRONG_ETAG = '"00000000000000000000000000000000"'
 _P1, _P2, _P3, _P4 = b"probe-1", b"probe-2", b"probe-3", b"probe-4"
 ATTEMPTS = 3
 """How often a step is tried while the store answers 409 with the object unchanged."""
 _HINT = (
     "tieredbuf needs a store that enforces conditional writes (AWS S3, MinIO, SeaweedFS, "
-    "recent Ceph RGW, Azure Blob) -- pass probe=False only if you know better"
+    "recent Ceph RGW, Azure Blob, GCS) -- pass probe=False only if you know better"
 )
 
 
@@ -83,15 +84,15 @@ def probe_conditional_writes(store: Store, where: str) -> None:
             raise ConditionalWritesUnsupportedError(
                 f"{where} ignores If-None-Match: * (create-if-absent overwrote {key!r}); {_HINT}"
             )
+        _replace(store, key, etag, where)
         try:
-            store.put(key, _P3, mode=IfMatch(_WRONG_ETAG))
+            store.put(key, _P4, mode=IfMatch(etag))
         except (ConflictError, ObjectNotFoundError):
             pass  # refused: 412 (or 404 on some servers; a 409 conflict)
         else:
             raise ConditionalWritesUnsupportedError(
-                f"{where} ignores If-Match (a PUT with a wrong etag replaced {key!r}); {_HINT}"
+                f"{where} ignores If-Match (a PUT with a stale token replaced {key!r}); {_HINT}"
             )
-        _replace(store, key, etag, where)
     finally:
         store.delete_many([key])
 
@@ -132,22 +133,22 @@ def _create(store: Store, key: str, where: str) -> str:
 
 
 def _replace(store: Store, key: str, etag: str, where: str) -> None:
-    """Step 4: replace probe-1 by probe-4 with If-Match ``etag``.  A refusal is read
-    back: probe-4 there is the probe's own write, landed with its response lost."""
+    """Step 3: replace probe-1 by probe-3 with If-Match ``etag``.  A refusal is read
+    back: probe-3 there is the probe's own write, landed with its response lost."""
     for _ in range(ATTEMPTS):
         try:
-            store.put(key, _P4, mode=IfMatch(etag))
+            store.put(key, _P3, mode=IfMatch(etag))
             return
         except ConflictError as e:
             found = _read_back(store, key)
-            if found is not None and found.data == _P4:
+            if found is not None and found.data == _P3:
                 return  # the retry met the probe's own landed write
             if found is None:
                 raise TransientStoreError(
                     f"the conditional-write probe's object {key!r} vanished from {where} "
                     f"while the probe ran ({e}): try again"
                 ) from e
-            if found.data in (_P2, _P3):
+            if found.data in (_P2, _P4):
                 raise ConditionalWritesUnsupportedError(
                     f"{where} applied a conditional write it refused ({key!r} holds "
                     f"{found.data.decode()}); {_HINT}"
