@@ -132,9 +132,9 @@ DURABILITY: dict[tuple[str, str, str], tuple[str, str]] = {
     ),
     ("tieredbuf-direct", "moto", "ack"): (
         REMOTE,
-        "REMOTE: data object PUT (If-None-Match), then the manifest read (GET) "
-        "and replaced by CAS (If-Match): three requests in sequence per flush "
-        "(flush_interval after the batch's first record)",
+        "REMOTE: data object PUT (If-None-Match), then the buffer's next commit (at "
+        "most 5 a second): a LIST of queue/pending/ and the root replaced by CAS "
+        "(If-Match); a batch is cut flush_interval after its first record",
     ),
     ("tieredbuf-staged", "local", "LOCAL"): (
         LOCAL_FSYNC,
@@ -144,7 +144,7 @@ DURABILITY: dict[tuple[str, str, str], tuple[str, str]] = {
     ("tieredbuf-staged", "local", "REMOTE"): (
         LOCAL_FSYNC,
         "REMOTE on the local-directory store: segment sealed (fdatasync), "
-        "exported as an fsynced object, manifest CAS fsynced",
+        "exported (a hard link into the store), manifest CAS fsynced",
     ),
     ("tieredbuf-staged", "moto", "LOCAL"): (
         LOCAL_FSYNC,
@@ -154,7 +154,7 @@ DURABILITY: dict[tuple[str, str, str], tuple[str, str]] = {
     ("tieredbuf-staged", "moto", "REMOTE"): (
         REMOTE,
         "REMOTE: WAL fdatasync, segment sealed, uploaded (If-None-Match) and "
-        "appended by manifest CAS (If-Match)",
+        "appended by the buffer's next commit (root CAS, If-Match)",
     ),
 }
 CLASS_TITLE = {

@@ -393,7 +393,7 @@ def test_pretty_printed_json_is_refused_with_the_fix(tmp_path: Path) -> None:
 def test_help_has_no_markup_and_every_command_a_description(tmp_path: Path) -> None:
     r = tb(["--help"], tmp_path)
     assert r.returncode == 0 and "``" not in r.stdout, r.stdout
-    commands = re.findall(r"^    (\w+)", r.stdout, re.M)
+    commands = re.findall(r"^    ([\w-]+)", r.stdout, re.M)
     assert {"produce", "consume", "work", "gc", "serve"} <= set(commands), commands
     for cmd in commands:
         r = tb([cmd, "--help"], tmp_path)
@@ -404,3 +404,40 @@ def test_help_has_no_markup_and_every_command_a_description(tmp_path: Path) -> N
         assert not description.startswith(("positional arguments", "options")), (cmd, r.stdout)
     r = tb(["produce", "--help"], tmp_path)
     assert "one record per line" in r.stdout and "--format json" in r.stdout
+
+
+# --- --timeout: how long the store may keep failing --------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-5s", "=-5s", "-1"])
+@pytest.mark.parametrize("command", ["produce", "consume", "gc", "drain"])
+def test_a_timeout_that_is_not_positive_is_one_line_saying_so(
+    tmp_path: Path, command: str, value: str
+) -> None:
+    """``--timeout 0`` used to run and then report that the store "still failed" (it
+    never had), and ``--timeout -5s`` was taken for an option ("expected one argument")."""
+    flag = ["--timeout" + value] if value.startswith("=") else ["--timeout", value]
+    argv = [command, *(["stage"] if command == "drain" else []), "file://./b", *flag]
+    r = tb(argv, tmp_path, stdin="a\n")
+    assert r.returncode == 2, r.stderr
+    no_traceback(r)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "--timeout" in lines[0] and "more than 0" in lines[0], lines[0]
+    assert "expected one argument" not in lines[0], lines[0]
+
+
+def test_timeout_is_how_long_the_store_may_fail_not_how_long_produce_may_take(
+    tmp_path: Path,
+) -> None:
+    """A healthy store never starts the clock: a tiny --timeout still produces
+    everything, through backpressure (one record per call, more calls than the producer
+    buffers) and the final flush."""
+    r = tb(
+        ["produce", "file://./b", "--timeout", "1ms", "--batch", "1"],
+        tmp_path,
+        stdin="".join(f"{i}\n" for i in range(2500)),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "produced 2500 records in 2500 calls" in r.stdout, r.stdout
+    assert "still failed" not in r.stderr, r.stderr

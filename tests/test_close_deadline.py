@@ -156,3 +156,54 @@ def test_stall_watch_without_a_limit_never_gives_up() -> None:
     failures[0] = 5
     clock.now = 1e9
     assert not w.stalled()
+
+
+def test_produce_at_backpressure_against_an_unreachable_store_raises_within_give_up_after() -> None:
+    """A stateless producer's produce() with no ``timeout`` waits at a full buffer while
+    the store works (a slow store only slows it), but not forever on a store that keeps
+    failing: BackpressureError once nothing got through for ``give_up_after``."""
+    r = run_python(
+        _script("""
+p = buf.producer(retry=retry, max_buffered_inputs=2)
+try:
+    for i in range(10):
+        p.produce([b"a"])
+    print("NEVER FULL")
+except tieredbuf.errors.BackpressureError as e:
+    print("RAISED", e)
+"""),
+        timeout=45,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "RAISED" in r.stdout and "connection refused" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["stateless", "staged"])
+def test_waiting_for_remote_against_an_unreachable_store_gives_up_within_give_up_after(
+    tmp_path: Path, staged: bool
+) -> None:
+    """``handle.wait(REMOTE)`` with no ``timeout`` waited forever while the store kept
+    failing; it now raises FlushTimeoutError (a TimeoutError) once nothing got through
+    for ``give_up_after``, as close() does.  The write is not failed by that: it is still
+    retried (stateless, in memory) or stays staged (LOCAL)."""
+    stage = f"staging_dir={str(tmp_path / 'stage')!r}, " if staged else ""
+    r = run_python(
+        _script(f"""
+p = buf.producer({stage}retry=retry)
+h = p.produce([b"a"])
+try:
+    h.wait(tieredbuf.Durability.REMOTE)
+    print("REMOTE")
+except TimeoutError as e:
+    print("RAISED", type(e).__name__, e)
+print("RESULT", h.result())  # not failed: still pending
+try:
+    p.close()
+except tieredbuf.errors.FlushTimeoutError:
+    pass
+"""),
+        timeout=45,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "RAISED FlushTimeoutError" in r.stdout, r.stdout + r.stderr
+    assert "connection refused" in r.stdout and "RESULT None" in r.stdout, r.stdout

@@ -13,11 +13,13 @@ The rules (also in docs/getting-started.md, "How the docs are tested"):
   page starts one, else the test run's moto server, with the buckets the page names
   created empty and its keys in ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
   ``AWS_REGION`` (what a reader has after getting-started's "A local S3") -- the
-  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so does a GCS
-  emulator's ``127.0.0.1:4443`` / ``-port 4443``, and
-  ``start_http_server(9100)`` listens on any free port.  ``s3://`` URLs, options and
-  commands are left as written.  ``HOME`` is the scratch directory (no ``~/.aws`` of
-  the machine's).
+  service's ``127.0.0.1:8080`` / ``--port 8080`` becomes a free port, so do a GCS
+  emulator's ``127.0.0.1:4443`` / ``-port 4443`` and Azurite's ``127.0.0.1:10000`` /
+  ``--blobPort 10000``, and ``start_http_server(9100)`` listens on any free port.  A
+  page that runs ``node_modules/.bin/azurite-blob`` finds the checkout's
+  ``node_modules`` (where .ci/run installs Azurite) in its directory.  ``s3://`` URLs,
+  options and commands are left as written.  ``HOME`` is the scratch directory (no
+  ``~/.aws`` of the machine's).
 * A ```python block runs in a fresh namespace; a ```bash block runs whole under
   ``bash -euo pipefail`` with the virtualenv's ``bin`` first on PATH (as after
   ``source .venv/bin/activate``, which is therefore not run; ``.venv/bin/`` prefixes
@@ -195,6 +197,7 @@ class Ports:
     s3: int
     service: int
     gcs: int
+    azurite: int = 10000
 
 
 def substitute(code: str, ports: Ports) -> str:
@@ -205,6 +208,8 @@ def substitute(code: str, ports: Ports) -> str:
     code = re.sub(r"--port 8080\b", f"--port {ports.service}", code)
     code = re.sub(r"(127\.0\.0\.1|localhost):4443\b", f"127.0.0.1:{ports.gcs}", code)
     code = re.sub(r"-port 4443\b", f"-port {ports.gcs}", code)
+    code = re.sub(r"(127\.0\.0\.1|localhost):10000\b", f"127.0.0.1:{ports.azurite}", code)
+    code = re.sub(r"--blobPort 10000\b", f"--blobPort {ports.azurite}", code)
     code = code.replace("start_http_server(9100)", "start_http_server(0)")
     code = ACTIVATE.sub("", code)
     return code.replace(".venv/bin/", "")
@@ -228,6 +233,7 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
         s3=free_port() if own_s3 else int(ep.endpoint.rsplit(":", 1)[1]),
         service=free_port(),
         gcs=free_port(),
+        azurite=free_port(),
     )
     env = {
         k: v
@@ -263,6 +269,10 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
     (work / "spec.json").write_text(json.dumps({"blocks": spec, "timeout": PAGE_TIMEOUT}))
     if source.parent.name == "examples":
         (work / "examples").symlink_to(ROOT / "examples")
+    if any("node_modules/" in b.code for b in blocks):  # Azurite, as .ci/run installs it
+        if not (ROOT / "node_modules" / ".bin" / "azurite-blob").exists():
+            pytest.skip("Azurite not installed: npm install azurite@3.37.0 (see .ci/run)")
+        (work / "node_modules").symlink_to(ROOT / "node_modules")
     p = subprocess.Popen(
         [sys.executable, str(RUNNER), str(work / "spec.json")],
         cwd=work,
@@ -282,6 +292,30 @@ def run_page(source: Path, blocks: list[Block], work: Path, ep: S3Endpoint, spar
         ) from None
     assert p.returncode == 0, f"{source.name} failed:\n{out[-20000:]}"
     return out
+
+
+CLEANS_UP = {"getting-started.md"}
+"""Walk-throughs that end by removing everything they made (the others leave only
+what .gitignore covers, and never a secret such as a bearer-token file)."""
+HARNESS = {"spec.json", "examples", "node_modules"}
+
+
+def leftovers(work: Path) -> list[str]:
+    """What a page left in its working directory (directories with a trailing /)."""
+    return sorted(
+        p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+        for p in work.iterdir()
+        if p.name not in HARNESS
+    )
+
+
+def gitignored(name: str, is_dir: bool) -> bool:
+    """Whether the repository's .gitignore covers ``name`` at the checkout's root."""
+    path = name.rstrip("/") + ("/" if is_dir else "")
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path], check=False
+    )
+    return r.returncode == 0
 
 
 def _params() -> list[object]:
@@ -320,6 +354,13 @@ def test_page_runs_as_written(
     ]
     print(f"ran {ran}; not run here: {skipped}")
     assert ran
+    assert "Traceback" not in out, f"{source.name} printed a traceback:\n{out[-5000:]}"
+    left = leftovers(work)
+    assert not [n for n in left if "token" in n], f"{source.name} leaves a secret: {left}"
+    unignored = [n for n in left if not gitignored(n, (work / n.rstrip("/")).is_dir())]
+    assert not unignored, f"{source.name} leaves {unignored}, which .gitignore does not cover"
+    if source.name in CLEANS_UP:
+        assert not left, f"{source.name} ends by removing what it made, but leaves {left}"
     if source.name == "subscribers.md":  # the work example does what its comments say
         for line in (
             "work: sequence 0: exit 0 -> acked",
@@ -347,3 +388,28 @@ def test_getting_started_is_walked_whole() -> None:
     assert len(page) >= 12
     assert not [b for b in page if b.marker in NEVER_RUN]
     assert any("moto_server" in b.code for b in page)
+
+
+# --- pages in reading order, on one store ------------------------------------------------
+
+WALKS = {
+    "README.md then docs/spark.md": (ROOT / "README.md", ROOT / "docs" / "spark.md"),
+    "README.md then docs/subscribers.md": (ROOT / "README.md", ROOT / "docs" / "subscribers.md"),
+}
+"""Pages a reader follows one after the other on the same URL (``s3://bucket/prefix``),
+in one working directory and one S3: what the first leaves behind (entries consumed and
+dequeued, a stage, subscribers) is what the second meets."""
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("walk", sorted(WALKS))
+def test_pages_run_one_after_the_other_on_one_store(
+    walk: str, tmp_path: Path, s3_endpoint: S3Endpoint
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    blocks = [b for page in WALKS[walk] for b in ALL if b.page == page]
+    out = run_page(WALKS[walk][-1], blocks, work, s3_endpoint, spark=True)
+    assert "Traceback" not in out, out[-5000:]

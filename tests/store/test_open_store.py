@@ -79,6 +79,12 @@ def test_file_urls_and_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ("s3://bucket/p", {"chunk_size": 1024}, "chunk_size"),
         ("file://host/dir", {}, "names host"),
         ("file:rel", {}, "malformed"),
+        # a slash short: the fix is the URL as meant, in its own scheme
+        ("s3:/bucket/x", {}, r"malformed store URL 's3:/bucket/x': did you mean s3://bucket/x\?"),
+        ("s3:bucket/x", {}, r"did you mean s3://bucket/x\?"),
+        ("az:/ctr/x", {}, r"did you mean az://ctr/x\?"),
+        ("file:/tmp/x", {}, r"did you mean file:///tmp/x\?"),
+        ("memory:x", {}, r"did you mean memory://x\?"),
         ("file://", {}, "absolute path"),
         ("memory://name/sub", {}, "only a name"),
         ("memory://", {"endpoint": "x"}, "unknown option"),

@@ -17,6 +17,7 @@
     tieredbuf gc URL [--grace 1h] [--dry-run] [--json] [--loop 5m]  (grace: the buffer's
                                          unless longer; --loop: a pass every 5m)
     tieredbuf grace URL [DURATION] [--force]  show (or set) the buffer's GC grace period
+    tieredbuf create-container az://CONTAINER/PREFIX   create an Azure container (obstore cannot)
     tieredbuf verify URL [--from SEQ] [--json]   read every live object and check it:
                                          missing, damaged, unreferenced (exit 3 on any)
     tieredbuf drain STAGE_DIR URL [--timeout 15m]   take over a dead producer's stage: replay,
@@ -60,15 +61,23 @@ from tieredbuf.cli._common import (
     EXIT_USAGE,
     GuardedOutput,
     Progress,
+    attach_negative_values,
     cli_terms,
     fmt_duration,
     one_line,
     parse_duration,
     parse_size,
+    parse_timeout,
     store_args,
     timeout_arg,
 )
-from tieredbuf.cli.admin import cmd_gc, cmd_grace, cmd_inspect, inspect_buffer
+from tieredbuf.cli.admin import (
+    cmd_create_container,
+    cmd_gc,
+    cmd_grace,
+    cmd_inspect,
+    inspect_buffer,
+)
 from tieredbuf.cli.consume import add_parser as add_consume
 from tieredbuf.cli.produce import DEMO_STAGE, DEMO_URL, cmd_demo, cmd_drain, cmd_produce
 from tieredbuf.cli.queue import add_parsers as add_queue
@@ -357,6 +366,19 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(gr)
     gr.set_defaults(fn=cmd_grace)
 
+    cc = sub.add_parser(
+        "create-container",
+        help="create the Azure container of an az:// URL (obstore cannot)",
+        description="Create the Azure Blob container an az:// URL names, with the account "
+        "key, SAS token or bearer token of the AZURE_STORAGE_* environment (on Azurite: "
+        "the well-known development account, see docs/operations.md).  A container "
+        "that exists already is fine (exit 0).",
+    )
+    cc.add_argument("url", help="az://container/prefix (the prefix is ignored)")
+    timeout_arg(cc, "the endpoint does not answer")
+    store_args(cc)
+    cc.set_defaults(fn=cmd_create_container)
+
     dr = sub.add_parser("drain", help="export a dead producer's stage (another machine's disk)")
     dr.add_argument("stage_dir", help="a staging directory (or a tieredbuf serve stage root)")
     dr.add_argument("url", help="the buffer to export into; must be the stage's own")
@@ -365,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.add_argument(
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         default=timedelta(minutes=15),
         metavar="DURATION",
         help="give up (exit 3, saying what is still staged) after this long "
@@ -563,10 +585,23 @@ def _gave_up(text: str, args: argparse.Namespace) -> str:
     return text
 
 
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string, of the command and its subcommands, that takes one value."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            out.update(action.option_strings)
+    return out
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = split_command(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(attach_negative_values(argv, _value_options(parser)))
     if command is not None:
         args.cmd = command
     _log_to_stderr()

@@ -24,6 +24,7 @@ EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 128 + 13
 """A reader closed the output pipe: the exit status of ``cat`` killed by SIGPIPE."""
+_NEGATIVE = re.compile(r"^-\.?\d")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
@@ -180,8 +181,45 @@ def parse_duration(text: str) -> timedelta:
         return timedelta(0)
     m = _DURATION.match(text)
     if m is None:
+        if text.strip().startswith("-"):
+            raise argparse.ArgumentTypeError(
+                f"bad duration {text!r}: a duration is not negative; use e.g. 500ms, 30s, 10m"
+            )
         raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 500ms, 30s, 10m, 2h")
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_timeout(text: str) -> timedelta:
+    """A ``--timeout``: how long the store may keep failing before a command gives up;
+    more than 0 (a store that never fails never starts that clock)."""
+    try:
+        d = parse_duration(text)
+    except argparse.ArgumentTypeError:
+        d = None
+    if d is None or d <= timedelta(0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be more than 0, e.g. 500ms, 30s, 5m (how long the store may "
+            f"keep failing before the command gives up)"
+        )
+    return d
+
+
+def attach_negative_values(argv: list[str], takes_value: set[str]) -> list[str]:
+    """``--timeout -5s`` as ``--timeout=-5s``: argparse takes a value that starts with
+    ``-`` (and is not a plain negative number) for an option, and says "expected one
+    argument"; attached, the value reaches the option's own check and its message."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a in takes_value and nxt is not None and _NEGATIVE.match(nxt):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def store_args(p: argparse.ArgumentParser) -> None:
@@ -227,7 +265,7 @@ def timeout_arg(p: argparse.ArgumentParser, what: str = "the store keeps failing
     """``--timeout``: how long a command that writes waits while ``what``, then exits 3."""
     p.add_argument(
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         default=DEFAULT_TIMEOUT,
         metavar="DURATION",
         help=f"give up (exit 3, saying what was not written) when {what} this "
@@ -322,6 +360,15 @@ _SPECIFIC_TERMS = (
         "use access_key_id / secret_access_key or the AWS_* environment",
         "use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws",
     ),
+    (
+        "(or the access_key_id / secret_access_key options)",
+        "(or a profile in ~/.aws, chosen by AWS_PROFILE)",
+    ),
+    (" (or the account_key / sas_token options)", ""),
+    (
+        "managed_identity=True (TIEREDBUF_AZURE_MANAGED_IDENTITY=1)",
+        "TIEREDBUF_AZURE_MANAGED_IDENTITY=1",
+    ),
     ("but allow_http is false", "but AWS_ALLOW_HTTP is false"),
     ("or drop allow_http=false", "or unset AWS_ALLOW_HTTP"),
     ("call initialize() again to take it back", "run the command again to take it back"),
@@ -331,6 +378,7 @@ _SPECIFIC_TERMS = (
     ),
     ("pass probe=False ", "only the Python API can skip this check (probe=False) "),
 )
+_PASS = re.compile(r" \(or pass [a-z_]+=(?: / [a-z_]+=)*\)")
 _KEYWORD = re.compile(r"\b([a-z][a-z_]*)=(True|False|true|false)?(?![\w(])")
 
 
@@ -341,6 +389,7 @@ def cli_terms(text: str, flags: frozenset[str] | set[str]) -> str:
     variable (``access_key_id=`` -> ``AWS_ACCESS_KEY_ID``)."""
     for old, new in _SPECIFIC_TERMS:
         text = text.replace(old, new)
+    text = _PASS.sub("", text)  # "(or pass account_name=)": the variable is named already
 
     def term(m: re.Match[str]) -> str:
         name, value = m.group(1), m.group(2)

@@ -1,4 +1,4 @@
-"""Looking after a buffer: ``tieredbuf inspect``, ``gc`` and ``grace``."""
+"""Looking after a buffer: ``tieredbuf inspect``, ``gc``, ``grace`` and ``create-container``."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ from tieredbuf.cli._common import (
     one_line,
     open_buffer,
     open_existing,
+    store_opts,
 )
-from tieredbuf.errors import BufferNotFoundError
+from tieredbuf.errors import BufferNotFoundError, ConfigError
 from tieredbuf.queue.subscribers import listing as subscriber_listing
+from tieredbuf.store.azure import is_azure_url
+from tieredbuf.store.azure_admin import create_container
 
 
 def inspect_buffer(buf: tieredbuf.Buffer, *, verify: bool = True) -> dict[str, Any]:
@@ -247,4 +250,21 @@ def cmd_grace(args: argparse.Namespace, out: TextIO) -> int:
                 file=sys.stderr,
             )
     out.write(f"{buf.gc_grace_period}\n")  # None: an older root (GC: --grace, else 10m)
+    return EXIT_OK
+
+
+def cmd_create_container(args: argparse.Namespace, out: TextIO) -> int:
+    """Create the Azure container of ``args.url`` (obstore cannot): fine if it exists."""
+    if not is_azure_url(args.url):
+        raise ConfigError(
+            f"create-container is for Azure URLs (az://container/prefix), not {args.url}: "
+            f"make an S3 bucket with the aws CLI (aws s3 mb s3://BUCKET) or the store's "
+            f"console; a local directory needs nothing"
+        )
+    created, where = create_container(args.url, timeout=args.timeout, **store_opts(args))
+    container = args.url.split("://", 1)[1].split("/", 1)[0].split("@", 1)[0]
+    if created:
+        print(f"created container {container!r} at {where}", file=out)
+    else:
+        print(f"container {container!r} already exists at {where}", file=out)
     return EXIT_OK

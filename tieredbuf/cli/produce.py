@@ -28,6 +28,7 @@ from tieredbuf.cli._common import (
     plural,
 )
 from tieredbuf.client.producer import header_metadata
+from tieredbuf.config import RetryConfig
 from tieredbuf.errors import BackpressureError, ConfigError, FlushTimeoutError, TieredBufError
 from tieredbuf.produce.api import RecordProducer
 from tieredbuf.produce.handles import WriteHandle
@@ -157,27 +158,33 @@ def cmd_produce(args: argparse.Namespace, out: TextIO) -> int:
         records = _lines(args.files)
     else:
         records = _checked_lines(args.files)
-    timeout = args.timeout.total_seconds()
     meta = args.metadata.encode()
     producer: RecordProducer
+    wait: float | None
+    close_timeout: float | None = None
     if is_service_url(args.url):
         producer = _service_producer(args, meta)
+        wait = close_timeout = args.timeout.total_seconds()  # the client's own deadlines
     else:
         buf = open_buffer(args)
+        # --timeout is how long the store may keep failing with nothing getting through
+        # (the producer's give_up_after): a healthy store, however slow, never starts it
+        retry = RetryConfig(give_up_after=args.timeout)
         if args.staging:
-            producer = buf.producer(staging_dir=args.staging)
+            producer = buf.producer(staging_dir=args.staging, retry=retry)
+            wait = args.timeout.total_seconds()  # at a full stage (its cap)
         else:
-            producer = buf.producer(flush_interval=args.flush_interval)
+            producer = buf.producer(flush_interval=args.flush_interval, retry=retry)
+            wait = None  # a full producer buffer gives up once the store failed --timeout
     calls: list[tuple[WriteHandle, int, int]] = []  # handle, first record index, count
     n = 0
     error: TieredBufError | None = None
     interrupted = False
     try:
         for chunk in _chunks(records, args.batch):
-            # a full producer buffer (the store is down) waits at most --timeout
-            calls.append((producer.produce(chunk, metadata=meta, timeout=timeout), n, len(chunk)))
+            calls.append((producer.produce(chunk, metadata=meta, timeout=wait), n, len(chunk)))
             n += len(chunk)
-        producer.close(timeout=timeout)
+        producer.close(timeout=close_timeout)
     except KeyboardInterrupt:
         # no close(): a join that Ctrl-C interrupted leaves CPython 3.11 believing a live
         # thread stopped (bpo-45274's fix), so the next join could wait on it forever;

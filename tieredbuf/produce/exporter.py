@@ -190,6 +190,18 @@ class Exporter:
 
     # --- control -----------------------------------------------------------------
 
+    def stall_watch(self, timeout: float | None = None) -> StallWatch:
+        """A wait's own deadline when the caller gave none: the store failed and nothing
+        was exported for ``retry.give_up_after``."""
+        limit = self.retry.give_up_after
+        return StallWatch(
+            None if timeout is not None or limit is None else limit.total_seconds(),
+            progress=lambda: self.stats.get("segments_exported"),
+            failures=lambda: (
+                self.stats.get("store_transient_retries") + self._hub.stats.get("hub_retries")
+            ),
+        )
+
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every sealed segment of the stage is exported and released.
 
@@ -200,14 +212,7 @@ class Exporter:
         """
         self._guard.check()
         self._wake.set()
-        limit = self.retry.give_up_after
-        watch = StallWatch(
-            None if timeout is not None or limit is None else limit.total_seconds(),
-            progress=lambda: self.stats.get("segments_exported"),
-            failures=lambda: (
-                self.stats.get("store_transient_retries") + self._hub.stats.get("hub_retries")
-            ),
-        )
+        watch = self.stall_watch(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not (

@@ -7,7 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
+
+if TYPE_CHECKING:
+    from tieredbuf.runtime.retry import StallWatch
 
 
 class Durability(IntEnum):
@@ -54,12 +57,25 @@ class RemoteOutcome(WriteOutcome):
     durability: Durability = Durability.REMOTE
 
 
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """When a :meth:`DurabilityWatcher.wait` without ``timeout`` stops by itself: the
+    producer's ``retry.give_up_after`` applied to the wait, as its close() applies it.
+    ``watch()`` starts a StallWatch over the producer's store progress and failures;
+    ``error(durability)`` is what the wait raises once it stalled (the write itself is
+    not failed by that: it is still retried, or stays staged)."""
+
+    watch: Callable[[], StallWatch]
+    error: Callable[[Durability], BaseException]
+
+
 class DurabilityWatcher:
     """Observe or await a write's durability (RFC 0001's DurabilityWatcher)."""
 
     __slots__ = (
         "_callbacks",
         "_error",
+        "_give_up",
         "_level",
         "_lock",
         "_on_remote_wait",
@@ -67,7 +83,11 @@ class DurabilityWatcher:
         "_waiters",
     )
 
-    def __init__(self, on_remote_wait: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_remote_wait: Callable[[], None] | None = None,
+        give_up: GiveUp | None = None,
+    ) -> None:
         # A plain Lock, and a lock per *blocked* waiter made only when someone blocks
         # (threading.Condition's own scheme): a staged producer makes one watcher per
         # produce() call and building a Condition each time was ~4% of its Python time
@@ -81,6 +101,8 @@ class DurabilityWatcher:
         self._on_remote_wait = on_remote_wait
         """Called once, the first time someone waits for REMOTE before it is reached (a
         staged producer then seals the write's segment promptly)."""
+        self._give_up = give_up
+        """A wait without ``timeout`` gives up by this (None: it waits until reached)."""
 
     def _someone_waits(self, durability: Durability) -> None:
         """Outside the lock: tell the producer a REMOTE waiter arrived (once)."""
@@ -184,10 +206,17 @@ class DurabilityWatcher:
         self, durability: Durability = Durability.REMOTE, timeout: float | None = None
     ) -> WriteOutcome:
         """Block until ``durability`` is reached; raises TimeoutError or the write's failure
-        (for a staged write: LOCAL may be reached and REMOTE fail on a store error)."""
+        (for a staged write: LOCAL may be reached and REMOTE fail on a store error).
+
+        Without ``timeout`` a producer's write gives up once its store has failed with
+        nothing getting through for ``retry.give_up_after`` (30 s by default): it raises
+        FlushTimeoutError (a TimeoutError), and the write goes on (still retried, or
+        staged); wait again to go on waiting."""
         if timeout != 0:
             self._someone_waits(durability)
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch: StallWatch | None = None
+        stalled = False
         while True:
             with self._lock:
                 if self._level >= durability:  # reached: a later failure (REMOTE) does not matter
@@ -197,16 +226,25 @@ class DurabilityWatcher:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"write not {durability.name} after {timeout} s")
+                if stalled:
+                    assert self._give_up is not None
+                    raise self._give_up.error(durability)
                 w = threading.Lock()
                 w.acquire()
                 if self._waiters is None:
                     self._waiters = []
                 self._waiters.append(w)
+            if remaining is None and self._give_up is not None:
+                watch = watch or self._give_up.watch()  # only once a wait blocks
+                wait_s = watch.next_check()
+            else:
+                wait_s = -1 if remaining is None else remaining
             # released by _wake_all; on a timeout the loop above re-checks and raises
-            if not w.acquire(timeout=-1 if remaining is None else remaining):
+            if not w.acquire(timeout=wait_s):
                 with self._lock:
                     if self._waiters is not None and w in self._waiters:
                         self._waiters.remove(w)
+                stalled = watch is not None and watch.stalled()
 
     await_durable = wait
 

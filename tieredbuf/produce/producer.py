@@ -40,7 +40,13 @@ from tieredbuf.format.batch import encode_batch
 from tieredbuf.format.crc import crc32
 from tieredbuf.format.manifest import MetadataItem
 from tieredbuf.produce.fanin import hub_for
-from tieredbuf.produce.handles import Durability, DurabilityWatcher, RemoteOutcome, WriteHandle
+from tieredbuf.produce.handles import (
+    Durability,
+    DurabilityWatcher,
+    GiveUp,
+    RemoteOutcome,
+    WriteHandle,
+)
 from tieredbuf.produce.publish import Pending, Publisher
 from tieredbuf.queue.manifest_queue import ManifestQueue
 from tieredbuf.runtime.forks import ForkGuard, stop_at_exit
@@ -120,6 +126,7 @@ class Producer:
     ) -> None:
         self.config = config or ProducerConfig()
         self._guard = ForkGuard("producer")
+        self._give_up = GiveUp(lambda: self._watch(None), self._wait_gave_up)
         self.producer_id = producer_id or f"p-{ULID()}"
         self.stats = Stats()
         self._stop = threading.Event()
@@ -176,20 +183,24 @@ class Producer:
     ) -> WriteHandle:
         """Buffer ``entries`` (a list of byte records) with one ``metadata`` payload.
 
-        Blocks under backpressure; with ``timeout`` raises BackpressureError instead of
-        waiting longer.  ``idempotency_key`` travels with the call into the queue (its
-        tag in the metadata item, :mod:`tieredbuf.format.idem`), where a retry of the
-        call can be told from a new one (the service's ``Idempotency-Key``).
+        Blocks under backpressure (the buffer is full until uploads free it); with
+        ``timeout`` raises BackpressureError instead of waiting longer, and without one
+        once the store has failed with nothing getting through for
+        ``retry.give_up_after`` (a slow store that keeps moving is waited for).
+        ``idempotency_key`` travels with the call into the queue (its tag in the
+        metadata item, :mod:`tieredbuf.format.idem`), where a retry of the call can be
+        told from a new one (the service's ``Idempotency-Key``).
         """
         records = as_records(entries)
         meta = keyed_metadata(records, bytes(metadata), idempotency_key, fingerprint)
         size = sum(len(r) + 4 for r in records) + len(meta) + 16
         cfg = self.config
-        handle = WriteHandle()
+        handle = WriteHandle(DurabilityWatcher(give_up=self._give_up))
         with self._cond:
             self._check_open()
-            ok = self._cond.wait_for(
-                lambda: (
+
+            def room() -> bool:
+                return (
                     self._closing
                     or self._error is not None
                     or (
@@ -199,15 +210,19 @@ class Producer:
                             or self._buffered_bytes + size <= cfg.max_buffered_bytes
                         )
                     )
-                ),
-                timeout,
-            )
+                )
+
+            ok = room()
+            if not ok:  # backpressure: the watch only then (produce() is the hot path)
+                deadline = None if timeout is None else time.monotonic() + timeout
+                ok = self._wait_for(room, deadline, self._watch(timeout))
             self._check_open()
             if not ok:
                 self.stats.incr("backpressure_timeouts")
                 raise BackpressureError(
                     f"producer buffer full ({self._buffered_inputs} calls, "
-                    f"{self._buffered_bytes} bytes) for {timeout} s"
+                    f"{self._buffered_bytes} bytes): produce() "
+                    f"{self._gave_up(timeout)}{self._why()}"
                 )
             b = self._open
             if not b.records and not b.metadata:
@@ -339,6 +354,13 @@ class Producer:
     def _pending(self) -> str:
         """Under the lock: what is not REMOTE yet, in words."""
         return f"{self._buffered_inputs} produce() call(s) ({self._buffered_bytes} bytes)"
+
+    def _wait_gave_up(self, durability: Durability) -> BaseException:
+        """What a write's wait without timeout raises once the store stalled."""
+        return FlushTimeoutError(
+            f"write not {durability.name}: {self._gave_up(None)}; it is held in this "
+            f"process's memory and still retried{self._why()}"
+        )
 
     def _why(self) -> str:
         last = self._publisher.last_error

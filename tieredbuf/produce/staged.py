@@ -28,12 +28,20 @@ from tieredbuf.config import (
     StageConfig,
     WalConfig,
 )
-from tieredbuf.errors import ClosedError, ConfigError, DiskError, DiskFullError, TieredBufError
+from tieredbuf.errors import (
+    ClosedError,
+    ConfigError,
+    DiskError,
+    DiskFullError,
+    FlushTimeoutError,
+    TieredBufError,
+)
 from tieredbuf.produce.export_tracker import ExportTracker
 from tieredbuf.produce.exporter import FAILURE_RETRY, Exported, Exporter
 from tieredbuf.produce.handles import (
     Durability,
     DurabilityWatcher,
+    GiveUp,
     RemoteOutcome,
     WriteHandle,
     WriteOutcome,
@@ -136,6 +144,7 @@ class StagedProducer:
             self.stage.close()
             raise
         self._prompt = PromptSealer(self.stage, self.exporter)
+        self._give_up = GiveUp(self.exporter.stall_watch, self._wait_gave_up)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -160,6 +169,18 @@ class StagedProducer:
     def disk_fault(self) -> DiskError | None:
         """The stage's current disk error (None while its disk works): readiness."""
         return self.stage.disk_fault()
+
+    def _wait_gave_up(self, durability: Durability) -> BaseException:
+        """What a write's REMOTE wait without timeout raises once the store stalled."""
+        limit = self.exporter.retry.give_up_after
+        secs = 0.0 if limit is None else limit.total_seconds()
+        last = self.exporter.last_transient_error
+        return FlushTimeoutError(
+            f"write not {durability.name}: the store kept failing for {secs:g} s with "
+            f"nothing exported (RetryConfig.give_up_after; pass timeout= to wait longer); "
+            f"it stays staged (LOCAL) and is still exported"
+            + (f" (last error: {last})" if last is not None else "")
+        )
 
     def _check_open(self) -> None:
         """Writes are accepted while the store fails (permanently or not): they are LOCAL
@@ -281,7 +302,7 @@ class _StagedWatcher(DurabilityWatcher):
     def __init__(
         self, fut: Future[StageAck], stream: str, producer: StagedProducer, on_remote_wait: Any
     ) -> None:
-        super().__init__(on_remote_wait)
+        super().__init__(on_remote_wait, producer._give_up)
         self._fut = fut
         self._kind = stream
         self._producer: StagedProducer | None = producer

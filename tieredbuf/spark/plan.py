@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import tieredbuf
 from tieredbuf import keys
@@ -111,15 +112,17 @@ def collect_fresh(
 # --- positions -----------------------------------------------------------------------
 
 
-def lost_floor(start: int, low: int, ro: opt.ReadOptions) -> int:
-    """Where to start when ``start`` may be below the first kept sequence ``low``."""
+def lost_floor(start: int, low: int, ro: opt.ReadOptions, why: str | None = None) -> int:
+    """Where to start when ``start`` may be below the first kept sequence ``low``;
+    ``why``: the data loss error's message (default: the sequences are gone)."""
     if start >= low:
         return start
     if ro.fail_on_data_loss:
         raise DataLossError(
-            f"sequences {start}..{low - 1} of {ro.url} were already dequeued or unlinked by "
-            f"retention (the buffer keeps {low} onwards); set failOnDataLoss=false to skip "
-            "them"
+            why
+            or f"sequences {start}..{low - 1} of {ro.url} were already dequeued or unlinked "
+            f"by retention (the buffer keeps {low} onwards); set failOnDataLoss=false to "
+            "skip them"
         )
     log.warning(
         "tieredbuf: skipping sequences %d..%d of %s, no longer in the buffer "
@@ -151,11 +154,27 @@ def time_start(snap: Snapshot, t_ms: int, ro: opt.ReadOptions) -> int:
     """
     root = snap.root
     seq = tree.find_time(root, t_ms, snap.nodes.load)
+    why = None
     if seq <= snap.low and snap.low > 0 and snap.low < root.next_seq:
         e = tree.find_sequence(root, snap.low, snap.nodes.load)
         if e is not None and ft.entry_time(e.metadata, t_ms) > t_ms:
             seq = min(seq, snap.low - 1)
-    return lost_floor(seq, snap.low, ro)
+            # the root keeps no time of what it unlinked: those entries may hold
+            # records of this window, so it is a possible loss, not a proven one
+            why = (
+                f"startingTimestamp {fmt_ms(t_ms)} is before the first entry {ro.url} still "
+                f"keeps (sequence {snap.low}), and sequences up to {snap.low - 1} were "
+                f"dequeued or unlinked by retention: they may hold records ingested at or "
+                f"after it; set failOnDataLoss=false to read from sequence {snap.low}, or "
+                f"start later"
+            )
+    return lost_floor(seq, snap.low, ro, why)
+
+
+def fmt_ms(t_ms: int) -> str:
+    """``t_ms`` (ms since the epoch) as ISO-8601 UTC, to the millisecond."""
+    when = datetime.fromtimestamp(t_ms / 1000, tz=UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def window_end(

@@ -81,7 +81,8 @@ class DataSourceError(TieredBufError):
 
 
 def _headline(method: Callable[..., T]) -> Callable[..., T]:
-    """Raise a tieredbuf error of ``method`` with its message first (:class:`DataSourceError`)."""
+    """Raise a tieredbuf error of ``method`` with its message first and without
+    tieredbuf's frames (:class:`DataSourceError`)."""
 
     @functools.wraps(method)
     def wrapped(*args: Any, **kwargs: Any) -> T:
@@ -90,8 +91,9 @@ def _headline(method: Callable[..., T]) -> Callable[..., T]:
         except DataSourceError:
             raise
         except TieredBufError as e:
-            tb = e.__traceback__
-            raise DataSourceError(e).with_traceback(tb.tb_next if tb else None) from None
+            # the message says what went wrong and what to do; tieredbuf's own frames
+            # (the planner's, the reader's) would only bury it in Spark's error text
+            raise DataSourceError(e).with_traceback(None) from None
 
     return wrapped
 

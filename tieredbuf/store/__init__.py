@@ -86,13 +86,22 @@ def _renew_lock_after_fork() -> None:
 os.register_at_fork(after_in_child=_renew_lock_after_fork)
 
 
+def _meant(url: str) -> str:
+    """The URL a scheme without ``//`` was meant to be: ``s3:/b/x`` -> ``s3://b/x``,
+    ``file:/tmp/x`` -> ``file:///tmp/x``, ``file:rel`` -> ``file://./rel``."""
+    scheme, _, rest = url.partition(":")
+    if scheme.lower() == "file":
+        return f"file://{rest}" if rest.startswith("/") else f"file://./{rest}"
+    return f"{scheme}://{rest.lstrip('/')}"
+
+
 def open_store(url: str, **options: Any) -> Store:
     """The Store for ``url``.  Raises ConfigError for a bad URL or an unknown option."""
     if not isinstance(url, str) or not url:
         raise ConfigError(f"store URL must be a non-empty string, got {url!r}")
     if "://" not in url:
         if urlsplit(url).scheme.lower() in _SCHEMES:
-            raise ConfigError(f"malformed store URL {url!r}: use file:///abs/dir or file://./rel")
+            raise ConfigError(f"malformed store URL {url!r}: did you mean {_meant(url)}?")
         _no_options("a local directory", options)
         return LocalDirStore(url)
     parts = urlsplit(url)

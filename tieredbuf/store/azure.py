@@ -25,7 +25,10 @@ no second client, as botocore is for S3): it raises ForkedError; see
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -134,10 +137,47 @@ def _check_credentials(url: str, opts: dict[str, Any], cli: bool, managed: bool)
     )
 
 
-def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
-    """The store for an Azure Blob URL (see the module docstring)."""
-    from obstore.store import AzureStore
+def _check_key(url: str, key: str | None) -> None:
+    """An account key is base64 (obstore would say only "request: failed", at the first
+    request)."""
+    if key is None:
+        return
+    try:
+        base64.b64decode(key, validate=True)
+    except binascii.Error:
+        raise ConfigError(
+            f"cannot configure Azure store for {url!r}: the account key (account_key, "
+            "AZURE_STORAGE_ACCOUNT_KEY) is not base64: "
+            "copy it whole from the storage account's Access keys (88 characters, ending "
+            "in ==), or use a SAS token (AZURE_STORAGE_SAS_TOKEN)"
+        ) from None
 
+
+@dataclass(frozen=True, slots=True)
+class AzureTarget:
+    """An Azure URL and its options, resolved and checked (before any request)."""
+
+    container: str
+    account: str
+    prefix: str
+    endpoint: str | None
+    """The Blob endpoint given (None: Azure's own, ``https://ACCOUNT.blob.core.windows.net``)."""
+    given: dict[str, str]
+    """The string options set (our names), the account among them."""
+    options: dict[str, Any]
+    """Every option, the environment's filled in."""
+    cli: bool
+    managed: bool
+
+    @property
+    def where(self) -> str:
+        return self.endpoint or f"https://{self.account}{_BLOB_HOST}"
+
+
+def resolve_azure(url: str, options: dict[str, Any]) -> AzureTarget:
+    """The container, account, endpoint and credentials an Azure URL names with
+    ``options`` and the AZURE_* environment; ConfigError (or MissingCredentialsError)
+    for anything wrong, before any request."""
     unknown = set(options) - AZURE_OPTIONS
     if unknown:
         raise ConfigError(
@@ -174,24 +214,31 @@ def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
     endpoint = given.get("endpoint")
     if endpoint is not None:
         check_endpoint(endpoint, "account_key / sas_token or the AZURE_* environment")
+    _check_key(url, given.get("account_key"))
     cli = as_bool("use_azure_cli", opts.get("use_azure_cli", False))
     managed = as_bool("managed_identity", opts.get("managed_identity", False))
     _check_credentials(url, given, cli, managed)
+    return AzureTarget(container, account, prefix, endpoint, given, opts, cli, managed)
 
-    config: dict[str, Any] = {_OBSTORE_NAMES[k]: v for k, v in given.items()}
-    if cli:
+
+def open_azure(url: str, options: dict[str, Any]) -> ObjStore:
+    """The store for an Azure Blob URL (see the module docstring)."""
+    from obstore.store import AzureStore
+
+    t = resolve_azure(url, options)
+    config: dict[str, Any] = {_OBSTORE_NAMES[k]: v for k, v in t.given.items()}
+    if t.cli:
         config["use_azure_cli"] = True
-    client = client_options(opts, endpoint)
-    retry = retry_options(opts)
-    size = chunk_size(opts)
-    probe = as_bool("probe", opts.get("probe", True))
-    inner = obstore_store(AzureStore, "Azure", url, container, prefix, config, client, retry)
-    where = endpoint or f"https://{account}{_BLOB_HOST}"
+    client = client_options(t.options, t.endpoint)
+    retry = retry_options(t.options)
+    size = chunk_size(t.options)
+    probe = as_bool("probe", t.options.get("probe", True))
+    inner = obstore_store(AzureStore, "Azure", url, t.container, t.prefix, config, client, retry)
     return ObjStore(
         inner,
         url,
-        probe_target=(where, container) if probe else None,
+        probe_target=(t.where, t.container) if probe else None,
         chunk_size=size,
-        remote=Remote("azure", container, where),
+        remote=Remote("azure", t.container, t.where),
         manifest_writes_per_s=DEFAULT_MANIFEST_WRITES_PER_S,
     )

@@ -40,7 +40,13 @@ from tieredbuf.store.base import (
     PutMode,
     Stored,
 )
-from tieredbuf.store.errmap import Facts, classify, is_metadata_uri
+from tieredbuf.store.errmap import (
+    Facts,
+    classify,
+    explains_refusal,
+    is_metadata_uri,
+    unexplained_refusal,
+)
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,8 @@ def botocore_facts(e: BaseException) -> Facts:
         err = e.response.get("Error", {})
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         code = err.get("Code")
-        if code in ("404", "NotFound"):
-            code = None
+        if code in ("404", "NotFound", "403", "Forbidden", "401", "Unauthorized"):
+            code = None  # a HEAD's answer: botocore fills in the status, not a code
         return Facts(
             status=status, code=code, message=err.get("Message") or None, method=e.operation_name
         )
@@ -291,6 +297,18 @@ class BotoS3Store:
         data, partial = self._ranged(key, f"bytes=-{length}")
         return data if partial else data[-length:]
 
+    def _explain_refusal(self, key: str, e: BaseException) -> None:
+        """As :meth:`tieredbuf.store.objstore.ObjStore.head` does: a bare 403 on a HEAD
+        is asked again with a one-byte GET, whose answer names the cause."""
+        if not unexplained_refusal(botocore_facts(e)):
+            return
+        try:
+            self._c().get_object(Bucket=self._s.bucket, Key=self._key(key), Range="bytes=0-0")
+        except Exception as ge:
+            err = self._error(ge, key, write=False)
+            if explains_refusal(err):
+                raise err from redacted(ge)
+
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
         try:
@@ -298,6 +316,7 @@ class BotoS3Store:
         except Exception as e:
             if self._status(e) == 404:
                 raise ObjectNotFoundError(key) from redacted(e)
+            self._explain_refusal(key, e)
             raise self._error(e, key, write=False) from redacted(e)
         return ObjectMeta(key, int(r["ContentLength"]), r.get("ETag"), r.get("LastModified"))
 

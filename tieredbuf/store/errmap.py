@@ -145,6 +145,27 @@ class Facts:
         return f"{what}: {why}"
 
 
+def unexplained_refusal(f: Facts) -> bool:
+    """A 401 / 403 that does not say why: the answer to a HEAD, which has no body to
+    carry the service's code.  It may be wrong credentials (InvalidAccessKeyId,
+    SignatureDoesNotMatch, Azure's AuthenticationFailed) or a missing permission
+    (AccessDenied), and the two need different fixes: the store asks again with a GET of
+    the same key, whose answer names the cause, before :func:`classify` picks one."""
+    return (
+        f.status in (401, 403)
+        and f.code is None
+        and f.tag != "unauthenticated"
+        and not _AUTHN_RE.search(f.message or "")
+    )
+
+
+def explains_refusal(err: Exception) -> bool:
+    """The error of the GET asked after :func:`unexplained_refusal` names the cause: it
+    is raised in place of the HEAD's (anything else -- the GET went through, the object
+    is empty -- leaves the HEAD's own)."""
+    return isinstance(err, CredentialsError | AccessDeniedError)
+
+
 def is_metadata_uri(text: str) -> bool:
     return bool(_METADATA_RE.search(text))
 
@@ -171,8 +192,9 @@ def classify(
         return PreconditionFailedError(key, f"precondition failed on {key}")
     if f.code in BUCKET_CODES:
         name = bucket or "?"
+        how = f" (tieredbuf create-container az://{name}/)" if provider == "azure" else ""
         return BucketNotFoundError(
-            name, f"{container} {name!r} does not exist{at} ({op}): create it, or fix the URL"
+            name, f"{container} {name!r} does not exist{at} ({op}): create it{how}, or fix the URL"
         )
     if f.tag == "not_found" or f.code == "NoSuchKey":
         return ObjectNotFoundError(key, f"object not found: {key}")

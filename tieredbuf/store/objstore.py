@@ -59,7 +59,14 @@ from tieredbuf.store.base import (
 )
 from tieredbuf.store.botostore import BotoS3Store, S3Settings
 from tieredbuf.store.counting import MeteredStore, RequestCounts
-from tieredbuf.store.errmap import Facts, Tag, classify, is_metadata_uri
+from tieredbuf.store.errmap import (
+    Facts,
+    Tag,
+    classify,
+    explains_refusal,
+    is_metadata_uri,
+    unexplained_refusal,
+)
 from tieredbuf.store.probe import PROBES
 
 if TYPE_CHECKING:
@@ -467,6 +474,20 @@ class ObjStore:
             f"{key} was replaced during each of {_SUFFIX_ATTEMPTS} suffix reads: try again"
         )
 
+    def _explain_refusal(self, key: str, e: BaseException) -> None:
+        """A HEAD answers wrong credentials and a missing permission alike, with a bare
+        403: ask once with a one-byte GET of the same key (the same permission), whose
+        answer names the cause (see :func:`tieredbuf.store.errmap.unexplained_refusal`)."""
+        if not unexplained_refusal(obstore_facts(e)):
+            return
+        try:
+            self._extra("get", key)
+            obs.get_range(self._inner, key, start=0, end=1)
+        except Exception as ge:
+            err = self._error(ge, key, write=False)
+            if explains_refusal(err):
+                raise err from redacted(ge)
+
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
         alt = self._alt()
@@ -478,6 +499,7 @@ class ObjStore:
             err = self._error(e, key, write=False)
             if isinstance(err, ObjectNotFoundError):
                 self._check_bucket(key, e)
+            self._explain_refusal(key, e)
             raise err from redacted(e)
         self._bucket_seen = True
         return meta
