@@ -404,12 +404,20 @@ def test_stateless_close_timeout_says_how_much_is_dropped(
 def test_service_healthz_500_with_the_reason_then_200_once_the_bucket_exists(
     s3_endpoint: S3Endpoint, serve: Any
 ) -> None:
+    """A bucket missing at start is exit 3 before binding; one removed later is /healthz
+    500 naming it, with writes held in the stage, until it is back."""
     from tests.service.util import FAST as SFAST
     from tests.service.util import ndjson, samples
 
     bucket = f"tb-{uuid.uuid4().hex[:16]}"
+    with pytest.raises(AssertionError, match=f"BucketNotFoundError: bucket '{bucket}'"):
+        serve(f"s3://{bucket}/svc", *SFAST, *_s3_args(s3_endpoint), env=_creds(s3_endpoint))
+    s3 = s3_endpoint.boto3_client()
+    s3.create_bucket(Bucket=bucket)
     srv = serve(f"s3://{bucket}/svc", *SFAST, *_s3_args(s3_endpoint), env=_creds(s3_endpoint))
     srv.wait_ready()
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount") == 0  # starting wrote nothing
+    s3.delete_bucket(Bucket=bucket)
     r = srv.post(ndjson([{"a": 1}]), "application/x-ndjson", "remote", timeout=60)
     assert r.status == 500 and "BucketNotFoundError" in r.json()["error"], r.body
     assert srv.post(ndjson([{"b": 2}]), "application/x-ndjson", "local").status == 200
@@ -419,7 +427,7 @@ def test_service_healthz_500_with_the_reason_then_200_once_the_bucket_exists(
     assert m["tieredbuf_export_failing"] == 1
     assert m["tieredbuf_store_permanent_errors_total{role=exporter}"] >= 1
 
-    s3_endpoint.boto3_client().create_bucket(Bucket=bucket)
+    s3.create_bucket(Bucket=bucket)
     _poll(lambda: srv.request("GET", "/healthz").status == 200, 120, "healthz 200")
     r = srv.post(ndjson([{"c": 3}]), "application/x-ndjson", "remote", timeout=60)
     assert r.status == 200, r.body
