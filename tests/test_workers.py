@@ -578,3 +578,46 @@ def test_worker_options_are_validated() -> None:
         buf.worker("jobs", check_interval=timedelta(seconds=-1))
     with pytest.raises(ConfigError, match="read_ahead_bytes"):
         buf.worker("jobs", read_ahead_bytes=0)
+
+
+def test_I10_no_cas_started_before_claim_returns_an_entry_charges_its_delivery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The refill a claim() starts ahead runs on the hub's thread and can land before
+    claim() returns; a worker killed in between must not have been charged for the entry
+    it never returned (found by the work-queue torture test: an entry dead-lettered after
+    one return, charged twice).  So every ``out`` in a refill is for an entry claim() had
+    already returned when the refill was asked for."""
+    from tieredbuf.consume.hub import RefillHub
+
+    buf = tieredbuf.open("memory://")
+    seed(buf, 60)
+    returned: set[int] = set()
+    early: list[int] = []
+    asked = {"in_claim": 0}
+    in_claim = threading.local()
+    real = RefillHub.submit
+
+    def submit(self: RefillHub, worker_id: bytes, ops: Any, *a: Any, **kw: Any) -> Any:
+        if getattr(in_claim, "on", False):
+            asked["in_claim"] += 1
+        early.extend(op.seq for op in ops if op.action == "out" and op.seq not in returned)
+        return real(self, worker_id, ops, *a, **kw)
+
+    monkeypatch.setattr(RefillHub, "submit", submit)
+    w = _worker(buf, claim_batch=2, max_deliveries=1)
+    while True:
+        in_claim.on = True
+        try:
+            b = w.claim()
+        finally:
+            in_claim.on = False
+        if b is None:
+            break
+        returned.add(b.sequence)
+        w.ack(b.sequence)
+    w.close()
+    assert returned == set(range(60))
+    assert asked["in_claim"] > 0  # refills were started inside claim() (the case at issue)
+    assert early == []
+    assert _progress(buf).rejected == ()

@@ -358,8 +358,23 @@ def _check(
                 rep.never_returned_otherwise += 1  # finding 1: charged for a lease
             rep.fail(
                 "no rejection without max_deliveries claim() returns",
-                f"sequence {seq}: {why}, {r.deliveries} charged{got_fault}",
+                f"sequence {seq}: {why}, {r.deliveries} charged{got_fault}; "
+                + "; ".join(_trail(workers.logs, seq)),
             )
+
+
+def _trail(logs: list[Path], seq: int) -> list[str]:
+    """The worker-log lines naming ``seq``, each with the chaos (K, S) that followed it
+    before the worker's next line about anything: what a failure report needs."""
+    out: list[str] = []
+    for log in logs:
+        lines = log.read_text().splitlines() if log.exists() else []
+        for i, line in enumerate(lines):
+            kind, _, rest = line.partition(" ")
+            if kind in ("R", "M", "V", "A", "E") and str(seq) in rest.split():
+                after = "".join(x for x in lines[i + 1 : i + 3] if x in ("K", "S"))
+                out.append(f"{log.name}:{i + 1} {kind}{' then ' + after if after else ''}")
+    return out[:20]
 
 
 def main() -> int:

@@ -15,8 +15,9 @@ write.  The workers a buffer opens on one queue share one writer of that object
 next one together, so they never race each other for it.
 
 Acks, rejects and the word that claim() returned an entry (``out``: the only thing
-that charges a delivery) are buffered until the next refill, ``flush()``,
-``close()``, or at once when an entry's lease is about to lapse; ``defer`` and
+that charges a delivery, never sent in a CAS started before claim() returned) are
+buffered until the next refill, ``flush()``, ``close()``, or at once when an entry's
+lease is about to lapse; ``defer`` and
 ``extend`` are applied at once.  An entry whose history is unknown (a worker went
 silent holding it: ``SUSPECT``) or whose lease entered its margin during the data GET
 is *marked* first -- one CAS that charges the delivery and renews the lease -- and only
@@ -292,14 +293,19 @@ class Worker:
                 if not h.said and h.expires_ms - self._margin_ms <= self.clock_ms():
                     self._release(seq, h)
                     continue
-                batch = self._hand_out(seq, h)
-                if batch is None:
+                got = self._hand_out(seq, h)
+                if got is None:
                     continue
+                batch, word = got
                 self._h.ready.popleft()
                 h.handed_out = True
                 self._h.lapsed.discard(seq)
                 self.stats.incr("claimed")
-                self._refill_ahead()
+                try:
+                    self._refill_ahead()
+                finally:  # after it: no CAS started before claim() returns charges this
+                    if word is not None:
+                        self._h.buffer(word, h.expires_ms)
                 self._handed_at = time.monotonic()
                 return batch
             if self._pending is not None:
@@ -309,11 +315,13 @@ class Worker:
                 self._tried_ms = self.clock_ms()
                 return None
 
-    def _hand_out(self, seq: int, h: Held) -> ConsumedBatch | None:
-        """``seq``'s data, once the progress object may count its delivery: an ``out``
-        op buffered, or -- for a suspect entry, or one whose lease entered its margin
-        during the GET -- a mark landed first.  None: it is no longer this worker's.
-        A failed GET or CAS raises with ``seq`` still first in line (data kept)."""
+    def _hand_out(self, seq: int, h: Held) -> tuple[ConsumedBatch, shared.Op | None] | None:
+        """``seq``'s data, once the progress object may count its delivery: with the
+        ``out`` op for the caller to buffer once nothing else will start a CAS before
+        claim() returns, or -- for a suspect entry, or one whose lease entered its margin
+        during the GET -- a mark landed first (no op then).  None: it is no longer this
+        worker's.  A failed GET or CAS raises with ``seq`` still first in line (data
+        kept)."""
         batch = self._got.get(seq)
         if batch is None:
             try:
@@ -327,15 +335,20 @@ class Worker:
                 self._release(seq, h, "damaged_object", DAMAGED_RETRY_MS)
                 raise
             self._got[seq] = batch
+        word: shared.Op | None = None
         for _ in range(MARKS_PER_HAND_OUT + 1):
             inside = h.expires_ms - self._margin_ms <= self.clock_ms()
             if not h.said or (inside and not h.marking):
                 # a mark when its history is unknown, or to renew a lease the GET (or a
-                # slow mark) took into its margin; else the word rides the next CAS
-                action: shared.Action = "mark" if h.suspect or inside or h.said else "out"
-                ms = self._limits.lease_ms if action == "mark" else None
-                self._h.buffer(shared.Op(action, seq, h.token, ms=ms), h.expires_ms)
-                h.said, h.marking = True, action == "mark"
+                # slow mark) took into its margin; else the word rides the next CAS that
+                # starts after claim() returned (the caller buffers it)
+                if h.suspect or inside or h.said:
+                    op = shared.Op("mark", seq, h.token, ms=self._limits.lease_ms)
+                    self._h.buffer(op, h.expires_ms)
+                    word, h.marking = None, True
+                else:
+                    word, h.marking = shared.Op("out", seq, h.token), False
+                h.said = True
             if not h.marking:
                 break
             if self.on_mark is not None:
@@ -349,7 +362,7 @@ class Worker:
             self._release(seq, h, "marks_too_slow")
             return None
         self._got.pop(seq, None)
-        return batch
+        return batch, word
 
     def _release(
         self, seq: int, h: Held, why: str = "lapsed_before_use", after_ms: int | None = None
