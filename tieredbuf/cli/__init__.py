@@ -167,8 +167,9 @@ class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 DESCRIPTION = (
     "tieredbuf: a durable buffer between data producers and object storage (S3, MinIO, "
-    "Cloudflare R2, Azure Blob, a local directory).  A buffer is a URL: s3://bucket/prefix, "
-    "az://container/prefix, file://./dir or a directory.  Run 'tieredbuf COMMAND --help' "
+    "Cloudflare R2, Azure Blob, Google Cloud Storage, a local directory).  A buffer is a "
+    "URL: s3://bucket/prefix, az://container/prefix, gs://bucket/prefix, file://./dir or a "
+    "directory.  Run 'tieredbuf COMMAND --help' "
     "for a command's options; options and positionals may come in any order."
 )
 EPILOG = (
@@ -179,7 +180,8 @@ EPILOG = (
     "away (| head: only what was written is acked).  S3 settings (keys, region, "
     "endpoint_url, services sections) come from the flags, the AWS_* environment or a "
     "profile in ~/.aws (AWS_PROFILE), as the aws CLI reads them; Azure settings from the "
-    "flags and the AZURE_STORAGE_* environment.  Every failure is one line on stderr."
+    "flags and the AZURE_STORAGE_* environment; GCS's from GOOGLE_APPLICATION_CREDENTIALS "
+    "(or the machine's own account).  Every failure is one line on stderr."
 )
 
 
