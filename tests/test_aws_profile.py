@@ -20,7 +20,7 @@ import pytest
 import tieredbuf
 from tests.endpoint import S3Endpoint
 from tests.test_cli_first_hour import env_for, tb
-from tieredbuf.config import store_options_from_env
+from tieredbuf.store.settings import store_options_from_env
 
 pytestmark = pytest.mark.s3
 

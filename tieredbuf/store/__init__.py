@@ -18,12 +18,7 @@ import threading
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tieredbuf.config import (
-    S3_CREDENTIAL_ENV,
-    S3_OPTION_ENV,
-    SECRET_OPTIONS,
-    store_options_from_env,
-)
+from tieredbuf.config import S3_CREDENTIAL_ENV, S3_OPTION_ENV, SECRET_OPTIONS
 from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.runtime import redact
 from tieredbuf.store.azure import AZURE_OPTIONS, AZURE_SCHEMES, is_azure_https, open_azure
@@ -51,6 +46,7 @@ from tieredbuf.store.options import (
     url_prefix,
 )
 from tieredbuf.store.options import chunk_size as chunk_size_option
+from tieredbuf.store.settings import store_options_from_env
 
 __all__ = [
     "AZURE_OPTIONS",

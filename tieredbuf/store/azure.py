@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from tieredbuf.config import AZURE_OPTION_ENV, SECRET_OPTIONS, store_options_from_env
+from tieredbuf.config import AZURE_OPTION_ENV, SECRET_OPTIONS
 from tieredbuf.errors import ConfigError, MissingCredentialsError
 from tieredbuf.runtime import redact
 from tieredbuf.store.base import DEFAULT_MANIFEST_WRITES_PER_S
@@ -48,6 +48,7 @@ from tieredbuf.store.options import (
     string_options,
     url_prefix,
 )
+from tieredbuf.store.settings import store_options_from_env
 
 AZURE_SCHEMES = ("az", "abfs", "abfss")
 AZURE_OPTIONS = frozenset(AZURE_OPTION_ENV) | CLIENT_OPTIONS
