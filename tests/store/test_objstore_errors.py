@@ -14,7 +14,7 @@ from obstore import exceptions as obx
 from tests.conftest import S3Endpoint
 from tieredbuf import errors
 from tieredbuf.store import open_store
-from tieredbuf.store.objstore import map_error
+from tieredbuf.store.obserrors import map_error
 
 _DUMP = '\n\nDebug source:\nGeneric {\n    store: "S3",\n    source: ...\n}'
 

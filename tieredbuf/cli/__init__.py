@@ -488,7 +488,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except Exception as e:
         if type(e).__module__.split(".")[0] != "obstore":
             raise
-        from tieredbuf.store.objstore import short
+        from tieredbuf.store.obserrors import short
 
         say(f"tieredbuf: store error: {short(e)}")
         return EXIT_FAILED

@@ -16,8 +16,8 @@ from tieredbuf.store.objstore import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
-    short,
 )
+from tieredbuf.store.obserrors import short
 
 CLIENT_OPTIONS = frozenset(
     {
