@@ -138,6 +138,11 @@ def test_lookup_before_the_first_retained_sequence_raises_or_clamps() -> None:
     with pytest.raises(DataLossError):
         r.lookup_time(1001)
     assert r.lookup_time(1001, on_lost="clamp").sequence == 6
+    # the first kept entry's own millisecond: an unlinked entry may hold records of it
+    with pytest.raises(DataLossError):
+        r.lookup_time(1006)
+    assert r.lookup_time(1006, on_lost="clamp").sequence == 6
+    assert r.lookup_time(1007).sequence == 7  # after it: what is kept is whole
 
 
 def test_retention_keeps_acked_history_by_bytes_and_age() -> None:

@@ -92,8 +92,10 @@ class TreeReader:
         pos = self._at(snap, max(seq, snap.low), False)
         lost = seq < snap.low
         if seq == snap.low and snap.low > 0 and pos.entry is not None and pos.entry.metadata:
-            # the first retained entry is newer than asked: that time's history is gone
-            lost = max(m.ingestion_time_ms for m in pos.entry.metadata) > time_ms
+            # the first retained entry is not older than asked: an unlinked one may hold
+            # records of that time (even of that millisecond), and the root keeps no time
+            # of what it unlinked -- a possible loss is reported, never ruled out
+            lost = max(m.ingestion_time_ms for m in pos.entry.metadata) >= time_ms
         if lost:
             if on_lost == "raise":
                 raise _lost(f"time {time_ms}", snap.low)

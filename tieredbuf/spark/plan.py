@@ -149,15 +149,16 @@ def time_start(snap: Snapshot, t_ms: int, ro: opt.ReadOptions) -> int:
     """The first object holding a record ingested at or after ``t_ms`` (one GET per
     level); below the kept history it is a data loss (see :func:`lost_floor`).
 
-    When the first kept object is itself newer than ``t_ms`` and history was dropped
-    before it, records of that time may be gone: the same rule as ``buf.lookup_time``.
+    When the first kept object is itself not older than ``t_ms`` (the same millisecond
+    included) and history was dropped before it, records of that time may be gone: the
+    same rule as ``buf.lookup_time``.
     """
     root = snap.root
     seq = tree.find_time(root, t_ms, snap.nodes.load)
     why = None
     if seq <= snap.low and snap.low > 0 and snap.low < root.next_seq:
         e = tree.find_sequence(root, snap.low, snap.nodes.load)
-        if e is not None and ft.entry_time(e.metadata, t_ms) > t_ms:
+        if e is not None and ft.entry_time(e.metadata, t_ms) >= t_ms:
             seq = min(seq, snap.low - 1)
             # the root keeps no time of what it unlinked: those entries may hold
             # records of this window, so it is a possible loss, not a proven one
