@@ -108,9 +108,11 @@ def azurite_server(base: Path, exe: str | None = None) -> Iterator[AzureEndpoint
                 time.sleep(0.05)  # polling interval, not synchronisation
         yield ep
     finally:
+        # Azurite's clean stop waits for idle kept-alive connections (the test process's
+        # pooled ones) for up to 15 s; its data is scratch: a short grace, then a kill
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

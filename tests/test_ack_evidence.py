@@ -103,6 +103,7 @@ class SlowFirstDataPut:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_I10_a_writer_whose_first_upload_went_stale_is_never_told_remote_without_its_entry(
     tmp_path: Path,
 ) -> None:
@@ -160,6 +161,7 @@ class DamagedSecondAnnouncement:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_I10_a_damaged_announcement_then_a_lease_handover_loses_nothing(tmp_path: Path) -> None:
     """The review's case 3: a writer's second announcement is damaged, then the holder
     leaves and hands its lease to that writer's hub.  The new holder commits everything
@@ -228,6 +230,7 @@ class Refusing:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_I10_records_in_the_manifest_reach_remote_once_tree_reads_work_again(
     tmp_path: Path,
 ) -> None:
@@ -265,6 +268,7 @@ def test_I10_records_in_the_manifest_reach_remote_once_tree_reads_work_again(
     assert _check_evidence(handles, _records(holder)) == 5
 
 
+@pytest.mark.slow
 def test_I10_a_producer_id_reused_on_a_wiped_stage_is_refused_never_acked(
     tmp_path: Path,
 ) -> None:

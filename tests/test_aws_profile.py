@@ -58,6 +58,7 @@ def _profile(ep: S3Endpoint, endpoint: str, extra: str = "") -> str:
     return f"[profile dev]\nregion = {ep.region}\nendpoint_url = {endpoint}\n{extra}"
 
 
+@pytest.mark.slow
 def test_the_cli_uses_the_profiles_endpoint_url(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     ep = s3_endpoint
     bucket = ep.new_bucket()

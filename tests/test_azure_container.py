@@ -57,6 +57,7 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.azure
 def test_create_container_then_produce_and_consume(
     azurite_endpoint: AzureEndpoint, tmp_path: Path
@@ -96,6 +97,7 @@ def test_create_container_with_a_wrong_key_is_rejected_credentials(
     assert "CredentialsError" in line and "rejected the credentials" in line, line
 
 
+@pytest.mark.slow
 def test_create_container_against_nothing_listening_gives_up_at_its_timeout(
     tmp_path: Path,
 ) -> None:

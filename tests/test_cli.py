@@ -27,6 +27,7 @@ def _run(*argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+@pytest.mark.slow
 def test_demo_runs_as_the_installed_console_script(tmp_path: Path) -> None:
     exe = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf"))
     r = subprocess.run([exe, "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -227,6 +228,7 @@ def test_gc_loop_caches_groups_across_passes_and_stops_on_sigterm(tmp_path: Path
         assert later["requests"] == UNCHANGED_PASS
 
 
+@pytest.mark.slow
 def test_drain_takes_over_every_worker_stage_of_a_dead_service(tmp_path: Path) -> None:
     import os
     import signal

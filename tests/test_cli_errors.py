@@ -140,6 +140,7 @@ def buf(tmp_path: Path) -> str:
     return url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("what", "argv", "code", "first"), TABLE, ids=[t[0] for t in TABLE])
 def test_cli_error_table(
     tmp_path: Path, buf: str, what: str, argv: list[str], code: int, first: str

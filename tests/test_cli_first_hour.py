@@ -209,6 +209,7 @@ def test_every_command_that_writes_has_a_timeout_with_a_default(tmp_path: Path) 
         assert re.search(r"--timeout DURATION .*\(default \d+[smh]\)", text), (cmd, text)
 
 
+@pytest.mark.slow
 def test_a_regular_file_as_the_url_exits_2_at_once(tmp_path: Path) -> None:
     """``echo x | tieredbuf produce events.json``: the URL left out, the input file taken
     for a local store; it used to retry 'File exists' forever."""
@@ -269,6 +270,7 @@ def test_one_ctrl_c_stops_produce_without_a_traceback(tmp_path: Path) -> None:
 # --- the CLI speaks in CLI terms -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_messages_name_flags_and_environment_variables_not_python_keywords(
     tmp_path: Path,
 ) -> None:
@@ -286,6 +288,7 @@ def test_messages_name_flags_and_environment_variables_not_python_keywords(
         assert python not in line, (python, line)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_options_and_positionals_come_in_any_order(tmp_path: Path, s3_endpoint: S3Endpoint) -> None:
     url = f"s3://{s3_endpoint.new_bucket()}/b"
@@ -409,6 +412,7 @@ def test_help_has_no_markup_and_every_command_a_description(tmp_path: Path) -> N
 # --- --timeout: how long the store may keep failing --------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "-5s", "=-5s", "-1"])
 @pytest.mark.parametrize("command", ["produce", "consume", "gc", "drain"])
 def test_a_timeout_that_is_not_positive_is_one_line_saying_so(

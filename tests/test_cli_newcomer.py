@@ -227,6 +227,7 @@ def _lines_until(stream: object, want: int, deadline: float) -> list[str]:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ack", [False, True], ids=["no-ack", "ack"])
 def test_consume_follow_tails_the_queue_and_ctrl_c_prints_a_summary(
     tmp_path: Path, ack: bool
@@ -307,6 +308,7 @@ def _ingest(url: str, stage: Path) -> list[pa.RecordBatch]:
     return batches
 
 
+@pytest.mark.slow
 def test_consume_prints_bundles_as_json_rows(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _ingest(url, tmp_path / "stage")

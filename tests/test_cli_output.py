@@ -67,6 +67,7 @@ def _acked_through(url: str) -> int:
     return int(snap.root.head)
 
 
+@pytest.mark.slow
 def test_I10_consume_into_a_pipe_closed_early_is_quiet_and_acks_nothing_unwritten(
     tmp_path: Path,
 ) -> None:
@@ -92,6 +93,7 @@ def test_I10_one_large_entry_cut_short_by_the_reader_is_not_acked(tmp_path: Path
     assert _acked_through(url) == 0, "an entry most of which never reached the pipe was acked"
 
 
+@pytest.mark.slow
 def test_I10_consume_into_a_pipe_acks_what_was_written_and_no_more(tmp_path: Path) -> None:
     # small entries: each one written whole, then acked; the reader closes after two
     url = _buffer(tmp_path / "b", [[b"entry %d" % i] for i in range(30)])
@@ -105,6 +107,7 @@ def test_I10_consume_into_a_pipe_acks_what_was_written_and_no_more(tmp_path: Pat
     assert summary.endswith(f"acked through sequence {acked - 1}"), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv",
     [["entries"], ["consume", "--json"], ["consume", "--no-ack"], ["inspect"]],
@@ -173,6 +176,7 @@ def test_stdout_on_a_full_disk_is_one_line_and_acks_nothing(
     assert _acked_through(url) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["x.parquet", "x.arrow", "dir"])
 def test_consume_out_on_a_full_disk_is_one_line_acks_nothing_and_leaves_no_file(
     tmp_path: Path, out: str

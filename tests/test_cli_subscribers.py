@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 import tieredbuf
@@ -35,6 +36,7 @@ def _setup(url: str) -> tieredbuf.Buffer:
     return buf
 
 
+@pytest.mark.slow
 def test_subscribers_lists_positions_lag_and_rejected_entries(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _setup(url)
@@ -63,6 +65,7 @@ def test_subscribers_lists_positions_lag_and_rejected_entries(tmp_path: Path) ->
     ]
 
 
+@pytest.mark.slow
 def test_inspect_shows_the_subscribers(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     _setup(url)
@@ -74,6 +77,7 @@ def test_inspect_shows_the_subscribers(tmp_path: Path) -> None:
     assert "etl (next 4, lag 2)" in text
 
 
+@pytest.mark.slow
 def test_subscribers_remove_releases_and_reports(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     buf = _setup(url)
@@ -88,6 +92,7 @@ def test_subscribers_remove_releases_and_reports(tmp_path: Path) -> None:
     assert _run("subscribers", f"file://{tmp_path}/typo")[0] == EXIT_USAGE  # no buffer
 
 
+@pytest.mark.slow
 def test_metrics_have_per_subscriber_lag(tmp_path: Path) -> None:
     buf = _setup(f"file://{tmp_path}/b")
     reg = CollectorRegistry()

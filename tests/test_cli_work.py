@@ -51,6 +51,7 @@ def queue_state(url: str) -> SubscriberInfo:
     return sub
 
 
+@pytest.mark.slow
 def test_exit_0_acks_each_entry_with_its_records_on_stdin(tmp_path: Path) -> None:
     url = make_buffer(tmp_path, [[b"a1", b"a2"], [b"b1"], [b"c1"]])
     r = work(
@@ -74,6 +75,7 @@ def test_exit_0_acks_each_entry_with_its_records_on_stdin(tmp_path: Path) -> Non
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
 
 
+@pytest.mark.slow
 def test_a_chosen_exit_code_rejects_and_other_failures_are_handed_back(
     tmp_path: Path,
 ) -> None:
@@ -97,6 +99,7 @@ def test_a_chosen_exit_code_rejects_and_other_failures_are_handed_back(
     assert "rejected 1 after 1 deliveries: exit 7: no good: bad" in listing.stdout
 
 
+@pytest.mark.slow
 def test_an_entry_failing_every_time_is_rejected_after_max_deliveries(tmp_path: Path) -> None:
     url = make_buffer(tmp_path, [[b"x"]])
     r = work(tmp_path, url, "--max-deliveries", "2", "--", "sh", "-c", "exit 1")
@@ -310,6 +313,7 @@ def test_concurrency_runs_commands_side_by_side_each_entry_once(tmp_path: Path) 
     assert queue_state(url).work["workers"] >= 1  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_work_needs_a_command_and_a_buffer(tmp_path: Path) -> None:
     url = make_buffer(tmp_path, [[b"x"]])
     r = work(tmp_path, url)

@@ -32,6 +32,7 @@ def _script(body: str) -> str:
     return OPEN.format(port=closed_port()) + body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staged", [False, True], ids=["stateless", "staged"])
 def test_close_against_an_unreachable_store_raises_within_give_up_after(
     tmp_path: Path, staged: bool
@@ -56,6 +57,7 @@ except tieredbuf.errors.FlushTimeoutError as e:
         assert "dropped" in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staged", [False, True], ids=["stateless", "staged"])
 def test_the_context_manager_against_an_unreachable_store_raises_within_give_up_after(
     tmp_path: Path, staged: bool
@@ -75,6 +77,7 @@ except tieredbuf.errors.FlushTimeoutError as e:
     assert "RAISED FlushTimeoutError" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staged", [False, True], ids=["stateless", "staged"])
 def test_flush_against_an_unreachable_store_raises_within_give_up_after_keeping_the_data(
     tmp_path: Path, staged: bool
@@ -158,6 +161,7 @@ def test_stall_watch_without_a_limit_never_gives_up() -> None:
     assert not w.stalled()
 
 
+@pytest.mark.slow
 def test_produce_at_backpressure_against_an_unreachable_store_raises_within_give_up_after() -> None:
     """A stateless producer's produce() with no ``timeout`` waits at a full buffer while
     the store works (a slow store only slows it), but not forever on a store that keeps
@@ -178,6 +182,7 @@ except tieredbuf.errors.BackpressureError as e:
     assert "RAISED" in r.stdout and "connection refused" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staged", [False, True], ids=["stateless", "staged"])
 def test_waiting_for_remote_against_an_unreachable_store_gives_up_within_give_up_after(
     tmp_path: Path, staged: bool

@@ -20,6 +20,7 @@ def _fill(buf: tieredbuf.Buffer, n: int) -> list[list[bytes]]:
     return produced
 
 
+@pytest.mark.slow
 def test_consumes_in_order_and_resumes_after_last_acked(any_url) -> None:  # type: ignore[no-untyped-def]
     url, opts = any_url
     buf = tieredbuf.open(url, **opts)
@@ -104,6 +105,7 @@ def test_missing_data_object_is_data_loss_not_a_skip() -> None:
         c.next_batch()
 
 
+@pytest.mark.slow
 def test_read_ahead_fetches_the_backlog_before_it_is_asked_for() -> None:
     counting = CountingStore(tieredbuf.open("memory://").store)
     buf = tieredbuf.Buffer(counting)

@@ -91,6 +91,7 @@ def test_I1_I2_kill_minus_9_fifty_times_loses_and_doubles_nothing(tmp_path: Path
     _crash_loop(tmp_path, kills=50, seed=2026)
 
 
+@pytest.mark.slow
 def test_I1_drain_takes_over_the_stage_of_a_killed_producer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

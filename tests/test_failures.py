@@ -346,6 +346,7 @@ def test_I1_unreachable_endpoint_is_retried_then_drain_exports_once_it_is_back(
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_drain_times_out_with_one_line_naming_what_is_still_staged(
     s3_endpoint: S3Endpoint, proxy: TcpProxy, tmp_path: Path

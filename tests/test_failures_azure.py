@@ -150,6 +150,7 @@ def test_I1_unreachable_endpoint_is_retried_then_cli_drain_exports_once_it_is_ba
     ]
 
 
+@pytest.mark.slow
 def test_cli_inspects_an_azure_buffer_and_refuses_s3_flags_in_one_line(
     azurite_endpoint: AzureEndpoint,
 ) -> None:

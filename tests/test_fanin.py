@@ -153,6 +153,7 @@ def test_I2_I3_the_writers_of_one_process_share_each_commit(tmp_path: Path) -> N
     assert list(buf.store.list(keys.PENDING_PREFIX)) == []  # in-process: never announced
 
 
+@pytest.mark.slow
 def test_I2_a_write_committed_by_another_writer_reaches_its_handle_with_its_sequence(
     tmp_path: Path,
 ) -> None:
@@ -242,6 +243,7 @@ def test_I2_I3_the_writers_of_one_process_announce_together_one_put_a_turn(
     assert list(holder.store.list(keys.PENDING_PREFIX)) == []
 
 
+@pytest.mark.slow
 def test_a_holder_that_leaves_hands_its_lease_to_the_hub_that_announced_last(
     tmp_path: Path,
 ) -> None:
@@ -275,6 +277,7 @@ def test_a_holder_that_leaves_hands_its_lease_to_the_hub_that_announced_last(
     _check_once_in_order(_records(a), {"a": sent[0], "b": 2, "c": 2})
 
 
+@pytest.mark.slow
 def test_hubs_waiting_on_a_lapsed_lease_take_it_with_their_own_groups_without_listing(
     tmp_path: Path,
 ) -> None:
@@ -374,6 +377,7 @@ class DamagedFirstAnnouncement:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key_form", ["dropped", "damaged"])
 def test_I1_I7_I10_a_damaged_announcement_is_never_committed_and_its_groups_go_in_again(
     tmp_path: Path, key_form: str
@@ -410,6 +414,7 @@ def test_I1_I7_I10_a_damaged_announcement_is_never_committed_and_its_groups_go_i
     _check_once_in_order([(q, r) for q, r in _records(holder) if r.startswith(b"o")], {"o": 2})
 
 
+@pytest.mark.slow
 def test_I1_an_announcement_whose_body_is_damaged_is_committed_from_its_intact_key(
     tmp_path: Path,
 ) -> None:
@@ -451,6 +456,7 @@ class RootWriteTimes:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_the_holder_commits_once_per_interval_while_its_own_writers_keep_submitting() -> None:
     """The budget holds for the committer's own process too: writers handing it groups
     all the time do not cut its wait for the next slot short (each submit wakes the hub).
@@ -493,6 +499,7 @@ def _hold_the_lease_and_produce(buf: tieredbuf.Buffer, n: int, every: float) -> 
     p.close()
 
 
+@pytest.mark.slow
 def test_a_producer_in_the_holding_process_cuts_its_batches_for_the_next_commit() -> None:
     """A batch waits for its flush timer and then for the hub's next commit: a producer
     whose hub holds the lease cuts it in time for that commit instead, never later than
@@ -520,6 +527,7 @@ class SlowLists:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_a_producer_cuts_at_most_once_a_turn_for_its_hub_while_the_turn_runs_late() -> None:
     """While the holder's turn runs late (a slow LIST), its cut-off has passed and a batch
     cut now would still go in that commit: a producer cuts once for it, not every batch it
@@ -544,6 +552,7 @@ def test_an_idle_producer_and_hub_make_no_request(tmp_path: Path) -> None:
     assert buf.requests.snapshot() == before  # attach and detach: no request
 
 
+@pytest.mark.slow
 def test_the_holder_deletes_what_it_committed_at_most_once_a_second_and_all_when_it_leaves(
     tmp_path: Path,
 ) -> None:
@@ -573,6 +582,7 @@ def test_the_holder_deletes_what_it_committed_at_most_once_a_second_and_all_when
     _check_once_in_order(_records(holder), {"h": sent[0], "o": 12})
 
 
+@pytest.mark.slow
 def test_a_holder_that_finds_covered_announcements_left_behind_deletes_them_unread_twice(
     tmp_path: Path,
 ) -> None:
@@ -744,6 +754,7 @@ def test_I2_the_lease_outlasts_the_holders_commit_turn_at_slow_round_trips(
     ]
 
 
+@pytest.mark.slow
 def test_a_holder_whose_writers_went_quiet_keeps_committing_for_others_while_its_lease_lives(
     tmp_path: Path,
 ) -> None:
@@ -794,6 +805,7 @@ class SlowAnnouncements:
         return self._inner.put(key, data, **kw)
 
 
+@pytest.mark.slow
 def test_a_watcher_polls_for_the_first_commit_listed_after_its_announcement_landed(
     tmp_path: Path,
 ) -> None:
@@ -822,6 +834,7 @@ def test_a_watcher_polls_for_the_first_commit_listed_after_its_announcement_land
     assert polls <= 8 + 3, f"{polls} polls for 8 writes"  # one each, bar a late commit
 
 
+@pytest.mark.slow
 def test_a_quiet_holder_commits_what_a_writer_elsewhere_announced_while_its_lease_lives(
     tmp_path: Path,
 ) -> None:

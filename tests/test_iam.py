@@ -273,6 +273,7 @@ def _fill(url: str, admin: S3Endpoint, n: int) -> list[bytes]:
     return recs
 
 
+@pytest.mark.slow
 def test_consumer_policy_runs_the_default_consumer_a_named_subscriber_and_a_worker(
     iam: IamMoto,
 ) -> None:
@@ -327,6 +328,7 @@ def test_consumer_policy_runs_the_default_consumer_a_named_subscriber_and_a_work
 # --- GC ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gc_policy_runs_tieredbuf_gc(iam: IamMoto) -> None:
     """``tieredbuf gc`` as the GC user: it publishes a named subscriber's flushed position
     into the root and deletes an unreferenced data object, group and progress object."""

@@ -118,6 +118,7 @@ def _never_past(c: tieredbuf.Consumer, d: Damaged) -> None:
     assert c.last_acked_sequence == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 def test_I10_a_consumer_never_serves_a_damaged_object(
     any_url, how: Damage, comp: Compression
@@ -131,6 +132,7 @@ def test_I10_a_consumer_never_serves_a_damaged_object(
     assert d.buf.snapshot().footer.first_sequence == 1  # the default consumer dequeued 0 only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 @pytest.mark.parametrize("backend", ["memory", "local"])
 def test_I10_a_consumer_reading_ranged_parts_never_serves_a_damaged_object(
@@ -146,6 +148,7 @@ def test_I10_a_consumer_reading_ranged_parts_never_serves_a_damaged_object(
         _never_past(c, d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 def test_I10_a_named_subscriber_never_serves_a_damaged_object(
     how: Damage, comp: Compression, tmp_path
@@ -180,6 +183,7 @@ def _claim_all(
     return acked, errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 def test_I10_a_worker_never_serves_or_acks_a_damaged_object(how: Damage, comp: Compression) -> None:
     d = make_damaged("memory://", {}, how, comp, big=False)
@@ -194,6 +198,7 @@ def test_I10_a_worker_never_serves_or_acks_a_damaged_object(how: Damage, comp: C
     assert acked2 == [] and len(errors2) == 1 and errors2[0].obj == d.location
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 def test_I10_buffer_read_object_never_returns_a_damaged_object(
     how: Damage, comp: Compression
@@ -214,6 +219,7 @@ def _cli(*argv: str) -> tuple[int, str]:
     return main(list(argv), out=out), out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 @pytest.mark.parametrize("ack", [True, False], ids=["ack", "no-ack"])
 def test_I10_tieredbuf_consume_writes_nothing_of_a_damaged_object_and_acks_nothing_past_it(
@@ -254,6 +260,7 @@ def rfc0001_records(body: bytes) -> list[bytes]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["direct", "staged"])
 @pytest.mark.parametrize("comp", COMPRESSIONS, ids=["none", "zstd"])
 def test_I10_writers_keep_a_crc32_beside_every_batch_and_its_bytes_stay_rfc_0001(

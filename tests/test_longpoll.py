@@ -124,6 +124,7 @@ def _when_idle_produce(c: object, url: str, data: bytes) -> None:
     _produce(url, data)
 
 
+@pytest.mark.slow
 def test_next_batch_with_a_timeout_returns_what_arrives_while_it_waits(tmp_path: Path) -> None:
     import threading
 
@@ -179,6 +180,7 @@ def test_I4_a_long_polling_default_consumer_learns_it_was_fenced(tmp_path: Path)
     newer.close()
 
 
+@pytest.mark.slow
 def test_a_consumer_that_rewinds_after_idling_reads_at_once(tmp_path: Path) -> None:
     """The long poll waits only at the tail: initialize() back to an earlier position
     ends the idle period, so the entries there are returned without waiting for the
@@ -199,6 +201,7 @@ def test_a_consumer_that_rewinds_after_idling_reads_at_once(tmp_path: Path) -> N
     c.close()
 
 
+@pytest.mark.slow
 def test_idle_poll_max_caps_a_consumers_backoff(tmp_path: Path) -> None:
     """ConsumerConfig.idle_poll_max: a lower cap means more footer reads while idle
     (about 1 / cap a second) and a new entry seen sooner."""

@@ -34,6 +34,7 @@ def _progress_keys(buf: tieredbuf.Buffer) -> set[str]:
     return {m.key for m in buf.store.list(keys.SUBSCRIBERS_PREFIX)}
 
 
+@pytest.mark.slow
 def test_I9_every_subscriber_sees_every_entry_once_in_order_across_restarts(any_url) -> None:  # type: ignore[no-untyped-def]
     url, opts = any_url
     buf = tieredbuf.open(url, **opts)
@@ -153,6 +154,7 @@ def test_removing_default_fences_the_live_default_consumer() -> None:
     assert set(buf.snapshot().registry) == {"etl"}
 
 
+@pytest.mark.slow
 def test_a_new_subscriber_starts_at_the_earliest_entry_held_or_the_tail() -> None:
     buf = _buf()
     fill(buf, 3)
@@ -169,6 +171,7 @@ def test_a_new_subscriber_starts_at_the_earliest_entry_held_or_the_tail() -> Non
     assert drain(late) == [5]
 
 
+@pytest.mark.slow
 def test_resuming_below_the_published_position_lowers_the_head_back() -> None:
     buf = _buf()
     buf.set_retention(max_bytes=1 << 30)  # history kept: there is something to go back to

@@ -226,6 +226,7 @@ def test_redrive_needs_a_work_queue() -> None:
 EXE = shutil.which("tieredbuf") or str(Path(sys.executable).with_name("tieredbuf"))
 
 
+@pytest.mark.slow
 def test_cli_subscribers_redrive(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)

@@ -305,6 +305,7 @@ def test_under_a_slow_refill_a_worker_leases_more_per_cas_within_its_limits() ->
 # --- a delivery is a claim() that returned the entry ---------------------------------------
 
 
+@pytest.mark.slow
 def test_max_deliveries_counts_only_entries_claim_returned_not_a_refills_hand_back() -> None:
     """Review finding: worker A leased a refill batch, returned one entry, acked it and
     closed; the seven it never returned were rejected "after 1 deliveries"."""

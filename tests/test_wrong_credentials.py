@@ -94,6 +94,7 @@ def _one_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a[::2]) for a in COMMANDS])
 def test_a_wrong_key_id_is_rejected_credentials_on_every_command(
@@ -171,6 +172,7 @@ def test_the_forked_childs_client_names_the_cause_of_a_refused_head(
     assert code in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.azure
 def test_a_wrong_azure_key_is_rejected_credentials_not_a_role(
     azurite_endpoint: AzureEndpoint, tmp_path: Path
@@ -215,6 +217,7 @@ def test_an_azure_key_that_is_not_base64_says_so(
         )
 
 
+@pytest.mark.slow
 def test_the_cli_names_azure_settings_by_their_environment_variables(tmp_path: Path) -> None:
     """No "pass account_name=": a Python keyword the command line has no flag for."""
     r = _run(["inspect", "az://some-container/p"], {"AZURE_STORAGE_ACCOUNT_KEY": "abcd"}, tmp_path)

@@ -68,6 +68,7 @@ def test_what_does_not_apply_to_a_service_url_is_a_usage_error(
     assert code == EXIT_USAGE and says in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_service_that_never_answers_gives_up_at_timeout_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], front: Callable[..., Front]
 ) -> None:
@@ -83,6 +84,7 @@ def test_a_service_that_never_answers_gives_up_at_timeout_and_says_so(
     assert "2 of 2 records not stored and dropped" in err
 
 
+@pytest.mark.slow
 def test_records_whose_outcome_is_unknown_are_reported_as_maybe_stored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], front: Callable[..., Front]
 ) -> None:

@@ -122,6 +122,7 @@ def test_retries_carry_one_key_and_the_same_bytes_until_an_answer_decides(
         p.close(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_connection_the_service_closed_while_idle_is_not_used_again(
     front: MakeFront,
 ) -> None:
@@ -175,6 +176,7 @@ def test_a_user_key_is_refused(front: MakeFront) -> None:
     assert f.attempts() == []
 
 
+@pytest.mark.slow
 def test_retry_after_is_waited_out(front: MakeFront) -> None:
     f = front()
     f.script(Status(503, "1"), Status(400))

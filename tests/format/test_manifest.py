@@ -281,12 +281,14 @@ def _decode(raw: bytes, obj: str = "q") -> Decoded:
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(_manifests())
 def test_manifests_round_trip(x: Decoded) -> None:
     assert _decode(_encode(x)) == x
 
 
+@pytest.mark.slow
 @FUZZ
 @given(_manifests(), cuts, flips, bits)
 def test_I7_damaged_manifests_decode_to_what_a_writer_writes_or_name_the_offset(

@@ -105,6 +105,7 @@ def _same_items(a: list[WalItem], b: list[WalItem]) -> bool:
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(u64, wal_items)
 def test_wal_files_round_trip(start: int, items: list[WalItem]) -> None:
@@ -113,6 +114,7 @@ def test_wal_files_round_trip(start: int, items: list[WalItem]) -> None:
     assert got_start == start and _same_items(got, items)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(u64, wal_items, cuts)
 def test_I7_a_cut_wal_is_exactly_an_entry_prefix_or_torn_at_the_cut_entry(
@@ -131,6 +133,7 @@ def test_I7_a_cut_wal_is_exactly_an_entry_prefix_or_torn_at_the_cut_entry(
     assert got[0] == start and _same_items(got[1], items[: bounds.index(n)])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(u64, wal_items, flips, bits)
 def test_I7_any_bit_flip_in_a_wal_is_named(

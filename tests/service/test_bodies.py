@@ -63,6 +63,7 @@ def test_ndjson_bodies_round_trip_and_damage_is_a_400_or_json_lines(
             json.loads(r)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(arrow_batches(), min_size=1, max_size=3), cuts, flips, bits)
 def test_arrow_bodies_round_trip_and_damage_is_a_400_or_a_valid_bundle(
@@ -145,6 +146,7 @@ def test_the_record_count_is_checked_on_the_bytes_before_any_record_is_made(
         bodies.check_record_count(ctype, bytearray(body), limit)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     st.lists(arrow_batches(), min_size=1, max_size=3),

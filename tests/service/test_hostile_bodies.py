@@ -42,6 +42,7 @@ def _worker(srv: Server) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_tiny_records_past_max_records_are_413_in_memory_bounded_by_the_body_limit(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -79,6 +80,7 @@ def test_tiny_records_past_max_records_are_413_in_memory_bounded_by_the_body_lim
     assert records == [b'{"warm":1}']
 
 
+@pytest.mark.slow
 def test_max_records_is_the_largest_request_accepted(tmp_path: Path, serve: Serve) -> None:
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST, "--max-records", "1000")
@@ -136,6 +138,7 @@ def _raw_post(srv: Server, body: bytes, headers: dict[str, str], query: str = ""
         conn.close()
 
 
+@pytest.mark.slow
 def test_bad_bodies_and_headers_are_400_not_500_and_leave_nothing_behind(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -206,6 +209,7 @@ def _tiny_batches(limit: int) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+@pytest.mark.slow
 def test_an_arrow_stream_of_too_many_batches_or_columns_is_413_in_bounded_memory(
     tmp_path: Path, serve: Serve
 ) -> None:

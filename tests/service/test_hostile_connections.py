@@ -154,6 +154,7 @@ def _raw(host: str, port: int, data: bytes, timeout: float = 30.0) -> bytes:
         return out
 
 
+@pytest.mark.slow
 def test_a_malformed_authorization_header_is_a_400_that_quotes_nothing(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -183,6 +184,7 @@ def test_a_malformed_authorization_header_is_a_400_that_quotes_nothing(
     assert log.count("malformed HTTP request") == len(bad), log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["::1", "::"])
 def test_ipv6_hosts_bind(tmp_path: Path, serve: Serve, host: str) -> None:
     """``--host ::1`` (loopback, no token needed) and ``--host :: --insecure`` (every
@@ -259,6 +261,7 @@ def _keep_alive(port: int) -> http.client.HTTPConnection:
     return conn
 
 
+@pytest.mark.slow
 def test_connections_past_max_connections_get_503_and_are_closed(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -287,6 +290,7 @@ def test_connections_past_max_connections_get_503_and_are_closed(
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 def test_the_stage_is_the_owners_alone(tmp_path: Path, serve: Serve) -> None:
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST, "--max-open-duration", "1h")
@@ -333,6 +337,7 @@ def _quarantined_stage(stage: Path) -> None:
         f.write(bytes([b[0] ^ 0x01]))
 
 
+@pytest.mark.slow
 def test_unauthenticated_healthz_names_no_stage_path(tmp_path: Path, serve: Serve) -> None:
     _quarantined_stage(tmp_path / "stage")
     srv = serve(f"file://{tmp_path}/buf", "--token-file", _token_file(tmp_path), token=TOKEN)
@@ -347,6 +352,7 @@ def test_unauthenticated_healthz_names_no_stage_path(tmp_path: Path, serve: Serv
     srv.terminate()
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_unauthenticated_healthz_names_no_store_endpoint(
     tmp_path: Path, serve: Serve, s3_endpoint: S3Endpoint

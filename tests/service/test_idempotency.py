@@ -55,6 +55,7 @@ def _until(cond: Any, timeout: float = 60, what: Any = lambda: "") -> Any:
     return got
 
 
+@pytest.mark.slow
 def test_a_request_sent_again_to_the_same_instance_is_stored_once(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/b"
     srv = start_server(url, tmp_path)
@@ -76,6 +77,7 @@ def test_a_request_sent_again_to_the_same_instance_is_stored_once(tmp_path: Path
     assert _stored(url) == [{"n": 1}]
 
 
+@pytest.mark.slow
 def test_requests_with_one_key_sent_at_once_are_stored_once(tmp_path: Path) -> None:
     """A retry while the first is still in flight waits for it and gets its result."""
     url = f"file://{tmp_path}/b"
@@ -98,6 +100,7 @@ def test_requests_with_one_key_sent_at_once_are_stored_once(tmp_path: Path) -> N
     assert _stored(url) == [{"n": 1}]
 
 
+@pytest.mark.slow
 def test_a_retry_to_a_second_instance_on_the_buffer_is_stored_once(tmp_path: Path) -> None:
     """As a load balancer retries: the second instance finds the first request's entry
     in the queue (the client marks the request as a retry) and answers with it; the same
@@ -124,6 +127,7 @@ def test_a_retry_to_a_second_instance_on_the_buffer_is_stored_once(tmp_path: Pat
     assert _stored(url) == [{"n": 1}]
 
 
+@pytest.mark.slow
 def test_a_retry_to_the_first_instance_after_a_sigkill_and_restart_is_stored_once(
     tmp_path: Path,
 ) -> None:
@@ -154,6 +158,7 @@ def test_a_retry_to_the_first_instance_after_a_sigkill_and_restart_is_stored_onc
     assert _stored(url) == [{"n": 1}]
 
 
+@pytest.mark.slow
 def test_a_malformed_key_is_refused(tmp_path: Path) -> None:
     srv = start_server(f"file://{tmp_path}/b", tmp_path)
     try:
@@ -163,6 +168,7 @@ def test_a_malformed_key_is_refused(tmp_path: Path) -> None:
         srv.terminate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durability", ["local", "remote"])
 def test_requests_without_a_key_are_each_stored(tmp_path: Path, durability: str) -> None:
     url = f"file://{tmp_path}/b"

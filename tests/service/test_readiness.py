@@ -57,6 +57,7 @@ def _fill(path: Path) -> None:
             f.flush()
 
 
+@pytest.mark.slow
 def test_I1_readyz_is_503_while_the_stage_disk_is_full(
     tmp_path: Path, tmpfs_stage: Path, serve: Serve
 ) -> None:

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.service.server import Server
 from tests.service.util import ndjson
 from tieredbuf.service.bodies import NDJSON
 
 
+@pytest.mark.slow
 def test_the_service_answers_durability_remote_without_waiting_out_max_open(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:
@@ -20,6 +23,7 @@ def test_the_service_answers_durability_remote_without_waiting_out_max_open(
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 def test_serve_takes_the_manifest_write_budget_and_refuses_a_negative_one(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:

@@ -61,6 +61,7 @@ def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.05)  # polling the server against a deadline
 
 
+@pytest.mark.slow
 def test_produce_needs_a_token_401_without_403_wrong_and_health_stays_open(
     tmp_path: Path, serve: Serve
 ) -> None:
@@ -97,6 +98,7 @@ def test_produce_needs_a_token_401_without_403_wrong_and_health_stays_open(
     assert records == [b'{"r":7}'], "only the authenticated request was staged"
 
 
+@pytest.mark.slow
 def test_metrics_and_health_can_be_protected(tmp_path: Path, serve: Serve) -> None:
     srv = serve(
         f"file://{tmp_path}/buf",
@@ -180,6 +182,7 @@ def test_a_worker_restarted_while_the_token_file_is_broken_serves_with_the_last_
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 def test_tokens_from_the_environment(tmp_path: Path, serve: Serve) -> None:
     srv = serve(f"file://{tmp_path}/buf", env={TOKENS_ENV: f"{OLD}, {NEW}"}, token=NEW)
     assert _post(srv, OLD) == 200 and _post(srv, NEW) == 200
@@ -187,6 +190,7 @@ def test_tokens_from_the_environment(tmp_path: Path, serve: Serve) -> None:
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 def test_https_with_tls_cert_and_key(tmp_path: Path, serve: Serve) -> None:
     cert, key, client = self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
     url = f"file://{tmp_path}/buf"
@@ -269,6 +273,7 @@ def test_an_exposed_port_without_tokens_is_refused_unless_insecure(
     assert srv.terminate() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("setup", "message"),
     [

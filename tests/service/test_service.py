@@ -81,6 +81,7 @@ def test_I1_records_and_arrow_at_both_durabilities_end_up_consumable(
         assert not [p for p in w.rglob("segments/*") if p.suffix in (".batch", ".qseg")]
 
 
+@pytest.mark.slow
 def test_bad_input_gets_its_4xx_and_leaves_nothing_behind(tmp_path: Path, serve: Serve) -> None:
     url = f"file://{tmp_path}/buf"
     srv = serve(url, *FAST, "--max-body", "4k")
@@ -221,6 +222,7 @@ def test_I1_sigterm_under_load_loses_no_acknowledged_record(tmp_path: Path, serv
     assert not [p for p in srv.stage.rglob("segments/*") if p.suffix in (".batch", ".qseg")]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_service_on_s3_remote_acks_name_the_object(
     tmp_path: Path, serve: Serve, s3_endpoint: S3Endpoint
@@ -249,6 +251,7 @@ def test_service_on_s3_remote_acks_name_the_object(
     assert records == [f'{{"i":{i}}}'.encode() for i in range(20)]
 
 
+@pytest.mark.slow
 @pytest.mark.azure
 def test_service_on_azure_remote_acks_name_the_object(
     tmp_path: Path, serve: Serve, azurite_endpoint: AzureEndpoint

@@ -76,6 +76,7 @@ def test_serve_against_a_missing_bucket_exits_3_at_start_with_one_line(
     assert len(lines) == 1 and "no-such-bucket-tb" in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_readyz_is_503_while_the_bucket_is_gone_and_200_once_it_is_back(
     s3_endpoint: S3Endpoint, serve: Serve
 ) -> None:

@@ -70,9 +70,10 @@ def stage_files(stage: Any) -> dict[str, int]:
 
 def settled_stage_files(stage: Any, timeout: float = 60.0) -> dict[str, int]:
     """:func:`stage_files` once no sealed segment is left to export (a REMOTE answer comes
-    when its segment is in the queue; the exporter releases the file just after)."""
+    when its segment is in the queue; the exporter releases the file just after, and its
+    ``.json`` sidecar once the WAL cursor has passed the segment's entries)."""
     deadline = time.monotonic() + timeout
-    while any(p.suffix in (".batch", ".qseg") for p in stage.rglob("segments/*")):
+    while any(".batch" in p.name or ".qseg" in p.name for p in stage.rglob("segments/*")):
         assert time.monotonic() < deadline, f"still staged after {timeout} s"
         time.sleep(0.05)  # polling the stage directory against a deadline
     return stage_files(stage)

@@ -48,6 +48,7 @@ def _stream(url: str, **options: str) -> tuple[StreamReader, Any]:
     return r, r.partitions(start, r.latestOffset(start, r.getDefaultReadLimit()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "comp"), CASES)
 @pytest.mark.parametrize("plan", [_batch, _stream], ids=["batch", "stream"])
 def test_I10_spark_executors_never_turn_a_damaged_object_into_rows(

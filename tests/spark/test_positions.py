@@ -143,6 +143,7 @@ def test_skipped_sequences_are_counted_once(tmp_path: Path) -> None:
 # --- defect 5: kept history ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_retained_history_is_readable_from_earliest(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
@@ -167,6 +168,7 @@ def test_retained_history_is_readable_from_earliest(spark: Any, tmp_path: Path) 
 # --- defect 6: no buffer, another buffer ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_path_with_no_buffer_is_an_error_and_is_never_created(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/mistyped"

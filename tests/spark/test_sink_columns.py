@@ -66,6 +66,7 @@ def test_a_write_slot_is_checked() -> None:
         opt.parse_write_options({"path": "file:///x", "slot": "65536"})
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_slot_with_a_value_column_writes_every_column_as_bundles(
     spark: Any, tmp_path: Path

@@ -29,6 +29,7 @@ def _reader(spark: Any, store: dict[str, Any], **opts: Any) -> Any:
     return r.options(**{k: str(v) for k, v in opts.items()})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buffer_url", WITH_CLOUDS, indirect=True)
 def test_batch_read_equals_produced(spark: Any, buffer_url: tuple[str, dict[str, Any]]) -> None:
     url, store = buffer_url
@@ -95,6 +96,7 @@ def test_offsets_and_timestamps_select_ranges(
     assert seqs() == [0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/buf"
     buf = tieredbuf.open(url)
@@ -256,6 +258,7 @@ def test_sink_output_is_consumable(
     assert streamed == sorted(b"s%d-%d" % (s, j) for s in range(3) for j in range(4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buffer_url", BACKENDS, indirect=True)
 def test_bundles_read_back_with_representative_schema(
     spark: Any, buffer_url: tuple[str, dict[str, Any]]

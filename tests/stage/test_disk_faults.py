@@ -102,6 +102,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("op", "where", "err"),
     FAULTS,
@@ -212,6 +213,7 @@ def _fill(path: Path) -> None:
             os.fsync(f.fileno())
 
 
+@pytest.mark.slow
 def test_I1_a_really_full_disk_gives_disk_full_errors_and_appends_resume_when_freed(
     small_disk: Path,
 ) -> None:

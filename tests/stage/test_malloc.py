@@ -50,6 +50,7 @@ def _probe(mode: str, tmp_path: Path, **env: str) -> dict[str, object]:
     return result
 
 
+@pytest.mark.slow
 def test_a_stage_keeps_a_segments_freed_bodies_for_reuse(tmp_path: Path) -> None:
     kept = _probe("on", tmp_path)
     if not kept["applied"]:

@@ -204,6 +204,7 @@ def test_I7_exporter_quarantines_a_segment_corrupted_after_open(tmp_path: Path, 
     assert list(store.list("data/")) == []
 
 
+@pytest.mark.slow
 def test_I7_the_service_reports_a_quarantined_segment_on_healthz_and_metrics(
     tmp_path: Path,
 ) -> None:

@@ -439,6 +439,7 @@ def test_I1_regression_replay_seal_must_not_purge_unread_wal_files(tmp_path: Pat
         assert len(records_of(st.sealed_segments())) == 5000
 
 
+@pytest.mark.slow
 def test_I8_producers_waiting_at_the_memory_cap_do_not_wake_each_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from tieredbuf.stage.filesystem import WRITE_CHUNK, FileSystem
 
@@ -23,6 +24,7 @@ class _Recording(FileSystem):
         return n
 
 
+@pytest.mark.slow
 def test_write_all_keeps_bytes_and_order_in_bounded_writes(tmp_path: Path) -> None:
     rnd = random.Random(7)
     sizes = [0, 1, 100, 4096, WRITE_CHUNK - 1, WRITE_CHUNK, WRITE_CHUNK + 1, 3 * WRITE_CHUNK]

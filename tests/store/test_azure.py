@@ -188,6 +188,7 @@ def _run_child(method: str, url: str, opts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_child_after_the_parent_used_azure_writes_with_spawn_and_is_refused_after_fork(
     method: str, azurite_endpoint: AzureEndpoint

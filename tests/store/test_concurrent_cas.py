@@ -59,6 +59,7 @@ def _run_counter(url: str, options: dict[str, Any], k: int) -> int:
     return sum(int(r[1]) for r in reports)
 
 
+@pytest.mark.slow
 def test_localdir_cas_counter_across_processes_loses_no_update(tmp_path: Path) -> None:
     _run_counter((tmp_path / "store").as_uri(), {}, k=50)
 

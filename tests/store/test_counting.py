@@ -151,6 +151,7 @@ def test_a_conditional_get_counts_as_one_get_whether_unchanged_or_not(tmp_path: 
 # --- exact against the server -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_conditional_gets_count_as_the_gets_the_s3_server_received() -> None:
     """get_if_changed sends one GET, answered 304 (unchanged) or 200: the buffer's count

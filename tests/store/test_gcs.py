@@ -430,6 +430,7 @@ def test_a_foreign_version_token_matches_nothing(gcs_endpoint: GCSEndpoint) -> N
 # --- fork safety ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_forked_child_and_its_parent_read_at_once_without_sharing_a_connection(
     gcs_endpoint: GCSEndpoint,
 ) -> None:

@@ -206,6 +206,7 @@ class LoseOne:
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("client", ["obstore", "botocore"])
 @pytest.mark.parametrize("lost", list(PROBE_WRITES))
