@@ -97,6 +97,7 @@ SMOKE: dict[str, list[str]] = {
     ],
     "tree": ["--quick"],
     "verify": ["--entries", "60", "--object-kib", "1", "--stores", "local"],
+    "worker_idle": ["--idle", "3", "--rounds", "1"],
 }
 """Per script: the arguments that make it a smoke run."""
 LIMIT_S = 600.0
