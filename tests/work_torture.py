@@ -19,8 +19,13 @@ until the loop has made its kills, then the queue must drain.  Checked afterward
   past its lease, between writing a mark (its ``M`` line) and returning the entry (the
   chaos loop writes ``K`` / ``S`` into the worker's log when it strikes) may be charged
   that delivery, as SQS counts a receive whose response was lost;
-* **nothing handed out inside its margin**: no ``V`` line, unless the worker was stopped
-  between its previous return and it (a stall between the check and the return).
+* **nothing handed out inside its margin**: no ``V`` line more than ``READING_SLACK_MS``
+  inside the margin, unless the worker was stopped between its previous return and it (a
+  stall between the check and the return).  The worker reads the time left after
+  claim() returned; the slack is the delay of that reading behind claim()'s last check
+  on a loaded box (the refill ahead it starts wakes the hub's thread, which may take the
+  interpreter lock for a 5 ms switch interval, and the OS may run another process).  The
+  review's finding was half a margin short; the closest reading is in the report.
 
 Run by the slow suite (tests/test_work_torture.py) with a fixed seed; run longer by
 hand::
@@ -50,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.work_torture_proc import log_paths
+from tests.work_torture_proc import MARGIN_MS, log_paths
 
 HERE = Path(__file__).parent
 PROC = HERE / "work_torture_proc.py"
@@ -59,6 +64,9 @@ WORKERS = 4
 BACKLOG = 400
 """The feeder appends entries while fewer than this many are left (during the chaos)."""
 DEADLINE_S = 600.0
+READING_SLACK_MS = 50
+"""How far behind claim()'s margin check the worker's own reading may be (ten switch
+intervals of the interpreter: scheduling, not a hand-out inside the margin)."""
 
 
 @dataclass
@@ -82,6 +90,10 @@ class Report:
     """Marks not followed by their return because the worker was killed or stopped."""
     stalled_hand_outs: int = 0
     """Hand-outs past the margin excused by a stop between the check and the return."""
+    late_readings: int = 0
+    """Readings up to READING_SLACK_MS inside the margin (the reading's own delay)."""
+    least_left_ms: int | None = None
+    """The least time left any hand-out was read with, stops excused aside."""
     rejections_by_allowance: int = 0
     """Dead letters that needed the allowance (a mark cut off by a kill or stop)."""
     violations: dict[str, list[str]] = field(default_factory=dict)
@@ -317,7 +329,13 @@ def _check(
             elif kind == "V" and (chaos or claim_chaos):
                 rep.stalled_hand_outs += 1
             elif kind == "V":
-                rep.fail("handed out inside its margin", line)
+                left = int(rest.split()[1])
+                if rep.least_left_ms is None or left < rep.least_left_ms:
+                    rep.least_left_ms = left
+                if left >= MARGIN_MS - READING_SLACK_MS:
+                    rep.late_readings += 1
+                else:
+                    rep.fail("handed out inside its margin", line)
         if marked is not None and chaos:
             marked_at_death[marked] += 1  # killed (or stalled) between its mark and return
     rep.returns = sum(returns.values())

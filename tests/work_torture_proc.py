@@ -43,6 +43,8 @@ from tieredbuf.errors import LeaseExpiredError, TieredBufError, TransientStoreEr
 from tieredbuf.store import open_store
 
 LEASE = timedelta(seconds=2)
+MARGIN_MS = min(LEASE // timedelta(milliseconds=1) // 4, 5000)
+"""The worker's margin: an entry with less left is never handed out (docs/subscribers.md)."""
 WORK_S = (0.005, 0.03)
 
 
@@ -107,7 +109,6 @@ def work(buf: Any, fd: int, md: int, seed: int, done: Path) -> int:
     if hasattr(w, "on_mark"):
         w.on_mark = lambda seq: log(f"M {seq}")
     long_poll = "timeout" in inspect.signature(w.claim).parameters
-    margin_ms = min(LEASE // timedelta(milliseconds=1) // 4, 5000)
     while True:
         try:
             b = w.claim(timeout=0.5) if long_poll else w.claim()
@@ -136,7 +137,7 @@ def work(buf: Any, fd: int, md: int, seed: int, done: Path) -> int:
             else w._held[b.sequence].expires_ms  # the code before the fix
         )
         left = expires - w.clock_ms()
-        if left < margin_ms:
+        if left < MARGIN_MS:
             log(f"V {b.sequence} {left}")
         time.sleep(rng.uniform(*WORK_S))
         try:
