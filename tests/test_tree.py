@@ -145,6 +145,21 @@ def test_lookup_before_the_first_retained_sequence_raises_or_clamps() -> None:
     assert r.lookup_time(1007).sequence == 7  # after it: what is kept is whole
 
 
+def test_lookup_time_reports_a_possible_loss_when_the_first_kept_entry_has_no_time() -> None:
+    """An entry with no metadata items says nothing of its records' times: after older
+    history was dropped, a look-up landing on it cannot rule a loss out (the same rule
+    as the Spark planner's ``startingTimestamp``)."""
+    q = _q(open_store("memory://"), m=2)
+    for i in range(10):
+        q.append([NewEntry(f"data/{i}.batch", (), 10)], "p", i + 1)
+    q.dequeue(5, q.initialize("c"))
+    r = TreeReader(q)
+    with pytest.raises(DataLossError):
+        r.lookup_time(1000)
+    pos = r.lookup_time(1000, on_lost="clamp")
+    assert pos.sequence == 6 and pos.clamped
+
+
 def test_retention_keeps_acked_history_by_bytes_and_age() -> None:
     now = [10_000]
     store = open_store("memory://")

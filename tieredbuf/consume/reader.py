@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieredbuf.errors import DataLossError, ObjectNotFoundError
+from tieredbuf.format import tree as ft
 from tieredbuf.format.manifest import ManifestEntry
 from tieredbuf.queue import tree
 from tieredbuf.queue.manifest_queue import ManifestQueue, Snapshot
@@ -90,12 +91,9 @@ class TreeReader:
         snap = self.snapshot
         seq = tree.find_time(snap.root, time_ms, self.nodes.load)
         pos = self._at(snap, max(seq, snap.low), False)
-        lost = seq < snap.low
-        if seq == snap.low and snap.low > 0 and pos.entry is not None and pos.entry.metadata:
-            # the first retained entry is not older than asked: an unlinked one may hold
-            # records of that time (even of that millisecond), and the root keeps no time
-            # of what it unlinked -- a possible loss is reported, never ruled out
-            lost = max(m.ingestion_time_ms for m in pos.entry.metadata) >= time_ms
+        lost = seq < snap.low or (
+            seq == snap.low and snap.low > 0 and ft.first_kept_may_hide(pos.entry, time_ms)
+        )
         if lost:
             if on_lost == "raise":
                 raise _lost(f"time {time_ms}", snap.low)

@@ -98,6 +98,15 @@ def entry_time(metadata: tuple[fm.MetadataItem, ...], default_ms: int) -> int:
     return max((m.ingestion_time_ms for m in metadata), default=default_ms)
 
 
+def first_kept_may_hide(first_kept: fm.ManifestEntry | None, time_ms: int) -> bool:
+    """Whether history dropped before ``first_kept`` (the first entry a queue still
+    keeps) may hold records ingested at or after ``time_ms``: when that entry is not
+    older than ``time_ms`` (the same millisecond included), or has no time at all.  The
+    root keeps no time of what it dropped, so a possible loss is reported, never ruled
+    out (``buf.lookup_time`` and Spark's ``startingTimestamp``)."""
+    return first_kept is not None and entry_time(first_kept.metadata, time_ms) >= time_ms
+
+
 # --- refs and stats ----------------------------------------------------------
 #
 # A root write that changes no ref (a plain append, a dequeue inside the root's

@@ -158,10 +158,8 @@ def time_start(snap: Snapshot, t_ms: int, ro: opt.ReadOptions) -> int:
     why = None
     if seq <= snap.low and snap.low > 0 and snap.low < root.next_seq:
         e = tree.find_sequence(root, snap.low, snap.nodes.load)
-        if e is not None and ft.entry_time(e.metadata, t_ms) >= t_ms:
+        if ft.first_kept_may_hide(e, t_ms):
             seq = min(seq, snap.low - 1)
-            # the root keeps no time of what it unlinked: those entries may hold
-            # records of this window, so it is a possible loss, not a proven one
             why = (
                 f"startingTimestamp {fmt_ms(t_ms)} is before the first entry {ro.url} still "
                 f"keeps (sequence {snap.low}), and sequences up to {snap.low - 1} were "
