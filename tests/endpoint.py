@@ -5,6 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+# Azurite's well-known development account (public: Azurite's README)
+from tieredbuf.store.settings import AZURITE_ACCOUNT, AZURITE_KEY
+
 
 @dataclass(frozen=True)
 class S3Endpoint:
@@ -38,13 +41,6 @@ class S3Endpoint:
         name = f"tb-{uuid.uuid4().hex[:16]}"
         self.boto3_client().create_bucket(Bucket=name)
         return name
-
-
-AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
-"""Azurite's well-known development account (public: Azurite's README)."""
 
 
 @dataclass(frozen=True)

@@ -411,6 +411,8 @@ AZURE_OPTION_ENV: dict[str, tuple[str, ...]] = {
     "use_azure_cli": ("AZURE_USE_AZURE_CLI",),
     "endpoint": ("AZURE_STORAGE_ENDPOINT",),
     "allow_http": ("AZURE_ALLOW_HTTP",),
+    # account, key or SAS and endpoint in one string, filling what the others left unset
+    "connection_string": ("AZURE_STORAGE_CONNECTION_STRING",),
     # not an Azure name: asking the instance metadata service for a token is opt-in
     "managed_identity": ("TIEREDBUF_AZURE_MANAGED_IDENTITY",),
 }
@@ -425,6 +427,7 @@ SECRET_OPTIONS = (
     "sas_token",
     "bearer_token",
     "client_secret",
+    "connection_string",
 )
 """Store options (and their ``AWS_*`` / ``AZURE_*`` variables) whose values never
 appear in any output (errors, logs, HTTP answers, inspect, metrics): see

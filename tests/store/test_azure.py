@@ -35,6 +35,7 @@ AZURE_ENV = (
     "AZURE_STORAGE_ENDPOINT",
     "AZURE_ALLOW_HTTP",
     "TIEREDBUF_AZURE_MANAGED_IDENTITY",
+    "AZURE_STORAGE_CONNECTION_STRING",
 )
 
 
@@ -77,6 +78,21 @@ def test_azure_options_default_from_the_azure_environment(
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", azurite_endpoint.account_key)
     monkeypatch.setenv("AZURE_STORAGE_ENDPOINT", azurite_endpoint.endpoint)
     s = open_store(_url(azurite_endpoint), max_retries=1)
+    s.put("k", b"v", mode="create")
+    assert s.get("k").data == b"v"
+
+
+def test_azurites_connection_string_alone_opens_the_store(
+    azurite_endpoint: AzureEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form Azurite's README gives, the only Azure variable set."""
+    ep = azurite_endpoint
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        f"DefaultEndpointsProtocol=http;AccountName={ep.account_name};"
+        f"AccountKey={ep.account_key};BlobEndpoint={ep.endpoint};",
+    )
+    s = open_store(_url(ep), max_retries=1)
     s.put("k", b"v", mode="create")
     assert s.get("k").data == b"v"
 

@@ -48,7 +48,7 @@ from tieredbuf.store.options import (
     string_options,
     url_prefix,
 )
-from tieredbuf.store.settings import store_options_from_env
+from tieredbuf.store.settings import azure_connection_string, store_options_from_env
 
 AZURE_SCHEMES = ("az", "abfs", "abfss")
 AZURE_OPTIONS = frozenset(AZURE_OPTION_ENV) | CLIENT_OPTIONS
@@ -130,8 +130,9 @@ def _check_credentials(url: str, opts: dict[str, Any], cli: bool, managed: bool)
             f"(AZURE_CLIENT_ID, AZURE_TENANT_ID)"
         )
     raise MissingCredentialsError(
-        f"no Azure credentials for {url}: set AZURE_STORAGE_ACCOUNT_KEY or "
-        f"AZURE_STORAGE_SAS_TOKEN (or pass account_key= / sas_token=), a service principal "
+        f"no Azure credentials for {url}: set AZURE_STORAGE_ACCOUNT_KEY, "
+        f"AZURE_STORAGE_SAS_TOKEN or AZURE_STORAGE_CONNECTION_STRING (or pass account_key= "
+        f"/ sas_token=), a service principal "
         f"(AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID), use_azure_cli=True for "
         f"the az CLI's login, or managed_identity=True (TIEREDBUF_AZURE_MANAGED_IDENTITY=1) "
         f"on an Azure VM / AKS"
@@ -193,10 +194,21 @@ def resolve_azure(url: str, options: dict[str, Any]) -> AzureTarget:
         )
     prefix = url_prefix(url, path, "Azure")
     opts = store_options_from_env(options, AZURE_OPTION_ENV)
+    redact.register(opts.get("connection_string"))
+    from_cs = azure_connection_string(str(opts.pop("connection_string", None) or ""))
+    for name, value in from_cs.items():  # what the other options and variables left
+        if opts.get(name) is None:
+            opts[name] = value
     # from here on, no error, log line or HTTP answer of this process shows them
     redact.register(*(opts.get(k) for k in SECRET_OPTIONS))
     given = string_options(opts, tuple(_OBSTORE_NAMES))
     account = given.get("account_name")
+    if from_cs.get("account_name") not in (None, account, url_account):
+        raise ConfigError(
+            f"the Azure connection string (AZURE_STORAGE_CONNECTION_STRING) is for account "
+            f"{from_cs['account_name']!r}, but {url} is opened with account "
+            f"{url_account or account!r}: its key would not sign for that account"
+        )
     if url_account is not None:
         if account is not None and account != url_account:
             raise ConfigError(

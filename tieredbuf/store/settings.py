@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from tieredbuf.config import S3_CREDENTIAL_ENV, S3_OPTION_ENV
 from tieredbuf.errors import ConfigError
@@ -126,4 +127,55 @@ def profile_options(options: dict[str, Any], *, explicit_endpoint: bool = False)
     out["access_key_id"], out["secret_access_key"] = frozen.access_key, frozen.secret_key
     if frozen.token:
         out["session_token"] = frozen.token
+    return out
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (  # Azurite's well-known development key (public: Azurite's README)
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+_CONNECTION_KEYS = {  # a connection string's setting -> our option
+    "accountname": "account_name",
+    "accountkey": "account_key",
+    "sharedaccesssignature": "sas_token",
+    "blobendpoint": "endpoint",
+}
+
+
+def azure_connection_string(text: str) -> dict[str, str]:
+    """The ``az://`` options an Azure Storage connection string sets (as the Azure SDKs
+    read ``AZURE_STORAGE_CONNECTION_STRING``): ``AccountName``, ``AccountKey``,
+    ``SharedAccessSignature`` and ``BlobEndpoint``; without a ``BlobEndpoint``, one from
+    ``DefaultEndpointsProtocol`` and ``EndpointSuffix`` when either is not Azure's own;
+    ``UseDevelopmentStorage=true`` is Azurite's development account on 127.0.0.1:10000.
+    Setting names are case-insensitive; the queue, table and file endpoints are not
+    used.  ConfigError for a part without ``=``, never showing a value."""
+    parts: dict[str, str] = {}
+    for i, part in enumerate(p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip():
+            raise ConfigError(
+                f"the Azure connection string (AZURE_STORAGE_CONNECTION_STRING) has a part "
+                f"without a setting name and '=' (part {i + 1}); it reads "
+                f"'DefaultEndpointsProtocol=https;AccountName=...;AccountKey=...'"
+            )
+        parts[name.strip().lower()] = value.strip()
+    if _is_true(parts.get("usedevelopmentstorage")):
+        return {
+            "account_name": AZURITE_ACCOUNT,
+            "account_key": AZURITE_KEY,
+            "endpoint": f"http://127.0.0.1:10000/{AZURITE_ACCOUNT}",
+        }
+    out = {opt: parts[k] for k, opt in _CONNECTION_KEYS.items() if parts.get(k)}
+    protocol = parts.get("defaultendpointsprotocol", "https").lower()
+    suffix = parts.get("endpointsuffix", "core.windows.net")
+    account = out.get("account_name")
+    if "endpoint" not in out and account and (protocol, suffix) != ("https", "core.windows.net"):
+        out["endpoint"] = f"{protocol}://{account}.blob.{suffix}"
+    if "account_name" not in out and "endpoint" in out:
+        host = urlsplit(out["endpoint"]).hostname or ""
+        if host.endswith(".blob." + suffix):  # https://ACCOUNT.blob.core.windows.net
+            out["account_name"] = host.split(".", 1)[0]
     return out
