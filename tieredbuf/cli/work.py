@@ -80,7 +80,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def _stdin_of(b: ConsumedBatch) -> bytes:
     """The entry as CMD reads it: records one per line, or bundle rows as JSON lines."""
-    from tieredbuf.cli.consume import bundle_rows, is_bundles
+    from tieredbuf.cli.sinks import bundle_rows, is_bundles
 
     if is_bundles(b):
         return b"".join(json.dumps(r, default=str).encode() + b"\n" for r in bundle_rows(b))
@@ -305,7 +305,7 @@ class _Runner:
 
 
 def _count(b: ConsumedBatch) -> int:
-    from tieredbuf.cli.consume import bundle_rows, is_bundles
+    from tieredbuf.cli.sinks import bundle_rows, is_bundles
 
     return len(bundle_rows(b)) if is_bundles(b) else len(b.entries)
 
